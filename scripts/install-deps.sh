@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Installs what ncclguard needs to build and test on Debian 12. Idempotent and
+# non-interactive: packages already present are not touched, and apt's lists are
+# refreshed only when something is missing.
+set -euo pipefail
+
+packages=(
+  build-essential cmake binutils python3
+  libspdlog-dev libfmt-dev libabsl-dev catch2 nlohmann-json3-dev libcli11-dev
+  libbenchmark-dev
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+
+if ((${#missing[@]})); then
+  sudo=""
+  [[ $(id -u) -eq 0 ]] || sudo="sudo"
+  echo "ncclguard: installing ${missing[*]}" >&2
+  $sudo apt-get update -q
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+# NCCL and the CUDA toolkit are not Debian packages: they come with the machine
+# (the toolkit directory beside nvcc holds include/nccl.h and lib/libnccl.so.2).
+# Only their headers are used at build time; say clearly when they are absent.
+if ! command -v nvcc >/dev/null 2>&1 && [[ -z "${CUDAToolkit_ROOT:-}" && ! -d /usr/local/cuda ]]; then
+  echo "ncclguard: the CUDA toolkit was not found (no nvcc on PATH, no /usr/local/cuda);" \
+       "install it or set CUDAToolkit_ROOT, and NCCL_ROOT for nccl.h" >&2
+  exit 1
+fi

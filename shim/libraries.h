@@ -1,0 +1,37 @@
+// The NCCL libraries that serve ncclguard's wrappers, and how their real functions are found.
+//
+// A process may hold more than one NCCL library instance: the one the application linked, one a
+// framework dlopen()ed with RTLD_LOCAL, a second copy loaded on purpose. Each instance occupies a
+// slot. Slot 0 serves the nccl* functions ncclguard exports (the process's default NCCL); slots
+// 1.. serve the wrappers that ncclguard's dlsym() hands out for lookups on other instances'
+// handles. Every wrapper is bound to one slot, so a call always reaches the instance the
+// application asked for.
+#pragma once
+
+#include <string>
+
+#include "shim/nccl_api.h"
+
+namespace ncclguard::shim {
+
+inline constexpr int kMaxLibraries = 4;
+
+// glibc's dlsym(), never ncclguard's own. Must be used for every lookup ncclguard makes: a call to
+// dlsym() by name from inside the library would reach ncclguard's interposed dlsym().
+using DlsymFunction = void* (*)(void* handle, const char* name);
+DlsymFunction RealDlsym() noexcept;
+
+// The real function of `api` in the library of `slot`, resolved on first use and cached;
+// nullptr when that library lacks the function (an older NCCL) or no library can be found.
+void* RealFunction(int slot, Api api) noexcept;
+
+// For ncclguard's dlsym(): the slot of the library that defines `real_function`, found by a lookup
+// of `api` on `handle`. Registers a new library instance on first sight. Returns -1 when the
+// function is ncclguard's own or no slot is left (the caller then hands out the real function).
+int SlotForLookup(void* handle, Api api, void* real_function) noexcept;
+
+// Path of the library in `slot` ("" while unknown) and its NCCL version code (0 while unknown).
+std::string LibraryPath(int slot);
+int LibraryVersion(int slot) noexcept;
+
+}  // namespace ncclguard::shim

@@ -1,0 +1,132 @@
+// Every NCCL function of the table, wrapped. A wrapper: pick the real function, pass nested calls
+// straight through, report the call, return the real result. Nothing here decides anything.
+#include <type_traits>
+
+#include "shim/libraries.h"
+#include "shim/nccl_api.h"
+#include "shim/wrappers.h"
+#include "watchdog/hooks.h"
+
+// ncclResetDebugInit is declared deprecated in nccl.h, yet applications may still call it.
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+
+namespace ncclguard::shim {
+namespace {
+
+template <Api A>
+struct Signature;
+#define NCCLGUARD_SIGNATURE(name, ret, kind, since, params, args) \
+  template <>                                                     \
+  struct Signature<Api::name> {                                   \
+    using Function = decltype(&::name);                           \
+    using Result = ret;                                           \
+  };
+NCCLGUARD_FOR_EACH_NCCL_API(NCCLGUARD_SIGNATURE)
+#undef NCCLGUARD_SIGNATURE
+
+// libnccl calls some of its own exported functions through the PLT (ncclBcast calls ncclBroadcast),
+// which lands in ncclguard again. Such nested calls go straight to the library of the outermost
+// call on this thread and are not reported: they are part of that one call.
+struct ThreadCallState {
+  int depth;
+  int outer_library;
+  Api outer_api;
+};
+thread_local ThreadCallState t_calls;  // plain data: no TLS constructor, no allocation
+
+class CallScope {
+ public:
+  CallScope(Api api, int library) : previous_(t_calls) {
+    t_calls = {previous_.depth + 1, library, api};
+  }
+  ~CallScope() { t_calls = previous_; }
+  CallScope(const CallScope&) = delete;
+  CallScope& operator=(const CallScope&) = delete;
+
+ private:
+  ThreadCallState previous_;
+};
+
+template <typename Result>
+Result MissingFunctionResult() {
+  if constexpr (std::is_same_v<Result, ncclResult_t>) {
+    return ncclInternalError;
+  } else if constexpr (std::is_same_v<Result, const char*>) {
+    return "ncclguard: this function is not provided by the NCCL library in use";
+  }
+}
+
+template <Api A, int Library, typename... Args>
+typename Signature<A>::Result Forward(Args... args) noexcept {
+  using Function = typename Signature<A>::Function;
+  using Result = typename Signature<A>::Result;
+  const bool nested = t_calls.depth > 0;
+  const int library = nested ? t_calls.outer_library : Library;
+  // Started before the real function is looked up, so that what the lookup says is logged.
+  const bool active = !nested && hooks::Active();
+  const auto real = reinterpret_cast<Function>(RealFunction(library, A));
+  if (real == nullptr) {
+    if (active) hooks::ReportMissingFunction(A, library);
+    return MissingFunctionResult<Result>();
+  }
+  if (nested) {
+    hooks::NestedCall(A, t_calls.outer_api);
+    return real(args...);
+  }
+  if (!active) return real(args...);
+  CallScope scope(A, library);
+  if constexpr (std::is_void_v<Result>) {
+    real(args...);
+    hooks::AfterVoidCall<A>(library, args...);
+  } else {
+    const Result result = real(args...);
+    hooks::AfterCall<A>(library, result, args...);
+    return result;
+  }
+}
+
+// The wrappers handed out by dlsym() for NCCL libraries in slots 1 and up.
+template <int Library>
+struct LibraryWrappers {
+#define NCCLGUARD_LIBRARY_WRAPPER(name, ret, kind, since, params, args) \
+  static ret name params noexcept { return Forward<Api::name, Library> args; }
+  NCCLGUARD_FOR_EACH_NCCL_API(NCCLGUARD_LIBRARY_WRAPPER)
+#undef NCCLGUARD_LIBRARY_WRAPPER
+};
+
+template <int Library>
+void* LibraryWrapper(Api api) {
+  switch (api) {
+#define NCCLGUARD_WRAPPER_CASE(name, ret, kind, since, params, args) \
+  case Api::name:                                                    \
+    if constexpr (Library == 0) return reinterpret_cast<void*>(&::name);             \
+    return reinterpret_cast<void*>(&LibraryWrappers<Library>::name);
+    NCCLGUARD_FOR_EACH_NCCL_API(NCCLGUARD_WRAPPER_CASE)
+#undef NCCLGUARD_WRAPPER_CASE
+  }
+  return nullptr;
+}
+
+template <int... Libraries>
+void* WrapperIn(int library, Api api, std::integer_sequence<int, Libraries...>) {
+  void* wrapper = nullptr;
+  ((library == Libraries ? (wrapper = LibraryWrapper<Libraries>(api)) : nullptr), ...);
+  return wrapper;
+}
+
+}  // namespace
+
+void* Wrapper(int library, Api api) noexcept {
+  return WrapperIn(library, api, std::make_integer_sequence<int, kMaxLibraries>());
+}
+
+}  // namespace ncclguard::shim
+
+// The exported functions: slot 0, the process's default NCCL. Not declared noexcept (nccl.h's
+// declarations are not), but Forward is: no exception leaves them.
+#define NCCLGUARD_EXPORTED_WRAPPER(name, ret, kind, since, params, args)          \
+  extern "C" __attribute__((visibility("default"))) ret name params {            \
+    return ::ncclguard::shim::Forward<::ncclguard::Api::name, 0> args;           \
+  }
+NCCLGUARD_FOR_EACH_NCCL_API(NCCLGUARD_EXPORTED_WRAPPER)
+#undef NCCLGUARD_EXPORTED_WRAPPER

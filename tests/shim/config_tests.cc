@@ -1,0 +1,83 @@
+#include <catch2/catch.hpp>
+
+#include <map>
+
+#include "tests/support/process.h"
+#include "watchdog/config.h"
+
+using ncclguard::Config;
+using ncclguard::LogLevel;
+using ncclguard::ParseConfig;
+
+namespace {
+
+Config Parse(const std::map<std::string, std::string>& environment) {
+  return ParseConfig([&](const char* name, std::string* value) {
+    const auto found = environment.find(name);
+    if (found == environment.end()) return false;
+    *value = found->second;
+    return true;
+  });
+}
+
+}  // namespace
+
+TEST_CASE("defaults when nothing is set", "[config]") {
+  const Config config = Parse({});
+  CHECK_FALSE(config.disable);
+  CHECK(config.log_level == LogLevel::kWarn);
+  CHECK(config.log_file.empty());
+  CHECK(config.nccl_library.empty());
+  CHECK(config.problems.empty());
+  CHECK(config.effective_values.empty());
+}
+
+TEST_CASE("valid values are used and listed", "[config]") {
+  const Config config = Parse({{"NCCLGUARD_DISABLE", "yes"},
+                               {"NCCLGUARD_LOG_LEVEL", "DEBUG"},
+                               {"NCCLGUARD_LOG_FILE", "/tmp/g-%p.log"},
+                               {"NCCLGUARD_NCCL_LIBRARY", "/opt/nccl/libnccl.so.2"}});
+  CHECK(config.disable);
+  CHECK(config.log_level == LogLevel::kDebug);
+  CHECK(config.log_file == "/tmp/g-%p.log");
+  CHECK(config.nccl_library == "/opt/nccl/libnccl.so.2");
+  CHECK(config.problems.empty());
+  CHECK(config.effective_values ==
+        std::vector<std::string>{"NCCLGUARD_DISABLE=1", "NCCLGUARD_LOG_LEVEL=debug",
+                                 "NCCLGUARD_LOG_FILE=/tmp/g-%p.log",
+                                 "NCCLGUARD_NCCL_LIBRARY=/opt/nccl/libnccl.so.2"});
+}
+
+TEST_CASE("every accepted spelling of a boolean", "[config]") {
+  for (const char* yes : {"1", "true", "TRUE", "yes", "on"}) {
+    CHECK(Parse({{"NCCLGUARD_DISABLE", yes}}).disable);
+  }
+  for (const char* no : {"0", "false", "no", "off", ""}) {
+    CHECK_FALSE(Parse({{"NCCLGUARD_DISABLE", no}}).disable);
+  }
+}
+
+TEST_CASE("a bad value names the variable, the value and the default used", "[config]") {
+  const Config config = Parse({{"NCCLGUARD_DISABLE", "2"}, {"NCCLGUARD_LOG_LEVEL", "loud"}});
+  CHECK_FALSE(config.disable);
+  CHECK(config.log_level == LogLevel::kWarn);
+  REQUIRE(config.problems.size() == 2);
+  CHECK(config.problems[0] ==
+        "NCCLGUARD_DISABLE='2' is not a boolean (1/0, true/false, yes/no, on/off); using the "
+        "default '0'");
+  CHECK(config.problems[1] ==
+        "NCCLGUARD_LOG_LEVEL='loud' is not one of trace|debug|info|warn|error|off; using the "
+        "default 'warn'");
+}
+
+TEST_CASE("the README's table of variables is the configuration table", "[config]") {
+  const std::string readme = ncclguard::testing::ReadFile(README_PATH);
+  const std::string begin = "<!-- settings-table-begin -->\n";
+  const std::string end = "<!-- settings-table-end -->";
+  const size_t from = readme.find(begin);
+  const size_t to = readme.find(end);
+  REQUIRE(from != std::string::npos);
+  REQUIRE(to != std::string::npos);
+  CHECK(readme.substr(from + begin.size(), to - from - begin.size()) ==
+        ncclguard::OptionsMarkdownTable());
+}

@@ -1,0 +1,53 @@
+// The dynamic symbols of libncclguard.so are exactly the table's NCCL functions plus dlsym, and
+// every row of the table is a function the real NCCL of this machine exports.
+#include <catch2/catch.hpp>
+
+#include <set>
+#include <sstream>
+
+#include "shim/nccl_api.h"
+#include "tests/support/process.h"
+
+namespace {
+
+std::set<std::string> DefinedDynamicSymbols(const std::string& library) {
+  const auto result = ncclguard::testing::RunProcess({NM_EXECUTABLE, "-D", "--defined-only", library});
+  INFO(result.err);
+  REQUIRE(result.exit_code == 0);
+  std::set<std::string> names;
+  for (const std::string& line : ncclguard::testing::SplitLines(result.out)) {
+    std::istringstream fields(line);
+    std::string address, type, name;
+    if (fields >> address >> type >> name) names.insert(name.substr(0, name.find('@')));
+  }
+  return names;
+}
+
+}  // namespace
+
+TEST_CASE("libncclguard.so exports the table's NCCL functions and dlsym, nothing else", "[exports]") {
+  std::set<std::string> expected = {"dlsym"};
+  for (const ncclguard::ApiInfo& api : ncclguard::kApis) expected.insert(std::string(api.name));
+  CHECK(DefinedDynamicSymbols(PRELOAD_LIBRARY) == expected);
+}
+
+TEST_CASE("every table row is a function of nccl.h and of the real libnccl", "[exports]") {
+  const std::set<std::string> real = DefinedDynamicSymbols(REAL_NCCL_DIR "/libnccl.so.2");
+  for (const ncclguard::ApiInfo& api : ncclguard::kApis) {
+    INFO(api.name);
+    CHECK(real.count(std::string(api.name)) == 1);
+    CHECK(api.since <= NCCL_VERSION_CODE);
+    CHECK(api.since >= NCCL_VERSION(2, 3, 0));
+  }
+  // And the other way round: every public nccl* function of the real library is in the table
+  // (NCCL also exports its device-API helpers from nccl_device.h, which are not host calls).
+  for (const std::string& name : real) {
+    if (name.rfind("nccl", 0) != 0 || name.rfind("ncclDev", 0) == 0 || name.rfind("ncclTeam", 0) == 0 ||
+        name.find("Requirement") != std::string::npos || name == "ncclLLA2ACalcSlots" ||
+        name == "ncclResetDebugInitInternal") {
+      continue;
+    }
+    INFO(name);
+    CHECK(ncclguard::FindApi(name).has_value());
+  }
+}

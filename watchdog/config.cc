@@ -1,0 +1,110 @@
+#include "watchdog/config.h"
+
+#include <atomic>
+#include <cstdlib>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace ncclguard {
+namespace {
+
+// Debian's Abseil has its own string_view type: hand it std::string and char arrays only.
+constexpr const char* kLogLevelNames[] = {"trace", "debug", "info", "warn", "error", "off"};
+
+absl::StatusOr<bool> ParseValue(std::string_view text, bool*) {
+  const std::string value = absl::AsciiStrToLower(std::string(text));
+  if (value == "1" || value == "true" || value == "yes" || value == "on") return true;
+  if (value == "0" || value == "false" || value == "no" || value == "off" || value.empty()) return false;
+  return absl::InvalidArgumentError("is not a boolean (1/0, true/false, yes/no, on/off)");
+}
+
+absl::StatusOr<LogLevel> ParseValue(std::string_view text, LogLevel*) {
+  const std::string value = absl::AsciiStrToLower(std::string(text));
+  for (size_t i = 0; i < std::size(kLogLevelNames); ++i) {
+    if (value == kLogLevelNames[i]) return static_cast<LogLevel>(i);
+  }
+  if (value == "warning") return LogLevel::kWarn;
+  return absl::InvalidArgumentError(
+      absl::StrCat("is not one of ", absl::StrJoin(kLogLevelNames, "|")));
+}
+
+absl::StatusOr<std::string> ParseValue(std::string_view text, std::string*) {
+  return std::string(text);
+}
+
+const char* TypeName(const bool*) { return "boolean"; }
+const char* TypeName(const LogLevel*) { return "level"; }
+const char* TypeName(const std::string*) { return "text"; }
+
+std::string FormatValue(bool value) { return value ? "1" : "0"; }
+std::string FormatValue(LogLevel value) { return std::string(LogLevelName(value)); }
+std::string FormatValue(const std::string& value) { return value.empty() ? "unset" : value; }
+
+template <typename T>
+void ParseOption(const EnvironmentReader& read_environment, const char* name, T* field,
+                 Config* config) {
+  std::string text;
+  if (!read_environment(name, &text)) return;
+  absl::StatusOr<T> parsed = ParseValue(text, field);
+  if (parsed.ok()) {
+    *field = *std::move(parsed);
+    config->effective_values.push_back(absl::StrCat(name, "=", FormatValue(*field)));
+  } else {
+    config->problems.push_back(absl::StrCat(name, "='", text, "' ", std::string(parsed.status().message()),
+                                            "; using the default '", FormatValue(*field), "'"));
+  }
+}
+
+bool ReadProcessEnvironment(const char* name, std::string* value) {
+  const char* text = std::getenv(name);
+  if (text == nullptr) return false;
+  *value = text;
+  return true;
+}
+
+}  // namespace
+
+std::string_view LogLevelName(LogLevel level) { return kLogLevelNames[static_cast<int>(level)]; }
+
+Config ParseConfig(const EnvironmentReader& read_environment) {
+  Config config;
+#define NCCLGUARD_PARSE_OPTION(name, field, type, default_value, doc) \
+  ParseOption(read_environment, "NCCLGUARD_" #name, &config.field, &config);
+  NCCLGUARD_FOR_EACH_OPTION(NCCLGUARD_PARSE_OPTION)
+#undef NCCLGUARD_PARSE_OPTION
+  return config;
+}
+
+const Config& GetConfig() noexcept {
+  // Published through an atomic pointer rather than call_once: no lock that a fork() could leave
+  // held. Two threads racing on the first call both parse; one copy is kept, the other freed.
+  static std::atomic<const Config*> parsed{nullptr};
+  const Config* config = parsed.load(std::memory_order_acquire);
+  if (config != nullptr) return *config;
+  static const Config kDefaults;
+  const Config* fresh = nullptr;
+  try {
+    fresh = new Config(ParseConfig(ReadProcessEnvironment));
+  } catch (...) {
+    return kDefaults;  // out of memory at start-up: run with the defaults
+  }
+  if (parsed.compare_exchange_strong(config, fresh, std::memory_order_acq_rel)) return *fresh;
+  delete fresh;
+  return *config;
+}
+
+std::string OptionsMarkdownTable() {
+  std::string table = "| Variable | Type | Default | Meaning |\n|---|---|---|---|\n";
+  const Config defaults;
+#define NCCLGUARD_OPTION_ROW(name, field, type, default_value, doc)                 \
+  absl::StrAppend(&table, "| `NCCLGUARD_" #name "` | ", TypeName(&defaults.field), " | `", \
+                  FormatValue(defaults.field), "` | ", doc, " |\n");
+  NCCLGUARD_FOR_EACH_OPTION(NCCLGUARD_OPTION_ROW)
+#undef NCCLGUARD_OPTION_ROW
+  return table;
+}
+
+}  // namespace ncclguard

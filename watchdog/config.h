@@ -1,0 +1,41 @@
+// ncclguard's settings, read once from NCCLGUARD_* environment variables (see config_table.h).
+#pragma once
+
+#include <functional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "watchdog/config_table.h"
+
+namespace ncclguard {
+
+enum class LogLevel { kTrace, kDebug, kInfo, kWarn, kError, kOff };
+
+struct Config {
+#define NCCLGUARD_CONFIG_FIELD(name, field, type, default_value, doc) type field = default_value;
+  NCCLGUARD_FOR_EACH_OPTION(NCCLGUARD_CONFIG_FIELD)
+#undef NCCLGUARD_CONFIG_FIELD
+
+  // One line per variable that was set, with its effective value and where it came from.
+  std::vector<std::string> effective_values;
+  // One message per variable whose value could not be used; the default was used instead.
+  std::vector<std::string> problems;
+};
+
+// Reads a variable's value; returns false when it is unset. A seam so tests need no setenv.
+using EnvironmentReader = std::function<bool(const char* name, std::string* value)>;
+
+Config ParseConfig(const EnvironmentReader& read_environment);
+
+// The process's configuration, parsed from the real environment on first use and kept for the
+// life of the process (a forked child keeps its parent's). Never fails: bad values become
+// problems and defaults.
+const Config& GetConfig() noexcept;
+
+// The README's table of variables, generated from config_table.h.
+std::string OptionsMarkdownTable();
+
+std::string_view LogLevelName(LogLevel level);
+
+}  // namespace ncclguard
