@@ -30,9 +30,11 @@ __attribute__((NCCLGUARD_UNINSTRUMENTED)) DlsymFunction RealDlsym() noexcept {
   if (real == nullptr) {
     // A versioned lookup skips every interposer, ncclguard's included. GLIBC_2.34 is where dlsym
     // moved into libc; older glibc and other architectures know only their base version.
-    for (const char* version : {"GLIBC_2.34", "GLIBC_2.2.5", "GLIBC_2.17"}) {
-      real = dlvsym(RTLD_NEXT, "dlsym", version);
-      if (real != nullptr) break;
+    // Plain indexing only: at -O0 even std::initializer_list's accessors are out-of-line,
+    // instrumented calls.
+    static const char* const kVersions[] = {"GLIBC_2.34", "GLIBC_2.2.5", "GLIBC_2.17"};
+    for (unsigned i = 0; real == nullptr && i < sizeof(kVersions) / sizeof(kVersions[0]); ++i) {
+      real = dlvsym(RTLD_NEXT, "dlsym", kVersions[i]);
     }
     __atomic_store_n(&ncclguard_real_dlsym, real, __ATOMIC_RELEASE);
   }
