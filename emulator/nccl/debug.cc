@@ -1,0 +1,145 @@
+#include "debug.h"
+
+#include <cuda.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cstdarg>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <strings.h>
+
+namespace ncclemu {
+namespace {
+
+enum class Level { None, Version, Warn, Info, Trace };
+
+struct DebugState {
+  std::mutex mutex;
+  bool initialized = false;
+  Level level = Level::None;
+  FILE* output = stderr;
+  char last_error[1024] = "";
+};
+
+// Leaked on purpose: stream workers may still log while static destructors run at exit.
+DebugState& state() {
+  static DebugState* debug_state = new DebugState;
+  return *debug_state;
+}
+
+thread_local int t_log_device = -1;
+
+std::string shortHostName() {
+  char host[256] = "";
+  gethostname(host, sizeof(host) - 1);
+  if (char* dot = strchr(host, '.')) *dot = '\0';
+  return host;
+}
+
+// NCCL_DEBUG_FILE expands %h to the host name and %p to the pid, like NCCL.
+std::string expandDebugFileName(const char* pattern) {
+  std::string name;
+  for (const char* p = pattern; *p; ++p) {
+    if (p[0] == '%' && p[1] == 'h') {
+      name += shortHostName();
+      ++p;
+    } else if (p[0] == '%' && p[1] == 'p') {
+      name += std::to_string(getpid());
+      ++p;
+    } else {
+      name += *p;
+    }
+  }
+  return name;
+}
+
+void initLocked(DebugState& s) {
+  if (s.initialized) return;
+  s.initialized = true;
+  s.level = Level::None;
+  if (const char* env = getenv("NCCL_DEBUG")) {
+    if (strcasecmp(env, "VERSION") == 0) s.level = Level::Version;
+    else if (strcasecmp(env, "WARN") == 0 || strcasecmp(env, "ABORT") == 0) s.level = Level::Warn;
+    else if (strcasecmp(env, "INFO") == 0) s.level = Level::Info;
+    else if (strcasecmp(env, "TRACE") == 0) s.level = Level::Trace;
+  }
+  const char* file = getenv("NCCL_DEBUG_FILE");
+  if (s.level != Level::None && file && *file) {
+    if (FILE* opened = fopen(expandDebugFileName(file).c_str(), "w")) {
+      if (s.output != stderr) fclose(s.output);
+      s.output = opened;
+    }
+  }
+}
+
+int currentLogDevice() {
+  if (t_log_device >= 0) return t_log_device;
+  CUdevice device = 0;
+  if (cuCtxGetDevice(&device) != CUDA_SUCCESS) return 0;
+  return device;
+}
+
+void emit(DebugState& s, const char* prefix_format, const char* file, int line, const char* format,
+          va_list args) {
+  char text[1024];
+  int length = snprintf(text, sizeof(text), prefix_format, shortHostName().c_str(), getpid(),
+                        static_cast<int>(syscall(SYS_gettid)), currentLogDevice(), file, line);
+  if (length < 0 || static_cast<size_t>(length) >= sizeof(text)) length = 0;
+  vsnprintf(text + length, sizeof(text) - length, format, args);
+  fprintf(s.output, "%s\n", text);
+  fflush(s.output);
+}
+
+}  // namespace
+
+void logWarn(const char* file, int line, const char* format, ...) {
+  DebugState& s = state();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  initLocked(s);
+  va_list args;
+  va_start(args, format);
+  vsnprintf(s.last_error, sizeof(s.last_error), format, args);
+  va_end(args);
+  if (s.level < Level::Warn) return;
+  // NCCL names its source files relative to src/ (e.g. transport/p2p.cc); ours by base name.
+  const char* base = file[0] == '/' ? strrchr(file, '/') + 1 : file;
+  va_start(args, format);
+  // The leading newline is NCCL's own: WARN lines stand out in a stream of INFO lines.
+  emit(s, "\n%s:%d:%d [%d] %s:%d NCCL WARN ", base, line, format, args);
+  va_end(args);
+}
+
+void logInfo(const char* format, ...) {
+  DebugState& s = state();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  initLocked(s);
+  if (s.level < Level::Info) return;
+  va_list args;
+  va_start(args, format);
+  emit(s, "%s:%d:%d [%d] NCCL INFO ", "", 0, format, args);
+  va_end(args);
+}
+
+bool infoEnabled() {
+  DebugState& s = state();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  initLocked(s);
+  return s.level >= Level::Info;
+}
+
+const char* lastErrorText() { return state().last_error; }
+
+void resetDebugInit() {
+  DebugState& s = state();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  s.initialized = false;
+}
+
+LogDeviceScope::LogDeviceScope(int device) : previous_(t_log_device) { t_log_device = device; }
+LogDeviceScope::~LogDeviceScope() { t_log_device = previous_; }
+
+}  // namespace ncclemu

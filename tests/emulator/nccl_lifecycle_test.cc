@@ -1,0 +1,271 @@
+// Communicator lifecycle of the emulated NCCL, ranks as devices of one process: split, shrink,
+// abort, destroy, revoke, non-blocking init, argument checking and the small API functions.
+#include <future>
+#include <string>
+#include <vector>
+
+#include "nccl_test_support.h"
+
+namespace {
+
+using nccltest::LocalRanks;
+using namespace std::chrono_literals;
+
+// AllReduce(sum) of each rank's value over the given communicators, one per local rank.
+std::vector<int32_t> allReduceRanks(LocalRanks& ranks, const std::vector<ncclComm_t>& comms,
+                                    const std::vector<int>& local_ranks, const std::vector<int32_t>& values) {
+  std::vector<int32_t*> buffers;
+  for (size_t i = 0; i < local_ranks.size(); ++i) {
+    buffers.push_back(ranks.allocate<int32_t>(local_ranks[i], sizeof(int32_t)));
+    *buffers.back() = values[i];
+  }
+  REQUIRE(ncclGroupStart() == ncclSuccess);
+  for (size_t i = 0; i < local_ranks.size(); ++i) {
+    REQUIRE(ncclAllReduce(buffers[i], buffers[i], 1, ncclInt32, ncclSum, comms[i], ranks.stream(local_ranks[i])) ==
+            ncclSuccess);
+  }
+  REQUIRE(ncclGroupEnd() == ncclSuccess);
+  REQUIRE(ranks.synchronize());
+  std::vector<int32_t> results;
+  for (int32_t* buffer : buffers) results.push_back(*buffer);
+  return results;
+}
+
+std::string lastError() { return ncclGetLastError(nullptr); }
+
+}  // namespace
+
+TEST_CASE("emulated NCCL split: color and key semantics, NOCOLOR gives NULL", "[nccl]") {
+  LocalRanks ranks(4);
+  ranks.initAll();
+  std::vector<ncclComm_t> children(4, nullptr);
+  REQUIRE(ncclGroupStart() == ncclSuccess);
+  for (int r = 0; r < 4; ++r) {
+    // Ranks 0 and 2 form one group ordered by descending key; rank 3 leaves; rank 1 is alone.
+    const int color = r == 3 ? NCCL_SPLIT_NOCOLOR : r % 2;
+    REQUIRE(ncclCommSplit(ranks.comm(r), color, -r, &children[r], nullptr) == ncclSuccess);
+  }
+  REQUIRE(ncclGroupEnd() == ncclSuccess);
+  REQUIRE(children[3] == nullptr);
+  int count = 0, rank = -1, device = -1;
+  REQUIRE(ncclCommCount(children[0], &count) == ncclSuccess);
+  REQUIRE(count == 2);
+  REQUIRE(ncclCommUserRank(children[0], &rank) == ncclSuccess);
+  REQUIRE(rank == 1);
+  REQUIRE(ncclCommUserRank(children[2], &rank) == ncclSuccess);
+  REQUIRE(rank == 0);
+  REQUIRE(ncclCommCount(children[1], &count) == ncclSuccess);
+  REQUIRE(count == 1);
+  REQUIRE(ncclCommCuDevice(children[2], &device) == ncclSuccess);
+  REQUIRE(device == 2);
+  const auto sums = allReduceRanks(ranks, {children[0], children[1], children[2]}, {0, 1, 2}, {10, 20, 30});
+  REQUIRE(sums == std::vector<int32_t>{40, 20, 40});
+  for (int r = 0; r < 3; ++r) REQUIRE(ncclCommDestroy(children[r]) == ncclSuccess);
+  ranks.destroyAll();
+}
+
+TEST_CASE("emulated NCCL shrink: survivors keep their order without a new unique id", "[nccl]") {
+  LocalRanks ranks(4);
+  ranks.initAll();
+  int excluded[] = {1};
+  std::vector<ncclComm_t> children(4, nullptr);
+  REQUIRE(ncclGroupStart() == ncclSuccess);
+  for (int r : {0, 2, 3}) {
+    REQUIRE(ncclCommShrink(ranks.comm(r), excluded, 1, &children[r], nullptr, NCCL_SHRINK_DEFAULT) == ncclSuccess);
+  }
+  REQUIRE(ncclGroupEnd() == ncclSuccess);
+  int rank = -1, count = 0;
+  REQUIRE(ncclCommCount(children[3], &count) == ncclSuccess);
+  REQUIRE(count == 3);
+  REQUIRE(ncclCommUserRank(children[3], &rank) == ncclSuccess);
+  REQUIRE(rank == 2);
+  REQUIRE(allReduceRanks(ranks, {children[0], children[2], children[3]}, {0, 2, 3}, {1, 2, 3}) ==
+          std::vector<int32_t>{6, 6, 6});
+  // An excluded rank must not take part.
+  ncclComm_t unused = nullptr;
+  REQUIRE(ncclCommShrink(ranks.comm(1), excluded, 1, &unused, nullptr, NCCL_SHRINK_DEFAULT) == ncclInvalidArgument);
+  for (int r : {0, 2, 3}) REQUIRE(ncclCommDestroy(children[r]) == ncclSuccess);
+  ranks.destroyAll();
+}
+
+TEST_CASE("emulated NCCL abort unblocks the local rank's stuck collective only", "[nccl]") {
+  LocalRanks ranks(2);
+  ranks.initAll();
+  int32_t* buffer = ranks.allocate<int32_t>(0, 1024);
+  // Rank 1 never joins: rank 0's AllReduce waits for it, like a kernel spinning on a dead peer.
+  REQUIRE(ncclAllReduce(buffer, buffer, 256, ncclInt32, ncclSum, ranks.comm(0), ranks.stream(0)) == ncclSuccess);
+  REQUIRE_FALSE(nccltest::waitForStream(ranks.stream(0), 300ms));
+  REQUIRE(ncclCommAbort(ranks.comm(0)) == ncclSuccess);
+  ranks.comm(0) = nullptr;
+  REQUIRE(nccltest::waitForStream(ranks.stream(0), 5s));
+  REQUIRE(ncclCommAbort(ranks.comm(1)) == ncclSuccess);
+  ranks.comm(1) = nullptr;
+}
+
+TEST_CASE("emulated NCCL destroy waits on a stuck communicator until an abort", "[nccl]") {
+  LocalRanks ranks(2);
+  ranks.initAll();
+  int32_t* buffer = ranks.allocate<int32_t>(0, 64);
+  REQUIRE(ncclBroadcast(buffer, buffer, 16, ncclInt32, 1, ranks.comm(0), ranks.stream(0)) == ncclSuccess);
+  ncclComm_t stuck = ranks.comm(0);
+  auto destroyed = std::async(std::launch::async, [stuck] { return ncclCommDestroy(stuck); });
+  REQUIRE(destroyed.wait_for(400ms) == std::future_status::timeout);
+  // What a watchdog does from another thread: abort makes the stuck work return.
+  REQUIRE(ncclCommAbort(stuck) == ncclSuccess);
+  REQUIRE(destroyed.wait_for(5s) == std::future_status::ready);
+  REQUIRE(destroyed.get() == ncclSuccess);
+  ranks.comm(0) = nullptr;
+  int count = 0;
+  REQUIRE(ncclCommCount(stuck, &count) == ncclInvalidArgument);
+  REQUIRE(lastError().find("already destroyed or aborted") != std::string::npos);
+  REQUIRE(ncclCommAbort(ranks.comm(1)) == ncclSuccess);
+  ranks.comm(1) = nullptr;
+}
+
+TEST_CASE("emulated NCCL non-blocking init reports ncclInProgress, then ncclSuccess", "[nccl]") {
+  LocalRanks ranks(3);
+  ncclUniqueId id;
+  REQUIRE(ncclGetUniqueId(&id) == ncclSuccess);
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  // Without a group, from one thread: each init returns at once and completes in the background.
+  for (int r = 0; r < 3; ++r) {
+    ranks.makeCurrent(r);
+    REQUIRE(ncclCommInitRankConfig(&ranks.comm(r), 3, id, r, &config) == ncclInProgress);
+    REQUIRE(ranks.comm(r) != nullptr);
+  }
+  for (int r = 0; r < 3; ++r) REQUIRE(nccltest::waitForAsyncResult(ranks.comm(r), ncclSuccess, 10s));
+  int count = 0;
+  REQUIRE(ncclCommCount(ranks.comm(2), &count) == ncclSuccess);
+  REQUIRE(count == 3);
+  REQUIRE(allReduceRanks(ranks, {ranks.comm(0), ranks.comm(1), ranks.comm(2)}, {0, 1, 2}, {1, 1, 1}) ==
+          std::vector<int32_t>{3, 3, 3});
+  for (int r = 0; r < 3; ++r) {
+    ncclResult_t state = ncclSuccess;
+    const ncclResult_t finalized = ncclCommFinalize(ranks.comm(r));
+    REQUIRE((finalized == ncclSuccess || finalized == ncclInProgress));
+    REQUIRE(nccltest::waitForAsyncResult(ranks.comm(r), ncclSuccess, 10s));
+    REQUIRE(ncclCommGetAsyncError(ranks.comm(r), &state) == ncclSuccess);
+    REQUIRE(state == ncclSuccess);
+  }
+  ranks.destroyAll();
+}
+
+TEST_CASE("emulated NCCL group init: one thread initialises every rank, complete at GroupEnd", "[nccl]") {
+  LocalRanks ranks(4);
+  ncclUniqueId id;
+  REQUIRE(ncclGetUniqueId(&id) == ncclSuccess);
+  REQUIRE(ncclGroupStart() == ncclSuccess);
+  for (int r = 0; r < 4; ++r) {
+    ranks.makeCurrent(r);
+    REQUIRE(ncclCommInitRank(&ranks.comm(r), 4, id, r) == ncclSuccess);
+  }
+  REQUIRE(ncclGroupEnd() == ncclSuccess);
+  int device = -1;
+  REQUIRE(ncclCommCuDevice(ranks.comm(3), &device) == ncclSuccess);
+  REQUIRE(device == 3);
+  ranks.destroyAll();
+
+  // The id served its one init: reusing it (without NCCL_COMM_ID) fails clearly.
+  ranks.makeCurrent(0);
+  ncclComm_t again = nullptr;
+  REQUIRE(ncclCommInitRank(&again, 4, id, 0) == ncclSystemError);
+  REQUIRE(again == nullptr);
+  REQUIRE(lastError().find("serves exactly one communicator init") != std::string::npos);
+}
+
+TEST_CASE("emulated NCCL revoke: later collectives are a usage error", "[nccl]") {
+  LocalRanks ranks(2);
+  ranks.initAll();
+  int32_t* buffer = ranks.allocate<int32_t>(0, 64);
+  REQUIRE(ncclCommRevoke(ranks.comm(0), 1) == ncclInvalidArgument);
+  REQUIRE(ncclCommRevoke(ranks.comm(0), NCCL_REVOKE_DEFAULT) == ncclSuccess);
+  REQUIRE(ncclAllReduce(buffer, buffer, 4, ncclInt32, ncclSum, ranks.comm(0), ranks.stream(0)) == ncclInvalidUsage);
+  REQUIRE(lastError().find("revoked") != std::string::npos);
+  ranks.destroyAll();
+}
+
+TEST_CASE("emulated NCCL argument checking and error texts", "[nccl]") {
+  LocalRanks ranks(2);
+  ranks.initAll();
+  int32_t* buffer = ranks.allocate<int32_t>(0, 64);
+  CUstream stream = ranks.stream(0);
+  REQUIRE(ncclAllReduce(buffer, buffer, 4, ncclInt32, ncclSum, nullptr, stream) == ncclInvalidArgument);
+  REQUIRE(lastError() == "AllReduce : comm argument is NULL");
+  REQUIRE(ncclAllReduce(buffer, buffer, 4, static_cast<ncclDataType_t>(42), ncclSum, ranks.comm(0), stream) ==
+          ncclInvalidArgument);
+  REQUIRE(lastError() == "AllReduce : invalid type 42");
+  REQUIRE(ncclAllReduce(buffer, buffer, 4, ncclInt32, static_cast<ncclRedOp_t>(17), ranks.comm(0), stream) ==
+          ncclInvalidArgument);
+  REQUIRE(lastError() == "AllReduce : invalid reduction operation 17");
+  REQUIRE(ncclBroadcast(buffer, buffer, 4, ncclInt32, 2, ranks.comm(0), stream) == ncclInvalidArgument);
+  REQUIRE(lastError().find("invalid root 2") != std::string::npos);
+  REQUIRE(ncclSend(nullptr, 4, ncclInt32, 1, ranks.comm(0), stream) == ncclInvalidArgument);
+  REQUIRE(ncclGroupEnd() == ncclInvalidUsage);
+
+  ncclUniqueId id;
+  REQUIRE(ncclGetUniqueId(&id) == ncclSuccess);
+  ncclComm_t comm = nullptr;
+  REQUIRE(ncclCommInitRank(&comm, 2, id, 5) == ncclInvalidArgument);
+  REQUIRE(lastError() == "Invalid rank requested : 5/2");
+  // Use the id, so that its rendezvous does not stay behind in /dev/shm.
+  REQUIRE(ncclCommInitRank(&comm, 1, id, 0) == ncclSuccess);
+  REQUIRE(ncclCommDestroy(comm) == ncclSuccess);
+
+  REQUIRE(std::string(ncclGetErrorString(ncclSuccess)) == "no error");
+  REQUIRE(std::string(ncclGetErrorString(ncclUnhandledCudaError)) ==
+          "unhandled cuda error (run with NCCL_DEBUG=INFO for details)");
+  REQUIRE(std::string(ncclGetErrorString(ncclSystemError)) ==
+          "unhandled system error (run with NCCL_DEBUG=INFO for details)");
+  REQUIRE(std::string(ncclGetErrorString(ncclInternalError)) ==
+          "internal error - please report this issue to the NCCL developers");
+  REQUIRE(std::string(ncclGetErrorString(ncclInvalidArgument)) ==
+          "invalid argument (run with NCCL_DEBUG=WARN for details)");
+  REQUIRE(std::string(ncclGetErrorString(ncclInvalidUsage)) == "invalid usage (run with NCCL_DEBUG=WARN for details)");
+  REQUIRE(std::string(ncclGetErrorString(ncclRemoteError)) == "remote process exited or there was a network error");
+  REQUIRE(std::string(ncclGetErrorString(ncclInProgress)) == "NCCL operation in progress");
+  REQUIRE(std::string(ncclGetErrorString(static_cast<ncclResult_t>(99))) == "unknown result code");
+  int version = 0;
+  REQUIRE(ncclGetVersion(&version) == ncclSuccess);
+  REQUIRE(version == 22809);
+  ranks.destroyAll();
+}
+
+TEST_CASE("emulated NCCL ranks on the same GPU are rejected like real NCCL", "[nccl]") {
+  LocalRanks ranks(1);
+  ncclUniqueId id;
+  REQUIRE(ncclGetUniqueId(&id) == ncclSuccess);
+  ncclComm_t comms[2] = {nullptr, nullptr};
+  REQUIRE(ncclGroupStart() == ncclSuccess);
+  for (int r = 0; r < 2; ++r) REQUIRE(ncclCommInitRank(&comms[r], 2, id, r) == ncclSuccess);
+  REQUIRE(ncclGroupEnd() == ncclInvalidUsage);
+  REQUIRE(lastError().find("Duplicate GPU detected : rank 0 and rank 1") != std::string::npos);
+  for (ncclComm_t comm : comms) ncclCommDestroy(comm);
+}
+
+TEST_CASE("emulated NCCL memory, registration and simulated groups", "[nccl]") {
+  LocalRanks ranks(2);
+  ranks.initAll();
+  ranks.makeCurrent(0);
+  void* memory = nullptr;
+  REQUIRE(ncclMemAlloc(&memory, 1 << 20) == ncclSuccess);
+  REQUIRE(memory != nullptr);
+  void* handle = nullptr;
+  REQUIRE(ncclCommRegister(ranks.comm(0), memory, 1 << 20, &handle) == ncclSuccess);
+  ncclWindow_t window = nullptr;
+  REQUIRE(ncclCommWindowRegister(ranks.comm(0), memory, 1 << 20, &window, NCCL_WIN_COLL_SYMMETRIC) == ncclSuccess);
+  REQUIRE(ncclCommWindowDeregister(ranks.comm(0), window) == ncclSuccess);
+  REQUIRE(ncclCommDeregister(ranks.comm(0), handle) == ncclSuccess);
+  REQUIRE(ncclCommDeregister(ranks.comm(0), handle) == ncclInvalidArgument);
+  REQUIRE(ncclMemFree(memory) == ncclSuccess);
+
+  ncclSimInfo_t info = NCCL_SIM_INFO_INITIALIZER;
+  int32_t* buffer = ranks.allocate<int32_t>(0, 4096);
+  REQUIRE(ncclGroupStart() == ncclSuccess);
+  REQUIRE(ncclAllReduce(buffer, buffer, 1024, ncclInt32, ncclSum, ranks.comm(0), ranks.stream(0)) == ncclSuccess);
+  REQUIRE(ncclGroupSimulateEnd(&info) == ncclSuccess);
+  REQUIRE(info.estimatedTime > 0);
+  // Nothing was launched: rank 0 is not waiting for rank 1.
+  REQUIRE(nccltest::waitForStream(ranks.stream(0), 1s));
+  ranks.destroyAll();
+}
