@@ -75,12 +75,16 @@ typename Signature<A>::Result Forward(Args... args) noexcept {
   }
   if (!active) return real(args...);
   CallScope scope(A, library);
+  const Ticket ticket = hooks::BeforeCall<A, Result>(library, args...);
   if constexpr (std::is_void_v<Result>) {
     real(args...);
-    hooks::AfterVoidCall<A>(library, args...);
+    hooks::AfterVoidCall<A>(ticket, library, args...);
   } else {
+    if constexpr (std::is_same_v<Result, ncclResult_t>) {
+      if (!ticket.forward) return ticket.result;
+    }
     const Result result = real(args...);
-    hooks::AfterCall<A>(library, result, args...);
+    hooks::AfterCall<A>(ticket, library, result, args...);
     return result;
   }
 }

@@ -5,6 +5,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
@@ -13,6 +14,7 @@ namespace {
 
 // Debian's Abseil has its own string_view type: hand it std::string and char arrays only.
 constexpr const char* kLogLevelNames[] = {"trace", "debug", "info", "warn", "error", "off"};
+constexpr const char* kActionNames[] = {"warn", "abort", "exit"};
 
 absl::StatusOr<bool> ParseValue(std::string_view text, bool*) {
   const std::string value = absl::AsciiStrToLower(std::string(text));
@@ -31,6 +33,48 @@ absl::StatusOr<LogLevel> ParseValue(std::string_view text, LogLevel*) {
       absl::StrCat("is not one of ", absl::StrJoin(kLogLevelNames, "|")));
 }
 
+absl::StatusOr<Action> ParseValue(std::string_view text, Action*) {
+  const std::string value = absl::AsciiStrToLower(std::string(text));
+  for (size_t i = 0; i < std::size(kActionNames); ++i) {
+    if (value == kActionNames[i]) return static_cast<Action>(i);
+  }
+  return absl::InvalidArgumentError(absl::StrCat("is not one of ", absl::StrJoin(kActionNames, "|")));
+}
+
+absl::StatusOr<Seconds> ParseValue(std::string_view text, Seconds*) {
+  double value = 0;
+  if (!absl::SimpleAtod(std::string(text), &value) || !(value > 0) || value > 1e9) {
+    return absl::InvalidArgumentError("is not a positive number of seconds");
+  }
+  return Seconds{value};
+}
+
+absl::StatusOr<Count> ParseValue(std::string_view text, Count*) {
+  long value = 0;
+  if (!absl::SimpleAtoi(std::string(text), &value) || value <= 0 || value > (1L << 24)) {
+    return absl::InvalidArgumentError("is not a count between 1 and 16777216");
+  }
+  return Count{value};
+}
+
+absl::StatusOr<Signal> ParseValue(std::string_view text, Signal*) {
+  std::string name = absl::AsciiStrToUpper(std::string(text));
+  int number = 0;
+  if (absl::SimpleAtoi(name, &number)) {
+    if (number >= 0 && number < NSIG && number != SIGKILL && number != SIGSTOP) return Signal{number};
+  } else {
+    if (name.rfind("SIG", 0) == 0) name = name.substr(3);
+    for (int candidate = 1; candidate < NSIG; ++candidate) {
+      const char* abbreviation = sigabbrev_np(candidate);
+      if (abbreviation != nullptr && name == abbreviation && candidate != SIGKILL &&
+          candidate != SIGSTOP) {
+        return Signal{candidate};
+      }
+    }
+  }
+  return absl::InvalidArgumentError("is not a signal that can be caught (e.g. SIGUSR2, or 0 for none)");
+}
+
 absl::StatusOr<std::string> ParseValue(std::string_view text, std::string*) {
   return std::string(text);
 }
@@ -38,10 +82,22 @@ absl::StatusOr<std::string> ParseValue(std::string_view text, std::string*) {
 const char* TypeName(const bool*) { return "boolean"; }
 const char* TypeName(const LogLevel*) { return "level"; }
 const char* TypeName(const std::string*) { return "text"; }
+const char* TypeName(const Action*) { return "action"; }
+const char* TypeName(const Seconds*) { return "seconds"; }
+const char* TypeName(const Count*) { return "count"; }
+const char* TypeName(const Signal*) { return "signal"; }
 
 std::string FormatValue(bool value) { return value ? "1" : "0"; }
 std::string FormatValue(LogLevel value) { return std::string(LogLevelName(value)); }
 std::string FormatValue(const std::string& value) { return value.empty() ? "unset" : value; }
+std::string FormatValue(Action value) { return std::string(ActionName(value)); }
+std::string FormatValue(Seconds value) { return absl::StrCat(value.value); }
+std::string FormatValue(Count value) { return absl::StrCat(value.value); }
+std::string FormatValue(Signal value) {
+  if (value.number == 0) return "0";
+  const char* abbreviation = sigabbrev_np(value.number);
+  return abbreviation != nullptr ? absl::StrCat("SIG", abbreviation) : absl::StrCat(value.number);
+}
 
 template <typename T>
 void ParseOption(const EnvironmentReader& read_environment, const char* name, T* field,
@@ -58,6 +114,9 @@ void ParseOption(const EnvironmentReader& read_environment, const char* name, T*
   }
 }
 
+
+}  // namespace
+
 bool ReadProcessEnvironment(const char* name, std::string* value) {
   const char* text = std::getenv(name);
   if (text == nullptr) return false;
@@ -65,9 +124,8 @@ bool ReadProcessEnvironment(const char* name, std::string* value) {
   return true;
 }
 
-}  // namespace
-
 std::string_view LogLevelName(LogLevel level) { return kLogLevelNames[static_cast<int>(level)]; }
+std::string_view ActionName(Action action) { return kActionNames[static_cast<int>(action)]; }
 
 Config ParseConfig(const EnvironmentReader& read_environment) {
   Config config;

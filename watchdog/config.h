@@ -1,6 +1,7 @@
 // ncclguard's settings, read once from NCCLGUARD_* environment variables (see config_table.h).
 #pragma once
 
+#include <csignal>
 #include <functional>
 #include <string>
 #include <string_view>
@@ -11,6 +12,24 @@
 namespace ncclguard {
 
 enum class LogLevel { kTrace, kDebug, kInfo, kWarn, kError, kOff };
+enum class Action { kWarn, kAbort, kExit };
+
+// Value types of settings that need more than a C++ type says.
+struct Seconds {  // a positive number of seconds
+  double value;
+  bool operator==(const Seconds&) const = default;
+};
+struct Count {  // a positive count
+  long value;
+  bool operator==(const Count&) const = default;
+};
+struct Signal {  // a signal number; 0 means none
+  int number;
+  bool operator==(const Signal&) const = default;
+};
+
+// The exit code of NCCLGUARD_ACTION=exit: EX_TEMPFAIL, "try again", for launchers to restart on.
+inline constexpr int kRestartExitCode = 75;
 
 struct Config {
 #define NCCLGUARD_CONFIG_FIELD(name, field, type, default_value, doc) type field = default_value;
@@ -28,6 +47,9 @@ using EnvironmentReader = std::function<bool(const char* name, std::string* valu
 
 Config ParseConfig(const EnvironmentReader& read_environment);
 
+// The process's real environment, as an EnvironmentReader.
+bool ReadProcessEnvironment(const char* name, std::string* value);
+
 // The process's configuration, parsed from the real environment on first use and kept for the
 // life of the process (a forked child keeps its parent's). Never fails: bad values become
 // problems and defaults.
@@ -37,5 +59,6 @@ const Config& GetConfig() noexcept;
 std::string OptionsMarkdownTable();
 
 std::string_view LogLevelName(LogLevel level);
+std::string_view ActionName(Action action);
 
 }  // namespace ncclguard

@@ -18,4 +18,32 @@
   X(NCCL_LIBRARY, nccl_library, std::string, "",                                                   \
     "Path of the libnccl that the NCCL functions exported by ncclguard forward to. Default: the "   \
     "next definition after ncclguard in the process's symbol lookup order, else an NCCL library "  \
-    "the process has already loaded. ncclguard loads no libnccl itself unless this names one.")
+    "the process has already loaded. ncclguard loads no libnccl itself unless this names one.") \
+  X(TIMEOUT, timeout, Seconds, Seconds{120},                                                       \
+    "An operation that started on the GPU and has not completed after this many seconds is a "    \
+    "stall (one still queued behind earlier work on its stream is reported as not started).")    \
+  X(INIT_TIMEOUT, init_timeout, Seconds, Seconds{300},                                             \
+    "A communicator initialisation that has not completed after this many seconds is a stall.")   \
+  X(ACTION, action, Action, Action::kWarn,                                                         \
+    "What to do at a stall: `warn` (log and dump, keep waiting), `abort` (also abort the stuck "  \
+    "communicators, so the application gets errors instead of hanging) or `exit` (dump, abort "   \
+    "and exit with code 75, which launchers can restart on).")                                    \
+  X(DUMP_DIR, dump_dir, std::string, "",                                                           \
+    "Directory of the jobs' coordination directories, one per job: dumps, status files and "      \
+    "dump requests. Default: `$TMPDIR/ncclguard` (`/tmp/ncclguard`). Use a shared file system "    \
+    "for jobs that span nodes.")                                                                   \
+  X(JOB_ID, job_id, std::string, "",                                                               \
+    "Name of this job's directory. Default: the launcher's job id (`SLURM_JOB_ID`, "              \
+    "`TORCHELASTIC_RUN_ID`, `PADDLE_JOB_ID`, ...), else one derived from the first "               \
+    "communicator's unique id, which every rank shares.")                                          \
+  X(RING_SIZE, ring_size, Count, Count{2048},                                                      \
+    "Operations kept per communicator in the flight recorder (preallocated).")                     \
+  X(DUMP_SIGNAL, dump_signal, Signal, Signal{SIGUSR2},                                             \
+    "Signal that makes a process dump its state (`SIGUSR2`, `USR2` or a number; `0` turns it "    \
+    "off). An application's own handler of that signal is still called.")                          \
+  X(DUMP_ON_EXIT, dump_on_exit, bool, false, "`1`: every process dumps its state when it exits.") \
+  X(POLL_INTERVAL, poll_interval, Seconds, Seconds{0.1},                                           \
+    "How often the watchdog looks at outstanding operations, in seconds.")                        \
+  X(STATUS_INTERVAL, status_interval, Seconds, Seconds{2},                                         \
+    "How often each process rewrites its status file in the job directory, in seconds.")
+

@@ -108,10 +108,22 @@ bool Active() noexcept {
   return Start();
 }
 
-void RecordCommunicator(Api api, int library, ncclComm_t comm) noexcept {
-  const int version = shim::LibraryVersion(library);
-  log::Info("{} created comm {} through NCCL {}.{}.{} at {}", Describe(api).name, fmt::ptr(comm),
-            version / 10000, version / 100 % 100, version % 100, shim::LibraryPath(library));
+namespace {
+std::atomic<int> g_threads_in_nccl{0};
+std::atomic<Api> g_last_api_entered{Api::ncclGetVersion};
+}  // namespace
+
+void EnterNccl(Api api) noexcept {
+  g_last_api_entered.store(api, std::memory_order_relaxed);
+  g_threads_in_nccl.fetch_add(1, std::memory_order_relaxed);
+}
+
+void LeaveNccl() noexcept { g_threads_in_nccl.fetch_sub(1, std::memory_order_relaxed); }
+
+std::string CurrentNcclCall() {
+  return g_threads_in_nccl.load(std::memory_order_relaxed) > 0
+             ? std::string(Describe(g_last_api_entered.load(std::memory_order_relaxed)).name)
+             : std::string();
 }
 
 void ReportMissingFunction(Api api, int library) noexcept {

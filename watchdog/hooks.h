@@ -12,6 +12,7 @@
 #include "shim/nccl_api.h"
 #include "watchdog/describe.h"
 #include "watchdog/log.h"
+#include "watchdog/operations.h"
 
 namespace ncclguard::hooks {
 
@@ -24,9 +25,6 @@ bool Disabled() noexcept;
 // every call is forwarded unchanged.
 bool Active() noexcept;
 
-// A communicator created by `api` through the NCCL library in slot `library`.
-void RecordCommunicator(Api api, int library, ncclComm_t comm) noexcept;
-
 // A call made by NCCL itself while serving `outer` on this thread: forwarded, not reported as a
 // call of its own (ncclBcast calling ncclBroadcast is one operation). Visible at trace level.
 inline void NestedCall(Api api, Api outer) noexcept {
@@ -37,21 +35,51 @@ inline void NestedCall(Api api, Api outer) noexcept {
 // Logs, once per function, that the library in slot `library` lacks it.
 void ReportMissingFunction(Api api, int library) noexcept;
 
+// How many threads of the process are inside an NCCL call now, and the last one entered; for
+// status files ("is this rank blocked in NCCL?").
+void EnterNccl(Api api) noexcept;
+void LeaveNccl() noexcept;
+std::string CurrentNcclCall();  // "" when no thread is inside NCCL
+
 namespace detail {
 
-// The communicators an API hands back through its ncclComm_t* parameter.
+// How a communicator creation call names the communicator it makes.
 template <Api A, typename... Args>
-void RecordCreatedCommunicators(int library, const Args&... args) {
+CreationArguments CreationArgumentsOf(const Args&... args) {
+  const auto arguments = std::forward_as_tuple(args...);
+  CreationArguments creation;
+  if constexpr (A == Api::ncclCommInitRank || A == Api::ncclCommInitRankConfig) {
+    // (comm*, nranks, commId, rank[, config])
+    creation.unique_id = &std::get<2>(arguments);
+    creation.nranks = std::get<1>(arguments);
+    creation.rank = std::get<3>(arguments);
+  } else if constexpr (A == Api::ncclCommInitAll) {  // (comm*, ndev, devlist)
+    creation.nranks = std::get<1>(arguments);
+  } else if constexpr (A == Api::ncclCommSplit) {  // (comm, color, key, newcomm*, config)
+    creation.parent = std::get<0>(arguments);
+    creation.color = std::get<1>(arguments);
+  } else if constexpr (A == Api::ncclCommShrink) {  // (comm, excludeRanks, count, newcomm*, ...)
+    creation.parent = std::get<0>(arguments);
+  } else {  // ncclCommInitRankScalable: (newcomm*, nranks, myrank, nId, commIds, config)
+    creation.unique_id = std::get<4>(arguments);
+    creation.nranks = std::get<1>(arguments);
+    creation.rank = std::get<2>(arguments);
+  }
+  return creation;
+}
+
+template <Api A, typename... Args>
+void FinishCreation(const Ticket& ticket, int library, ncclResult_t result, const Args&... args) {
   if constexpr (A == Api::ncclCommInitAll) {
     const auto [comms, ndev, devlist] = std::forward_as_tuple(args...);
-    for (int i = 0; comms != nullptr && i < ndev; ++i) RecordCommunicator(A, library, comms[i]);
+    AfterCreation(ticket, A, library, result, comms, ndev);
   } else {
-    auto record_output = [library](const auto& value) {
-      if constexpr (std::is_same_v<std::decay_t<decltype(value)>, ncclComm_t*>) {
-        if (value != nullptr && *value != nullptr) RecordCommunicator(A, library, *value);
-      }
+    const ncclComm_t* created = nullptr;
+    auto take = [&created](const auto& value) {
+      if constexpr (std::is_same_v<std::decay_t<decltype(value)>, ncclComm_t*>) created = value;
     };
-    (record_output(args), ...);
+    (take(args), ...);
+    AfterCreation(ticket, A, library, result, created, 1);
   }
 }
 
@@ -66,14 +94,41 @@ void LogCall(const fmt::memory_buffer& returned, const Args&... args) {
 
 }  // namespace detail
 
-// Reports a finished call of `A` served by the library in slot `library`; `result` is what the
-// real function returned.
+// Before the real call of `A` (returning `Result`) served by the library in slot `library`:
+// records what the call means. The ticket may say not to call NCCL at all (only for functions
+// that return an ncclResult_t to say so with).
 template <Api A, typename Result, typename... Args>
-void AfterCall(int library, const Result& result, const Args&... args) noexcept {
+Ticket BeforeCall(int library, const Args&... args) noexcept {
+  constexpr ApiKind kind = Describe(A).kind;
+  Ticket ticket;
+  if constexpr (kind == ApiKind::Collective || kind == ApiKind::PointToPoint) {
+    ticket = BeforeOperation(A, library, SortOperationArguments(args...));
+  } else if constexpr (kind == ApiKind::CommCreate) {
+    ticket = BeforeCreation(A, detail::CreationArgumentsOf<A>(args...));
+  } else if constexpr (kind == ApiKind::Group) {
+    ticket = BeforeGroupCall(A);
+  } else if constexpr (std::is_same_v<Result, ncclResult_t>) {
+    ticket = BeforeCommCall(A, FirstCommunicator(args...));
+  }
+  if (ticket.forward) EnterNccl(A);
+  return ticket;
+}
+
+// After the real call: `result` is what it returned.
+template <Api A, typename Result, typename... Args>
+void AfterCall(const Ticket& ticket, int library, const Result& result, const Args&... args) noexcept {
+  LeaveNccl();
   try {
-    if constexpr (Describe(A).kind == ApiKind::CommCreate) {
-      if (result == ncclSuccess || result == ncclInProgress) {
-        detail::RecordCreatedCommunicators<A>(library, args...);
+    if constexpr (std::is_same_v<Result, ncclResult_t>) {
+      constexpr ApiKind kind = Describe(A).kind;
+      if constexpr (kind == ApiKind::Collective || kind == ApiKind::PointToPoint) {
+        AfterOperation(ticket, result);
+      } else if constexpr (kind == ApiKind::CommCreate) {
+        detail::FinishCreation<A>(ticket, library, result, args...);
+      } else if constexpr (kind == ApiKind::Group) {
+        AfterGroupCall(A, result);
+      } else {
+        AfterCommCall(A, FirstCommunicator(args...), result);
       }
     }
     if (log::Enabled(spdlog::level::debug)) {
@@ -87,8 +142,8 @@ void AfterCall(int library, const Result& result, const Args&... args) noexcept 
 
 // The same for the functions that return nothing.
 template <Api A, typename... Args>
-void AfterVoidCall(int library, const Args&... args) noexcept {
-  (void)library;
+void AfterVoidCall(const Ticket&, int, const Args&... args) noexcept {
+  LeaveNccl();
   try {
     if (log::Enabled(spdlog::level::debug)) {
       fmt::memory_buffer returned;

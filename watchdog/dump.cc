@@ -1,0 +1,358 @@
+#include "watchdog/dump.h"
+
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <ctime>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "watchdog/log.h"
+#include "watchdog/version.h"
+
+namespace ncclguard {
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+// Threads of RunWithDeadline still running, abandoned ones included.
+std::atomic<int> g_unfinished_threads{0};
+constexpr int kMaxUnfinishedThreads = 4;
+
+std::atomic<bool> g_write_failure_logged{false};
+std::atomic<std::uint64_t> g_dump_counter{0};
+std::atomic<std::uint64_t> g_temporary_counter{0};
+
+absl::Status ErrnoError(const std::string& what, int error) {
+  return absl::UnavailableError(absl::StrCat(what, ": ", std::strerror(error)));
+}
+
+std::string NcclVersionText(int code) {
+  if (code <= 0) return "unknown";
+  // NCCL 2.9 changed the code from major*1000+minor*100+patch to major*10000+minor*100+patch.
+  const int major = code >= 10000 ? code / 10000 : code / 1000;
+  const int minor = code >= 10000 ? code % 10000 / 100 : code % 1000 / 100;
+  return absl::StrCat(major, ".", minor, ".", code % 100);
+}
+
+std::string Hex(std::uint64_t value) { return fmt::format("0x{:x}", value); }
+
+Json VariablesObject(const EnvironmentVariables& variables) {
+  Json object = Json::object();
+  for (const auto& [name, value] : variables) object[name] = value;
+  return object;
+}
+
+Json OpJson(const OpSnapshot& op) {
+  return Json{{"seq", op.seq},
+              {"op", op.op},
+              {"dtype", op.dtype},
+              {"count", op.count},
+              {"bytes", op.bytes},
+              {"root", op.root},
+              {"peer", op.peer},
+              {"reduction", op.reduction},
+              {"stream", Hex(op.stream)},
+              {"group", op.group},
+              {"host_thread", op.host_thread},
+              {"enqueue_ns", op.enqueue_ns},
+              {"start_ns", op.start_ns},
+              {"end_ns", op.end_ns},
+              {"gpu_ms", op.gpu_ms},
+              {"result", op.result},
+              {"state", op.state}};
+}
+
+Json CommJson(const CommSnapshot& comm) {
+  Json ops = Json::array();
+  for (const OpSnapshot& op : comm.ring) ops.push_back(OpJson(op));
+  return Json{{"id", comm.id},
+              {"handle", Hex(comm.handle)},
+              {"rank", comm.rank},
+              {"nranks", comm.nranks},
+              {"device", comm.device},
+              {"created_by", comm.created_by},
+              {"parent_id", comm.parent_id},
+              {"library_path", comm.library_path},
+              {"nccl_version", NcclVersionText(comm.nccl_version)},
+              {"state", comm.state},
+              {"init_start_ns", comm.init_start_ns},
+              {"init_end_ns", comm.init_end_ns},
+              {"async_error", comm.async_error},
+              {"dropped", comm.dropped},
+              {"ops", std::move(ops)}};
+}
+
+Json StallJson(const std::optional<StallSnapshot>& stall) {
+  if (!stall) return nullptr;
+  return Json{{"kind", stall->kind},
+              {"comm_id", stall->comm_id},
+              {"seq", stall->seq},
+              {"seconds", stall->seconds},
+              {"message", stall->message}};
+}
+
+int BestRank(const ProcessSnapshot& snapshot, const ProcessFacts& facts) {
+  return snapshot.rank >= 0 ? snapshot.rank : LauncherRank(facts);
+}
+
+int BestNcclVersion(const ProcessSnapshot& snapshot, const ProcessFacts& facts) {
+  if (facts.nccl_version > 0) return facts.nccl_version;
+  for (const CommSnapshot& comm : snapshot.comms) {
+    if (comm.nccl_version > 0) return comm.nccl_version;
+  }
+  return 0;
+}
+
+void LogFirstWriteFailure(const std::string& message) {
+  if (g_write_failure_logged.exchange(true)) return;
+  log::Warn("{} (ncclguard reports only the first failure to write into the job directory; "
+            "NCCLGUARD_DUMP_DIR chooses another directory)", message);
+}
+
+absl::Status CreateDirectories(const std::string& directory) {
+  for (size_t slash = directory.find('/', 1);; slash = directory.find('/', slash + 1)) {
+    const std::string prefix = directory.substr(0, slash);
+    if (!prefix.empty() && mkdir(prefix.c_str(), 0700) != 0 && errno != EEXIST) {
+      return ErrnoError(absl::StrCat("cannot create the directory ", prefix), errno);
+    }
+    if (slash == std::string::npos) return absl::OkStatus();
+  }
+}
+
+absl::Status WriteAll(int fd, const std::string& content) {
+  size_t written = 0;
+  while (written < content.size()) {
+    const ssize_t n = write(fd, content.data() + written, content.size() - written);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return ErrnoError("write", errno);
+    written += static_cast<size_t>(n);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> WriteFileNow(const std::string& directory, const std::string& name,
+                                         const std::string& content, bool durable) {
+  absl::StatusOr<int> directory_fd = OpenPrivateDirectory(directory, /*create=*/true);
+  if (!directory_fd.ok()) return directory_fd.status();
+  const std::string temporary = absl::StrCat(".tmp-", name, ".", getpid(), ".",
+                                             g_temporary_counter.fetch_add(1));
+  const int fd = openat(*directory_fd, temporary.c_str(),
+                        O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    const int error = errno;
+    close(*directory_fd);
+    return ErrnoError(absl::StrCat("cannot create a file in ", directory), error);
+  }
+  absl::Status status = absl::OkStatus();
+  // The umask may have taken bits away; 0600 is what a dump must have, exactly.
+  if (fchmod(fd, 0600) != 0) status = ErrnoError("fchmod", errno);
+  if (status.ok()) status = WriteAll(fd, content);
+  if (status.ok() && durable && fsync(fd) != 0) status = ErrnoError("fsync", errno);
+  // NFS reports a failed write as late as close().
+  if (close(fd) != 0 && status.ok()) status = ErrnoError("close", errno);
+  if (status.ok() && renameat(*directory_fd, temporary.c_str(), *directory_fd, name.c_str()) != 0) {
+    status = ErrnoError("rename", errno);
+  }
+  if (!status.ok()) {
+    unlinkat(*directory_fd, temporary.c_str(), 0);
+  } else if (durable) {
+    fsync(*directory_fd);  // makes the rename itself survive a crash of the node
+  }
+  close(*directory_fd);
+  if (!status.ok()) {
+    return absl::Status(status.code(),
+                        absl::StrCat("cannot write ", directory, "/", name, ": ", status.message()));
+  }
+  return absl::StrCat(directory, "/", name);
+}
+
+}  // namespace
+
+namespace detail {
+
+bool StartBoundedThread(std::function<void()> body) {
+  if (g_unfinished_threads.fetch_add(1) >= kMaxUnfinishedThreads) {
+    g_unfinished_threads.fetch_sub(1);
+    return false;
+  }
+  // The thread inherits the creator's signal mask: block everything around its creation so an
+  // application's signal handler never runs on it.
+  sigset_t all;
+  sigset_t previous;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &previous);
+  bool started = true;
+  try {
+    std::thread([body = std::move(body)] {
+      body();
+      g_unfinished_threads.fetch_sub(1);
+    }).detach();
+  } catch (...) {
+    g_unfinished_threads.fetch_sub(1);
+    started = false;
+  }
+  pthread_sigmask(SIG_SETMASK, &previous, nullptr);
+  return started;
+}
+
+int UnfinishedThreads() noexcept { return g_unfinished_threads.load(); }
+
+}  // namespace detail
+
+std::string SafeFileName(const std::string& text) {
+  std::string name;
+  for (const char c : text.substr(0, 100)) {
+    const bool safe = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                      c == '.' || c == '_' || c == '-';
+    name += safe ? c : '_';
+  }
+  if (!name.empty() && name[0] == '.') name[0] = '_';  // neither hidden nor "." or ".."
+  return name.empty() ? "unknown" : name;
+}
+
+std::string IsoTime(std::int64_t epoch_ns) {
+  const std::time_t seconds = static_cast<std::time_t>(epoch_ns / 1'000'000'000);
+  std::tm utc{};
+  if (gmtime_r(&seconds, &utc) == nullptr) return "unknown";
+  char text[32];
+  std::strftime(text, sizeof(text), "%Y-%m-%dT%H:%M:%S", &utc);
+  return fmt::format("{}.{:03d}Z", text, static_cast<int>(epoch_ns % 1'000'000'000 / 1'000'000));
+}
+
+absl::StatusOr<int> OpenPrivateDirectory(const std::string& path, bool create) {
+  // A trailing slash would make open() follow a symbolic link despite O_NOFOLLOW.
+  std::string directory = path;
+  while (directory.size() > 1 && directory.back() == '/') directory.pop_back();
+  if (directory.empty() || directory[0] != '/') {
+    return absl::InvalidArgumentError(absl::StrCat("'", directory, "' is not an absolute path"));
+  }
+  constexpr int kFlags = O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC;
+  int fd = open(directory.c_str(), kFlags);
+  if (fd < 0 && errno == ENOENT && create) {
+    if (absl::Status created = CreateDirectories(directory); !created.ok()) return created;
+    fd = open(directory.c_str(), kFlags);
+  }
+  if (fd < 0) {
+    const int error = errno;
+    struct stat link {};
+    if (lstat(directory.c_str(), &link) == 0 && S_ISLNK(link.st_mode)) {
+      return absl::PermissionDeniedError(
+          absl::StrCat(directory, " is a symbolic link; ncclguard writes only into real directories"));
+    }
+    return ErrnoError(absl::StrCat("cannot open the directory ", directory), error);
+  }
+  // Checked on the open descriptor, not the path: what is checked is what is written into.
+  struct stat status {};
+  if (fstat(fd, &status) != 0) {
+    const int error = errno;
+    close(fd);
+    return ErrnoError(absl::StrCat("cannot examine the directory ", directory), error);
+  }
+  if (status.st_uid != geteuid()) {
+    close(fd);
+    return absl::PermissionDeniedError(absl::StrCat(
+        directory, " belongs to uid ", status.st_uid, ", not to this process's uid ", geteuid()));
+  }
+  return fd;
+}
+
+absl::StatusOr<std::string> WriteFileAtomically(const std::string& directory, const std::string& name,
+                                                const std::string& content, bool durable) noexcept {
+  absl::StatusOr<std::string> result = absl::UnknownError("not written");
+  try {
+    result = RunWithDeadline<std::string>(
+        [directory, name, content, durable] { return WriteFileNow(directory, name, content, durable); },
+        kWriteDeadline);
+    if (absl::IsDeadlineExceeded(result.status())) {
+      result = absl::DeadlineExceededError(absl::StrCat(
+          "writing ", directory, "/", name, " took longer than ", kWriteDeadline.count() / 1000,
+          " s; given up (the file may still appear)"));
+    }
+  } catch (...) {
+    result = absl::ResourceExhaustedError(absl::StrCat("cannot write ", directory, "/", name));
+  }
+  if (!result.ok()) LogFirstWriteFailure(std::string(result.status().message()));
+  return result;
+}
+
+std::string FormatDump(const ProcessSnapshot& snapshot, const ProcessFacts& facts) {
+  Json gpus = Json::array();
+  for (const GpuFacts& gpu : facts.cuda.gpus) {
+    gpus.push_back(Json{{"device", gpu.device},
+                        {"name", gpu.name},
+                        {"pci_bus_id", gpu.pci_bus_id},
+                        {"memory_free_bytes", gpu.memory_free_bytes},
+                        {"memory_total_bytes", gpu.memory_total_bytes}});
+  }
+  Json communicators = Json::array();
+  Json progress = Json::array();
+  for (const CommSnapshot& comm : snapshot.comms) {
+    communicators.push_back(CommJson(comm));
+    progress.push_back(Json{{"comm_id", comm.id},
+                            {"rank", comm.rank},
+                            {"last_enqueued", comm.last_enqueued},
+                            {"last_started", comm.last_started},
+                            {"last_completed", comm.last_completed}});
+  }
+  const Json document{
+      {"format", "ncclguard-dump"},
+      {"format_version", kDumpFormatVersion},
+      {"ncclguard_version", kVersion},
+      {"nccl_version", NcclVersionText(BestNcclVersion(snapshot, facts))},
+      {"host", facts.host},
+      {"pid", facts.pid},
+      {"rank", BestRank(snapshot, facts)},
+      {"reason", snapshot.reason},
+      {"time", IsoTime(snapshot.time_ns)},
+      {"time_ns", snapshot.time_ns},
+      {"process",
+       Json{{"ppid", facts.ppid},
+            {"program", facts.program},
+            {"command_line", facts.command_line},
+            {"launcher", VariablesObject(facts.launcher)},
+            {"environment", VariablesObject(facts.environment)},
+            {"rss_bytes", facts.rss_bytes},
+            {"peak_rss_bytes", facts.peak_rss_bytes}}},
+      {"system",
+       Json{{"kernel_release", facts.kernel_release},
+            {"driver_version", facts.driver_version},
+            {"cuda_driver_version", facts.cuda.driver_version},
+            {"host_memory_total_bytes", facts.host_memory_total_bytes},
+            {"host_memory_available_bytes", facts.host_memory_available_bytes},
+            {"gpus", std::move(gpus)}}},
+      {"communicators", std::move(communicators)},
+      {"stall", StallJson(snapshot.stall)},
+      {"watchdog", Json{{"in_nccl_call", snapshot.in_nccl_call}, {"progress", std::move(progress)}}},
+      {"last_nccl_warning", snapshot.last_nccl_warning}};
+  // Text from NCCL or the environment may hold invalid UTF-8: replace it rather than fail.
+  return document.dump(-1, ' ', false, Json::error_handler_t::replace) + "\n";
+}
+
+DumpResult WriteDump(const std::string& job_dir, const ProcessSnapshot& snapshot,
+                     const ProcessFacts& facts) noexcept {
+  std::string name;
+  std::string content;
+  try {
+    const int rank = BestRank(snapshot, facts);
+    name = absl::StrCat("dump-", SafeFileName(facts.host), "-", facts.pid, "-",
+                        rank >= 0 ? absl::StrCat(rank) : std::string("unranked"), "-",
+                        g_dump_counter.fetch_add(1) + 1, ".json");
+    content = FormatDump(snapshot, facts);
+  } catch (...) {
+    const std::string message = "cannot format the dump (out of memory)";
+    LogFirstWriteFailure(message);
+    return absl::ResourceExhaustedError(message);
+  }
+  return WriteFileAtomically(job_dir, name, content, /*durable=*/true);
+}
+
+}  // namespace ncclguard

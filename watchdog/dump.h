@@ -1,0 +1,97 @@
+// Per-process dumps (one versioned JSON document, format in docs/dump-format.md) and the one way
+// ncclguard writes files into a job directory: atomically, privately, never through a symbolic
+// link and never for longer than a deadline.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "watchdog/facts.h"
+#include "watchdog/snapshot.h"
+
+namespace ncclguard {
+
+// Bump on removing or renaming a field or changing its meaning; adding a field does not bump.
+inline constexpr int kDumpFormatVersion = 1;
+
+// How long a write into the job directory may take before the caller gives up on it (a shared
+// file system whose server went away blocks I/O indefinitely).
+inline constexpr std::chrono::milliseconds kWriteDeadline{10'000};
+
+// The path written, or why nothing was.
+using DumpResult = absl::StatusOr<std::string>;
+
+std::string FormatDump(const ProcessSnapshot& snapshot, const ProcessFacts& facts);
+
+// Writes FormatDump's document as job_dir/dump-<host>-<pid>-<rank>-<n>.json. Never throws and
+// never blocks for longer than kWriteDeadline; failures are returned (and logged once per process).
+DumpResult WriteDump(const std::string& job_dir, const ProcessSnapshot& snapshot,
+                     const ProcessFacts& facts) noexcept;
+
+// Writes `content` as directory/name: a temporary file in the same directory (O_EXCL,
+// O_NOFOLLOW, mode 0600), fsync()ed when `durable`, then renamed over `name`. The directory and
+// its missing parents are created 0700; a directory that is a symbolic link or belongs to another
+// user is refused. Bounded by kWriteDeadline. The first failure in the process is logged.
+absl::StatusOr<std::string> WriteFileAtomically(const std::string& directory, const std::string& name,
+                                                const std::string& content, bool durable) noexcept;
+
+// Opens `directory` for *at() calls, creating it (and its parents) 0700 when missing; refuses a
+// symbolic link or a directory owned by another user. Returns the descriptor (the caller closes).
+absl::StatusOr<int> OpenPrivateDirectory(const std::string& directory, bool create);
+
+// `text` reduced to [A-Za-z0-9._-] (others become '_'), no leading '.', at most 100 characters;
+// "unknown" when empty.
+std::string SafeFileName(const std::string& text);
+
+// An ISO 8601 UTC time with milliseconds: 2025-01-31T12:34:56.789Z.
+std::string IsoTime(std::int64_t epoch_ns);
+
+namespace detail {
+// Starts `body` on a detached thread with every signal blocked. False (and nothing started) when
+// too many earlier bodies are still running: a hung file system then costs a bounded number of
+// threads.
+bool StartBoundedThread(std::function<void()> body);
+// Threads started by StartBoundedThread that have not finished, abandoned ones included.
+int UnfinishedThreads() noexcept;
+}  // namespace detail
+
+// Runs `work` on a short-lived thread and waits for it at most `deadline`: a file system that
+// hangs costs a thread, never the caller. Past the deadline the work is abandoned (it finishes
+// whenever the system lets it) and DeadlineExceeded is returned.
+template <typename T>
+absl::StatusOr<T> RunWithDeadline(std::function<absl::StatusOr<T>()> work,
+                                  std::chrono::milliseconds deadline) {
+  struct Shared {
+    std::mutex mutex;
+    std::condition_variable finished;
+    std::optional<absl::StatusOr<T>> result;
+  };
+  auto shared = std::make_shared<Shared>();
+  const bool started = detail::StartBoundedThread([shared, work = std::move(work)]() mutable {
+    absl::StatusOr<T> result = absl::UnknownError("the work threw an exception");
+    try {
+      result = work();
+    } catch (...) {
+    }
+    std::lock_guard<std::mutex> lock(shared->mutex);
+    shared->result = std::move(result);
+    shared->finished.notify_all();
+  });
+  if (!started) {
+    return absl::UnavailableError("earlier file system operations are still hanging; not starting another");
+  }
+  std::unique_lock<std::mutex> lock(shared->mutex);
+  if (!shared->finished.wait_for(lock, deadline, [&] { return shared->result.has_value(); })) {
+    return absl::DeadlineExceededError("the file system did not answer in time");
+  }
+  return std::move(*shared->result);
+}
+
+}  // namespace ncclguard

@@ -1,0 +1,83 @@
+// What a dump says about the process, its host, its GPUs and its NCCL environment. Gathered when a
+// dump or status file is written, never on a hot path. Every fact that cannot be read is
+// "unknown" or -1: collecting facts never fails and never throws.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace ncclguard {
+
+struct GpuFacts {
+  int device = -1;                       // CUDA device ordinal
+  std::string name = "unknown";
+  std::string pci_bus_id = "unknown";
+  // Read in the device's primary context, and only when the process already has it active.
+  std::int64_t memory_free_bytes = -1;
+  std::int64_t memory_total_bytes = -1;
+};
+
+struct CudaFacts {
+  int driver_version = -1;  // cuDriverGetVersion: 1000 × major + 10 × minor, e.g. 13000
+  std::vector<GpuFacts> gpus;
+};
+
+using EnvironmentVariables = std::vector<std::pair<std::string, std::string>>;
+
+struct ProcessFacts {
+  std::string host = "unknown";
+  int pid = -1;
+  int ppid = -1;
+  std::string program = "unknown";        // the executable's path
+  std::vector<std::string> command_line;  // argv, from /proc/self/cmdline
+  EnvironmentVariables launcher;          // the launcher's rank variables that are set
+  EnvironmentVariables environment;       // the allowlisted variables that are set, sorted
+  std::string kernel_release = "unknown";
+  std::string driver_version = "unknown";  // the kernel driver's, from NVML, e.g. "580.65.06"
+  int nccl_version = 0;                    // ncclGetVersion's code of the default libnccl, 0: unknown
+  CudaFacts cuda;
+  std::int64_t host_memory_total_bytes = -1;
+  std::int64_t host_memory_available_bytes = -1;
+  std::int64_t rss_bytes = -1;
+  std::int64_t peak_rss_bytes = -1;
+};
+
+// Where facts come from. The defaults (RealFactSources) read the running system; tests replace
+// any of them. A source that cannot answer returns an empty string, std::nullopt or -1.
+struct FactSources {
+  std::function<std::string()> host_name;
+  std::function<int()> pid;
+  std::function<int()> parent_pid;
+  std::function<std::optional<std::string>(const std::string& path)> read_file;
+  std::function<std::optional<std::string>(const std::string& path)> read_link;
+  std::function<EnvironmentVariables()> environment;  // the whole environment, unfiltered
+  std::function<std::string()> kernel_release;
+  std::function<std::string()> nvml_driver_version;
+  std::function<int()> nccl_version;
+  // GPU facts of the devices with an active primary context plus `devices`.
+  std::function<CudaFacts(const std::vector<int>& devices)> cuda;
+};
+
+FactSources RealFactSources();
+
+// Every fact. `devices` are the ordinals the process's communicators use; devices whose primary
+// context is active are reported whether listed or not.
+ProcessFacts CollectProcessFacts(const FactSources& sources, const std::vector<int>& devices = {});
+
+// Only what a status file needs: host, pid, ppid and the launcher's variables. No /proc reads,
+// no driver calls.
+ProcessFacts CollectIdentityFacts(const FactSources& sources);
+
+// True for the variables a dump may show: NCCL_*, CUDA_*, NCCLGUARD_*, LD_PRELOAD and
+// LD_LIBRARY_PATH. Nothing else: secrets live in the environment.
+bool IsAllowlistedVariable(const std::string& name);
+
+// The launcher's rank, as RANK, SLURM_PROCID, OMPI_COMM_WORLD_RANK, PMI_RANK, PMIX_RANK or
+// PADDLE_TRAINER_ID say (first one set); -1 when none is.
+int LauncherRank(const ProcessFacts& facts);
+
+}  // namespace ncclguard

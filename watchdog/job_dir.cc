@@ -1,0 +1,431 @@
+#include "watchdog/job_dir.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <utility>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "watchdog/dump.h"
+
+namespace ncclguard {
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+constexpr char kGenerationFile[] = "generation";
+constexpr char kRequestPrefix[] = "dump-request-";
+constexpr char kStatusPrefix[] = "status-";
+constexpr size_t kMaxReadBytes = 1 << 20;  // a status file is a few KiB; anything bigger is not ours
+
+std::atomic<std::uint64_t> g_request_counter{0};
+
+std::int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+std::string HostName() {
+  char host[256] = {};
+  return gethostname(host, sizeof(host) - 1) == 0 ? std::string(host) : std::string("unknown");
+}
+
+absl::StatusOr<std::string> ReadSmallFile(int directory_fd, const std::string& name) {
+  const int fd = openat(directory_fd, name.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) return absl::NotFoundError(std::strerror(errno));
+  std::string content;
+  char buffer[4096];
+  for (;;) {
+    const ssize_t n = read(fd, buffer, sizeof(buffer));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int error = errno;
+      close(fd);
+      return absl::UnavailableError(std::strerror(error));
+    }
+    if (n == 0) break;
+    content.append(buffer, static_cast<size_t>(n));
+    if (content.size() > kMaxReadBytes) {
+      close(fd);
+      return absl::OutOfRangeError("larger than 1 MiB");
+    }
+  }
+  close(fd);
+  return content;
+}
+
+// Names in the directory open as `directory_fd` that start with `prefix` and end with `suffix`,
+// sorted. Hidden temporary files never match.
+absl::StatusOr<std::vector<std::string>> ListNames(int directory_fd, const std::string& prefix,
+                                                   const std::string& suffix) {
+  const int listing_fd = dup(directory_fd);
+  DIR* directory = listing_fd >= 0 ? fdopendir(listing_fd) : nullptr;
+  if (directory == nullptr) {
+    const int error = errno;
+    if (listing_fd >= 0) close(listing_fd);
+    return absl::UnavailableError(absl::StrCat("cannot list the directory: ", std::strerror(error)));
+  }
+  std::vector<std::string> names;
+  while (const dirent* entry = readdir(directory)) {
+    const std::string name = entry->d_name;
+    if (absl::StartsWith(name, prefix) && absl::EndsWith(name, suffix)) names.push_back(name);
+  }
+  closedir(directory);
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+class ScopedFd {
+ public:
+  explicit ScopedFd(int fd) : fd_(fd) {}
+  ~ScopedFd() {
+    if (fd_ >= 0) close(fd_);
+  }
+  ScopedFd(const ScopedFd&) = delete;
+  ScopedFd& operator=(const ScopedFd&) = delete;
+  int get() const { return fd_; }
+
+ private:
+  int fd_;
+};
+
+Json StatusJson(const ProcessSnapshot& snapshot, const ProcessFacts& identity) {
+  Json communicators = Json::array();
+  for (const CommSnapshot& comm : snapshot.comms) {
+    Json oldest = nullptr;
+    for (const OpSnapshot& op : comm.ring) {
+      if (op.state == "enqueued" || op.state == "started") {
+        oldest = Json{{"seq", op.seq},        {"op", op.op},          {"state", op.state},
+                      {"bytes", op.bytes},    {"enqueue_ns", op.enqueue_ns},
+                      {"start_ns", op.start_ns}};
+        break;
+      }
+    }
+    communicators.push_back(Json{{"id", comm.id},
+                                 {"rank", comm.rank},
+                                 {"nranks", comm.nranks},
+                                 {"state", comm.state},
+                                 {"last_enqueued", comm.last_enqueued},
+                                 {"last_started", comm.last_started},
+                                 {"last_completed", comm.last_completed},
+                                 {"async_error", comm.async_error},
+                                 {"oldest_outstanding", std::move(oldest)}});
+  }
+  Json stall = nullptr;
+  if (snapshot.stall) {
+    stall = Json{{"kind", snapshot.stall->kind},
+                 {"comm_id", snapshot.stall->comm_id},
+                 {"seq", snapshot.stall->seq},
+                 {"seconds", snapshot.stall->seconds}};
+  }
+  const std::int64_t time_ns = snapshot.time_ns != 0 ? snapshot.time_ns : NowNs();
+  return Json{{"format", "ncclguard-status"},
+              {"format_version", kStatusFormatVersion},
+              {"host", identity.host},
+              {"pid", identity.pid},
+              {"rank", snapshot.rank >= 0 ? snapshot.rank : LauncherRank(identity)},
+              {"time", IsoTime(time_ns)},
+              {"time_ns", time_ns},
+              {"in_nccl_call", snapshot.in_nccl_call},
+              {"stall", std::move(stall)},
+              {"communicators", std::move(communicators)}};
+}
+
+// Throws nlohmann::json's exceptions on a document of the wrong shape.
+PeerStatus ParseStatus(const std::string& file, const std::string& content) {
+  const Json document = Json::parse(content);
+  if (document.at("format").get<std::string>() != "ncclguard-status") {
+    throw std::runtime_error("not an ncclguard status file");
+  }
+  if (const int version = document.at("format_version").get<int>(); version != kStatusFormatVersion) {
+    throw std::runtime_error(absl::StrCat("status format version ", version, " is not ",
+                                          kStatusFormatVersion));
+  }
+  PeerStatus status;
+  status.file = file;
+  status.host = document.at("host").get<std::string>();
+  status.pid = document.at("pid").get<int>();
+  ProcessSnapshot& snapshot = status.snapshot;
+  snapshot.rank = document.at("rank").get<int>();
+  snapshot.time_ns = document.at("time_ns").get<std::int64_t>();
+  snapshot.in_nccl_call = document.value("in_nccl_call", "");
+  if (const Json& stall = document.at("stall"); !stall.is_null()) {
+    snapshot.stall = StallSnapshot{.kind = stall.at("kind").get<std::string>(),
+                                   .comm_id = stall.at("comm_id").get<std::string>(),
+                                   .seq = stall.at("seq").get<std::uint64_t>(),
+                                   .seconds = stall.at("seconds").get<double>(),
+                                   .message = ""};
+  }
+  for (const Json& entry : document.at("communicators")) {
+    CommSnapshot comm;
+    comm.id = entry.at("id").get<std::string>();
+    comm.rank = entry.at("rank").get<int>();
+    comm.nranks = entry.at("nranks").get<int>();
+    comm.state = entry.at("state").get<std::string>();
+    comm.last_enqueued = entry.at("last_enqueued").get<std::uint64_t>();
+    comm.last_started = entry.at("last_started").get<std::uint64_t>();
+    comm.last_completed = entry.at("last_completed").get<std::uint64_t>();
+    comm.async_error = entry.value("async_error", "");
+    if (const Json& oldest = entry.at("oldest_outstanding"); !oldest.is_null()) {
+      OpSnapshot op;
+      op.seq = oldest.at("seq").get<std::uint64_t>();
+      op.op = oldest.at("op").get<std::string>();
+      op.state = oldest.at("state").get<std::string>();
+      op.bytes = oldest.at("bytes").get<std::uint64_t>();
+      op.enqueue_ns = oldest.at("enqueue_ns").get<std::int64_t>();
+      op.start_ns = oldest.at("start_ns").get<std::int64_t>();
+      comm.ring.push_back(std::move(op));
+    }
+    snapshot.comms.push_back(std::move(comm));
+  }
+  return status;
+}
+
+absl::StatusOr<StatusScan> ReadStatusesNow(const std::string& job_dir) {
+  absl::StatusOr<int> directory_fd = OpenPrivateDirectory(job_dir, /*create=*/false);
+  if (!directory_fd.ok()) return directory_fd.status();
+  const ScopedFd directory(*directory_fd);
+  absl::StatusOr<std::vector<std::string>> names = ListNames(directory.get(), kStatusPrefix, ".json");
+  if (!names.ok()) return names.status();
+  StatusScan scan;
+  for (const std::string& name : *names) {
+    absl::StatusOr<std::string> content = ReadSmallFile(directory.get(), name);
+    if (!content.ok()) {
+      scan.problems.push_back(absl::StrCat(name, ": ", content.status().message()));
+      continue;
+    }
+    try {
+      scan.statuses.push_back(ParseStatus(name, *content));
+    } catch (const std::exception& error) {
+      scan.problems.push_back(absl::StrCat(name, ": ", error.what()));
+    }
+  }
+  return scan;
+}
+
+DumpRequest ParseRequest(const std::string& name, const absl::StatusOr<std::string>& content) {
+  DumpRequest request;
+  request.name = name;
+  request.requester = "unknown";
+  if (!content.ok()) return request;
+  const Json document = Json::parse(*content, nullptr, /*allow_exceptions=*/false);
+  if (!document.is_object()) return request;
+  // A request that cannot be read is still a request: the fields only describe it.
+  try {
+    request.requester = document.value("requester", "unknown");
+    request.host = document.value("host", "");
+    request.pid = document.value("pid", -1);
+    request.time_ns = document.value("time_ns", std::int64_t{0});
+  } catch (const std::exception&) {
+  }
+  return request;
+}
+
+// The requests of the job directory not in `already_handled`; none when nobody ever asked.
+absl::StatusOr<std::vector<DumpRequest>> ListRequestsNow(const std::string& job_dir,
+                                                        const std::set<std::string>& already_handled) {
+  const std::string requests_directory = absl::StrCat(job_dir, "/", kDumpRequestsDirectory);
+  absl::StatusOr<int> directory_fd = OpenPrivateDirectory(requests_directory, /*create=*/false);
+  if (!directory_fd.ok()) {
+    struct stat unused {};
+    if (lstat(requests_directory.c_str(), &unused) != 0 && errno == ENOENT) {
+      return std::vector<DumpRequest>();
+    }
+    return directory_fd.status();
+  }
+  const ScopedFd directory(*directory_fd);
+  absl::StatusOr<std::vector<std::string>> names = ListNames(directory.get(), kRequestPrefix, "");
+  if (!names.ok()) return names.status();
+  std::vector<DumpRequest> requests;
+  for (const std::string& name : *names) {
+    if (already_handled.contains(name)) continue;
+    requests.push_back(ParseRequest(name, ReadSmallFile(directory.get(), name)));
+  }
+  return requests;
+}
+
+absl::StatusOr<std::string> ReadGeneration(const std::string& job_dir) {
+  const std::string path = absl::StrCat(job_dir, "/", kDumpRequestsDirectory, "/", kGenerationFile);
+  const int fd = open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ENOENT) return std::string();  // nobody has asked yet
+    return absl::UnavailableError(absl::StrCat("cannot read ", path, ": ", std::strerror(errno)));
+  }
+  char buffer[256];
+  ssize_t n;
+  do {
+    n = read(fd, buffer, sizeof(buffer));
+  } while (n < 0 && errno == EINTR);
+  close(fd);
+  if (n < 0) return absl::UnavailableError(absl::StrCat("cannot read ", path));
+  return std::string(absl::StripAsciiWhitespace(std::string(buffer, static_cast<size_t>(n))));
+}
+
+struct PollOutcome {
+  std::string generation;
+  bool listed = false;
+  std::vector<DumpRequest> fresh;  // when listed: every request not handled before
+};
+
+}  // namespace
+
+std::string JobId(const EnvironmentReader& read_environment, const std::string& first_unique_id_hex) {
+  auto variable = [&](const char* name) {
+    std::string value;
+    if (!read_environment || !read_environment(name, &value)) return std::string();
+    return std::string(absl::StripAsciiWhitespace(value));
+  };
+  if (std::string id = variable("NCCLGUARD_JOB_ID"); !id.empty()) return SafeFileName(id);
+  if (std::string job = variable("SLURM_JOB_ID"); !job.empty()) {
+    const std::string step = variable("SLURM_STEP_ID");
+    return SafeFileName(absl::StrCat("slurm-", job, step.empty() ? "" : ".", step));
+  }
+  // torchrun's --rdzv-id defaults to "none": shared by unrelated runs, so not an id.
+  if (std::string run = variable("TORCHELASTIC_RUN_ID"); !run.empty() && run != "none") {
+    return SafeFileName("torchelastic-" + run);
+  }
+  const std::pair<const char*, const char*> kLaunchers[] = {
+      {"PADDLE_JOB_ID", "paddle-"}, {"OMPI_MCA_ess_base_jobid", "ompi-"},
+      {"PMIX_NAMESPACE", "pmix-"},  {"LSB_JOBID", "lsf-"},
+      {"PBS_JOBID", "pbs-"},        {"FLUX_JOB_ID", "flux-"}};
+  for (const auto& [name, prefix] : kLaunchers) {
+    if (std::string id = variable(name); !id.empty()) return SafeFileName(prefix + id);
+  }
+  return SafeFileName("nccl-" + (first_unique_id_hex.empty() ? std::string("unknown")
+                                                             : first_unique_id_hex.substr(0, 32)));
+}
+
+std::string JobDirectory(const Config& config, const std::string& job_id) {
+  std::string base = config.dump_dir;
+  if (base.empty()) {
+    const char* temporary = std::getenv("TMPDIR");
+    base = absl::StrCat(temporary != nullptr && temporary[0] == '/' ? temporary : "/tmp", "/ncclguard");
+  }
+  while (base.size() > 1 && base.back() == '/') base.pop_back();
+  return absl::StrCat(base, "/", SafeFileName(job_id));
+}
+
+double StatusIntervalSeconds(double configured_seconds, int job_processes) {
+  return std::max(configured_seconds, job_processes / kJobStatusWritesPerSecond);
+}
+
+absl::StatusOr<std::string> WriteStatus(const std::string& job_dir, const ProcessSnapshot& snapshot,
+                                        const ProcessFacts& identity) noexcept {
+  std::string content;
+  try {
+    content = StatusJson(snapshot, identity).dump(-1, ' ', false, Json::error_handler_t::replace);
+  } catch (...) {
+    return absl::ResourceExhaustedError("cannot format the status file");
+  }
+  // Not fsync()ed: a status file is rewritten every few seconds and a reader skips one that a
+  // crash left empty; flushing every rewrite would cost every rank a disk (or NFS COMMIT) round trip.
+  return WriteFileAtomically(
+      job_dir, absl::StrCat(kStatusPrefix, SafeFileName(identity.host), "-", identity.pid, ".json"),
+      content + "\n", /*durable=*/false);
+}
+
+absl::StatusOr<StatusScan> ReadStatuses(const std::string& job_dir) noexcept {
+  try {
+    return RunWithDeadline<StatusScan>([job_dir] { return ReadStatusesNow(job_dir); }, kWriteDeadline);
+  } catch (...) {
+    return absl::ResourceExhaustedError("cannot read the status files");
+  }
+}
+
+absl::StatusOr<std::string> RequestDumps(const std::string& job_dir, const std::string& requester) noexcept {
+  std::string name;
+  std::string content;
+  try {
+    const std::string host = HostName();
+    const int pid = static_cast<int>(getpid());
+    const std::int64_t now = NowNs();
+    name = absl::StrCat(kRequestPrefix, SafeFileName(host), "-", pid, "-",
+                        g_request_counter.fetch_add(1) + 1);
+    content = Json{{"format", "ncclguard-dump-request"},
+                   {"format_version", 1},
+                   {"requester", requester},
+                   {"host", host},
+                   {"pid", pid},
+                   {"time", IsoTime(now)},
+                   {"time_ns", now}}
+                  .dump(-1, ' ', false, Json::error_handler_t::replace);
+  } catch (...) {
+    return absl::ResourceExhaustedError("cannot format the dump request");
+  }
+  const std::string directory = absl::StrCat(job_dir, "/", kDumpRequestsDirectory);
+  // The request first, then the generation naming it: a process that sees the new generation is
+  // sure to find the request in its listing.
+  absl::StatusOr<std::string> written = WriteFileAtomically(directory, name, content + "\n", true);
+  if (!written.ok()) return written.status();
+  absl::StatusOr<std::string> generation =
+      WriteFileAtomically(directory, kGenerationFile, name + "\n", /*durable=*/false);
+  if (!generation.ok()) return generation.status();
+  return name;
+}
+
+absl::StatusOr<std::vector<DumpRequest>> PendingDumpRequests(
+    const std::string& job_dir, const std::set<std::string>& already_handled) noexcept {
+  try {
+    return RunWithDeadline<std::vector<DumpRequest>>(
+        [job_dir, already_handled] { return ListRequestsNow(job_dir, already_handled); },
+        kWriteDeadline);
+  } catch (...) {
+    return absl::ResourceExhaustedError("cannot list the dump requests");
+  }
+}
+
+DumpRequestWatcher::DumpRequestWatcher(std::string job_dir, const std::string& own_host, int own_pid)
+    : job_dir_(std::move(job_dir)), own_host_(own_host), own_pid_(own_pid) {}
+
+absl::StatusOr<std::vector<DumpRequest>> DumpRequestWatcher::Poll() noexcept {
+  try {
+    absl::StatusOr<PollOutcome> outcome = RunWithDeadline<PollOutcome>(
+        [job_dir = job_dir_, seen = seen_generation_, baseline_taken = baseline_taken_,
+         handled = handled_]() -> absl::StatusOr<PollOutcome> {
+          PollOutcome outcome;
+          absl::StatusOr<std::string> generation = ReadGeneration(job_dir);
+          if (!generation.ok()) return generation.status();
+          outcome.generation = *generation;
+          if (outcome.generation == seen && baseline_taken) return outcome;
+          absl::StatusOr<std::vector<DumpRequest>> fresh = ListRequestsNow(job_dir, handled);
+          if (!fresh.ok()) return fresh.status();
+          outcome.listed = true;
+          outcome.fresh = *std::move(fresh);
+          return outcome;
+        },
+        kWriteDeadline);
+    if (!outcome.ok()) return outcome.status();
+    std::vector<DumpRequest> reported;
+    for (DumpRequest& request : outcome->fresh) {
+      handled_.insert(request.name);
+      const bool own = request.host == own_host_ && request.pid == own_pid_;
+      if (baseline_taken_ && !own) reported.push_back(std::move(request));
+    }
+    if (outcome->listed) {
+      baseline_taken_ = true;
+      // A listing that does not show the request the generation names is older than the
+      // generation (a shared file system's cached directory): list again next time.
+      if (outcome->generation.empty() || handled_.contains(outcome->generation)) {
+        seen_generation_ = outcome->generation;
+      }
+    }
+    return reported;
+  } catch (...) {
+    return absl::ResourceExhaustedError("cannot look for dump requests");
+  }
+}
+
+}  // namespace ncclguard

@@ -1,0 +1,297 @@
+#include "watchdog/operations.h"
+
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "shim/libraries.h"
+#include "watchdog/config.h"
+#include "watchdog/describe.h"
+#include "watchdog/log.h"
+#include "watchdog/registry.h"
+#include "watchdog/watchdog.h"
+
+namespace ncclguard {
+namespace {
+
+thread_local std::int64_t t_thread_id = 0;  // plain data: no TLS constructor
+std::int64_t ThreadId() {
+  if (t_thread_id == 0) t_thread_id = syscall(SYS_gettid);
+  return t_thread_id;
+}
+
+// ncclGroupStart/End nest per thread; operations issued inside wait for the outermost end.
+struct GroupedOperation {
+  CommState* comm;
+  std::uint64_t seq;
+};
+thread_local int t_group_depth = 0;
+thread_local std::uint64_t t_group_id = 0;
+thread_local std::vector<GroupedOperation>* t_grouped = nullptr;  // per thread, kept for reuse
+std::atomic<std::uint64_t> g_next_group_id{1};
+
+bool Launched(ncclResult_t result) { return result == ncclSuccess || result == ncclInProgress; }
+
+void RecordStart(OpRecord& op) {
+  op.start_recorded.store(
+      DriverEvents().Record(op.start_event, reinterpret_cast<GpuStream>(op.stream.load(std::memory_order_relaxed))),
+      std::memory_order_release);
+}
+
+void RecordEnd(OpRecord& op) {
+  op.end_recorded.store(
+      DriverEvents().Record(op.end_event, reinterpret_cast<GpuStream>(op.stream.load(std::memory_order_relaxed))),
+      std::memory_order_release);
+}
+
+// After NCCL took (or refused) the launch of an operation.
+void FinishLaunch(CommState& comm, std::uint64_t seq, ncclResult_t result) {
+  OpRecord& op = comm.Slot(seq);
+  if (op.seq.load(std::memory_order_relaxed) != seq) return;
+  op.result.store(result, std::memory_order_relaxed);
+  const OpState state = op.state.load(std::memory_order_acquire);
+  if (!Launched(result)) {
+    op.state.store(OpState::kFailed, std::memory_order_release);
+    NoteFailedCall(op.api.load(std::memory_order_relaxed), &comm, result);
+    return;
+  }
+  if (state != OpState::kEnqueued) return;  // captured or untimed: nothing to record
+  if (result == ncclInProgress) {
+    op.launch_pending.store(true, std::memory_order_release);
+  } else {
+    RecordEnd(op);
+  }
+}
+
+void MarkUnfinishedAborted(CommState& comm) {
+  const std::uint64_t last = comm.last_enqueued.load(std::memory_order_acquire);
+  const std::uint64_t first = last >= comm.ring_size ? last - comm.ring_size + 1 : 1;
+  for (std::uint64_t seq = first; seq <= last; ++seq) {
+    OpRecord& op = comm.Slot(seq);
+    OpState state = op.state.load(std::memory_order_acquire);
+    if (op.seq.load(std::memory_order_relaxed) == seq && !IsFinished(state)) {
+      op.state.compare_exchange_strong(state, OpState::kAborted, std::memory_order_acq_rel);
+    }
+  }
+}
+
+}  // namespace
+
+Ticket BeforeOperation(Api api, int library, const OperationArguments& arguments) noexcept {
+  (void)library;
+  Ticket ticket;
+  ticket.api = api;
+  CommState* comm = GetRegistry().Find(arguments.comm);
+  if (comm == nullptr) return ticket;
+  ticket.comm = comm;
+  if (comm->aborted_by_ncclguard.load(std::memory_order_acquire)) {
+    ticket.forward = false;
+    ticket.result = ncclInvalidUsage;
+    log::Debug("{} on comm {} refused: ncclguard aborted the communicator", Describe(api).name, comm->id);
+    return ticket;
+  }
+  // Every operation gets a number, recorded or not, so numbers agree across ranks.
+  const std::uint64_t seq = comm->last_enqueued.load(std::memory_order_relaxed) + 1;
+  OpRecord& op = comm->Slot(seq);
+  if (!IsFinished(op.state.load(std::memory_order_acquire))) {
+    // A whole ring of unfinished operations: the oldest is still being watched, keep it.
+    comm->dropped.fetch_add(1, std::memory_order_relaxed);
+    comm->last_enqueued.store(seq, std::memory_order_release);
+    return ticket;
+  }
+  op.api.store(api, std::memory_order_relaxed);
+  op.datatype.store(arguments.datatype, std::memory_order_relaxed);
+  op.reduction.store(arguments.reduction, std::memory_order_relaxed);
+  op.root_or_peer.store(arguments.root_or_peer, std::memory_order_relaxed);
+  op.count.store(arguments.count, std::memory_order_relaxed);
+  op.stream.store(reinterpret_cast<std::uint64_t>(arguments.stream), std::memory_order_relaxed);
+  op.group.store(t_group_depth > 0 ? t_group_id : 0, std::memory_order_relaxed);
+  op.host_thread.store(ThreadId(), std::memory_order_relaxed);
+  op.enqueue_ns.store(SteadyNowNs(), std::memory_order_relaxed);
+  op.start_ns.store(0, std::memory_order_relaxed);
+  op.end_ns.store(0, std::memory_order_relaxed);
+  op.gpu_ms.store(-1, std::memory_order_relaxed);
+  op.result.store(ncclSuccess, std::memory_order_relaxed);
+  op.start_recorded.store(false, std::memory_order_relaxed);
+  op.end_recorded.store(false, std::memory_order_relaxed);
+  op.launch_pending.store(false, std::memory_order_relaxed);
+
+  GpuEvents& events = DriverEvents();
+  OpState initial = OpState::kEnqueued;
+  if (!events.Available()) {
+    initial = OpState::kUntimed;
+  } else if (events.IsCapturing(arguments.stream)) {
+    initial = OpState::kCaptured;  // an event record would be captured into the graph
+  } else {
+    if (op.start_event == nullptr) op.start_event = events.Create();
+    if (op.end_event == nullptr) op.end_event = events.Create();
+    if (op.start_event == nullptr || op.end_event == nullptr) initial = OpState::kUntimed;
+  }
+  const bool grouped = t_group_depth > 0;
+  if (initial == OpState::kEnqueued && !grouped) RecordStart(op);
+  op.seq.store(seq, std::memory_order_relaxed);
+  op.state.store(initial, std::memory_order_release);
+  comm->last_enqueued.store(seq, std::memory_order_release);
+  if (grouped) {
+    if (t_grouped == nullptr) t_grouped = new std::vector<GroupedOperation>();
+    t_grouped->push_back({comm, seq});
+  }
+  ticket.seq = seq;
+  return ticket;
+}
+
+void AfterOperation(const Ticket& ticket, ncclResult_t result) noexcept {
+  if (ticket.comm == nullptr || ticket.seq == 0) {
+    if (ticket.comm != nullptr && !Launched(result)) NoteFailedCall(ticket.api, ticket.comm, result);
+    return;
+  }
+  if (t_group_depth > 0 && Launched(result)) return;  // launched at the outermost ncclGroupEnd
+  FinishLaunch(*ticket.comm, ticket.seq, result);
+}
+
+Ticket BeforeGroupCall(Api api) noexcept {
+  if (api == Api::ncclGroupStart) {
+    if (t_group_depth++ == 0) t_group_id = g_next_group_id.fetch_add(1, std::memory_order_relaxed);
+  } else if (t_group_depth == 1 && t_grouped != nullptr) {
+    // Events recorded now land before the group's kernels: nothing was launched yet.
+    for (const GroupedOperation& grouped : *t_grouped) {
+      OpRecord& op = grouped.comm->Slot(grouped.seq);
+      if (op.seq.load(std::memory_order_relaxed) == grouped.seq &&
+          op.state.load(std::memory_order_acquire) == OpState::kEnqueued && api == Api::ncclGroupEnd) {
+        RecordStart(op);
+      }
+    }
+  }
+  return {};
+}
+
+void AfterGroupCall(Api api, ncclResult_t result) noexcept {
+  if (api == Api::ncclGroupStart) {
+    if (result != ncclSuccess && t_group_depth > 0) --t_group_depth;
+    return;
+  }
+  if (t_group_depth == 0 || --t_group_depth > 0 || t_grouped == nullptr) return;
+  for (const GroupedOperation& grouped : *t_grouped) {
+    if (api == Api::ncclGroupEnd) {
+      FinishLaunch(*grouped.comm, grouped.seq, result);
+    } else {  // ncclGroupSimulateEnd: the operations are estimated, never run
+      OpRecord& op = grouped.comm->Slot(grouped.seq);
+      op.state.store(OpState::kUntimed, std::memory_order_release);
+    }
+  }
+  t_grouped->clear();
+}
+
+Ticket BeforeCreation(Api api, const CreationArguments& arguments) noexcept {
+  Ticket ticket;
+  try {
+    EnsureWatchdogStarted();
+    PendingInit init;
+    init.api = api;
+    init.rank = arguments.rank;
+    init.nranks = arguments.nranks;
+    init.start_ns = SteadyNowNs();
+    init.thread = ThreadId();
+    if (arguments.unique_id != nullptr) {
+      init.comm_id = CommIdFromUniqueId(*arguments.unique_id);
+    } else if (CommState* parent = GetRegistry().Find(arguments.parent)) {
+      ticket.comm = parent;
+      const std::uint32_t ordinal = parent->children.fetch_add(1, std::memory_order_relaxed);
+      init.comm_id = ChildCommId(parent->id, api == Api::ncclCommSplit ? "split" : "shrink", ordinal,
+                                 arguments.color);
+    } else {  // ncclCommInitAll: one process holds every rank
+      static std::atomic<std::uint32_t> init_all_calls{0};
+      init.comm_id = ChildCommId(std::to_string(getpid()), "initall",
+                                 init_all_calls.fetch_add(1, std::memory_order_relaxed), 0);
+    }
+    std::snprintf(ticket.comm_id, sizeof(ticket.comm_id), "%s", init.comm_id.c_str());
+    ticket.start_ns = init.start_ns;
+    ticket.init_token = GetRegistry().BeginInit(std::move(init));
+  } catch (...) {
+  }
+  return ticket;
+}
+
+void AfterCreation(const Ticket& ticket, Api api, int library, ncclResult_t result,
+                   const ncclComm_t* comms, int count) noexcept {
+  try {
+    Registry& registry = GetRegistry();
+    registry.EndInit(ticket.init_token);
+    if (!Launched(result) || comms == nullptr) {
+      NoteFailedCall(api, ticket.comm, result);
+      return;
+    }
+    const std::int64_t now = SteadyNowNs();
+    for (int i = 0; i < count; ++i) {
+      if (comms[i] == nullptr) continue;  // e.g. ncclCommSplit with NCCL_SPLIT_NOCOLOR
+      CommState* comm =
+          registry.Add(comms[i], library, static_cast<std::size_t>(GetConfig().ring_size.value));
+      if (comm == nullptr) continue;
+      std::memcpy(comm->id, ticket.comm_id, sizeof(comm->id));
+      if (ticket.comm != nullptr) std::memcpy(comm->parent_id, ticket.comm->id, sizeof(comm->parent_id));
+      comm->created_by = api;
+      comm->init_start_ns = ticket.start_ns;
+      comm->context = DriverEvents().CurrentContext();
+      if (result == ncclSuccess) comm->init_end_ns.store(now, std::memory_order_release);
+      CompleteRegistration(*comm);
+    }
+  } catch (...) {
+  }
+}
+
+Ticket BeforeCommCall(Api api, ncclComm_t handle) noexcept {
+  Ticket ticket;
+  CommState* comm = GetRegistry().Find(handle);
+  if (comm == nullptr) return ticket;
+  ticket.comm = comm;
+  if (comm->aborted_by_ncclguard.load(std::memory_order_acquire)) {
+    // ncclguard aborted it, so NCCL has freed it: nothing may reach NCCL with this handle. The
+    // application's own clean-up succeeds; anything else is told the communicator is unusable.
+    ticket.forward = false;
+    ticket.result = (api == Api::ncclCommDestroy || api == Api::ncclCommAbort) ? ncclSuccess
+                                                                                : ncclInvalidUsage;
+    log::Debug("{} on comm {} answered {} without NCCL: ncclguard aborted it", Describe(api).name,
+               comm->id, ResultName(ticket.result));
+    return ticket;
+  }
+  if (api == Api::ncclCommDestroy || api == Api::ncclCommAbort || api == Api::ncclCommFinalize) {
+    comm->closing.store(true, std::memory_order_seq_cst);
+    while (comm->watchdog_in_call.load(std::memory_order_seq_cst)) std::this_thread::yield();
+  }
+  return ticket;
+}
+
+void AfterCommCall(Api api, ncclComm_t handle, ncclResult_t result) noexcept {
+  CommState* comm = GetRegistry().Find(handle);
+  if (comm == nullptr) return;
+  if (!Launched(result)) {
+    NoteFailedCall(api, comm, result);
+    return;
+  }
+  switch (api) {
+    case Api::ncclCommAbort:
+      comm->lifecycle.store(CommLifecycle::kAborted, std::memory_order_release);
+      MarkUnfinishedAborted(*comm);
+      break;
+    case Api::ncclCommDestroy:
+      comm->lifecycle.store(CommLifecycle::kDestroyed, std::memory_order_release);
+      break;
+    case Api::ncclCommFinalize:
+      comm->lifecycle.store(CommLifecycle::kFinalized, std::memory_order_release);
+      break;
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 7)
+    case Api::ncclCommRevoke:
+      comm->lifecycle.store(CommLifecycle::kRevoked, std::memory_order_release);
+      break;
+#endif
+    default:
+      break;
+  }
+}
+
+}  // namespace ncclguard

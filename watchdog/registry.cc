@@ -1,0 +1,121 @@
+#include "watchdog/registry.h"
+
+#include <fmt/format.h>
+
+#include "watchdog/log.h"
+
+namespace ncclguard {
+namespace {
+
+std::size_t HashOf(ncclComm_t handle) {
+  auto bits = reinterpret_cast<std::uintptr_t>(handle);
+  bits ^= bits >> 17;
+  bits *= 0x9e3779b97f4a7c15ULL;
+  return static_cast<std::size_t>(bits >> 20);
+}
+
+std::uint64_t Fnv1a(const void* data, std::size_t size, std::uint64_t hash = 0xcbf29ce484222325ULL) {
+  const auto* bytes = static_cast<const unsigned char*>(data);
+  for (std::size_t i = 0; i < size; ++i) {
+    hash ^= bytes[i];
+    hash *= 0x100000001b3ULL;
+  }
+  return hash;
+}
+
+}  // namespace
+
+CommState* Registry::Find(ncclComm_t handle) const noexcept {
+  if (handle == nullptr) return nullptr;
+  for (std::size_t probe = 0, i = HashOf(handle) % kCapacity; probe < kCapacity;
+       ++probe, i = (i + 1) % kCapacity) {
+    const ncclComm_t key = keys_[i].load(std::memory_order_acquire);
+    if (key == handle) return values_[i].load(std::memory_order_acquire);
+    if (key == nullptr) return nullptr;
+  }
+  return nullptr;
+}
+
+CommState* Registry::Add(ncclComm_t handle, int library, std::size_t ring_size) {
+  auto state = std::make_unique<CommState>(handle, library, ring_size);
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (std::size_t probe = 0, i = HashOf(handle) % kCapacity; probe < kCapacity;
+       ++probe, i = (i + 1) % kCapacity) {
+    const ncclComm_t key = keys_[i].load(std::memory_order_relaxed);
+    if (key == handle || key == nullptr) {
+      values_[i].store(state.get(), std::memory_order_release);
+      keys_[i].store(handle, std::memory_order_release);
+      all_.push_back(state.get());
+      // Never freed: the watchdog and dumps may still read it after the communicator is gone,
+      // and a process makes few communicators.
+      return state.release();
+    }
+  }
+  static std::atomic<bool> reported{false};
+  if (!reported.exchange(true)) {
+    log::Warn("more than {} communicators: the newest are not watched", kCapacity);
+  }
+  return nullptr;
+}
+
+std::vector<CommState*> Registry::All() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return all_;
+}
+
+int Registry::BeginInit(PendingInit init) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (std::size_t i = 0; i < kMaxPendingInits; ++i) {
+    if (!pending_used_[i]) {
+      pending_used_[i] = true;
+      pending_[i] = std::move(init);
+      return static_cast<int>(i);
+    }
+  }
+  return -1;
+}
+
+void Registry::EndInit(int token) noexcept {
+  if (token < 0) return;
+  std::lock_guard<std::mutex> lock(mutex_);
+  pending_used_[token] = false;
+}
+
+std::vector<PendingInit> Registry::PendingInits() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<PendingInit> inits;
+  for (std::size_t i = 0; i < kMaxPendingInits; ++i) {
+    if (pending_used_[i]) inits.push_back(pending_[i]);
+  }
+  return inits;
+}
+
+void Registry::ForgetAfterFork() noexcept {
+  new (&mutex_) std::mutex();
+  for (std::size_t i = 0; i < kCapacity; ++i) {
+    keys_[i].store(nullptr, std::memory_order_relaxed);
+    values_[i].store(nullptr, std::memory_order_relaxed);
+  }
+  new (&all_) std::vector<CommState*>();  // the parent's vector is leaked with its states
+  for (bool& used : pending_used_) used = false;
+}
+
+Registry& GetRegistry() {
+  static Registry* registry = new Registry;  // deliberately leaked: used until the very end
+  return *registry;
+}
+
+std::string CommIdFromUniqueId(const ncclUniqueId& id) {
+  return fmt::format("{:016x}", Fnv1a(id.internal, sizeof(id.internal)));
+}
+
+std::string ChildCommId(const std::string& parent_id, std::string_view how, std::uint32_t ordinal,
+                        int color) {
+  std::uint64_t hash = Fnv1a(parent_id.data(), parent_id.size());
+  hash = Fnv1a(how.data(), how.size(), hash);
+  hash = Fnv1a(&ordinal, sizeof(ordinal), hash);
+  hash = Fnv1a(&color, sizeof(color), hash);
+  return fmt::format("{:016x}", hash);
+}
+
+}  // namespace ncclguard

@@ -1,0 +1,65 @@
+// Every communicator ncclguard knows of, and the initialisations under way.
+#pragma once
+
+#include <nccl.h>
+
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "watchdog/records.h"
+
+namespace ncclguard {
+
+// A communicator initialisation in progress on some thread.
+struct PendingInit {
+  Api api;
+  std::string comm_id;
+  int rank = -1;
+  int nranks = 0;
+  std::int64_t start_ns = 0;  // steady clock
+  std::int64_t thread = 0;
+};
+
+class Registry {
+ public:
+  // The state of `handle`, or nullptr when ncclguard does not know it. Lock-free.
+  CommState* Find(ncclComm_t handle) const noexcept;
+
+  // Registers a communicator (a handle may be reused by NCCL after a destroy: the newest wins).
+  // Allocates its ring. Returns nullptr when the table is full (logged once).
+  CommState* Add(ncclComm_t handle, int library, std::size_t ring_size);
+
+  // Every communicator registered, oldest first (a copy: safe to walk while others register).
+  std::vector<CommState*> All() const;
+
+  int BeginInit(PendingInit init);  // returns a token for EndInit; -1 when none is free
+  void EndInit(int token) noexcept;
+  std::vector<PendingInit> PendingInits() const;
+
+  // In a forked child: the parent's communicators are not the child's. Their memory is leaked on
+  // purpose (a lock may have been held by a thread that does not exist in the child).
+  void ForgetAfterFork() noexcept;
+
+ private:
+  static constexpr std::size_t kCapacity = 8192;
+  static constexpr std::size_t kMaxPendingInits = 64;
+  std::atomic<ncclComm_t> keys_[kCapacity] = {};
+  std::atomic<CommState*> values_[kCapacity] = {};
+  mutable std::mutex mutex_;
+  std::vector<CommState*> all_;  // guarded by mutex_
+  PendingInit pending_[kMaxPendingInits];  // guarded by mutex_
+  bool pending_used_[kMaxPendingInits] = {};  // guarded by mutex_
+};
+
+Registry& GetRegistry();
+
+// 16 hex digits naming a communicator the same way on every rank.
+std::string CommIdFromUniqueId(const ncclUniqueId& id);
+// For a communicator made from `parent` (split or shrink): every rank makes the same calls on the
+// parent in the same order, so (parent id, how, how many before, color) is the same everywhere.
+std::string ChildCommId(const std::string& parent_id, std::string_view how, std::uint32_t ordinal,
+                        int color);
+
+}  // namespace ncclguard

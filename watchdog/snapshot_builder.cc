@@ -1,0 +1,97 @@
+#include "watchdog/snapshot_builder.h"
+
+#include <fmt/format.h>
+
+#include "shim/libraries.h"
+#include "watchdog/hooks.h"
+
+namespace ncclguard {
+namespace {
+
+OpSnapshot CopyOperation(const OpRecord& op, std::uint64_t seq, std::int64_t to_wall) {
+  auto wall = [to_wall](std::int64_t steady) { return steady == 0 ? 0 : steady + to_wall; };
+  OpSnapshot copy;
+  copy.seq = seq;
+  const Api api = op.api.load(std::memory_order_relaxed);
+  copy.op = std::string(OperationName(api));
+  const int datatype = op.datatype.load(std::memory_order_relaxed);
+  copy.dtype = std::string(DatatypeName(datatype));
+  copy.count = op.count.load(std::memory_order_relaxed);
+  copy.bytes = copy.count * DatatypeSize(datatype);
+  const int root_or_peer = op.root_or_peer.load(std::memory_order_relaxed);
+  (Describe(api).kind == ApiKind::PointToPoint ? copy.peer : copy.root) = root_or_peer;
+  copy.reduction = ReductionName(op.reduction.load(std::memory_order_relaxed));
+  copy.stream = op.stream.load(std::memory_order_relaxed);
+  copy.group = op.group.load(std::memory_order_relaxed);
+  copy.host_thread = op.host_thread.load(std::memory_order_relaxed);
+  copy.enqueue_ns = wall(op.enqueue_ns.load(std::memory_order_relaxed));
+  copy.start_ns = wall(op.start_ns.load(std::memory_order_relaxed));
+  copy.end_ns = wall(op.end_ns.load(std::memory_order_relaxed));
+  copy.gpu_ms = op.gpu_ms.load(std::memory_order_relaxed);
+  copy.result = op.result.load(std::memory_order_relaxed);
+  copy.state = std::string(OpStateName(op.state.load(std::memory_order_acquire)));
+  return copy;
+}
+
+}  // namespace
+
+ProcessSnapshot BuildSnapshot(Registry& registry, const std::string& reason, bool with_rings,
+                              std::int64_t steady_now_ns, std::int64_t wall_now_ns) {
+  const std::int64_t to_wall = wall_now_ns - steady_now_ns;
+  ProcessSnapshot snapshot;
+  snapshot.reason = reason;
+  snapshot.time_ns = wall_now_ns;
+  snapshot.in_nccl_call = hooks::CurrentNcclCall();
+  for (CommState* comm : registry.All()) {
+    CommSnapshot copy;
+    copy.id = comm->id;
+    copy.handle = reinterpret_cast<std::uint64_t>(comm->handle);
+    copy.rank = comm->rank.load(std::memory_order_relaxed);
+    copy.nranks = comm->nranks.load(std::memory_order_relaxed);
+    copy.device = comm->device.load(std::memory_order_relaxed);
+    copy.created_by = std::string(Describe(comm->created_by).name);
+    copy.parent_id = comm->parent_id;
+    copy.library_path = shim::LibraryPath(comm->library);
+    copy.nccl_version = shim::LibraryVersion(comm->library);
+    copy.state = std::string(CommLifecycleName(comm->lifecycle.load(std::memory_order_acquire)));
+    copy.init_start_ns = comm->init_start_ns + to_wall;
+    const std::int64_t init_end = comm->init_end_ns.load(std::memory_order_acquire);
+    copy.init_end_ns = init_end == 0 ? 0 : init_end + to_wall;
+    copy.last_enqueued = comm->last_enqueued.load(std::memory_order_acquire);
+    copy.last_started = comm->last_started.load(std::memory_order_acquire);
+    copy.last_completed = comm->last_completed.load(std::memory_order_acquire);
+    const int async_error = comm->async_error.load(std::memory_order_relaxed);
+    if (async_error != ncclSuccess && async_error != ncclInProgress) {
+      copy.async_error = fmt::format("{}", async_error);
+    }
+    copy.dropped = comm->dropped.load(std::memory_order_relaxed);
+    if (snapshot.rank < 0) snapshot.rank = copy.rank;
+    // The whole ring, or (for status files) only the oldest unfinished operation.
+    const std::uint64_t last = copy.last_enqueued;
+    for (std::uint64_t seq = last >= comm->ring_size ? last - comm->ring_size + 1 : 1; seq <= last;
+         ++seq) {
+      const OpRecord& op = comm->ring[seq % comm->ring_size];
+      if (op.seq.load(std::memory_order_relaxed) != seq) continue;
+      if (with_rings) {
+        copy.ring.push_back(CopyOperation(op, seq, to_wall));
+      } else if (!IsFinished(op.state.load(std::memory_order_acquire))) {
+        copy.ring.push_back(CopyOperation(op, seq, to_wall));
+        break;
+      }
+    }
+    snapshot.comms.push_back(std::move(copy));
+  }
+  return snapshot;
+}
+
+StallSnapshot ToSnapshot(const Stall& stall, const std::string& message) {
+  StallSnapshot copy;
+  copy.kind = std::string(StallKindName(stall.kind));
+  copy.comm_id = stall.comm_id;
+  copy.seq = stall.seq;
+  copy.seconds = stall.seconds;
+  copy.message = message;
+  return copy;
+}
+
+}  // namespace ncclguard

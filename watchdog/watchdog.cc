@@ -1,0 +1,433 @@
+#include "watchdog/watchdog.h"
+
+#include <pthread.h>
+#include <signal.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <optional>
+#include <cstring>
+#include <mutex>
+#include <thread>
+
+#include "shim/libraries.h"
+#include "watchdog/dump.h"
+#include "watchdog/facts.h"
+#include "watchdog/hooks.h"
+#include "watchdog/job_dir.h"
+#include "watchdog/log.h"
+#include "watchdog/snapshot_builder.h"
+
+namespace ncclguard {
+
+std::int64_t SteadyNowNs() noexcept {
+  timespec now;
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  return static_cast<std::int64_t>(now.tv_sec) * 1000000000 + now.tv_nsec;
+}
+
+namespace {
+
+std::int64_t ToNs(Seconds seconds) { return static_cast<std::int64_t>(seconds.value * 1e9); }
+
+}  // namespace
+
+// Marks what the watchdog is calling, for the monitor: a CUDA or NCCL call that never returns
+// stops the heartbeat, and the monitor then says where the watchdog is stuck.
+class Watchdog::Activity {
+ public:
+  Activity(Watchdog& watchdog, const char* what) : watchdog_(watchdog) {
+    watchdog_.activity_since_ns_.store(SteadyNowNs(), std::memory_order_relaxed);
+    watchdog_.activity_.store(what, std::memory_order_relaxed);
+  }
+  ~Activity() { watchdog_.activity_.store(nullptr, std::memory_order_relaxed); }
+
+ private:
+  Watchdog& watchdog_;
+};
+
+void Watchdog::PollOnce(std::int64_t now_ns) {
+  heartbeat_.fetch_add(1, std::memory_order_relaxed);
+  for (CommState* comm : registry_.All()) CheckCommunicator(*comm, now_ns);
+  CheckInitializations(now_ns);
+
+  if (const char* reason = pending_dump_reason_.exchange(nullptr)) {
+    const std::string path = Dump(reason, std::nullopt, "", now_ns);
+    log::Info("dumped state ({}): {}", reason, path.empty() ? "not written" : path);
+  }
+  if (now_ns >= next_status_ns_) {
+    next_status_ns_ = now_ns + ToNs(config_.status_interval);
+    Activity activity(*this, "writing the status file");
+    effects_.WriteStatus(BuildSnapshot(registry_, "status", false, now_ns, effects_.WallNowNs()));
+    if (effects_.TakePeerDumpRequest()) {
+      const std::string path = Dump("peer_request", std::nullopt, "", now_ns);
+      log::Info("dumped state at another process's request: {}", path.empty() ? "not written" : path);
+    }
+  }
+}
+
+void Watchdog::CheckCommunicator(CommState& comm, std::int64_t now_ns) {
+  const CommLifecycle lifecycle = comm.lifecycle.load(std::memory_order_acquire);
+  if (lifecycle == CommLifecycle::kDestroyed || lifecycle == CommLifecycle::kAborted ||
+      comm.aborted_by_ncclguard.load(std::memory_order_acquire)) {
+    return;
+  }
+  {
+    Activity activity(*this, "cuEventQuery");
+    AdvanceOperations(comm, events_, now_ns);
+  }
+  ncclResult_t error;
+  {
+    Activity activity(*this, "ncclCommGetAsyncError");
+    error = effects_.AsyncError(comm);
+  }
+  const int previous = comm.async_error.exchange(error, std::memory_order_acq_rel);
+  if (lifecycle == CommLifecycle::kInitializing && error == ncclSuccess) CompleteRegistration(comm);
+  if (error != ncclSuccess && error != ncclInProgress) {
+    if (previous != error) OnAsyncError(comm, error, now_ns);
+    return;
+  }
+  if (const auto stall = FindOperationStall(comm, now_ns, ToNs(config_.timeout))) {
+    if (stall->seq != comm.reported_stall_seq) {
+      comm.reported_stall_seq = stall->seq;
+      OnStall(&comm, *stall, now_ns);
+    }
+  }
+}
+
+void Watchdog::CheckInitializations(std::int64_t now_ns) {
+  for (const PendingInit& init : registry_.PendingInits()) {
+    const auto stall = FindInitStall(init, now_ns, ToNs(config_.init_timeout));
+    if (stall && reported_inits_.insert(init.comm_id + "/" + std::to_string(init.thread)).second) {
+      OnStall(nullptr, *stall, now_ns);
+    }
+  }
+}
+
+std::string Watchdog::Dump(const std::string& reason, const std::optional<Stall>& stall,
+                           const std::string& message, std::int64_t now_ns) {
+  ProcessSnapshot snapshot = BuildSnapshot(registry_, reason, true, now_ns, effects_.WallNowNs());
+  if (stall) snapshot.stall = ToSnapshot(*stall, message);
+  {
+    Activity activity(*this, "ncclGetLastError");
+    snapshot.last_nccl_warning = effects_.LastNcclError();
+  }
+  Activity activity(*this, "writing a dump");
+  return effects_.WriteDump(snapshot);
+}
+
+void Watchdog::OnStall(CommState* comm, const Stall& stall, std::int64_t now_ns) {
+  const std::string message = StallMessage(stall);
+  const std::string path = Dump("stall", stall, message, now_ns);
+  log::Warn("{} — dump: {}", message, path.empty() ? "not written" : path);
+  effects_.RequestPeerDumps(message);
+  Act(comm, "the stall");
+}
+
+void Watchdog::OnAsyncError(CommState& comm, ncclResult_t error, std::int64_t now_ns) {
+  const std::string last_error = effects_.LastNcclError();
+  const std::string message =
+      fmt::format("rank {} comm {}: NCCL reports an asynchronous error: {} ({})",
+                  comm.rank.load(std::memory_order_relaxed), comm.id, ResultName(error),
+                  last_error.empty() ? "no NCCL warning text" : last_error);
+  const std::string path = Dump("async_error", std::nullopt, message, now_ns);
+  log::Warn("{} — dump: {}", message, path.empty() ? "not written" : path);
+  effects_.RequestPeerDumps(message);
+  Act(&comm, "the asynchronous error");
+}
+
+void Watchdog::Act(CommState* culprit, const char* what) {
+  switch (config_.action) {
+    case Action::kWarn:
+      return;
+    case Action::kAbort:
+      if (culprit == nullptr) {
+        log::Warn("NCCLGUARD_ACTION=abort: nothing to abort for {} (the communicator does not exist yet)", what);
+        return;
+      }
+      log::Warn("aborting comm {} (NCCLGUARD_ACTION=abort): its calls now return errors", culprit->id);
+      effects_.Abort(*culprit);
+      return;
+    case Action::kExit:
+      for (CommState* comm : registry_.All()) {
+        const CommLifecycle lifecycle = comm->lifecycle.load(std::memory_order_acquire);
+        if (lifecycle != CommLifecycle::kDestroyed && lifecycle != CommLifecycle::kAborted) effects_.Abort(*comm);
+      }
+      log::Error("exiting with code {} after {} (NCCLGUARD_ACTION=exit)", kRestartExitCode, what);
+      effects_.Exit(kRestartExitCode);
+  }
+}
+
+namespace {
+
+// The real effects: files in the job directory, NCCL and CUDA calls, the process's exit.
+class SystemEffects final : public WatchdogEffects {
+ public:
+  std::string WriteDump(const ProcessSnapshot& snapshot) override {
+    if (JobDir().empty()) return "";
+    const DumpResult written =
+        ncclguard::WriteDump(JobDir(), snapshot, CollectProcessFacts(RealFactSources(), Devices()));
+    return written.ok() ? *written : "";
+  }
+
+  void WriteStatus(const ProcessSnapshot& snapshot) override {
+    if (JobDir().empty()) return;
+    // A failure was logged where it happened; the next interval tries again.
+    const auto written = ncclguard::WriteStatus(JobDir(), snapshot, CollectIdentityFacts(RealFactSources()));
+    (void)written;
+  }
+
+  void RequestPeerDumps(const std::string& why) override {
+    if (JobDir().empty()) return;
+    const auto written = RequestDumps(JobDir(), why);  // a failure was logged where it happened
+    (void)written;
+  }
+
+  bool TakePeerDumpRequest() override {
+    if (JobDir().empty()) return false;
+    if (!request_watcher_) {
+      request_watcher_.emplace(JobDir(), HostName(), static_cast<int>(getpid()));
+    }
+    const auto requests = request_watcher_->Poll();
+    return requests.ok() && !requests->empty();
+  }
+
+  ncclResult_t AsyncError(CommState& comm) override {
+    using Function = decltype(&::ncclCommGetAsyncError);
+    auto get = reinterpret_cast<Function>(shim::RealFunction(comm.library, Api::ncclCommGetAsyncError));
+    ncclResult_t error = ncclSuccess;
+    if (get == nullptr || !EnterComm(comm)) return ncclSuccess;
+    if (get(comm.handle, &error) != ncclSuccess) error = ncclSuccess;
+    LeaveComm(comm);
+    return error;
+  }
+
+  std::string LastNcclError() override {
+    using Function = decltype(&::ncclGetLastError);
+    auto get = reinterpret_cast<Function>(shim::RealFunction(0, Api::ncclGetLastError));
+    const char* text = get != nullptr ? get(nullptr) : nullptr;
+    return text != nullptr ? text : "";
+  }
+
+  void Abort(CommState& comm) override {
+    using Function = decltype(&::ncclCommAbort);
+    auto abort = reinterpret_cast<Function>(shim::RealFunction(comm.library, Api::ncclCommAbort));
+    if (abort == nullptr || !EnterComm(comm)) return;
+    comm.aborted_by_ncclguard.store(true, std::memory_order_release);
+    const ncclResult_t result = abort(comm.handle);
+    comm.lifecycle.store(CommLifecycle::kAborted, std::memory_order_release);
+    LeaveComm(comm);
+    if (result != ncclSuccess) log::Warn("ncclCommAbort of comm {} returned {}", comm.id, ResultName(result));
+  }
+
+  [[noreturn]] void Exit(int code) override {
+    if (spdlog::logger* logger = log::Get()) logger->flush();
+    // Not exit(): atexit handlers and static destructors may wait for the stuck GPU work.
+    _exit(code);
+  }
+
+  std::int64_t WallNowNs() override {
+    timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    return static_cast<std::int64_t>(now.tv_sec) * 1000000000 + now.tv_nsec;
+  }
+
+ private:
+  // The application closes communicators (NCCL frees them) while the watchdog may call NCCL on
+  // them: each side announces itself, then checks the other (both sequentially consistent).
+  static bool EnterComm(CommState& comm) {
+    comm.watchdog_in_call.store(true, std::memory_order_seq_cst);
+    if (comm.closing.load(std::memory_order_seq_cst)) {
+      comm.watchdog_in_call.store(false, std::memory_order_seq_cst);
+      return false;
+    }
+    return true;
+  }
+  static void LeaveComm(CommState& comm) { comm.watchdog_in_call.store(false, std::memory_order_seq_cst); }
+
+  // The job directory, settled once a communicator id is known (the fallback job id is made from
+  // it); "" before that, and nothing is written then.
+  const std::string& JobDir() {
+    if (!job_dir_.empty()) return job_dir_;
+    std::string first_comm;
+    for (CommState* comm : GetRegistry().All()) {
+      if (first_comm.empty()) first_comm = comm->id;
+    }
+    for (const PendingInit& init : GetRegistry().PendingInits()) {
+      if (first_comm.empty()) first_comm = init.comm_id;
+    }
+    if (first_comm.empty()) return job_dir_;
+    job_dir_ = JobDirectory(GetConfig(), JobId(ReadProcessEnvironment, first_comm));
+    log::Info("job directory: {}", job_dir_);
+    return job_dir_;
+  }
+
+  static std::vector<int> Devices() {
+    std::vector<int> devices;
+    for (CommState* comm : GetRegistry().All()) {
+      const int device = comm->device.load(std::memory_order_relaxed);
+      if (device >= 0 && std::find(devices.begin(), devices.end(), device) == devices.end()) {
+        devices.push_back(device);
+      }
+    }
+    return devices;
+  }
+
+  static std::string HostName() {
+    char host[256] = {};
+    gethostname(host, sizeof(host) - 1);
+    return host;
+  }
+
+  std::string job_dir_;
+  std::optional<DumpRequestWatcher> request_watcher_;
+};
+
+struct Runtime {
+  SystemEffects effects;
+  Watchdog watchdog{GetConfig(), GetRegistry(), DriverEvents(), effects};
+};
+
+std::atomic<Runtime*> g_runtime{nullptr};
+std::mutex g_start_mutex;
+struct sigaction g_previous_dump_action;
+
+void OnDumpSignal(int signal, siginfo_t* info, void* context) {
+  // Only an atomic store: the watchdog thread does the work at its next round.
+  if (Runtime* runtime = g_runtime.load(std::memory_order_acquire)) runtime->watchdog.RequestDump("signal");
+  // The application's own handler of the signal still runs.
+  if (g_previous_dump_action.sa_flags & SA_SIGINFO) {
+    if (g_previous_dump_action.sa_sigaction != nullptr) g_previous_dump_action.sa_sigaction(signal, info, context);
+  } else if (g_previous_dump_action.sa_handler != SIG_DFL && g_previous_dump_action.sa_handler != SIG_IGN) {
+    g_previous_dump_action.sa_handler(signal);
+  }
+}
+
+void InstallDumpSignal(int signal) {
+  if (signal == 0) return;
+  struct sigaction action = {};
+  action.sa_sigaction = OnDumpSignal;
+  action.sa_flags = SA_SIGINFO | SA_RESTART;
+  sigemptyset(&action.sa_mask);
+  if (sigaction(signal, &action, &g_previous_dump_action) != 0) {
+    log::Warn("cannot install the dump signal handler: {}", std::strerror(errno));
+  }
+}
+
+void DumpAtExit() {
+  if (Runtime* runtime = g_runtime.load(std::memory_order_acquire)) {
+    const std::string path = runtime->watchdog.Dump("exit", std::nullopt, "", SteadyNowNs());
+    log::Info("dumped state at exit: {}", path.empty() ? "not written" : path);
+  }
+}
+
+void RunWatchdog(Runtime* runtime) {
+  pthread_setname_np(pthread_self(), "ncclguard-wd");
+  DriverEvents().PrepareWatchdogThread();
+  const auto interval = std::chrono::duration<double>(GetConfig().poll_interval.value);
+  for (;;) {
+    try {
+      runtime->watchdog.PollOnce(SteadyNowNs());
+    } catch (const std::exception& error) {
+      log::Error("watchdog round failed: {}", error.what());
+    }
+    std::this_thread::sleep_for(interval);
+  }
+}
+
+// Watches the watchdog's heartbeat: when a round takes far longer than it should, the watchdog is
+// stuck inside a CUDA or NCCL call (or a file system), and that is worth saying.
+void RunMonitor(Runtime* runtime) {
+  pthread_setname_np(pthread_self(), "ncclguard-mon");
+  const auto stuck_after_ns = std::max<std::int64_t>(10'000'000'000, 20 * ToNs(GetConfig().poll_interval));
+  std::uint64_t last_heartbeat = runtime->watchdog.heartbeat();
+  std::int64_t last_change_ns = SteadyNowNs();
+  bool reported = false;
+  for (;;) {
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+    const std::uint64_t heartbeat = runtime->watchdog.heartbeat();
+    const std::int64_t now = SteadyNowNs();
+    if (heartbeat != last_heartbeat) {
+      last_heartbeat = heartbeat;
+      last_change_ns = now;
+      reported = false;
+    } else if (!reported && now - last_change_ns > stuck_after_ns) {
+      reported = true;
+      const char* activity = runtime->watchdog.activity();
+      log::Error("the watchdog has been stuck for {:.0f} s in {}: stalls are not being detected",
+                 static_cast<double>(now - last_change_ns) / 1e9, activity != nullptr ? activity : "its round");
+    }
+  }
+}
+
+void StartThread(void (*body)(Runtime*), Runtime* runtime) {
+  // With every signal blocked, so the application's signals go to its own threads.
+  sigset_t all, previous;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &previous);
+  std::thread(body, runtime).detach();
+  pthread_sigmask(SIG_SETMASK, &previous, nullptr);
+}
+
+}  // namespace
+
+void EnsureWatchdogStarted() noexcept {
+  if (g_runtime.load(std::memory_order_acquire) != nullptr) return;
+  try {
+    std::lock_guard<std::mutex> lock(g_start_mutex);
+    if (g_runtime.load(std::memory_order_acquire) != nullptr) return;
+    static std::atomic<bool> fork_handlers{false};
+    if (!fork_handlers.exchange(true)) {
+      pthread_atfork([] { g_start_mutex.lock(); }, [] { g_start_mutex.unlock(); },
+                     [] {
+                       // The child has none of the parent's threads: it starts its own watchdog
+                       // if it uses NCCL itself, and never reports the parent's communicators.
+                       g_start_mutex.unlock();
+                       g_runtime.store(nullptr, std::memory_order_release);  // the parent's is leaked
+                       GetRegistry().ForgetAfterFork();
+                     });
+    }
+    auto* runtime = new Runtime;  // lives until the process ends
+    g_runtime.store(runtime, std::memory_order_release);
+    InstallDumpSignal(GetConfig().dump_signal.number);
+    static std::atomic<bool> exit_hook{false};
+    if (GetConfig().dump_on_exit && !exit_hook.exchange(true)) std::atexit(DumpAtExit);
+    StartThread(RunWatchdog, runtime);
+    StartThread(RunMonitor, runtime);
+    log::Info("watchdog started (timeout {} s, init timeout {} s, action {})", GetConfig().timeout.value,
+              GetConfig().init_timeout.value, ActionName(GetConfig().action));
+  } catch (const std::exception& error) {
+    log::Error("cannot start the watchdog ({}): NCCL calls are forwarded unwatched", error.what());
+  }
+}
+
+void NoteFailedCall(Api api, CommState* comm, ncclResult_t result) noexcept {
+  const std::string who = comm != nullptr ? fmt::format("comm {}", comm->id) : std::string("no communicator");
+  log::Warn("{} returned {} ({})", Describe(api).name, ResultName(result), who);
+  if (Runtime* runtime = g_runtime.load(std::memory_order_acquire)) runtime->watchdog.RequestDump("error_return");
+}
+
+void CompleteRegistration(CommState& comm) noexcept {
+  auto query = [&comm](Api api, auto function_type, std::atomic<int>& field) {
+    using Function = decltype(function_type);
+    auto function = reinterpret_cast<Function>(shim::RealFunction(comm.library, api));
+    int value = -1;
+    if (function != nullptr && function(comm.handle, &value) == ncclSuccess) field.store(value, std::memory_order_relaxed);
+  };
+  query(Api::ncclCommUserRank, &::ncclCommUserRank, comm.rank);
+  query(Api::ncclCommCount, &::ncclCommCount, comm.nranks);
+  query(Api::ncclCommCuDevice, &::ncclCommCuDevice, comm.device);
+  CommLifecycle expected = CommLifecycle::kInitializing;
+  if (comm.init_end_ns.load(std::memory_order_acquire) == 0) comm.init_end_ns.store(SteadyNowNs(), std::memory_order_release);
+  comm.lifecycle.compare_exchange_strong(expected, CommLifecycle::kReady, std::memory_order_acq_rel);
+  if (comm.parent_id[0] == '\0') log::SetRank(comm.rank.load(std::memory_order_relaxed));
+  const int version = shim::LibraryVersion(comm.library);
+  log::Info("comm {} rank {}/{} on device {} created by {} in {:.1f} ms through NCCL {}.{}.{} at {}", comm.id,
+            comm.rank.load(), comm.nranks.load(), comm.device.load(), Describe(comm.created_by).name,
+            static_cast<double>(comm.init_end_ns.load() - comm.init_start_ns) / 1e6, version / 10000,
+            version / 100 % 100, version % 100, shim::LibraryPath(comm.library));
+}
+
+}  // namespace ncclguard

@@ -1,0 +1,93 @@
+// The watchdog: a thread that follows every communicator's operations on the GPU, notices stalls,
+// asynchronous errors and failed calls, dumps, and acts as NCCLGUARD_ACTION says. A monitor thread
+// watches the watchdog's heartbeat.
+#pragma once
+
+#include <nccl.h>
+
+#include <atomic>
+#include <cstdint>
+#include <set>
+#include <string>
+
+#include "watchdog/config.h"
+#include "watchdog/gpu_events.h"
+#include "watchdog/progress.h"
+#include "watchdog/registry.h"
+#include "watchdog/snapshot.h"
+
+namespace ncclguard {
+
+// Everything the watchdog does to the outside world, behind one interface so that a test can
+// run the watchdog's rounds with a fake clock, fake events and recorded effects.
+class WatchdogEffects {
+ public:
+  virtual ~WatchdogEffects() = default;
+  // Writes this process's dump; returns its path, or "" when it could not be written.
+  virtual std::string WriteDump(const ProcessSnapshot& snapshot) = 0;
+  virtual void WriteStatus(const ProcessSnapshot& snapshot) = 0;
+  virtual void RequestPeerDumps(const std::string& why) = 0;
+  // True once per new dump request from another process of the job.
+  virtual bool TakePeerDumpRequest() = 0;
+  // ncclCommGetAsyncError of the communicator (ncclSuccess when it cannot be asked).
+  virtual ncclResult_t AsyncError(CommState& comm) = 0;
+  virtual std::string LastNcclError() = 0;
+  virtual void Abort(CommState& comm) = 0;
+  [[noreturn]] virtual void Exit(int code) = 0;
+  virtual std::int64_t WallNowNs() = 0;
+};
+
+class Watchdog {
+ public:
+  Watchdog(const Config& config, Registry& registry, GpuEvents& events, WatchdogEffects& effects)
+      : config_(config), registry_(registry), events_(events), effects_(effects) {}
+
+  // One round: progress, stalls, errors, dump requests, status. `steady_now_ns` is the time now.
+  void PollOnce(std::int64_t steady_now_ns);
+
+  // Requests a dump at the next round (from the signal handler, an exit hook, a failed call).
+  void RequestDump(const char* reason) noexcept { pending_dump_reason_.store(reason); }
+
+  std::uint64_t heartbeat() const { return heartbeat_.load(std::memory_order_relaxed); }
+  // What the watchdog is calling right now (nullptr when nothing) and since when.
+  const char* activity() const { return activity_.load(std::memory_order_relaxed); }
+  std::int64_t activity_since_ns() const { return activity_since_ns_.load(std::memory_order_relaxed); }
+
+  std::string Dump(const std::string& reason, const std::optional<Stall>& stall,
+                   const std::string& message, std::int64_t steady_now_ns);
+
+ private:
+  void CheckCommunicator(CommState& comm, std::int64_t now_ns);
+  void CheckInitializations(std::int64_t now_ns);
+  void OnStall(CommState* comm, const Stall& stall, std::int64_t now_ns);
+  void OnAsyncError(CommState& comm, ncclResult_t error, std::int64_t now_ns);
+  void Act(CommState* culprit, const char* what);
+
+  class Activity;
+
+  const Config& config_;
+  Registry& registry_;
+  GpuEvents& events_;
+  WatchdogEffects& effects_;
+  std::atomic<const char*> pending_dump_reason_{nullptr};
+  std::atomic<std::uint64_t> heartbeat_{0};
+  std::atomic<const char*> activity_{nullptr};
+  std::atomic<std::int64_t> activity_since_ns_{0};
+  std::int64_t next_status_ns_ = 0;
+  std::set<std::string> reported_inits_;
+};
+
+// Starts the watchdog and monitor threads (once per process, and once per forked child that uses
+// NCCL itself). Called at the first communicator initialisation.
+void EnsureWatchdogStarted() noexcept;
+
+// A call that returned an error: logged once per communicator and dumped.
+void NoteFailedCall(Api api, CommState* comm, ncclResult_t result) noexcept;
+
+// Fills in a new communicator's rank, size and device from NCCL and logs its creation.
+void CompleteRegistration(CommState& comm) noexcept;
+
+// Steady clock, as used for every recorded time.
+std::int64_t SteadyNowNs() noexcept;
+
+}  // namespace ncclguard
