@@ -2,28 +2,66 @@
 # The demo, on an already built tree (default: build/). scripts/demo.sh installs, builds, runs this.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-build=${1:-build}
-guard="$PWD/$build/shim/libncclguard.so"
-emulator="$PWD/$build/emulator/lib"
+build=$(cd "${1:-build}" && pwd)
+guard="$build/shim/libncclguard.so"
+emulator="$build/emulator/lib"
+train_loop="$build/examples/train_loop"
 real_nccl=$(dirname "$(grep -m1 '^NCCL_LIBRARY:' "$build/CMakeCache.txt" | cut -d= -f2-)")
+jobs=$(mktemp -d)
+trap 'rm -rf "$jobs"' EXIT
 
-say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
+# A paragraph of explanation: its first line starts a new section.
+say() {
+  printf '\n\033[1m%s\033[0m\n' "$1"
+  shift
+  for line in "$@"; do printf '\033[1m%s\033[0m\n' "$line"; done
+}
+# A job on the CPU emulator of CUDA and NCCL, under ncclguard.
+watched() {
+  LD_LIBRARY_PATH="$emulator" LD_PRELOAD="$guard" NCCLGUARD_DUMP_DIR="$jobs" "$@"
+}
 
-say "A two-rank training job on the CPU emulator of CUDA and NCCL, loading NCCL the way Paddle"
-say "does (dlopen + dlsym), with ncclguard preloaded. ncclguard's lines say which NCCL serves"
-say "each communicator; the job's own lines give each rank's checksum."
-LD_LIBRARY_PATH="$emulator" LD_PRELOAD="$guard" NCCLGUARD_LOG_LEVEL=info \
-  "$build/examples/train_loop" --ranks 2 --steps 20 --nccl-loader dlopen
+say "1. A healthy four-rank training job, NCCL loaded the way Paddle does (dlopen + dlsym)." \
+    "   ncclguard names the NCCL library behind each communicator; the job prints its checksums."
+NCCLGUARD_LOG_LEVEL=info watched "$train_loop" --ranks 4 --steps 50 --nccl-loader dlopen 2>&1 |
+  grep -E 'created by|checksum|all 4 ranks'
 
-say "The same calls, one line each (NCCLGUARD_LOG_LEVEL=debug), for one rank of a shorter job:"
-LD_LIBRARY_PATH="$emulator" LD_PRELOAD="$guard" NCCLGUARD_LOG_LEVEL=debug \
-  "$build/examples/train_loop" --ranks 2 --steps 2 --nccl-loader linked 2>&1 |
-  grep -E '^\S+:[0-9]+:[0-9]+ \[?0?\]? ?ncclguard' | head -n 12 || true
+say "2. The same job, but rank 2's 20th AllReduce never completes (a fault injected in the" \
+    "   emulated NCCL, as a broken transport would). Without ncclguard this job hangs forever." \
+    "   With NCCLGUARD_TIMEOUT=3 every rank reports the stall within seconds, dumps its state," \
+    "   and with NCCLGUARD_ACTION=abort the job fails promptly instead of hanging:"
+start=$(date +%s)
+NCCLEMU_FAULTS="hang:rank=2,seq=20" NCCLGUARD_TIMEOUT=3 NCCLGUARD_ACTION=abort \
+  watched "$train_loop" --ranks 4 --steps 50 --timeout 60 2>&1 |
+  grep -E 'ncclguard WARN|job failed|rank [0-9] (exited|failed|was killed)' || true
+echo "   (the job ended after $(( $(date +%s) - start )) s)"
+
+say "3. What one rank's dump says about the stalled operation and its communicator:"
+dump=$(ls "$jobs"/*/dump-*.json | head -n 1)
+python3 - "$dump" <<'PY'
+import json, sys
+dump = json.load(open(sys.argv[1]))
+print(f"   {sys.argv[1]}")
+print(f"   format {dump['format']} v{dump['format_version']}, ncclguard {dump['ncclguard_version']}, "
+      f"host {dump['host']}, pid {dump['pid']}, rank {dump['rank']}, reason {dump['reason']}")
+stall = dump.get("stall") or {}
+print(f"   stall: {stall.get('message', '-')}")
+for view in dump["watchdog"]["progress"]:
+    print(f"   watchdog's view of comm {view['comm_id']}: last enqueued #{view['last_enqueued']}, "
+          f"started #{view['last_started']}, completed #{view['last_completed']}")
+for comm in dump["communicators"]:
+    print(f"   flight recorder of comm {comm['id']} (rank {comm['rank']} of {comm['nranks']}, "
+          f"{comm['library_path']}), last entries:")
+    for op in comm["ops"][-3:]:
+        gpu = f", {op['gpu_ms']:.3f} ms on the GPU" if op["gpu_ms"] >= 0 else ""
+        print(f"     #{op['seq']} {op['op']} {op['dtype']} x {op['count']}: {op['state']}{gpu}")
+PY
 
 if [[ -e "$real_nccl/libnccl.so.2" ]]; then
-  say "The real NCCL of the CUDA toolkit ($real_nccl), through Python ctypes. Without a GPU it"
-  say "fails ncclCommInitRank with ncclUnhandledCudaError; ncclguard forwards exactly that."
-  LD_LIBRARY_PATH="$real_nccl" LD_PRELOAD="$guard" NCCLGUARD_LOG_LEVEL=debug python3 - <<'PY'
+  say "4. The real NCCL of the CUDA toolkit, through Python ctypes. There is no GPU here, so" \
+      "   ncclCommInitRank fails with ncclUnhandledCudaError; ncclguard forwards exactly that:"
+  LD_LIBRARY_PATH="$real_nccl" LD_PRELOAD="$guard" NCCLGUARD_DUMP_DIR="$jobs" NCCLGUARD_LOG_LEVEL=debug \
+    python3 - <<'PY' 2>&1 | grep -vE 'dumped state|job directory'
 import ctypes
 nccl = ctypes.CDLL("libnccl.so.2")
 class UniqueId(ctypes.Structure):

@@ -16,32 +16,8 @@
 
 #define NCCLGUARD_UNINSTRUMENTED no_sanitize("address", "undefined", "thread")
 
-// glibc's dlsym, found on first use; the trampoline below jumps through it.
-extern "C" {
-__attribute__((visibility("hidden"))) void* ncclguard_real_dlsym = nullptr;
-}
-
-namespace ncclguard::shim {
-
-// Sanitizer runtimes look up their interceptors with dlsym() before their shadow memory exists,
-// so this path must not be instrumented.
-__attribute__((NCCLGUARD_UNINSTRUMENTED)) DlsymFunction RealDlsym() noexcept {
-  void* real = __atomic_load_n(&ncclguard_real_dlsym, __ATOMIC_ACQUIRE);
-  if (real == nullptr) {
-    // A versioned lookup skips every interposer, ncclguard's included. GLIBC_2.34 is where dlsym
-    // moved into libc; older glibc and other architectures know only their base version.
-    // Plain indexing only: at -O0 even std::initializer_list's accessors are out-of-line,
-    // instrumented calls.
-    static const char* const kVersions[] = {"GLIBC_2.34", "GLIBC_2.2.5", "GLIBC_2.17"};
-    for (unsigned i = 0; real == nullptr && i < sizeof(kVersions) / sizeof(kVersions[0]); ++i) {
-      real = dlvsym(RTLD_NEXT, "dlsym", kVersions[i]);
-    }
-    __atomic_store_n(&ncclguard_real_dlsym, real, __ATOMIC_RELEASE);
-  }
-  return reinterpret_cast<DlsymFunction>(real);
-}
-
-}  // namespace ncclguard::shim
+// glibc's dlsym (libraries.cc finds it); the trampoline below jumps through it.
+extern "C" __attribute__((visibility("hidden"))) void* ncclguard_real_dlsym;
 
 // Returns the wrapper to hand out, or nullptr to let glibc answer. Runs for every dlsym() in the
 // process, sanitizer runtimes' early lookups included: it must stay cheap and uninstrumented.

@@ -130,9 +130,16 @@ class DriverEventsImpl final : public GpuEvents {
 
 }  // namespace
 
+namespace {
+std::atomic<GpuEvents*> g_test_events{nullptr};
+}  // namespace
+
 GpuEvents& DriverEvents() {
+  if (GpuEvents* events = g_test_events.load(std::memory_order_acquire)) return *events;
   static DriverEventsImpl* events = new DriverEventsImpl;  // deliberately leaked: used until exit
   return *events;
 }
+
+void ReplaceGpuEventsForTesting(GpuEvents* events) { g_test_events.store(events, std::memory_order_release); }
 
 }  // namespace ncclguard

@@ -34,7 +34,9 @@ class GpuEvents {
   virtual void PrepareWatchdogThread() = 0;
 };
 
-// The CUDA driver's events. Never fails: Available() says whether a driver was found.
+// The events every recorded operation uses: the CUDA driver's (Available() says whether a driver
+// was found), unless a test put its own in place.
 GpuEvents& DriverEvents();
+void ReplaceGpuEventsForTesting(GpuEvents* events);
 
 }  // namespace ncclguard

@@ -62,6 +62,8 @@ void FinishLaunch(CommState& comm, std::uint64_t seq, ncclResult_t result) {
   }
   if (state != OpState::kEnqueued) return;  // captured or untimed: nothing to record
   if (result == ncclInProgress) {
+    // Until the watchdog hears otherwise from ncclCommGetAsyncError, the launch is in progress.
+    comm.async_error.store(ncclInProgress, std::memory_order_release);
     op.launch_pending.store(true, std::memory_order_release);
   } else {
     RecordEnd(op);

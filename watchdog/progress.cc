@@ -76,6 +76,17 @@ void AdvanceOperations(CommState& comm, GpuEvents& events, std::int64_t now_ns) 
     }
     const std::uint64_t stream = op.stream.load(std::memory_order_relaxed);
     if (blocked.Contains(stream)) continue;
+    // A non-blocking communicator took the launch later (ncclInProgress): once it is no longer in
+    // progress the kernels are queued, and events recorded now land after them (late, never early).
+    if (op.launch_pending.load(std::memory_order_acquire) &&
+        !op.end_recorded.load(std::memory_order_acquire) &&
+        comm.async_error.load(std::memory_order_acquire) != ncclInProgress) {
+      auto* gpu_stream = reinterpret_cast<GpuStream>(stream);
+      if (!op.start_recorded.load(std::memory_order_acquire)) {
+        op.start_recorded.store(events.Record(op.start_event, gpu_stream), std::memory_order_release);
+      }
+      op.end_recorded.store(events.Record(op.end_event, gpu_stream), std::memory_order_release);
+    }
     if (state == OpState::kEnqueued && op.start_recorded.load(std::memory_order_acquire) &&
         events.Query(comm.context, op.start_event) == EventStatus::kReached) {
       op.start_ns.store(now_ns, std::memory_order_relaxed);

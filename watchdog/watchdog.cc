@@ -61,7 +61,10 @@ void Watchdog::PollOnce(std::int64_t now_ns) {
     next_status_ns_ = now_ns + ToNs(config_.status_interval);
     Activity activity(*this, "writing the status file");
     effects_.WriteStatus(BuildSnapshot(registry_, "status", false, now_ns, effects_.WallNowNs()));
-    if (effects_.TakePeerDumpRequest()) {
+    // A request answered by a dump of our own from about the same time (every process notices a
+    // job-wide stall at once) would only duplicate it.
+    const std::int64_t requested_ns = effects_.TakePeerDumpRequest();
+    if (requested_ns != 0 && last_dump_wall_ns_ < requested_ns - ToNs(config_.status_interval)) {
       const std::string path = Dump("peer_request", std::nullopt, "", now_ns);
       log::Info("dumped state at another process's request: {}", path.empty() ? "not written" : path);
     }
@@ -74,16 +77,16 @@ void Watchdog::CheckCommunicator(CommState& comm, std::int64_t now_ns) {
       comm.aborted_by_ncclguard.load(std::memory_order_acquire)) {
     return;
   }
-  {
-    Activity activity(*this, "cuEventQuery");
-    AdvanceOperations(comm, events_, now_ns);
-  }
   ncclResult_t error;
   {
     Activity activity(*this, "ncclCommGetAsyncError");
     error = effects_.AsyncError(comm);
   }
   const int previous = comm.async_error.exchange(error, std::memory_order_acq_rel);
+  {
+    Activity activity(*this, "cuEventQuery");
+    AdvanceOperations(comm, events_, now_ns);
+  }
   if (lifecycle == CommLifecycle::kInitializing && error == ncclSuccess) CompleteRegistration(comm);
   if (error != ncclSuccess && error != ncclInProgress) {
     if (previous != error) OnAsyncError(comm, error, now_ns);
@@ -115,6 +118,7 @@ std::string Watchdog::Dump(const std::string& reason, const std::optional<Stall>
     snapshot.last_nccl_warning = effects_.LastNcclError();
   }
   Activity activity(*this, "writing a dump");
+  last_dump_wall_ns_ = snapshot.time_ns;
   return effects_.WriteDump(snapshot);
 }
 
@@ -185,13 +189,17 @@ class SystemEffects final : public WatchdogEffects {
     (void)written;
   }
 
-  bool TakePeerDumpRequest() override {
-    if (JobDir().empty()) return false;
+  std::int64_t TakePeerDumpRequest() override {
+    if (JobDir().empty()) return 0;
     if (!request_watcher_) {
       request_watcher_.emplace(JobDir(), HostName(), static_cast<int>(getpid()));
     }
     const auto requests = request_watcher_->Poll();
-    return requests.ok() && !requests->empty();
+    std::int64_t newest = 0;
+    if (requests.ok()) {
+      for (const DumpRequest& request : *requests) newest = std::max(newest, std::max<std::int64_t>(request.time_ns, 1));
+    }
+    return newest;
   }
 
   ncclResult_t AsyncError(CommState& comm) override {
@@ -341,23 +349,12 @@ void RunWatchdog(Runtime* runtime) {
 // stuck inside a CUDA or NCCL call (or a file system), and that is worth saying.
 void RunMonitor(Runtime* runtime) {
   pthread_setname_np(pthread_self(), "ncclguard-mon");
-  const auto stuck_after_ns = std::max<std::int64_t>(10'000'000'000, 20 * ToNs(GetConfig().poll_interval));
-  std::uint64_t last_heartbeat = runtime->watchdog.heartbeat();
-  std::int64_t last_change_ns = SteadyNowNs();
-  bool reported = false;
+  HeartbeatMonitor monitor(std::max<std::int64_t>(10'000'000'000, 20 * ToNs(GetConfig().poll_interval)));
   for (;;) {
     std::this_thread::sleep_for(std::chrono::seconds(1));
-    const std::uint64_t heartbeat = runtime->watchdog.heartbeat();
-    const std::int64_t now = SteadyNowNs();
-    if (heartbeat != last_heartbeat) {
-      last_heartbeat = heartbeat;
-      last_change_ns = now;
-      reported = false;
-    } else if (!reported && now - last_change_ns > stuck_after_ns) {
-      reported = true;
-      const char* activity = runtime->watchdog.activity();
-      log::Error("the watchdog has been stuck for {:.0f} s in {}: stalls are not being detected",
-                 static_cast<double>(now - last_change_ns) / 1e9, activity != nullptr ? activity : "its round");
+    if (const auto message = monitor.Check(runtime->watchdog.heartbeat(), runtime->watchdog.activity(),
+                                           SteadyNowNs())) {
+      log::Error("{}", *message);
     }
   }
 }
@@ -372,6 +369,21 @@ void StartThread(void (*body)(Runtime*), Runtime* runtime) {
 }
 
 }  // namespace
+
+std::optional<std::string> HeartbeatMonitor::Check(std::uint64_t heartbeat, const char* activity,
+                                                   std::int64_t now_ns) {
+  if (last_change_ns_ < 0 || heartbeat != last_heartbeat_) {
+    last_heartbeat_ = heartbeat;
+    last_change_ns_ = now_ns;
+    reported_ = false;
+    return std::nullopt;
+  }
+  if (reported_ || now_ns - last_change_ns_ <= stuck_after_ns_) return std::nullopt;
+  reported_ = true;
+  return fmt::format("the watchdog has been stuck for {:.0f} s in {}: stalls are not being detected",
+                     static_cast<double>(now_ns - last_change_ns_) / 1e9,
+                     activity != nullptr ? activity : "its round");
+}
 
 void EnsureWatchdogStarted() noexcept {
   if (g_runtime.load(std::memory_order_acquire) != nullptr) return;
@@ -404,8 +416,13 @@ void EnsureWatchdogStarted() noexcept {
 }
 
 void NoteFailedCall(Api api, CommState* comm, ncclResult_t result) noexcept {
-  const std::string who = comm != nullptr ? fmt::format("comm {}", comm->id) : std::string("no communicator");
-  log::Warn("{} returned {} ({})", Describe(api).name, ResultName(result), who);
+  using GetLastError = decltype(&::ncclGetLastError);
+  auto last_error = reinterpret_cast<GetLastError>(
+      shim::RealFunction(comm != nullptr ? comm->library : 0, Api::ncclGetLastError));
+  const char* text = last_error != nullptr ? last_error(nullptr) : nullptr;
+  const std::string on = comm != nullptr ? fmt::format(" on comm {}", comm->id) : std::string();
+  log::Warn("{}{} returned {}: {}", Describe(api).name, on, ResultName(result),
+            text != nullptr && *text != '\0' ? text : "NCCL gave no warning text");
   if (Runtime* runtime = g_runtime.load(std::memory_order_acquire)) runtime->watchdog.RequestDump("error_return");
 }
 

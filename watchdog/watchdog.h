@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <optional>
 #include <set>
 #include <string>
 
@@ -27,8 +28,9 @@ class WatchdogEffects {
   virtual std::string WriteDump(const ProcessSnapshot& snapshot) = 0;
   virtual void WriteStatus(const ProcessSnapshot& snapshot) = 0;
   virtual void RequestPeerDumps(const std::string& why) = 0;
-  // True once per new dump request from another process of the job.
-  virtual bool TakePeerDumpRequest() = 0;
+  // The time (epoch ns) of the newest dump request from another process of the job since the
+  // previous call; 0 when there is none.
+  virtual std::int64_t TakePeerDumpRequest() = 0;
   // ncclCommGetAsyncError of the communicator (ncclSuccess when it cannot be asked).
   virtual ncclResult_t AsyncError(CommState& comm) = 0;
   virtual std::string LastNcclError() = 0;
@@ -74,7 +76,23 @@ class Watchdog {
   std::atomic<const char*> activity_{nullptr};
   std::atomic<std::int64_t> activity_since_ns_{0};
   std::int64_t next_status_ns_ = 0;
+  std::int64_t last_dump_wall_ns_ = 0;
   std::set<std::string> reported_inits_;
+};
+
+// Decides, from the watchdog's heartbeat, when the watchdog itself is stuck: once per episode,
+// after `stuck_after_ns` without a new round.
+class HeartbeatMonitor {
+ public:
+  explicit HeartbeatMonitor(std::int64_t stuck_after_ns) : stuck_after_ns_(stuck_after_ns) {}
+  // The message to log now, if any.
+  std::optional<std::string> Check(std::uint64_t heartbeat, const char* activity, std::int64_t now_ns);
+
+ private:
+  std::int64_t stuck_after_ns_;
+  std::uint64_t last_heartbeat_ = 0;
+  std::int64_t last_change_ns_ = -1;
+  bool reported_ = false;
 };
 
 // Starts the watchdog and monitor threads (once per process, and once per forked child that uses

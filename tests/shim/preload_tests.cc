@@ -28,6 +28,11 @@ ProcessResult Run(const std::vector<std::string>& argv,
     options.environment["LD_LIBRARY_PATH"] = REAL_NCCL_DIR;
   }
   if (preload) options.environment["LD_PRELOAD"] = PRELOAD_LIBRARY;
+  // A failed ncclCommInitRank is dumped: keep the dumps out of the default directory.
+  TemporaryDirectory dumps;
+  if (options.environment.count("NCCLGUARD_DUMP_DIR") == 0) {
+    options.environment["NCCLGUARD_DUMP_DIR"] = dumps.path();
+  }
   ProcessResult result = RunProcess(argv, options);
   INFO("command: " << argv[0] << (preload ? " (preloaded)" : "") << "\nstdout:\n"
                    << result.out << "\nstderr:\n" << result.err);

@@ -1,0 +1,111 @@
+// Test doubles for the watchdog: GPU events whose completion the test decides, and effects that
+// are recorded instead of performed.
+#pragma once
+
+#include <atomic>
+#include <map>
+#include <mutex>
+#include <set>
+#include <stdexcept>
+#include <vector>
+
+#include "watchdog/gpu_events.h"
+#include "watchdog/watchdog.h"
+
+namespace ncclguard::testing {
+
+class FakeGpuEvents final : public GpuEvents {
+ public:
+  bool available = true;
+  std::set<GpuStream> capturing;
+
+  bool Available() override { return available; }
+  GpuContext CurrentContext() override { return reinterpret_cast<GpuContext>(0xc0); }
+  bool IsCapturing(GpuStream stream) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return capturing.count(stream) != 0;
+  }
+  GpuEvent Create() override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return reinterpret_cast<GpuEvent>(++next_event_);
+  }
+  bool Record(GpuEvent event, GpuStream) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    recorded_.push_back(event);
+    reached_.erase(event);  // a record moves the event to the new point of the stream
+    return true;
+  }
+  EventStatus Query(GpuContext, GpuEvent event) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    ++queries_[event];
+    return reached_.count(event) != 0 || reach_everything_ ? EventStatus::kReached : EventStatus::kNotReached;
+  }
+  float ElapsedMs(GpuContext, GpuEvent, GpuEvent) override { return 1.5f; }
+  void Destroy(GpuContext, GpuEvent) override {}
+  void PrepareWatchdogThread() override {}
+
+  // The GPU reaches `event` (as recorded so far).
+  void Reach(GpuEvent event) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    reached_.insert(event);
+  }
+  void ReachEverything() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    reach_everything_ = true;
+  }
+  int QueriesOf(GpuEvent event) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return queries_[event];
+  }
+  std::vector<GpuEvent> Recorded() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return recorded_;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::uintptr_t next_event_ = 0x1000;
+  std::set<GpuEvent> reached_;
+  std::vector<GpuEvent> recorded_;
+  std::map<GpuEvent, int> queries_;
+  bool reach_everything_ = false;
+};
+
+struct ExitCalled : std::runtime_error {
+  explicit ExitCalled(int code) : std::runtime_error("exit"), code(code) {}
+  int code;
+};
+
+class RecordingEffects final : public WatchdogEffects {
+ public:
+  std::vector<ProcessSnapshot> dumps;
+  std::vector<ProcessSnapshot> statuses;
+  std::vector<std::string> peer_requests_sent;
+  std::vector<CommState*> aborted;
+  std::map<CommState*, ncclResult_t> async_errors;
+  std::int64_t pending_peer_request_ns = 0;
+  std::string last_error = "NCCL WARN something broke";
+  std::int64_t wall_ns = 1'700'000'000'000'000'000;
+
+  std::string WriteDump(const ProcessSnapshot& snapshot) override {
+    dumps.push_back(snapshot);
+    return "/dumps/dump-" + std::to_string(dumps.size()) + ".json";
+  }
+  void WriteStatus(const ProcessSnapshot& snapshot) override { statuses.push_back(snapshot); }
+  void RequestPeerDumps(const std::string& why) override { peer_requests_sent.push_back(why); }
+  std::int64_t TakePeerDumpRequest() override { return std::exchange(pending_peer_request_ns, 0); }
+  ncclResult_t AsyncError(CommState& comm) override {
+    const auto found = async_errors.find(&comm);
+    return found == async_errors.end() ? ncclSuccess : found->second;
+  }
+  std::string LastNcclError() override { return last_error; }
+  void Abort(CommState& comm) override {
+    aborted.push_back(&comm);
+    comm.aborted_by_ncclguard.store(true);
+    comm.lifecycle.store(CommLifecycle::kAborted);
+  }
+  [[noreturn]] void Exit(int code) override { throw ExitCalled(code); }
+  std::int64_t WallNowNs() override { return wall_ns; }
+};
+
+}  // namespace ncclguard::testing

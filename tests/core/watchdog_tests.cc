@@ -1,0 +1,212 @@
+// The watchdog's rounds with a fake clock, fake events and recorded effects: what it dumps, logs
+// and does for each kind of trouble, and under each NCCLGUARD_ACTION.
+#include <catch2/catch.hpp>
+
+#include "tests/core/fakes.h"
+#include "watchdog/registry.h"
+#include "watchdog/watchdog.h"
+
+using namespace ncclguard;
+using ncclguard::testing::ExitCalled;
+using ncclguard::testing::FakeGpuEvents;
+using ncclguard::testing::RecordingEffects;
+
+namespace {
+
+constexpr std::int64_t kSecond = 1'000'000'000;
+
+Config TestConfig(Action action = Action::kWarn) {
+  Config config;
+  config.timeout = Seconds{10};
+  config.init_timeout = Seconds{30};
+  config.status_interval = Seconds{2};
+  config.action = action;
+  return config;
+}
+
+// A registry of its own, one ready communicator, and a way to put operations in its ring.
+struct Fixture {
+  explicit Fixture(Action action = Action::kWarn)
+      : config(TestConfig(action)), watchdog(config, registry, events, effects) {
+    comm = registry.Add(reinterpret_cast<ncclComm_t>(0xabc0), 0, 16);
+    std::snprintf(comm->id, sizeof(comm->id), "1111222233334444");
+    comm->rank = 3;
+    comm->nranks = 4;
+    comm->lifecycle = CommLifecycle::kReady;
+  }
+
+  // An AllReduce handed to NCCL at `enqueued_at`, its events recorded.
+  std::uint64_t Enqueue(std::int64_t enqueued_at) {
+    const std::uint64_t seq = comm->last_enqueued.load() + 1;
+    OpRecord& op = comm->Slot(seq);
+    op.api = Api::ncclAllReduce;
+    op.datatype = ncclBfloat16;
+    op.count = 4096;
+    op.reduction = ncclSum;
+    op.enqueue_ns = enqueued_at;
+    op.start_event = events.Create();
+    op.end_event = events.Create();
+    events.Record(op.start_event, nullptr);
+    events.Record(op.end_event, nullptr);
+    op.start_recorded = true;
+    op.end_recorded = true;
+    op.seq = seq;
+    op.state.store(OpState::kEnqueued);
+    comm->last_enqueued = seq;
+    return seq;
+  }
+
+  Config config;
+  Registry registry;
+  FakeGpuEvents events;
+  RecordingEffects effects;
+  Watchdog watchdog;
+  CommState* comm;
+};
+
+}  // namespace
+
+TEST_CASE("a stall is dumped once, with the stalled operation, and peers are asked to dump", "[watchdog]") {
+  Fixture f;
+  const std::uint64_t seq = f.Enqueue(0);
+  f.events.Reach(f.comm->Slot(seq).start_event);
+  f.watchdog.PollOnce(1 * kSecond);
+  CHECK(f.effects.dumps.empty());
+  f.watchdog.PollOnce(12 * kSecond);  // started at 1 s: 11 s > 10 s
+  REQUIRE(f.effects.dumps.size() == 1);
+  const ProcessSnapshot& dump = f.effects.dumps[0];
+  CHECK(dump.reason == "stall");
+  REQUIRE(dump.stall.has_value());
+  CHECK(dump.stall->kind == "not_completed");
+  CHECK(dump.stall->seq == 1);
+  CHECK(dump.stall->comm_id == "1111222233334444");
+  CHECK(dump.stall->message ==
+        "rank 3 comm 1111222233334444: AllReduce #1 (bfloat16 × 4096, sum) started on the GPU 11.0 s "
+        "ago and has not completed");
+  CHECK(dump.last_nccl_warning == "NCCL WARN something broke");
+  REQUIRE(dump.comms.size() == 1);
+  CHECK(dump.comms[0].last_started == 1);
+  CHECK(dump.comms[0].last_completed == 0);
+  REQUIRE(dump.comms[0].ring.size() == 1);
+  CHECK(dump.comms[0].ring[0].state == "started");
+  CHECK(f.effects.peer_requests_sent.size() == 1);
+  CHECK(f.effects.aborted.empty());  // NCCLGUARD_ACTION=warn only reports
+
+  f.watchdog.PollOnce(20 * kSecond);  // the same stall is not reported again
+  CHECK(f.effects.dumps.size() == 1);
+}
+
+TEST_CASE("NCCLGUARD_ACTION=abort aborts the stalled communicator", "[watchdog]") {
+  Fixture f(Action::kAbort);
+  f.Enqueue(0);
+  f.watchdog.PollOnce(11 * kSecond);
+  REQUIRE(f.effects.aborted.size() == 1);
+  CHECK(f.effects.aborted[0] == f.comm);
+  f.watchdog.PollOnce(30 * kSecond);  // an aborted communicator is no longer watched
+  CHECK(f.effects.aborted.size() == 1);
+  CHECK(f.effects.dumps.size() == 1);
+}
+
+TEST_CASE("NCCLGUARD_ACTION=exit dumps, aborts everything and exits with the restart code", "[watchdog]") {
+  Fixture f(Action::kExit);
+  CommState* other = f.registry.Add(reinterpret_cast<ncclComm_t>(0xdef0), 0, 16);
+  other->lifecycle = CommLifecycle::kReady;
+  f.Enqueue(0);
+  try {
+    f.watchdog.PollOnce(11 * kSecond);
+    FAIL("the watchdog did not exit");
+  } catch (const ExitCalled& exit) {
+    CHECK(exit.code == kRestartExitCode);
+  }
+  CHECK(f.effects.dumps.size() == 1);
+  CHECK(f.effects.aborted.size() == 2);
+}
+
+TEST_CASE("an asynchronous error is dumped with NCCL's warning and acted on", "[watchdog]") {
+  Fixture f(Action::kAbort);
+  f.effects.async_errors[f.comm] = ncclRemoteError;
+  f.effects.last_error = "NCCL WARN Cuda failure 'peer access is not supported between these two devices'";
+  f.watchdog.PollOnce(1 * kSecond);
+  REQUIRE(f.effects.dumps.size() == 1);
+  CHECK(f.effects.dumps[0].reason == "async_error");
+  CHECK(f.effects.dumps[0].comms[0].async_error == std::to_string(ncclRemoteError));
+  CHECK(f.effects.dumps[0].last_nccl_warning.find("peer access") != std::string::npos);
+  CHECK(f.effects.aborted.size() == 1);
+}
+
+TEST_CASE("a pending initialisation past the init timeout is a stall", "[watchdog]") {
+  Fixture f;
+  PendingInit init;
+  init.api = Api::ncclCommInitRank;
+  init.comm_id = "5555666677778888";
+  init.rank = 1;
+  init.nranks = 4;
+  init.start_ns = 0;
+  f.registry.BeginInit(init);
+  f.watchdog.PollOnce(29 * kSecond);
+  CHECK(f.effects.dumps.empty());
+  f.watchdog.PollOnce(31 * kSecond);
+  REQUIRE(f.effects.dumps.size() == 1);
+  CHECK(f.effects.dumps[0].stall->kind == "init");
+  CHECK(f.effects.dumps[0].stall->message ==
+        "rank 1 comm 5555666677778888: ncclCommInitRank (rank 1 of 4) has not completed after 31.0 s");
+  f.watchdog.PollOnce(40 * kSecond);
+  CHECK(f.effects.dumps.size() == 1);
+}
+
+TEST_CASE("dump requests: a signal, and peers unless a dump of our own answers them", "[watchdog]") {
+  Fixture f;
+  f.watchdog.RequestDump("signal");
+  f.watchdog.PollOnce(1 * kSecond);
+  REQUIRE(f.effects.dumps.size() == 1);
+  CHECK(f.effects.dumps[0].reason == "signal");
+  CHECK_FALSE(f.effects.dumps[0].stall.has_value());
+
+  // A peer's request at about the time of our own dump: nothing new to say.
+  f.effects.pending_peer_request_ns = f.effects.wall_ns + kSecond;
+  f.watchdog.PollOnce(3 * kSecond);
+  CHECK(f.effects.dumps.size() == 1);
+
+  // A later one is answered.
+  f.effects.wall_ns += 60 * kSecond;
+  f.effects.pending_peer_request_ns = f.effects.wall_ns;
+  f.watchdog.PollOnce(70 * kSecond);
+  REQUIRE(f.effects.dumps.size() == 2);
+  CHECK(f.effects.dumps[1].reason == "peer_request");
+}
+
+TEST_CASE("the status file is rewritten every status interval, without rings", "[watchdog]") {
+  Fixture f;
+  f.Enqueue(0);
+  f.Enqueue(0);
+  f.watchdog.PollOnce(0);
+  f.watchdog.PollOnce(1 * kSecond);
+  CHECK(f.effects.statuses.size() == 1);
+  f.watchdog.PollOnce(2 * kSecond);
+  REQUIRE(f.effects.statuses.size() == 2);
+  // Only the oldest unfinished operation goes into a status file.
+  REQUIRE(f.effects.statuses[1].comms.size() == 1);
+  REQUIRE(f.effects.statuses[1].comms[0].ring.size() == 1);
+  CHECK(f.effects.statuses[1].comms[0].ring[0].seq == 1);
+}
+
+TEST_CASE("a destroyed communicator is no longer watched", "[watchdog]") {
+  Fixture f;
+  f.Enqueue(0);
+  f.comm->lifecycle = CommLifecycle::kDestroyed;
+  f.watchdog.PollOnce(100 * kSecond);
+  CHECK(f.effects.dumps.empty());
+}
+
+TEST_CASE("the monitor reports a watchdog stuck in a call, once per episode", "[watchdog]") {
+  HeartbeatMonitor monitor(10 * kSecond);
+  CHECK_FALSE(monitor.Check(1, nullptr, 0).has_value());
+  CHECK_FALSE(monitor.Check(2, nullptr, 5 * kSecond).has_value());
+  CHECK_FALSE(monitor.Check(2, "cuEventQuery", 15 * kSecond).has_value());
+  const auto message = monitor.Check(2, "cuEventQuery", 16 * kSecond);
+  REQUIRE(message.has_value());
+  CHECK(*message == "the watchdog has been stuck for 11 s in cuEventQuery: stalls are not being detected");
+  CHECK_FALSE(monitor.Check(2, "cuEventQuery", 30 * kSecond).has_value());
+  CHECK_FALSE(monitor.Check(3, nullptr, 31 * kSecond).has_value());  // moving again
+  CHECK(monitor.Check(3, "ncclCommGetAsyncError", 42 * kSecond).has_value());  // a new episode
+}
