@@ -30,8 +30,8 @@
     "and exit with code 75, which launchers can restart on).")                                    \
   X(DUMP_DIR, dump_dir, std::string, "",                                                           \
     "Directory of the jobs' coordination directories, one per job: dumps, status files and "      \
-    "dump requests. Default: `$TMPDIR/ncclguard` (`/tmp/ncclguard`). Use a shared file system "    \
-    "for jobs that span nodes.")                                                                   \
+    "dump requests. Default: `$TMPDIR/ncclguard-<uid>` (`/tmp/ncclguard-<uid>`). Use a shared "   \
+    "file system for jobs that span nodes.")                                                                   \
   X(JOB_ID, job_id, std::string, "",                                                               \
     "Name of this job's directory. Default: the launcher's job id (`SLURM_JOB_ID`, "              \
     "`TORCHELASTIC_RUN_ID`, `PADDLE_JOB_ID`, ...), else one derived from the first "               \

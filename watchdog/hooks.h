@@ -13,6 +13,7 @@
 #include "watchdog/describe.h"
 #include "watchdog/log.h"
 #include "watchdog/operations.h"
+#include "watchdog/watchdog.h"
 
 namespace ncclguard::hooks {
 
@@ -100,6 +101,7 @@ void LogCall(const fmt::memory_buffer& returned, const Args&... args) {
 template <Api A, typename Result, typename... Args>
 Ticket BeforeCall(int library, const Args&... args) noexcept {
   constexpr ApiKind kind = Describe(A).kind;
+  WaitIfExiting();
   Ticket ticket;
   if constexpr (kind == ApiKind::Collective || kind == ApiKind::PointToPoint) {
     ticket = BeforeOperation(A, library, SortOperationArguments(args...));

@@ -312,7 +312,9 @@ std::string JobDirectory(const Config& config, const std::string& job_id) {
   std::string base = config.dump_dir;
   if (base.empty()) {
     const char* temporary = std::getenv("TMPDIR");
-    base = absl::StrCat(temporary != nullptr && temporary[0] == '/' ? temporary : "/tmp", "/ncclguard");
+    // Per user: the directory is created 0700, so a shared name would lock out every other user.
+    base = absl::StrCat(temporary != nullptr && temporary[0] == '/' ? temporary : "/tmp",
+                        "/ncclguard-", getuid());
   }
   while (base.size() > 1 && base.back() == '/') base.pop_back();
   return absl::StrCat(base, "/", SafeFileName(job_id));
@@ -387,8 +389,10 @@ absl::StatusOr<std::vector<DumpRequest>> PendingDumpRequests(
   }
 }
 
-DumpRequestWatcher::DumpRequestWatcher(std::string job_dir, const std::string& own_host, int own_pid)
-    : job_dir_(std::move(job_dir)), own_host_(own_host), own_pid_(own_pid) {}
+DumpRequestWatcher::DumpRequestWatcher(std::string job_dir, const std::string& own_host, int own_pid,
+                                       std::int64_t fresh_since_ns)
+    : job_dir_(std::move(job_dir)), own_host_(own_host), own_pid_(own_pid),
+      fresh_since_ns_(fresh_since_ns) {}
 
 absl::StatusOr<std::vector<DumpRequest>> DumpRequestWatcher::Poll() noexcept {
   try {
@@ -412,7 +416,9 @@ absl::StatusOr<std::vector<DumpRequest>> DumpRequestWatcher::Poll() noexcept {
     for (DumpRequest& request : outcome->fresh) {
       handled_.insert(request.name);
       const bool own = request.host == own_host_ && request.pid == own_pid_;
-      if (baseline_taken_ && !own) reported.push_back(std::move(request));
+      if (!own && (baseline_taken_ || request.time_ns >= fresh_since_ns_)) {
+        reported.push_back(std::move(request));
+      }
     }
     if (outcome->listed) {
       baseline_taken_ = true;

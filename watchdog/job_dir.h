@@ -26,7 +26,7 @@ inline constexpr char kDumpRequestsDirectory[] = "dump-requests";
 // rank of that communicator shares). Reduced to a safe file name.
 std::string JobId(const EnvironmentReader& read_environment, const std::string& first_unique_id_hex);
 
-// NCCLGUARD_DUMP_DIR (default $TMPDIR/ncclguard, else /tmp/ncclguard) / job_id.
+// NCCLGUARD_DUMP_DIR (default $TMPDIR/ncclguard-<uid>, else /tmp/ncclguard-<uid>) / job_id.
 std::string JobDirectory(const Config& config, const std::string& job_id);
 
 // How often a process of a job of `job_processes` processes rewrites its status file and looks
@@ -83,7 +83,11 @@ absl::StatusOr<std::vector<DumpRequest>> PendingDumpRequests(
 // with the same job id) without reporting them. This process's own requests are never reported.
 class DumpRequestWatcher {
  public:
-  DumpRequestWatcher(std::string job_dir, const std::string& own_host, int own_pid);
+  // Requests already in the directory at the first call are taken as old (an earlier launch with
+  // the same job id) unless they were made at or after `fresh_since_ns` (epoch ns): a request
+  // made after this process started, before it first looked, must not be lost.
+  DumpRequestWatcher(std::string job_dir, const std::string& own_host, int own_pid,
+                     std::int64_t fresh_since_ns);
 
   // The requests that appeared since the previous call.
   absl::StatusOr<std::vector<DumpRequest>> Poll() noexcept;
@@ -92,6 +96,7 @@ class DumpRequestWatcher {
   std::string job_dir_;
   std::string own_host_;
   int own_pid_;
+  std::int64_t fresh_since_ns_;
   bool baseline_taken_ = false;
   std::string seen_generation_;
   std::set<std::string> handled_;

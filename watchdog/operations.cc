@@ -60,13 +60,37 @@ void FinishLaunch(CommState& comm, std::uint64_t seq, ncclResult_t result) {
     NoteFailedCall(op.api.load(std::memory_order_relaxed), &comm, result);
     return;
   }
-  if (state != OpState::kEnqueued) return;  // captured or untimed: nothing to record
+  // The watchdog may already have seen the GPU reach the start event (kStarted) while NCCL was
+  // still returning: the end event is owed in both states. Captured or untimed: nothing to record.
+  if (state != OpState::kEnqueued && state != OpState::kStarted) return;
   if (result == ncclInProgress) {
     // Until the watchdog hears otherwise from ncclCommGetAsyncError, the launch is in progress.
     comm.async_error.store(ncclInProgress, std::memory_order_release);
     op.launch_pending.store(true, std::memory_order_release);
   } else {
     RecordEnd(op);
+  }
+}
+
+// The ring wrapped onto an operation the watchdog has not seen finish yet (it polls only every
+// NCCLGUARD_POLL_INTERVAL): ask the GPU directly, so a fast loop of collectives is not limited
+// to a ring per poll interval. The watchdog's own transitions are compare-and-swaps too.
+void ReclaimIfFinished(CommState& comm, OpRecord& op) {
+  OpState state = op.state.load(std::memory_order_acquire);
+  if (state != OpState::kEnqueued && state != OpState::kStarted) return;
+  if (!op.end_recorded.load(std::memory_order_acquire) ||
+      DriverEvents().Query(comm.context, op.end_event) != EventStatus::kReached) {
+    return;
+  }
+  const std::int64_t now = SteadyNowNs();
+  if (op.start_ns.load(std::memory_order_relaxed) == 0) op.start_ns.store(now, std::memory_order_relaxed);
+  op.end_ns.store(now, std::memory_order_relaxed);
+  if (op.state.compare_exchange_strong(state, OpState::kCompleted, std::memory_order_acq_rel)) {
+    const std::uint64_t seq = op.seq.load(std::memory_order_relaxed);
+    std::uint64_t completed = comm.last_completed.load(std::memory_order_relaxed);
+    while (completed < seq &&
+           !comm.last_completed.compare_exchange_weak(completed, seq, std::memory_order_release)) {
+    }
   }
 }
 
@@ -100,6 +124,7 @@ Ticket BeforeOperation(Api api, int library, const OperationArguments& arguments
   // Every operation gets a number, recorded or not, so numbers agree across ranks.
   const std::uint64_t seq = comm->last_enqueued.load(std::memory_order_relaxed) + 1;
   OpRecord& op = comm->Slot(seq);
+  if (!IsFinished(op.state.load(std::memory_order_acquire))) ReclaimIfFinished(*comm, op);
   if (!IsFinished(op.state.load(std::memory_order_acquire))) {
     // A whole ring of unfinished operations: the oldest is still being watched, keep it.
     comm->dropped.fetch_add(1, std::memory_order_relaxed);

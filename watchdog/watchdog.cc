@@ -57,8 +57,11 @@ void Watchdog::PollOnce(std::int64_t now_ns) {
     const std::string path = Dump(reason, std::nullopt, "", now_ns);
     log::Info("dumped state ({}): {}", reason, path.empty() ? "not written" : path);
   }
-  if (now_ns >= next_status_ns_) {
-    next_status_ns_ = now_ns + ToNs(config_.status_interval);
+  if (now_ns >= next_status_ns_ && effects_.JobDirectoryKnown()) {
+    int job_processes = 0;
+    for (CommState* comm : registry_.All()) job_processes = std::max(job_processes, comm->nranks.load());
+    next_status_ns_ = now_ns + static_cast<std::int64_t>(
+                                   StatusIntervalSeconds(config_.status_interval.value, job_processes) * 1e9);
     Activity activity(*this, "writing the status file");
     effects_.WriteStatus(BuildSnapshot(registry_, "status", false, now_ns, effects_.WallNowNs()));
     // A request answered by a dump of our own from about the same time (every process notices a
@@ -155,6 +158,7 @@ void Watchdog::Act(CommState* culprit, const char* what) {
       effects_.Abort(*culprit);
       return;
     case Action::kExit:
+      effects_.HoldApplicationCalls();
       for (CommState* comm : registry_.All()) {
         const CommLifecycle lifecycle = comm->lifecycle.load(std::memory_order_acquire);
         if (lifecycle != CommLifecycle::kDestroyed && lifecycle != CommLifecycle::kAborted) effects_.Abort(*comm);
@@ -166,15 +170,21 @@ void Watchdog::Act(CommState* culprit, const char* what) {
 
 namespace {
 
+// Set by NCCLGUARD_ACTION=exit just before it aborts: application threads entering NCCL wait.
+std::atomic<bool> g_holding_application_calls{false};
+
 // The real effects: files in the job directory, NCCL and CUDA calls, the process's exit.
 class SystemEffects final : public WatchdogEffects {
  public:
   std::string WriteDump(const ProcessSnapshot& snapshot) override {
     if (JobDir().empty()) return "";
-    const DumpResult written =
-        ncclguard::WriteDump(JobDir(), snapshot, CollectProcessFacts(RealFactSources(), Devices()));
+    FactSources sources = RealFactSources();
+    if (snapshot.reason == "exit") sources.cuda = [](const std::vector<int>&) { return CudaFacts{}; };
+    const DumpResult written = ncclguard::WriteDump(JobDir(), snapshot, CollectProcessFacts(sources, Devices()));
     return written.ok() ? *written : "";
   }
+
+  bool JobDirectoryKnown() override { return !JobDir().empty(); }
 
   void WriteStatus(const ProcessSnapshot& snapshot) override {
     if (JobDir().empty()) return;
@@ -192,7 +202,7 @@ class SystemEffects final : public WatchdogEffects {
   std::int64_t TakePeerDumpRequest() override {
     if (JobDir().empty()) return 0;
     if (!request_watcher_) {
-      request_watcher_.emplace(JobDir(), HostName(), static_cast<int>(getpid()));
+      request_watcher_.emplace(JobDir(), HostName(), static_cast<int>(getpid()), started_wall_ns_);
     }
     const auto requests = request_watcher_->Poll();
     std::int64_t newest = 0;
@@ -230,13 +240,17 @@ class SystemEffects final : public WatchdogEffects {
     if (result != ncclSuccess) log::Warn("ncclCommAbort of comm {} returned {}", comm.id, ResultName(result));
   }
 
+  void HoldApplicationCalls() override { g_holding_application_calls.store(true, std::memory_order_seq_cst); }
+
   [[noreturn]] void Exit(int code) override {
     if (spdlog::logger* logger = log::Get()) logger->flush();
     // Not exit(): atexit handlers and static destructors may wait for the stuck GPU work.
     _exit(code);
   }
 
-  std::int64_t WallNowNs() override {
+  std::int64_t WallNowNs() override { return WallNow(); }
+
+  static std::int64_t WallNow() {
     timespec now;
     clock_gettime(CLOCK_REALTIME, &now);
     return static_cast<std::int64_t>(now.tv_sec) * 1000000000 + now.tv_nsec;
@@ -290,6 +304,7 @@ class SystemEffects final : public WatchdogEffects {
   }
 
   std::string job_dir_;
+  const std::int64_t started_wall_ns_ = SystemEffects::WallNow();
   std::optional<DumpRequestWatcher> request_watcher_;
 };
 
@@ -299,6 +314,9 @@ struct Runtime {
 };
 
 std::atomic<Runtime*> g_runtime{nullptr};
+// At exit the CUDA driver and NCCL are being torn down: the watchdog stops calling them.
+std::atomic<bool> g_exiting{false};
+std::atomic<bool> g_in_round{false};
 std::mutex g_start_mutex;
 struct sigaction g_previous_dump_action;
 
@@ -336,12 +354,28 @@ void RunWatchdog(Runtime* runtime) {
   DriverEvents().PrepareWatchdogThread();
   const auto interval = std::chrono::duration<double>(GetConfig().poll_interval.value);
   for (;;) {
+    g_in_round.store(true, std::memory_order_seq_cst);
+    if (g_exiting.load(std::memory_order_seq_cst)) {
+      g_in_round.store(false, std::memory_order_seq_cst);
+      return;
+    }
     try {
       runtime->watchdog.PollOnce(SteadyNowNs());
     } catch (const std::exception& error) {
       log::Error("watchdog round failed: {}", error.what());
     }
+    g_in_round.store(false, std::memory_order_seq_cst);
     std::this_thread::sleep_for(interval);
+  }
+}
+
+// Runs before the exit dump (atexit handlers run in reverse order) and before libraries' own
+// clean-up: waits, a bounded time, for a round in flight to finish.
+void StopWatchdogAtExit() {
+  g_exiting.store(true, std::memory_order_seq_cst);
+  const std::int64_t give_up = SteadyNowNs() + 2'000'000'000;
+  while (g_in_round.load(std::memory_order_seq_cst) && SteadyNowNs() < give_up) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
 }
 
@@ -398,14 +432,18 @@ void EnsureWatchdogStarted() noexcept {
                        // if it uses NCCL itself, and never reports the parent's communicators.
                        g_start_mutex.unlock();
                        g_runtime.store(nullptr, std::memory_order_release);  // the parent's is leaked
+                       g_in_round.store(false, std::memory_order_relaxed);
                        GetRegistry().ForgetAfterFork();
                      });
     }
     auto* runtime = new Runtime;  // lives until the process ends
     g_runtime.store(runtime, std::memory_order_release);
     InstallDumpSignal(GetConfig().dump_signal.number);
-    static std::atomic<bool> exit_hook{false};
-    if (GetConfig().dump_on_exit && !exit_hook.exchange(true)) std::atexit(DumpAtExit);
+    static std::atomic<bool> exit_hooks{false};
+    if (!exit_hooks.exchange(true)) {
+      if (GetConfig().dump_on_exit) std::atexit(DumpAtExit);
+      std::atexit(StopWatchdogAtExit);
+    }
     StartThread(RunWatchdog, runtime);
     StartThread(RunMonitor, runtime);
     log::Info("watchdog started (timeout {} s, init timeout {} s, action {})", GetConfig().timeout.value,
@@ -413,6 +451,10 @@ void EnsureWatchdogStarted() noexcept {
   } catch (const std::exception& error) {
     log::Error("cannot start the watchdog ({}): NCCL calls are forwarded unwatched", error.what());
   }
+}
+
+void WaitIfExiting() noexcept {
+  while (g_holding_application_calls.load(std::memory_order_relaxed)) pause();
 }
 
 void NoteFailedCall(Api api, CommState* comm, ncclResult_t result) noexcept {

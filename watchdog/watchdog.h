@@ -24,8 +24,12 @@ namespace ncclguard {
 class WatchdogEffects {
  public:
   virtual ~WatchdogEffects() = default;
-  // Writes this process's dump; returns its path, or "" when it could not be written.
+  // Writes this process's dump; returns its path, or "" when it could not be written. At exit,
+  // facts that need the CUDA driver are left out: the driver may already be shutting down.
   virtual std::string WriteDump(const ProcessSnapshot& snapshot) = 0;
+  // False until the job directory is known (it is named after the first communicator): status
+  // files and dump requests wait for it.
+  virtual bool JobDirectoryKnown() = 0;
   virtual void WriteStatus(const ProcessSnapshot& snapshot) = 0;
   virtual void RequestPeerDumps(const std::string& why) = 0;
   // The time (epoch ns) of the newest dump request from another process of the job since the
@@ -35,6 +39,9 @@ class WatchdogEffects {
   virtual ncclResult_t AsyncError(CommState& comm) = 0;
   virtual std::string LastNcclError() = 0;
   virtual void Abort(CommState& comm) = 0;
+  // From now on, application threads that call NCCL wait: the process is about to exit, and an
+  // aborted communicator would otherwise let the application exit first with its own code.
+  virtual void HoldApplicationCalls() = 0;
   [[noreturn]] virtual void Exit(int code) = 0;
   virtual std::int64_t WallNowNs() = 0;
 };
@@ -101,6 +108,10 @@ void EnsureWatchdogStarted() noexcept;
 
 // A call that returned an error: logged once per communicator and dumped.
 void NoteFailedCall(Api api, CommState* comm, ncclResult_t result) noexcept;
+
+// Called at the start of every intercepted call: waits for ever once the watchdog is exiting the
+// process (NCCLGUARD_ACTION=exit).
+void WaitIfExiting() noexcept;
 
 // Fills in a new communicator's rank, size and device from NCCL and logs its creation.
 void CompleteRegistration(CommState& comm) noexcept;

@@ -104,13 +104,15 @@ namespace ncclemu {
 namespace {
 
 std::atomic<State*> g_state{nullptr};
-thread_local std::unique_ptr<ThreadState> t_thread_state;
+// A plain pointer, deliberately never freed: thread_local destructors run before atexit handlers,
+// and programs (and the libraries they preload) may still call the driver from those.
+thread_local ThreadState* t_thread_state = nullptr;
 
 // Deliberately leaks the parent's objects: their mutexes may be held by threads that do not
 // exist in the child, and their workers are gone.
 void forgetParentStateInChild() {
   g_state.store(nullptr, std::memory_order_release);
-  (void)t_thread_state.release();
+  t_thread_state = nullptr;
 }
 
 }  // namespace
@@ -136,7 +138,7 @@ State& state() {
 }
 
 ThreadState& threadState() {
-  if (!t_thread_state) t_thread_state = std::make_unique<ThreadState>();
+  if (t_thread_state == nullptr) t_thread_state = new ThreadState();
   return *t_thread_state;
 }
 

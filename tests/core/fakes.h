@@ -91,6 +91,8 @@ class RecordingEffects final : public WatchdogEffects {
     dumps.push_back(snapshot);
     return "/dumps/dump-" + std::to_string(dumps.size()) + ".json";
   }
+  bool job_directory_known = true;
+  bool JobDirectoryKnown() override { return job_directory_known; }
   void WriteStatus(const ProcessSnapshot& snapshot) override { statuses.push_back(snapshot); }
   void RequestPeerDumps(const std::string& why) override { peer_requests_sent.push_back(why); }
   std::int64_t TakePeerDumpRequest() override { return std::exchange(pending_peer_request_ns, 0); }
@@ -104,6 +106,8 @@ class RecordingEffects final : public WatchdogEffects {
     comm.aborted_by_ncclguard.store(true);
     comm.lifecycle.store(CommLifecycle::kAborted);
   }
+  bool holding_application_calls = false;
+  void HoldApplicationCalls() override { holding_application_calls = true; }
   [[noreturn]] void Exit(int code) override { throw ExitCalled(code); }
   std::int64_t WallNowNs() override { return wall_ns; }
 };

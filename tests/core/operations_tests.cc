@@ -260,3 +260,32 @@ TEST_CASE("communicator ids agree across ranks and lineages", "[operations]") {
   CHECK(ChildCommId(parent, "split", 0, 3) != ChildCommId(parent, "split", 1, 3));
   CHECK(ChildCommId(parent, "split", 0, 0) != ChildCommId(parent, "shrink", 0, 0));
 }
+
+TEST_CASE("the GPU reaching the start before NCCL returns still gets the end event", "[operations]") {
+  Fixture f;
+  OperationArguments arguments;
+  arguments.comm = f.comm->handle;
+  arguments.stream = Stream(1);
+  arguments.count = 4;
+  arguments.datatype = ncclFloat32;
+  const Ticket ticket = BeforeOperation(Api::ncclAllReduce, 0, arguments);
+  OpRecord& op = f.Op(ticket.seq);
+  f.events.Reach(op.start_event);
+  AdvanceOperations(*f.comm, f.events, f.EnqueuedAt(ticket.seq) + 1);  // while NCCL is still launching
+  REQUIRE(op.state.load() == OpState::kStarted);
+  AfterOperation(ticket, ncclSuccess);
+  CHECK(op.end_recorded.load());
+  f.events.Reach(op.end_event);
+  AdvanceOperations(*f.comm, f.events, f.EnqueuedAt(ticket.seq) + 2);
+  CHECK(op.state.load() == OpState::kCompleted);
+}
+
+TEST_CASE("a wrapped ring reclaims finished operations without waiting for the watchdog", "[operations]") {
+  Fixture f(4);
+  for (int i = 0; i < 4; ++i) f.AllReduce();
+  f.events.ReachEverything();  // the GPU finished them; the watchdog has not looked yet
+  CHECK(f.AllReduce() == 5);
+  CHECK(f.comm->dropped.load() == 0);
+  CHECK(f.Op(1).seq.load() == 5);  // slot 1 holds #5 now
+  CHECK(f.comm->last_completed.load() >= 1);
+}

@@ -119,6 +119,7 @@ TEST_CASE("NCCLGUARD_ACTION=exit dumps, aborts everything and exits with the res
     CHECK(exit.code == kRestartExitCode);
   }
   CHECK(f.effects.dumps.size() == 1);
+  CHECK(f.effects.holding_application_calls);  // before the aborts release the application
   CHECK(f.effects.aborted.size() == 2);
 }
 
@@ -188,6 +189,21 @@ TEST_CASE("the status file is rewritten every status interval, without rings", "
   REQUIRE(f.effects.statuses[1].comms.size() == 1);
   REQUIRE(f.effects.statuses[1].comms[0].ring.size() == 1);
   CHECK(f.effects.statuses[1].comms[0].ring[0].seq == 1);
+}
+
+TEST_CASE("status files and dump requests wait for the job directory", "[watchdog]") {
+  Fixture f;
+  f.effects.job_directory_known = false;
+  f.effects.pending_peer_request_ns = f.effects.wall_ns;
+  f.watchdog.PollOnce(0);
+  f.watchdog.PollOnce(1 * kSecond);
+  CHECK(f.effects.statuses.empty());
+  // Known now: the first look comes at once, not a status interval later.
+  f.effects.job_directory_known = true;
+  f.watchdog.PollOnce(1 * kSecond + 1);
+  CHECK(f.effects.statuses.size() == 1);
+  REQUIRE(f.effects.dumps.size() == 1);
+  CHECK(f.effects.dumps[0].reason == "peer_request");
 }
 
 TEST_CASE("a destroyed communicator is no longer watched", "[watchdog]") {

@@ -1,0 +1,64 @@
+// Captures an AllReduce of a one-rank communicator into a CUDA graph, launches the graph and
+// checks its result. The capture stays open for a while (argv[1] seconds) so that the watchdog
+// polls during it, and the program lingers afterwards (argv[2] seconds) for longer than the
+// stall timeout a test sets: a captured operation taken for a queued one would be reported.
+//
+// Prints "capture ok" when the graph's AllReduce delivered the expected data.
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tests/watchdog_e2e/program_support.h"
+
+namespace {
+
+constexpr size_t kCount = 1024;
+
+void Pause(const char* seconds) {
+  std::this_thread::sleep_for(std::chrono::duration<double>(std::strtod(seconds, nullptr)));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 3) {
+    std::fprintf(stderr, "usage: %s CAPTURE_SECONDS LINGER_SECONDS\n", argv[0]);
+    return 2;
+  }
+  const e2e::Gpu gpu = e2e::StartOneRank();
+  std::vector<float> input(kCount);
+  for (size_t i = 0; i < kCount; ++i) input[i] = static_cast<float>(i % 97);
+  const CUdeviceptr send = e2e::AllocateFloats(kCount);
+  const CUdeviceptr receive = e2e::AllocateFloats(kCount);
+  e2e::CheckCuda(cuMemcpyHtoD(send, input.data(), kCount * sizeof(float)), "cuMemcpyHtoD");
+
+  // Global mode: the strictest, under which another thread's cuEventQuery or cuStreamQuery
+  // during the capture would invalidate it.
+  e2e::CheckCuda(cuStreamBeginCapture(gpu.stream, CU_STREAM_CAPTURE_MODE_GLOBAL), "cuStreamBeginCapture");
+  e2e::CheckNccl(ncclAllReduce(reinterpret_cast<void*>(send), reinterpret_cast<void*>(receive), kCount,
+                               ncclFloat, ncclSum, gpu.comm, gpu.stream),
+                 "ncclAllReduce");
+  Pause(argv[1]);
+  CUgraph graph = nullptr;
+  e2e::CheckCuda(cuStreamEndCapture(gpu.stream, &graph), "cuStreamEndCapture");
+  CUgraphExec executable = nullptr;
+  e2e::CheckCuda(cuGraphInstantiate(&executable, graph, 0), "cuGraphInstantiate");
+  e2e::CheckCuda(cuGraphLaunch(executable, gpu.stream), "cuGraphLaunch");
+  e2e::CheckCuda(cuStreamSynchronize(gpu.stream), "cuStreamSynchronize");
+
+  std::vector<float> output(kCount);
+  e2e::CheckCuda(cuMemcpyDtoH(output.data(), receive, kCount * sizeof(float)), "cuMemcpyDtoH");
+  if (output != input) {
+    std::fprintf(stderr, "the graph's AllReduce delivered wrong data\n");
+    return 1;
+  }
+  std::printf("capture ok\n");
+  std::fflush(stdout);
+  Pause(argv[2]);
+  e2e::CheckNccl(ncclCommDestroy(gpu.comm), "ncclCommDestroy");
+  e2e::CheckCuda(cuDevicePrimaryCtxRelease(0), "cuDevicePrimaryCtxRelease");
+  return 0;
+}
