@@ -32,7 +32,8 @@ struct GroupedOperation {
 };
 thread_local int t_group_depth = 0;
 thread_local std::uint64_t t_group_id = 0;
-thread_local std::vector<GroupedOperation>* t_grouped = nullptr;  // per thread, kept for reuse
+// Touched only by grouped calls; freed when the thread ends.
+thread_local std::vector<GroupedOperation> t_grouped;
 std::atomic<std::uint64_t> g_next_group_id{1};
 
 bool Launched(ncclResult_t result) { return result == ncclSuccess || result == ncclInProgress; }
@@ -164,10 +165,7 @@ Ticket BeforeOperation(Api api, int library, const OperationArguments& arguments
   op.seq.store(seq, std::memory_order_relaxed);
   op.state.store(initial, std::memory_order_release);
   comm->last_enqueued.store(seq, std::memory_order_release);
-  if (grouped) {
-    if (t_grouped == nullptr) t_grouped = new std::vector<GroupedOperation>();
-    t_grouped->push_back({comm, seq});
-  }
+  if (grouped) t_grouped.push_back({comm, seq});
   ticket.seq = seq;
   return ticket;
 }
@@ -184,9 +182,9 @@ void AfterOperation(const Ticket& ticket, ncclResult_t result) noexcept {
 Ticket BeforeGroupCall(Api api) noexcept {
   if (api == Api::ncclGroupStart) {
     if (t_group_depth++ == 0) t_group_id = g_next_group_id.fetch_add(1, std::memory_order_relaxed);
-  } else if (t_group_depth == 1 && t_grouped != nullptr) {
+  } else if (t_group_depth == 1) {
     // Events recorded now land before the group's kernels: nothing was launched yet.
-    for (const GroupedOperation& grouped : *t_grouped) {
+    for (const GroupedOperation& grouped : t_grouped) {
       OpRecord& op = grouped.comm->Slot(grouped.seq);
       if (op.seq.load(std::memory_order_relaxed) == grouped.seq &&
           op.state.load(std::memory_order_acquire) == OpState::kEnqueued && api == Api::ncclGroupEnd) {
@@ -202,8 +200,8 @@ void AfterGroupCall(Api api, ncclResult_t result) noexcept {
     if (result != ncclSuccess && t_group_depth > 0) --t_group_depth;
     return;
   }
-  if (t_group_depth == 0 || --t_group_depth > 0 || t_grouped == nullptr) return;
-  for (const GroupedOperation& grouped : *t_grouped) {
+  if (t_group_depth == 0 || --t_group_depth > 0) return;
+  for (const GroupedOperation& grouped : t_grouped) {
     if (api == Api::ncclGroupEnd) {
       FinishLaunch(*grouped.comm, grouped.seq, result);
     } else {  // ncclGroupSimulateEnd: the operations are estimated, never run
@@ -211,7 +209,7 @@ void AfterGroupCall(Api api, ncclResult_t result) noexcept {
       op.state.store(OpState::kUntimed, std::memory_order_release);
     }
   }
-  t_grouped->clear();
+  t_grouped.clear();
 }
 
 Ticket BeforeCreation(Api api, const CreationArguments& arguments) noexcept {

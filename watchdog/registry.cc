@@ -25,6 +25,10 @@ std::uint64_t Fnv1a(const void* data, std::size_t size, std::uint64_t hash = 0xc
 
 }  // namespace
 
+Registry::~Registry() {
+  for (CommState* state : all_) delete state;
+}
+
 CommState* Registry::Find(ncclComm_t handle) const noexcept {
   if (handle == nullptr) return nullptr;
   for (std::size_t probe = 0, i = HashOf(handle) % kCapacity; probe < kCapacity;
@@ -46,8 +50,8 @@ CommState* Registry::Add(ncclComm_t handle, int library, std::size_t ring_size) 
       values_[i].store(state.get(), std::memory_order_release);
       keys_[i].store(handle, std::memory_order_release);
       all_.push_back(state.get());
-      // Never freed: the watchdog and dumps may still read it after the communicator is gone,
-      // and a process makes few communicators.
+      // Kept until the registry goes (never, for the process's own): the watchdog and dumps may
+      // still read it after the communicator is gone, and a process makes few communicators.
       return state.release();
     }
   }

@@ -24,6 +24,13 @@ struct PendingInit {
 
 class Registry {
  public:
+  Registry() = default;
+  // Frees every state it registered. The process's own registry is never destroyed (dumps at
+  // exit and the watchdog may read it to the very end); tests make and destroy their own.
+  ~Registry();
+  Registry(const Registry&) = delete;
+  Registry& operator=(const Registry&) = delete;
+
   // The state of `handle`, or nullptr when ncclguard does not know it. Lock-free.
   CommState* Find(ncclComm_t handle) const noexcept;
 

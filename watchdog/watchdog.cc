@@ -11,6 +11,7 @@
 #include <cstring>
 #include <mutex>
 #include <thread>
+#include <type_traits>
 
 #include "shim/libraries.h"
 #include "watchdog/dump.h"
@@ -469,15 +470,16 @@ void NoteFailedCall(Api api, CommState* comm, ncclResult_t result) noexcept {
 }
 
 void CompleteRegistration(CommState& comm) noexcept {
-  auto query = [&comm](Api api, auto function_type, std::atomic<int>& field) {
-    using Function = decltype(function_type);
+  // The function's type comes from nccl.h; only NCCL's own function (of the comm's library) is called.
+  auto query = [&comm](Api api, auto type, std::atomic<int>& field) {
+    using Function = typename decltype(type)::type;
     auto function = reinterpret_cast<Function>(shim::RealFunction(comm.library, api));
     int value = -1;
     if (function != nullptr && function(comm.handle, &value) == ncclSuccess) field.store(value, std::memory_order_relaxed);
   };
-  query(Api::ncclCommUserRank, &::ncclCommUserRank, comm.rank);
-  query(Api::ncclCommCount, &::ncclCommCount, comm.nranks);
-  query(Api::ncclCommCuDevice, &::ncclCommCuDevice, comm.device);
+  query(Api::ncclCommUserRank, std::type_identity<decltype(&::ncclCommUserRank)>{}, comm.rank);
+  query(Api::ncclCommCount, std::type_identity<decltype(&::ncclCommCount)>{}, comm.nranks);
+  query(Api::ncclCommCuDevice, std::type_identity<decltype(&::ncclCommCuDevice)>{}, comm.device);
   CommLifecycle expected = CommLifecycle::kInitializing;
   if (comm.init_end_ns.load(std::memory_order_acquire) == 0) comm.init_end_ns.store(SteadyNowNs(), std::memory_order_release);
   comm.lifecycle.compare_exchange_strong(expected, CommLifecycle::kReady, std::memory_order_acq_rel);

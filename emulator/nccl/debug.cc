@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <mutex>
 #include <string>
 #include <strings.h>
@@ -21,7 +22,7 @@ struct DebugState {
   std::mutex mutex;
   bool initialized = false;
   Level level = Level::None;
-  FILE* output = stderr;
+  FILE* output = stdout;  // NCCL's default, unless NCCL_DEBUG_FILE names a file
   char last_error[1024] = "";
 };
 
@@ -40,7 +41,8 @@ std::string shortHostName() {
   return host;
 }
 
-// NCCL_DEBUG_FILE expands %h to the host name and %p to the pid, like NCCL.
+// NCCL_DEBUG_FILE expands %h to the host name, %p to the pid and %% to %, like NCCL; any other
+// % sequence stays as it is.
 std::string expandDebugFileName(const char* pattern) {
   std::string name;
   for (const char* p = pattern; *p; ++p) {
@@ -49,6 +51,9 @@ std::string expandDebugFileName(const char* pattern) {
       ++p;
     } else if (p[0] == '%' && p[1] == 'p') {
       name += std::to_string(getpid());
+      ++p;
+    } else if (p[0] == '%' && p[1] == '%') {
+      name += '%';
       ++p;
     } else {
       name += *p;
@@ -60,6 +65,9 @@ std::string expandDebugFileName(const char* pattern) {
 void initLocked(DebugState& s) {
   if (s.initialized) return;
   s.initialized = true;
+  // A reset closes the previous file: output goes back to stdout unless NCCL_DEBUG_FILE says otherwise.
+  if (s.output != stdout) fclose(s.output);
+  s.output = stdout;
   s.level = Level::None;
   if (const char* env = getenv("NCCL_DEBUG")) {
     if (strcasecmp(env, "VERSION") == 0) s.level = Level::Version;
@@ -67,12 +75,10 @@ void initLocked(DebugState& s) {
     else if (strcasecmp(env, "INFO") == 0) s.level = Level::Info;
     else if (strcasecmp(env, "TRACE") == 0) s.level = Level::Trace;
   }
+  // Like NCCL, the file is only created when there is more than the version line to write.
   const char* file = getenv("NCCL_DEBUG_FILE");
-  if (s.level != Level::None && file && *file) {
-    if (FILE* opened = fopen(expandDebugFileName(file).c_str(), "w")) {
-      if (s.output != stderr) fclose(s.output);
-      s.output = opened;
-    }
+  if (s.level > Level::Version && file && *file) {
+    if (FILE* opened = fopen(expandDebugFileName(file).c_str(), "w")) s.output = opened;
   }
 }
 
@@ -83,10 +89,20 @@ int currentLogDevice() {
   return device;
 }
 
-void emit(DebugState& s, const char* prefix_format, const char* file, int line, const char* format,
-          va_list args) {
+// NCCL's default NCCL_DEBUG_TIMESTAMP_LEVELS / _FORMAT: WARN lines start with "[%F %T] ".
+std::string warnTimestamp() {
+  const time_t now = time(nullptr);
+  struct tm local {};
+  localtime_r(&now, &local);
+  char stamp[64] = "";
+  strftime(stamp, sizeof(stamp), "[%F %T] ", &local);
+  return stamp;
+}
+
+void emit(DebugState& s, const char* prefix_format, const std::string& timestamp, const char* file, int line,
+          const char* format, va_list args) {
   char text[1024];
-  int length = snprintf(text, sizeof(text), prefix_format, shortHostName().c_str(), getpid(),
+  int length = snprintf(text, sizeof(text), prefix_format, timestamp.c_str(), shortHostName().c_str(), getpid(),
                         static_cast<int>(syscall(SYS_gettid)), currentLogDevice(), file, line);
   if (length < 0 || static_cast<size_t>(length) >= sizeof(text)) length = 0;
   vsnprintf(text + length, sizeof(text) - length, format, args);
@@ -109,7 +125,7 @@ void logWarn(const char* file, int line, const char* format, ...) {
   const char* base = file[0] == '/' ? strrchr(file, '/') + 1 : file;
   va_start(args, format);
   // The leading newline is NCCL's own: WARN lines stand out in a stream of INFO lines.
-  emit(s, "\n%s:%d:%d [%d] %s:%d NCCL WARN ", base, line, format, args);
+  emit(s, "\n%s%s:%d:%d [%d] %s:%d NCCL WARN ", warnTimestamp(), base, line, format, args);
   va_end(args);
 }
 
@@ -120,7 +136,7 @@ void logInfo(const char* format, ...) {
   if (s.level < Level::Info) return;
   va_list args;
   va_start(args, format);
-  emit(s, "%s:%d:%d [%d] NCCL INFO ", "", 0, format, args);
+  emit(s, "%s%s:%d:%d [%d] NCCL INFO ", "", "", 0, format, args);
   va_end(args);
 }
 

@@ -630,8 +630,12 @@ NCCL_EXPORT(ncclResult_t, ncclCommInitRankScalable, ncclComm_t* newcomm, int nra
             ncclUniqueId* commIds, ncclConfig_t* config);
 ncclResult_t ncclCommInitRankScalable(ncclComm_t* newcomm, int nranks, int myrank, int nId, ncclUniqueId* commIds,
                                       ncclConfig_t* config) {
-  if (nId < 1 || commIds == nullptr) {
-    EMU_WARN("ncclCommInitRankScalable: invalid unique id list (nId %d, commIds %p)", nId, static_cast<void*>(commIds));
+  if (nId < 1 || nId > nranks) {
+    EMU_WARN("improper usage of ncclCommInitRank: nId = %d, nranks=%d", nId, nranks);
+    return ncclInvalidArgument;
+  }
+  if (commIds == nullptr) {
+    EMU_WARN("ncclCommInitRankScalable : commId argument is NULL");
     return ncclInvalidArgument;
   }
   // The first id carries the rendezvous; the others only retire their roots, since one

@@ -1,5 +1,9 @@
 // Communicator lifecycle of the emulated NCCL, ranks as devices of one process: split, shrink,
-// abort, destroy, revoke, non-blocking init, argument checking and the small API functions.
+// abort, destroy, revoke, non-blocking and scalable init, argument checking and the small API
+// functions.
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <future>
 #include <string>
 #include <vector>
@@ -32,6 +36,15 @@ std::vector<int32_t> allReduceRanks(LocalRanks& ranks, const std::vector<ncclCom
 }
 
 std::string lastError() { return ncclGetLastError(nullptr); }
+
+// The rendezvous segment a unique id names (its first 8 bytes are the magic).
+std::string rendezvousPath(const ncclUniqueId& id) {
+  uint64_t magic = 0;
+  memcpy(&magic, id.internal, sizeof(magic));
+  char path[64];
+  snprintf(path, sizeof(path), "/dev/shm/ncclemu-rv-%016lx", static_cast<unsigned long>(magic));
+  return path;
+}
 
 }  // namespace
 
@@ -267,5 +280,76 @@ TEST_CASE("emulated NCCL memory, registration and simulated groups", "[nccl]") {
   REQUIRE(info.estimatedTime > 0);
   // Nothing was launched: rank 0 is not waiting for rank 1.
   REQUIRE(nccltest::waitForStream(ranks.stream(0), 1s));
+  ranks.destroyAll();
+}
+
+TEST_CASE("emulated NCCL InitRankScalable: one thread per rank, one or several unique ids", "[nccl]") {
+  LocalRanks ranks(4);
+  const int id_count = GENERATE(1, 2, 4);
+  std::vector<ncclUniqueId> ids(id_count);
+  for (ncclUniqueId& id : ids) REQUIRE(ncclGetUniqueId(&id) == ncclSuccess);
+  std::vector<std::thread> threads;
+  std::vector<ncclResult_t> results(4, ncclInternalError);
+  for (int r = 0; r < 4; ++r) {
+    threads.emplace_back([&, r] {
+      if (cuCtxSetCurrent(ranks.context(r)) != CUDA_SUCCESS) return;
+      results[r] = ncclCommInitRankScalable(&ranks.comm(r), 4, r, id_count, ids.data(), nullptr);
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  REQUIRE(results == std::vector<ncclResult_t>(4, ncclSuccess));
+  for (int r = 0; r < 4; ++r) {
+    int rank = -1, device = -1;
+    REQUIRE(ncclCommUserRank(ranks.comm(r), &rank) == ncclSuccess);
+    REQUIRE(rank == r);
+    REQUIRE(ncclCommCuDevice(ranks.comm(r), &device) == ncclSuccess);
+    REQUIRE(device == r);
+  }
+  REQUIRE(allReduceRanks(ranks, {ranks.comm(0), ranks.comm(1), ranks.comm(2), ranks.comm(3)}, {0, 1, 2, 3},
+                         {1, 10, 100, 1000}) == std::vector<int32_t>(4, 1111));
+  // Every id's bootstrap root is retired, including those no rank needed.
+  for (const ncclUniqueId& id : ids) CHECK_FALSE(std::filesystem::exists(rendezvousPath(id)));
+  ranks.destroyAll();
+}
+
+TEST_CASE("emulated NCCL InitRankScalable: nId must be 1..nranks, as in NCCL", "[nccl]") {
+  LocalRanks ranks(1);
+  std::vector<ncclUniqueId> ids(3);
+  ncclComm_t comm = nullptr;
+  REQUIRE(ncclCommInitRankScalable(&comm, 2, 0, 3, ids.data(), nullptr) == ncclInvalidArgument);
+  REQUIRE(lastError() == "improper usage of ncclCommInitRank: nId = 3, nranks=2");
+  REQUIRE(ncclCommInitRankScalable(&comm, 2, 0, 0, ids.data(), nullptr) == ncclInvalidArgument);
+  REQUIRE(lastError() == "improper usage of ncclCommInitRank: nId = 0, nranks=2");
+  REQUIRE(comm == nullptr);
+}
+
+TEST_CASE("emulated NCCL shrink with NCCL_SHRINK_ABORT ends the parent's stuck collective first", "[nccl]") {
+  LocalRanks ranks(4);
+  ranks.initAll();
+  // Ranks 0, 2 and 3 enter an AllReduce that rank 1 never joins: their streams are stuck.
+  std::vector<int32_t*> buffers(4, nullptr);
+  REQUIRE(ncclGroupStart() == ncclSuccess);
+  for (int r : {0, 2, 3}) {
+    buffers[r] = ranks.allocate<int32_t>(r, 64 * sizeof(int32_t));
+    REQUIRE(ncclAllReduce(buffers[r], buffers[r], 64, ncclInt32, ncclSum, ranks.comm(r), ranks.stream(r)) == ncclSuccess);
+  }
+  REQUIRE(ncclGroupEnd() == ncclSuccess);
+  REQUIRE_FALSE(nccltest::waitForStream(ranks.stream(0), 200ms));
+
+  int excluded[] = {1};
+  std::vector<ncclComm_t> children(4, nullptr);
+  REQUIRE(ncclGroupStart() == ncclSuccess);
+  for (int r : {0, 2, 3}) {
+    REQUIRE(ncclCommShrink(ranks.comm(r), excluded, 1, &children[r], nullptr, NCCL_SHRINK_ABORT) == ncclSuccess);
+  }
+  REQUIRE(ncclGroupEnd() == ncclSuccess);
+  // The stuck collectives returned, so the survivors' streams run again, and the child works.
+  for (int r : {0, 2, 3}) REQUIRE(nccltest::waitForStream(ranks.stream(r), 5s));
+  REQUIRE(allReduceRanks(ranks, {children[0], children[2], children[3]}, {0, 2, 3}, {1, 2, 3}) ==
+          std::vector<int32_t>{6, 6, 6});
+  // The parent is done for: nothing more can be issued on it.
+  REQUIRE(ncclAllReduce(buffers[0], buffers[0], 64, ncclInt32, ncclSum, ranks.comm(0), ranks.stream(0)) ==
+          ncclInvalidUsage);
+  for (int r : {0, 2, 3}) REQUIRE(ncclCommDestroy(children[r]) == ncclSuccess);
   ranks.destroyAll();
 }

@@ -1,5 +1,6 @@
 // The emulated NCCL across processes: one rank per process, ids handed over on the command line
-// or derived from NCCL_COMM_ID, every NCCLEMU_FAULTS kind, and the P2P settings' caching.
+// or derived from NCCL_COMM_ID, every NCCLEMU_FAULTS kind, the P2P settings' caching, and NCCL's
+// logging (NCCL_DEBUG, NCCL_DEBUG_FILE, ncclResetDebugInit). NCCL writes its log to stdout.
 #include <nccl.h>
 #include <signal.h>
 #include <unistd.h>
@@ -85,6 +86,34 @@ ProcessResult runLocal(const std::vector<std::string>& extra, const Environment&
 
 bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
+// The "host H pid P" line the worker's --log-action mode starts with.
+struct WorkerIdentity {
+  std::string host;
+  std::string pid;
+};
+
+WorkerIdentity identityOf(const ProcessResult& result) {
+  std::smatch match;
+  REQUIRE(std::regex_search(result.out, match, std::regex(R"(host (\S+) pid (\d+))")));
+  return {match[1], match[2]};
+}
+
+// A WARN line as NCCL writes it by default: a timestamp, host:pid:tid, [device], file:line.
+std::regex warnLine(const WorkerIdentity& who, const std::string& text) {
+  return std::regex(R"((^|\n)\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\] )" + who.host + ":" + who.pid +
+                    R"(:\d+ \[\d+\] init\.cc:\d+ NCCL WARN )" + text + "\n");
+}
+
+std::regex infoLine(const WorkerIdentity& who, const std::string& text) {
+  return std::regex("(^|\n)" + who.host + ":" + who.pid + R"(:\d+ \[\d+\] NCCL INFO )" + text);
+}
+
+std::vector<std::string> filesIn(const std::string& directory) {
+  std::vector<std::string> names;
+  for (const auto& entry : std::filesystem::directory_iterator(directory)) names.push_back(entry.path().filename());
+  return names;
+}
+
 }  // namespace
 
 TEST_CASE("emulated NCCL: one rank per process, every step agrees", "[nccl][multiprocess]") {
@@ -139,7 +168,7 @@ TEST_CASE("emulated NCCL fault async_error: GetAsyncError and GetLastError on th
   REQUIRE(results[0].exit_code == 3);
   REQUIRE(contains(results[0].out, "stalled at step 2 async ncclRemoteError last [failed to peer with device"));
   // The WARN line in NCCL's format: host:pid:tid [dev] file:line NCCL WARN text.
-  REQUIRE(std::regex_search(results[0].err, std::regex(R"(\S+:\d+:\d+ \[0\] transport/p2p\.cc:\d+ NCCL WARN failed to peer with device 1)")));
+  REQUIRE(std::regex_search(results[0].out, std::regex(R"(\S+:\d+:\d+ \[0\] transport/p2p\.cc:\d+ NCCL WARN failed to peer with device 1)")));
   INFO(describe(results[1]));
   REQUIRE(results[1].exit_code == 3);
   REQUIRE(contains(results[1].out, "stalled at step 2 async ncclSuccess"));
@@ -201,7 +230,7 @@ TEST_CASE("emulated NCCL: a malformed NCCLEMU_FAULTS fails init and names the ba
   INFO(describe(results[0]));
   REQUIRE(results[0].exit_code == 2);
   REQUIRE(contains(results[0].out, "init failed ncclInvalidArgument [NCCLEMU_FAULTS: unknown key 'sq' for hang in 'hang:rank=1,sq=3']"));
-  REQUIRE(contains(results[0].err, "NCCL WARN NCCLEMU_FAULTS: unknown key 'sq'"));
+  REQUIRE(contains(results[0].out, "NCCL WARN NCCLEMU_FAULTS: unknown key 'sq'"));
 }
 
 TEST_CASE("emulated NCCL: P2P settings are read once per loaded library", "[nccl][multiprocess]") {
@@ -218,11 +247,11 @@ TEST_CASE("emulated NCCL: P2P settings are read once per loaded library", "[nccl
     const ProcessResult result = runLocal(argv, {{"NCCL_DEBUG", "INFO"}});
     INFO(describe(result));
     REQUIRE(result.exit_code == 0);
-    REQUIRE(CountOccurrences(result.err, "via P2P/direct pointer") == 2);
-    REQUIRE(CountOccurrences(result.err, "via SHM/direct/direct") == 2);
-    REQUIRE(CountOccurrences(result.err, "NCCL INFO NCCL_P2P_DISABLE set by environment to 1") == 1);
-    REQUIRE(CountOccurrences(result.err, "Init COMPLETE") == 5);
-    REQUIRE(std::regex_search(result.err, std::regex(R"(\S+:\d+:\d+ \[1\] NCCL INFO ncclCommInitAll comm 0x[0-9a-f]+ rank 1 nranks 2 cudaDev 1 )")));
+    REQUIRE(CountOccurrences(result.out, "via P2P/direct pointer") == 2);
+    REQUIRE(CountOccurrences(result.out, "via SHM/direct/direct") == 2);
+    REQUIRE(CountOccurrences(result.out, "NCCL INFO NCCL_P2P_DISABLE set by environment to 1") == 1);
+    REQUIRE(CountOccurrences(result.out, "Init COMPLETE") == 5);
+    REQUIRE(std::regex_search(result.out, std::regex(R"(\S+:\d+:\d+ \[1\] NCCL INFO ncclCommInitAll comm 0x[0-9a-f]+ rank 1 nranks 2 cudaDev 1 )")));
   }
   SECTION("p2p_stall still hits the linked library after the variable is set") {
     std::vector<std::string> argv = flags;
@@ -244,6 +273,125 @@ TEST_CASE("emulated NCCL: P2P settings are read once per loaded library", "[nccl
     const ProcessResult result = runLocal({"--local", "2", "--steps", "1"}, {{"NCCL_DEBUG", "INFO"}, {"NCCL_P2P_LEVEL", "PIX"}});
     INFO(describe(result));
     REQUIRE(result.exit_code == 0);
-    REQUIRE(CountOccurrences(result.err, "via SHM/direct/direct") == 2);
+    REQUIRE(CountOccurrences(result.out, "via SHM/direct/direct") == 2);
   }
+  SECTION("a dlmopen namespace has its own copy: it reads the variable, the linked library still stalls") {
+    std::vector<std::string> argv = flags;
+    argv.insert(argv.end(), {"--then", "dlmopen", "--then", "linked", "--stall-ms", "500"});
+    const ProcessResult result =
+        runLocal(argv, {{"NCCL_DEBUG", "INFO"}, {"NCCLEMU_FAULTS", "p2p_stall:after=0"}});
+    INFO(describe(result));
+    REQUIRE(result.exit_code == 3);
+    REQUIRE(contains(result.out, "communicator 2 (dlmopen, 2 ranks)\n"));
+    REQUIRE(contains(result.out, "rank 1 step 1 ok\ncommunicator 3 (linked, 2 ranks)"));
+    REQUIRE(contains(result.out, "rank 0 stalled at step 1"));
+    REQUIRE(CountOccurrences(result.out, "via SHM/direct/direct") == 2);
+    REQUIRE(CountOccurrences(result.out, "via P2P/direct pointer") == 2);
+    REQUIRE(CountOccurrences(result.out, "NCCL INFO NCCL_P2P_DISABLE set by environment to 1") == 1);
+  }
+}
+
+TEST_CASE("emulated NCCL: ncclCommInitRankScalable over several unique ids, one rank per process", "[nccl][multiprocess]") {
+  const std::string first = newIdHex(), second = newIdHex();
+  const auto results = runJob(3, {"--ids", first + "," + second, "--steps", "2"}, {}, false);
+  for (int r = 0; r < 3; ++r) {
+    INFO(describe(results[r]));
+    REQUIRE(results[r].exit_code == 0);
+    REQUIRE(contains(results[r].out, "rank " + std::to_string(r) + " step 2 ok"));
+  }
+  // Every id's bootstrap root is retired, the unused one included.
+  CHECK_FALSE(std::filesystem::exists(rendezvousPath(first)));
+  CHECK_FALSE(std::filesystem::exists(rendezvousPath(second)));
+}
+
+TEST_CASE("emulated NCCL logging: NCCL_DEBUG_FILE takes the lines off stdout, %h %p %% expanded", "[nccl][multiprocess][logging]") {
+  ncclguard::testing::TemporaryDirectory directory;
+  const Environment to_file = {{"NCCL_DEBUG_FILE", directory.path() + "/nccl-%h-%p-100%%.log"}};
+  const std::vector<std::string> actions = {"--log-action", "warn", "--log-action", "init"};
+  SECTION("WARN: the WARN line in the expanded file, nothing else") {
+    Environment environment = to_file;
+    environment["NCCL_DEBUG"] = "WARN";
+    const ProcessResult result = runLocal(actions, environment);
+    INFO(describe(result));
+    REQUIRE(result.exit_code == 0);
+    const WorkerIdentity who = identityOf(result);
+    const std::string expected = "nccl-" + who.host + "-" + who.pid + "-100%.log";
+    REQUIRE(filesIn(directory.path()) == std::vector<std::string>{expected});
+    const std::string log = ncclguard::testing::ReadFile(directory.path() + "/" + expected);
+    INFO(log);
+    REQUIRE(std::regex_search(log, warnLine(who, "ncclCommCount : comm argument is NULL")));
+    REQUIRE_FALSE(contains(log, "NCCL INFO"));
+    REQUIRE_FALSE(contains(result.out, "NCCL "));
+    REQUIRE_FALSE(contains(result.err, "NCCL "));
+  }
+  SECTION("INFO: INFO and WARN lines in the file") {
+    Environment environment = to_file;
+    environment["NCCL_DEBUG"] = "INFO";
+    const ProcessResult result = runLocal(actions, environment);
+    INFO(describe(result));
+    REQUIRE(result.exit_code == 0);
+    const WorkerIdentity who = identityOf(result);
+    const std::string log =
+        ncclguard::testing::ReadFile(directory.path() + "/nccl-" + who.host + "-" + who.pid + "-100%.log");
+    INFO(log);
+    REQUIRE(std::regex_search(log, warnLine(who, "ncclCommCount : comm argument is NULL")));
+    REQUIRE(std::regex_search(log, infoLine(who, "Channel 00/0 : 0\\[0\\] -> 1\\[1\\] via P2P/direct pointer\n")));
+    REQUIRE(std::regex_search(
+        log, infoLine(who, "ncclCommInitAll comm 0x[0-9a-f]+ rank 1 nranks 2 cudaDev 1 .* - Init COMPLETE\n")));
+    REQUIRE_FALSE(contains(result.out, "NCCL "));
+    REQUIRE_FALSE(contains(result.err, "NCCL "));
+  }
+  SECTION("VERSION: no file is created") {
+    Environment environment = to_file;
+    environment["NCCL_DEBUG"] = "VERSION";
+    const ProcessResult result = runLocal(actions, environment);
+    INFO(describe(result));
+    REQUIRE(result.exit_code == 0);
+    REQUIRE(filesIn(directory.path()).empty());
+  }
+  SECTION("no NCCL_DEBUG_FILE: NCCL's default is stdout") {
+    const ProcessResult result = runLocal(actions, {{"NCCL_DEBUG", "WARN"}});
+    INFO(describe(result));
+    REQUIRE(result.exit_code == 0);
+    REQUIRE(std::regex_search(result.out, warnLine(identityOf(result), "ncclCommCount : comm argument is NULL")));
+    REQUIRE_FALSE(contains(result.err, "NCCL "));
+  }
+}
+
+TEST_CASE("emulated NCCL logging: ncclResetDebugInit makes a changed NCCL_DEBUG take effect", "[nccl][multiprocess][logging]") {
+  ncclguard::testing::TemporaryDirectory directory;
+  const std::string first_file = directory.path() + "/first-%p.log";
+  const std::string second_file = directory.path() + "/second-%p.log";
+  // The settings are read at the first log line and kept: setting NCCL_DEBUG later changes
+  // nothing until ncclResetDebugInit; each reset closes the file and reads the variables again.
+  const ProcessResult result = runLocal({"--log-action", "warn",                                  // silent
+                                         "--log-action", "set:NCCL_DEBUG=WARN",
+                                         "--log-action", "set:NCCL_DEBUG_FILE=" + first_file,
+                                         "--log-action", "warn",                                  // still silent
+                                         "--log-action", "reset",
+                                         "--log-action", "warn",                                  // first file
+                                         "--log-action", "set:NCCL_DEBUG=INFO",
+                                         "--log-action", "set:NCCL_DEBUG_FILE=" + second_file,
+                                         "--log-action", "reset",
+                                         "--log-action", "init",                                  // second file
+                                         "--log-action", "unset:NCCL_DEBUG",
+                                         "--log-action", "reset",
+                                         "--log-action", "warn"},                                 // silent
+                                        {});
+  INFO(describe(result));
+  REQUIRE(result.exit_code == 0);
+  const WorkerIdentity who = identityOf(result);
+  REQUIRE(filesIn(directory.path()).size() == 2);
+  const std::string first = ncclguard::testing::ReadFile(directory.path() + "/first-" + who.pid + ".log");
+  const std::string second = ncclguard::testing::ReadFile(directory.path() + "/second-" + who.pid + ".log");
+  INFO("first:\n" << first << "second:\n" << second);
+  REQUIRE(CountOccurrences(first, "NCCL WARN ncclCommCount : comm argument is NULL") == 1);
+  REQUIRE(std::regex_search(first, warnLine(who, "ncclCommCount : comm argument is NULL")));
+  REQUIRE_FALSE(contains(first, "NCCL INFO"));
+  REQUIRE(CountOccurrences(second, "Init COMPLETE") == 2);
+  REQUIRE_FALSE(contains(second, "NCCL WARN"));
+  REQUIRE_FALSE(contains(result.out, "NCCL "));
+  REQUIRE_FALSE(contains(result.err, "NCCL "));
+  // Whatever NCCL_DEBUG says, every WARN is the last error.
+  REQUIRE(CountOccurrences(result.out, "last [ncclCommCount : comm argument is NULL]") == 4);
 }

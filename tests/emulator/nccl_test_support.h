@@ -72,6 +72,7 @@ class LocalRanks {
   ncclComm_t& comm(int rank) { return comms_[rank]; }
   CUstream stream(int rank) const { return streams_[rank]; }
   void makeCurrent(int rank) const { REQUIRE(cuCtxSetCurrent(contexts_[rank]) == CUDA_SUCCESS); }
+  CUcontext context(int rank) const { return contexts_[rank]; }
 
   // Device memory of the rank's GPU; the emulator's device pointers are host addresses.
   template <class T = char>

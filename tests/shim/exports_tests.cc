@@ -51,3 +51,27 @@ TEST_CASE("every table row is a function of nccl.h and of the real libnccl", "[e
     CHECK(ncclguard::FindApi(name).has_value());
   }
 }
+
+TEST_CASE("libncclguard.so needs neither libnccl nor the CUDA libraries", "[exports]") {
+  // They are the application's, found at run time: NEEDED entries would load them into every
+  // preloaded process, or the wrong copies.
+  const auto result = ncclguard::testing::RunProcess({READELF_EXECUTABLE, "-d", PRELOAD_LIBRARY});
+  REQUIRE(result.exit_code == 0);
+  std::vector<std::string> needed;
+  for (const std::string& line : ncclguard::testing::SplitLines(result.out)) {
+    const size_t open = line.find("(NEEDED)");
+    if (open == std::string::npos) continue;
+    const size_t from = line.find('[');
+    const size_t to = line.find(']');
+    if (from != std::string::npos && to > from) needed.push_back(line.substr(from + 1, to - from - 1));
+  }
+  CHECK_FALSE(needed.empty());
+  for (const std::string& library : needed) {
+    INFO(library);
+    CHECK(library.find("libnccl") == std::string::npos);
+    CHECK(library.find("libcuda") == std::string::npos);
+    CHECK(library.find("libnvidia-ml") == std::string::npos);
+    CHECK(library.find("fmt") == std::string::npos);     // compiled in, hidden
+    CHECK(library.find("spdlog") == std::string::npos);  // likewise
+  }
+}
