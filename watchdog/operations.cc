@@ -293,11 +293,11 @@ Ticket BeforeCommCall(Api api, ncclComm_t handle) noexcept {
 
 void AfterCommCall(Api api, ncclComm_t handle, ncclResult_t result) noexcept {
   CommState* comm = GetRegistry().Find(handle);
-  if (comm == nullptr) return;
   if (!Launched(result)) {
     NoteFailedCall(api, comm, result);
     return;
   }
+  if (comm == nullptr) return;
   switch (api) {
     case Api::ncclCommAbort:
       comm->lifecycle.store(CommLifecycle::kAborted, std::memory_order_release);

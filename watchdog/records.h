@@ -91,6 +91,7 @@ struct CommState {
   std::atomic<bool> aborted_by_ncclguard{false};
   std::atomic<int> async_error{ncclSuccess};
   std::atomic<std::uint32_t> children{0};  // splits and shrinks made from it, for their ids
+  std::atomic<bool> failure_dumped{false};  // a failed call on it was dumped already
 
   // Closing (destroy, abort, finalize) and the watchdog's own NCCL calls on it exclude each other:
   // NCCL frees the communicator in ncclCommDestroy/ncclCommAbort.

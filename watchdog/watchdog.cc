@@ -464,8 +464,19 @@ void NoteFailedCall(Api api, CommState* comm, ncclResult_t result) noexcept {
       shim::RealFunction(comm != nullptr ? comm->library : 0, Api::ncclGetLastError));
   const char* text = last_error != nullptr ? last_error(nullptr) : nullptr;
   const std::string on = comm != nullptr ? fmt::format(" on comm {}", comm->id) : std::string();
-  log::Warn("{}{} returned {}: {}", Describe(api).name, on, ResultName(result),
-            text != nullptr && *text != '\0' ? text : "NCCL gave no warning text");
+  // An application that retries in a loop must not flood the log or the job directory: a few
+  // lines per process, and one dump per communicator (and one for calls without one).
+  static constexpr int kLoggedFailures = 20;
+  static std::atomic<int> logged{0};
+  const int count = logged.fetch_add(1, std::memory_order_relaxed);
+  if (count < kLoggedFailures) {
+    log::Warn("{}{} returned {}: {}{}", Describe(api).name, on, ResultName(result),
+              text != nullptr && *text != '\0' ? text : "NCCL gave no warning text",
+              count + 1 == kLoggedFailures ? " (further failed calls are not logged)" : "");
+  }
+  static std::atomic<bool> dumped_without_comm{false};
+  std::atomic<bool>& dumped = comm != nullptr ? comm->failure_dumped : dumped_without_comm;
+  if (dumped.exchange(true)) return;
   if (Runtime* runtime = g_runtime.load(std::memory_order_acquire)) runtime->watchdog.RequestDump("error_return");
 }
 

@@ -296,3 +296,14 @@ TEST_CASE("the log goes to NCCLGUARD_LOG_FILE with %h and %p expanded", "[preloa
     CHECK(fallback.err.find("ncclGetVersion -> ncclSuccess") != std::string::npos);
   }
 }
+
+TEST_CASE("failed calls are logged with NCCL's own text, a bounded number of times", "[preload]") {
+  const std::string script =
+      "import ctypes\n"
+      "nccl = ctypes.CDLL('libnccl.so.2')\n"
+      "print(sorted({nccl.ncclGetUniqueId(None) for _ in range(50)}))\n";
+  const ProcessResult guarded = Run({PYTHON_EXECUTABLE, "-c", script}, {}, true);
+  CHECK(guarded.out == "[4]\n");  // ncclInvalidArgument, every time, as NCCL answers
+  CHECK(CountOccurrences(guarded.err, "ncclGetUniqueId returned ncclInvalidArgument: ") == 20);
+  CHECK(CountOccurrences(guarded.err, "(further failed calls are not logged)") == 1);
+}
