@@ -22,6 +22,10 @@
   X(TIMEOUT, timeout, Seconds, Seconds{120},                                                       \
     "An operation that started on the GPU and has not completed after this many seconds is a "    \
     "stall (one still queued behind earlier work on its stream is reported as not started).")    \
+  X(HARD_TIMEOUT, hard_timeout, Seconds, Seconds{1800},                                           \
+    "While the cross-rank verdict says a late rank is alive and busy outside NCCL (saving a "     \
+    "checkpoint, evaluating), the watchdog warns every `NCCLGUARD_TIMEOUT` and acts only after "  \
+    "this many seconds.")                                                                          \
   X(INIT_TIMEOUT, init_timeout, Seconds, Seconds{300},                                             \
     "A communicator initialisation that has not completed after this many seconds is a stall.")   \
   X(ACTION, action, Action, Action::kWarn,                                                         \

@@ -97,7 +97,21 @@ Json StallJson(const std::optional<StallSnapshot>& stall) {
               {"comm_id", stall->comm_id},
               {"seq", stall->seq},
               {"seconds", stall->seconds},
-              {"message", stall->message}};
+              {"message", stall->message},
+              {"verdict", stall->verdict},
+              {"verdict_message", stall->verdict_message}};
+}
+
+Json PendingInitsJson(const std::vector<PendingInitSnapshot>& pending_inits) {
+  Json inits = Json::array();
+  for (const PendingInitSnapshot& init : pending_inits) {
+    inits.push_back(Json{{"comm_id", init.comm_id},
+                         {"api", init.api},
+                         {"rank", init.rank},
+                         {"nranks", init.nranks},
+                         {"start_ns", init.start_ns}});
+  }
+  return inits;
 }
 
 int BestRank(const ProcessSnapshot& snapshot, const ProcessFacts& facts) {
@@ -332,7 +346,9 @@ std::string FormatDump(const ProcessSnapshot& snapshot, const ProcessFacts& fact
       {"communicators", std::move(communicators)},
       {"stall", StallJson(snapshot.stall)},
       {"watchdog", Json{{"in_nccl_call", snapshot.in_nccl_call}, {"progress", std::move(progress)}}},
-      {"last_nccl_warning", snapshot.last_nccl_warning}};
+      {"last_nccl_warning", snapshot.last_nccl_warning},
+      {"pending_inits", PendingInitsJson(snapshot.pending_inits)},
+      {"exiting", snapshot.exiting}};
   // Text from NCCL or the environment may hold invalid UTF-8: replace it rather than fail.
   return document.dump(-1, ' ', false, Json::error_handler_t::replace) + "\n";
 }

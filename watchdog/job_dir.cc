@@ -108,9 +108,10 @@ Json StatusJson(const ProcessSnapshot& snapshot, const ProcessFacts& identity) {
     Json oldest = nullptr;
     for (const OpSnapshot& op : comm.ring) {
       if (op.state == "enqueued" || op.state == "started") {
-        oldest = Json{{"seq", op.seq},        {"op", op.op},          {"state", op.state},
-                      {"bytes", op.bytes},    {"enqueue_ns", op.enqueue_ns},
-                      {"start_ns", op.start_ns}};
+        oldest = Json{{"seq", op.seq},         {"op", op.op},           {"state", op.state},
+                      {"bytes", op.bytes},     {"dtype", op.dtype},     {"count", op.count},
+                      {"root", op.root},       {"peer", op.peer},       {"reduction", op.reduction},
+                      {"enqueue_ns", op.enqueue_ns}, {"start_ns", op.start_ns}};
         break;
       }
     }
@@ -129,7 +130,16 @@ Json StatusJson(const ProcessSnapshot& snapshot, const ProcessFacts& identity) {
     stall = Json{{"kind", snapshot.stall->kind},
                  {"comm_id", snapshot.stall->comm_id},
                  {"seq", snapshot.stall->seq},
-                 {"seconds", snapshot.stall->seconds}};
+                 {"seconds", snapshot.stall->seconds},
+                 {"verdict", snapshot.stall->verdict}};
+  }
+  Json pending_inits = Json::array();
+  for (const PendingInitSnapshot& init : snapshot.pending_inits) {
+    pending_inits.push_back(Json{{"comm_id", init.comm_id},
+                                 {"api", init.api},
+                                 {"rank", init.rank},
+                                 {"nranks", init.nranks},
+                                 {"start_ns", init.start_ns}});
   }
   const std::int64_t time_ns = snapshot.time_ns != 0 ? snapshot.time_ns : NowNs();
   return Json{{"format", "ncclguard-status"},
@@ -141,7 +151,9 @@ Json StatusJson(const ProcessSnapshot& snapshot, const ProcessFacts& identity) {
               {"time_ns", time_ns},
               {"in_nccl_call", snapshot.in_nccl_call},
               {"stall", std::move(stall)},
-              {"communicators", std::move(communicators)}};
+              {"communicators", std::move(communicators)},
+              {"pending_inits", std::move(pending_inits)},
+              {"exiting", snapshot.exiting}};
 }
 
 // Throws nlohmann::json's exceptions on a document of the wrong shape.
@@ -163,11 +175,12 @@ PeerStatus ParseStatus(const std::string& file, const std::string& content) {
   snapshot.time_ns = document.at("time_ns").get<std::int64_t>();
   snapshot.in_nccl_call = document.value("in_nccl_call", "");
   if (const Json& stall = document.at("stall"); !stall.is_null()) {
-    snapshot.stall = StallSnapshot{.kind = stall.at("kind").get<std::string>(),
-                                   .comm_id = stall.at("comm_id").get<std::string>(),
-                                   .seq = stall.at("seq").get<std::uint64_t>(),
-                                   .seconds = stall.at("seconds").get<double>(),
-                                   .message = ""};
+    StallSnapshot& copy = snapshot.stall.emplace();
+    copy.kind = stall.at("kind").get<std::string>();
+    copy.comm_id = stall.at("comm_id").get<std::string>();
+    copy.seq = stall.at("seq").get<std::uint64_t>();
+    copy.seconds = stall.at("seconds").get<double>();
+    copy.verdict = stall.value("verdict", "");
   }
   for (const Json& entry : document.at("communicators")) {
     CommSnapshot comm;
@@ -185,12 +198,30 @@ PeerStatus ParseStatus(const std::string& file, const std::string& content) {
       op.op = oldest.at("op").get<std::string>();
       op.state = oldest.at("state").get<std::string>();
       op.bytes = oldest.at("bytes").get<std::uint64_t>();
+      // Added to format version 1 later: files written before lack them.
+      op.dtype = oldest.value("dtype", "");
+      op.count = oldest.value("count", std::uint64_t{0});
+      op.root = oldest.value("root", -1);
+      op.peer = oldest.value("peer", -1);
+      op.reduction = oldest.value("reduction", "");
       op.enqueue_ns = oldest.at("enqueue_ns").get<std::int64_t>();
       op.start_ns = oldest.at("start_ns").get<std::int64_t>();
       comm.ring.push_back(std::move(op));
     }
     snapshot.comms.push_back(std::move(comm));
   }
+  // Added to format version 1 later: files written before may lack them.
+  if (const auto inits = document.find("pending_inits"); inits != document.end()) {
+    for (const Json& entry : *inits) {
+      snapshot.pending_inits.push_back(PendingInitSnapshot{
+          .comm_id = entry.at("comm_id").get<std::string>(),
+          .api = entry.at("api").get<std::string>(),
+          .rank = entry.at("rank").get<int>(),
+          .nranks = entry.at("nranks").get<int>(),
+          .start_ns = entry.at("start_ns").get<std::int64_t>()});
+    }
+  }
+  snapshot.exiting = document.value("exiting", false);
   return status;
 }
 

@@ -45,8 +45,9 @@ struct PeerStatus {
   std::string file;
   std::string host;
   int pid = -1;
-  // time_ns, rank, in_nccl_call, stall, and per communicator id, rank, nranks, state, progress,
-  // async_error and the oldest outstanding operation (as its only ring entry).
+  // time_ns, rank, in_nccl_call, stall, pending_inits, exiting, and per communicator id, rank,
+  // nranks, state, progress, async_error and the oldest outstanding operation (as its only ring
+  // entry).
   ProcessSnapshot snapshot;
 };
 

@@ -102,6 +102,8 @@ struct CommState {
   // the operation last reported as stalled.
   std::uint64_t watch_cursor = 1;
   std::uint64_t reported_stall_seq = 0;
+  bool stall_acted_on = false;         // the action for that stall was taken
+  std::int64_t stall_recheck_ns = 0;   // when to look at a stall not acted on again
 
   const std::size_t ring_size;
   const std::unique_ptr<OpRecord[]> ring;

@@ -60,6 +60,17 @@ struct StallSnapshot {
   std::uint64_t seq = 0;        // 0 for "init"
   double seconds = 0;           // for how long
   std::string message;          // the log line
+  std::string verdict;          // the cross-rank verdict's kind at the time ("" when unknown)
+  std::string verdict_message;  // and its sentence
+};
+
+// A communicator initialisation that had not returned when the snapshot was taken.
+struct PendingInitSnapshot {
+  std::string comm_id;
+  std::string api;              // "ncclCommInitRank", ...
+  int rank = -1;
+  int nranks = 0;
+  std::int64_t start_ns = 0;    // since the Unix epoch
 };
 
 struct ProcessSnapshot {
@@ -70,6 +81,8 @@ struct ProcessSnapshot {
   std::vector<CommSnapshot> comms;
   std::optional<StallSnapshot> stall;
   std::string last_nccl_warning; // ncclGetLastError's text
+  std::vector<PendingInitSnapshot> pending_inits;
+  bool exiting = false;         // taken on the way out of a normal exit (atexit)
 };
 
 }  // namespace ncclguard

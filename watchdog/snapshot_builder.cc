@@ -81,6 +81,16 @@ ProcessSnapshot BuildSnapshot(Registry& registry, const std::string& reason, boo
     }
     snapshot.comms.push_back(std::move(copy));
   }
+  for (const PendingInit& init : registry.PendingInits()) {
+    PendingInitSnapshot copy;
+    copy.comm_id = init.comm_id;
+    copy.api = std::string(Describe(init.api).name);
+    copy.rank = init.rank;
+    copy.nranks = init.nranks;
+    copy.start_ns = init.start_ns + to_wall;
+    if (snapshot.rank < 0) snapshot.rank = copy.rank;
+    snapshot.pending_inits.push_back(std::move(copy));
+  }
   return snapshot;
 }
 

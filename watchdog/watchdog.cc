@@ -55,7 +55,7 @@ void Watchdog::PollOnce(std::int64_t now_ns) {
   CheckInitializations(now_ns);
 
   if (const char* reason = pending_dump_reason_.exchange(nullptr)) {
-    const std::string path = Dump(reason, std::nullopt, "", now_ns);
+    const std::string path = Dump(reason, std::nullopt, now_ns);
     log::Info("dumped state ({}): {}", reason, path.empty() ? "not written" : path);
   }
   if (now_ns >= next_status_ns_ && effects_.JobDirectoryKnown()) {
@@ -69,7 +69,7 @@ void Watchdog::PollOnce(std::int64_t now_ns) {
     // job-wide stall at once) would only duplicate it.
     const std::int64_t requested_ns = effects_.TakePeerDumpRequest();
     if (requested_ns != 0 && last_dump_wall_ns_ < requested_ns - ToNs(config_.status_interval)) {
-      const std::string path = Dump("peer_request", std::nullopt, "", now_ns);
+      const std::string path = Dump("peer_request", std::nullopt, now_ns);
       log::Info("dumped state at another process's request: {}", path.empty() ? "not written" : path);
     }
   }
@@ -99,7 +99,13 @@ void Watchdog::CheckCommunicator(CommState& comm, std::int64_t now_ns) {
   if (const auto stall = FindOperationStall(comm, now_ns, ToNs(config_.timeout))) {
     if (stall->seq != comm.reported_stall_seq) {
       comm.reported_stall_seq = stall->seq;
+      comm.stall_acted_on = false;
       OnStall(&comm, *stall, now_ns);
+    } else if (!comm.stall_acted_on && now_ns >= comm.stall_recheck_ns) {
+      const std::vector<Verdict> verdicts = CurrentVerdicts(ToSnapshot(*stall, StallMessage(*stall)), now_ns);
+      log::Warn("{} — still waiting; verdict: {}", StallMessage(*stall),
+                verdicts.empty() ? std::string("unknown") : verdicts[0].kind + ": " + verdicts[0].message);
+      DecideOnStall(&comm, *stall, verdicts, now_ns);
     }
   }
 }
@@ -113,10 +119,10 @@ void Watchdog::CheckInitializations(std::int64_t now_ns) {
   }
 }
 
-std::string Watchdog::Dump(const std::string& reason, const std::optional<Stall>& stall,
-                           const std::string& message, std::int64_t now_ns) {
+std::string Watchdog::Dump(const std::string& reason, const std::optional<StallSnapshot>& stall,
+                           std::int64_t now_ns) {
   ProcessSnapshot snapshot = BuildSnapshot(registry_, reason, true, now_ns, effects_.WallNowNs());
-  if (stall) snapshot.stall = ToSnapshot(*stall, message);
+  snapshot.stall = stall;
   {
     Activity activity(*this, "ncclGetLastError");
     snapshot.last_nccl_warning = effects_.LastNcclError();
@@ -126,12 +132,49 @@ std::string Watchdog::Dump(const std::string& reason, const std::optional<Stall>
   return effects_.WriteDump(snapshot);
 }
 
+std::vector<Verdict> Watchdog::CurrentVerdicts(const StallSnapshot& stall, std::int64_t now_ns) {
+  Activity activity(*this, "reading the job directory");
+  // Our own status carries the stall: for the classifier, a reported stall is what makes an
+  // operation stuck rather than merely in flight.
+  ProcessSnapshot own = BuildSnapshot(registry_, "status", false, now_ns, effects_.WallNowNs());
+  own.stall = stall;
+  return effects_.Classify(own);
+}
+
 void Watchdog::OnStall(CommState* comm, const Stall& stall, std::int64_t now_ns) {
   const std::string message = StallMessage(stall);
-  const std::string path = Dump("stall", stall, message, now_ns);
-  log::Warn("{} — dump: {}", message, path.empty() ? "not written" : path);
+  StallSnapshot stall_snapshot = ToSnapshot(stall, message);
+  const std::vector<Verdict> verdicts = CurrentVerdicts(stall_snapshot, now_ns);
+  if (!verdicts.empty()) {
+    stall_snapshot.verdict = verdicts[0].kind;
+    stall_snapshot.verdict_message = verdicts[0].message;
+  }
+  const std::string path = Dump("stall", stall_snapshot, now_ns);
+  log::Warn("{} — verdict: {} — dump: {}", message,
+            verdicts.empty() ? std::string("unknown (the job directory could not be read)")
+                             : verdicts[0].kind + ": " + verdicts[0].message,
+            path.empty() ? "not written" : path);
   effects_.RequestPeerDumps(message);
-  Act(comm, "the stall");
+  DecideOnStall(comm, stall, verdicts, now_ns);
+}
+
+void Watchdog::DecideOnStall(CommState* comm, const Stall& stall, const std::vector<Verdict>& verdicts,
+                             std::int64_t now_ns) {
+  // Without a verdict (no job directory), the timeout alone decides, as it always would; so it
+  // does for an initialisation, which has no communicator to wait on yet.
+  const bool act_now = comm == nullptr || verdicts.empty() || ActOnTimeout(verdicts) ||
+                       stall.seconds >= config_.hard_timeout.value;
+  if (act_now) {
+    if (comm != nullptr) comm->stall_acted_on = true;
+    Act(comm, "the stall");
+    return;
+  }
+  comm->stall_recheck_ns = now_ns + ToNs(config_.timeout);
+  if (config_.action != Action::kWarn) {
+    log::Warn("not acting yet (NCCLGUARD_ACTION={}): the late rank is busy outside NCCL; acting after "
+              "NCCLGUARD_HARD_TIMEOUT={} s unless that changes",
+              ActionName(config_.action), config_.hard_timeout.value);
+  }
 }
 
 void Watchdog::OnAsyncError(CommState& comm, ncclResult_t error, std::int64_t now_ns) {
@@ -140,7 +183,7 @@ void Watchdog::OnAsyncError(CommState& comm, ncclResult_t error, std::int64_t no
       fmt::format("rank {} comm {}: NCCL reports an asynchronous error: {} ({})",
                   comm.rank.load(std::memory_order_relaxed), comm.id, ResultName(error),
                   last_error.empty() ? "no NCCL warning text" : last_error);
-  const std::string path = Dump("async_error", std::nullopt, message, now_ns);
+  const std::string path = Dump("async_error", std::nullopt, now_ns);
   log::Warn("{} — dump: {}", message, path.empty() ? "not written" : path);
   effects_.RequestPeerDumps(message);
   Act(&comm, "the asynchronous error");
@@ -198,6 +241,15 @@ class SystemEffects final : public WatchdogEffects {
     if (JobDir().empty()) return;
     const auto written = RequestDumps(JobDir(), why);  // a failure was logged where it happened
     (void)written;
+  }
+
+  std::vector<Verdict> Classify(const ProcessSnapshot& own_status) override {
+    if (JobDir().empty()) return {};
+    WriteStatus(own_status);  // the others' files are as fresh as their last interval; ours is now
+    const double interval = StatusIntervalSeconds(GetConfig().status_interval.value, 0);
+    const absl::StatusOr<JobView> job = ReadJobDirectory(JobDir(), WallNow(), interval);
+    if (!job.ok()) return {};
+    return ncclguard::Classify(*job);
   }
 
   std::int64_t TakePeerDumpRequest() override {
@@ -345,7 +397,7 @@ void InstallDumpSignal(int signal) {
 
 void DumpAtExit() {
   if (Runtime* runtime = g_runtime.load(std::memory_order_acquire)) {
-    const std::string path = runtime->watchdog.Dump("exit", std::nullopt, "", SteadyNowNs());
+    const std::string path = runtime->watchdog.Dump("exit", std::nullopt, SteadyNowNs());
     log::Info("dumped state at exit: {}", path.empty() ? "not written" : path);
   }
 }
@@ -377,6 +429,14 @@ void StopWatchdogAtExit() {
   const std::int64_t give_up = SteadyNowNs() + 2'000'000'000;
   while (g_in_round.load(std::memory_order_seq_cst) && SteadyNowNs() < give_up) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  // A last status that says the process ended normally: its peers' verdicts then say "finished"
+  // rather than "gone". (A killed process writes none.)
+  if (Runtime* runtime = g_runtime.load(std::memory_order_acquire)) {
+    ProcessSnapshot snapshot = BuildSnapshot(GetRegistry(), "status", false, SteadyNowNs(),
+                                             runtime->effects.WallNowNs());
+    snapshot.exiting = true;
+    runtime->effects.WriteStatus(snapshot);
   }
 }
 

@@ -16,6 +16,7 @@
 #include "watchdog/progress.h"
 #include "watchdog/registry.h"
 #include "watchdog/snapshot.h"
+#include "watchdog/verdicts.h"
 
 namespace ncclguard {
 
@@ -32,6 +33,9 @@ class WatchdogEffects {
   virtual bool JobDirectoryKnown() = 0;
   virtual void WriteStatus(const ProcessSnapshot& snapshot) = 0;
   virtual void RequestPeerDumps(const std::string& why) = 0;
+  // The cross-rank verdicts from the job directory, this process's own state brought up to date
+  // first; empty when the job directory cannot be read.
+  virtual std::vector<Verdict> Classify(const ProcessSnapshot& own_status) = 0;
   // The time (epoch ns) of the newest dump request from another process of the job since the
   // previous call; 0 when there is none.
   virtual std::int64_t TakePeerDumpRequest() = 0;
@@ -62,13 +66,18 @@ class Watchdog {
   const char* activity() const { return activity_.load(std::memory_order_relaxed); }
   std::int64_t activity_since_ns() const { return activity_since_ns_.load(std::memory_order_relaxed); }
 
-  std::string Dump(const std::string& reason, const std::optional<Stall>& stall,
-                   const std::string& message, std::int64_t steady_now_ns);
+  std::string Dump(const std::string& reason, const std::optional<StallSnapshot>& stall,
+                   std::int64_t steady_now_ns);
 
  private:
   void CheckCommunicator(CommState& comm, std::int64_t now_ns);
   void CheckInitializations(std::int64_t now_ns);
   void OnStall(CommState* comm, const Stall& stall, std::int64_t now_ns);
+  // Acts on a stall when its verdict says to, or once NCCLGUARD_HARD_TIMEOUT has passed; else
+  // says why it waits and when it will look again.
+  void DecideOnStall(CommState* comm, const Stall& stall, const std::vector<Verdict>& verdicts,
+                     std::int64_t now_ns);
+  std::vector<Verdict> CurrentVerdicts(const StallSnapshot& stall, std::int64_t now_ns);
   void OnAsyncError(CommState& comm, ncclResult_t error, std::int64_t now_ns);
   void Act(CommState* culprit, const char* what);
 

@@ -24,6 +24,7 @@ A small data-parallel training job on the CUDA driver API and NCCL.
   --verbose              one line per step
   --stop-early R:S       rank R stops issuing collectives after step S and exits 0
   --sleep R:S:SEC        rank R sleeps SEC seconds after step S, then continues
+  --slow R:MS            rank R computes MS milliseconds longer every step (a straggler)
   --exit R:S             rank R exits with code 3 after step S
   --desync R:S           rank R uses C+1048576 elements in the AllReduce of step S
 )";
@@ -166,6 +167,10 @@ Options parse_options(int argc, char** argv) {
       const auto fields = split_fields(value, 3, flag, "RANK:STEP:SECONDS");
       options.sleep = SleepAfterStep{static_cast<int>(parse_integer(fields[0], flag + " rank", 0)),
                                      parse_integer(fields[1], flag + " step", 0), parse_seconds(fields[2], flag)};
+    } else if (flag == "--slow") {
+      const auto fields = split_fields(value, 2, flag, "RANK:MILLISECONDS");
+      options.slow = SlowRank{static_cast<int>(parse_integer(fields[0], flag + " rank", 0)),
+                              parse_seconds(fields[1], flag)};
     } else {
       usage_error("unknown option '" + flag + "'");
     }
@@ -195,4 +200,5 @@ void check_fault_ranks(const Options& options, int world_size) {
   check(rank_of(options.exit_after), "--exit");
   check(rank_of(options.desync), "--desync");
   check(options.sleep ? std::optional<int>(options.sleep->rank) : std::nullopt, "--sleep");
+  check(options.slow ? std::optional<int>(options.slow->rank) : std::nullopt, "--slow");
 }

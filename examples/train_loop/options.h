@@ -19,6 +19,12 @@ struct SleepAfterStep {
   double seconds;
 };
 
+// A rank whose compute is slower by `milliseconds` every step.
+struct SlowRank {
+  int rank;
+  double milliseconds;
+};
+
 struct Options {
   int launch_ranks = 0;  // --ranks: launch this many rank processes; 0 runs one rank here
   double launch_timeout_s = 0;  // --timeout: 0 waits for ever
@@ -34,6 +40,7 @@ struct Options {
   std::optional<SleepAfterStep> sleep;
   std::optional<RankStep> exit_after;
   std::optional<RankStep> desync;
+  std::optional<SlowRank> slow;
 };
 
 // Elements --desync adds to one AllReduce: 4 MiB more than the other ranks send, more than any

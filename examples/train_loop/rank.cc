@@ -251,6 +251,9 @@ void train_step(const Job& job, const DeviceState& state, long step, std::vector
   const size_t model_count = job.options.model_count;
   const int rank = job.identity.rank;
   for (size_t index = 0; index < count; ++index) gradients[index] = gradient(model[index % model_count], rank, step, index);
+  if (job.options.slow && job.options.slow->rank == rank) {
+    std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(job.options.slow->milliseconds));
+  }
   const size_t elements = fault_here(job.options.desync, job, step) ? count + kDesyncExtraElements : count;
   check_cuda(job, cuMemcpyHtoDAsync(state.gradients, gradients.data(), elements * sizeof(float), state.stream),
              "cuMemcpyHtoDAsync");

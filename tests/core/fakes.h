@@ -95,6 +95,12 @@ class RecordingEffects final : public WatchdogEffects {
   bool JobDirectoryKnown() override { return job_directory_known; }
   void WriteStatus(const ProcessSnapshot& snapshot) override { statuses.push_back(snapshot); }
   void RequestPeerDumps(const std::string& why) override { peer_requests_sent.push_back(why); }
+  std::vector<Verdict> verdicts;  // what Classify answers
+  int classifications = 0;
+  std::vector<Verdict> Classify(const ProcessSnapshot&) override {
+    ++classifications;
+    return verdicts;
+  }
   std::int64_t TakePeerDumpRequest() override { return std::exchange(pending_peer_request_ns, 0); }
   ncclResult_t AsyncError(CommState& comm) override {
     const auto found = async_errors.find(&comm);

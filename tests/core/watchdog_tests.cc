@@ -84,6 +84,7 @@ TEST_CASE("a stall is dumped once, with the stalled operation, and peers are ask
         "rank 3 comm 1111222233334444: AllReduce #1 (bfloat16 × 4096, sum) started on the GPU 11.0 s "
         "ago and has not completed");
   CHECK(dump.last_nccl_warning == "NCCL WARN something broke");
+  CHECK(dump.stall->verdict.empty());  // no job directory to judge from: the timeout decides
   REQUIRE(dump.comms.size() == 1);
   CHECK(dump.comms[0].last_started == 1);
   CHECK(dump.comms[0].last_completed == 0);
@@ -225,4 +226,60 @@ TEST_CASE("the monitor reports a watchdog stuck in a call, once per episode", "[
   CHECK_FALSE(monitor.Check(2, "cuEventQuery", 30 * kSecond).has_value());
   CHECK_FALSE(monitor.Check(3, nullptr, 31 * kSecond).has_value());  // moving again
   CHECK(monitor.Check(3, "ncclCommGetAsyncError", 42 * kSecond).has_value());  // a new episode
+}
+
+namespace {
+
+Verdict MakeVerdict(const std::string& kind, const std::string& message) {
+  Verdict verdict;
+  verdict.kind = kind;
+  verdict.message = message;
+  verdict.ranks = {0};
+  return verdict;
+}
+
+}  // namespace
+
+TEST_CASE("a verdict that says the network is stuck is acted on at the timeout", "[watchdog]") {
+  Fixture f(Action::kAbort);
+  f.effects.verdicts = {MakeVerdict("stuck_inside_nccl", "every rank entered AllReduce #1")};
+  f.Enqueue(0);
+  f.watchdog.PollOnce(11 * kSecond);
+  REQUIRE(f.effects.dumps.size() == 1);
+  CHECK(f.effects.dumps[0].stall->verdict == "stuck_inside_nccl");
+  CHECK(f.effects.dumps[0].stall->verdict_message == "every rank entered AllReduce #1");
+  CHECK(f.effects.aborted.size() == 1);
+}
+
+TEST_CASE("a late rank busy outside NCCL is waited for until the hard timeout", "[watchdog]") {
+  Fixture f(Action::kAbort);
+  f.config.hard_timeout = Seconds{60};
+  Verdict busy = MakeVerdict("rank_not_joined", "rank 0 is busy outside NCCL");
+  busy.evidence = {{"late_ranks", {{{"rank", 0}, {"where", "busy_outside_nccl"}}}}};
+  f.effects.verdicts = {busy};
+  f.Enqueue(0);
+  f.watchdog.PollOnce(11 * kSecond);  // the stall: reported, dumped, not acted on
+  CHECK(f.effects.dumps.size() == 1);
+  CHECK(f.effects.aborted.empty());
+  f.watchdog.PollOnce(15 * kSecond);  // rechecked only every NCCLGUARD_TIMEOUT
+  CHECK(f.effects.classifications == 1);
+  f.watchdog.PollOnce(22 * kSecond);
+  CHECK(f.effects.classifications == 2);
+  CHECK(f.effects.aborted.empty());
+  f.watchdog.PollOnce(61 * kSecond);  // past NCCLGUARD_HARD_TIMEOUT
+  CHECK(f.effects.aborted.size() == 1);
+  CHECK(f.effects.dumps.size() == 1);  // one dump per stall
+}
+
+TEST_CASE("a waited-for stall is acted on as soon as its verdict changes", "[watchdog]") {
+  Fixture f(Action::kAbort);
+  Verdict busy = MakeVerdict("rank_not_joined", "rank 0 is busy outside NCCL");
+  busy.evidence = {{"late_ranks", {{{"rank", 0}, {"where", "busy_outside_nccl"}}}}};
+  f.effects.verdicts = {busy};
+  f.Enqueue(0);
+  f.watchdog.PollOnce(11 * kSecond);
+  CHECK(f.effects.aborted.empty());
+  f.effects.verdicts = {MakeVerdict("rank_dead", "rank 0 is gone")};
+  f.watchdog.PollOnce(22 * kSecond);
+  CHECK(f.effects.aborted.size() == 1);
 }

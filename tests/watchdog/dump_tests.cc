@@ -72,7 +72,9 @@ ProcessSnapshot StalledSnapshot() {
                                  .comm_id = comm.id,
                                  .seq = 20,
                                  .seconds = 15.0,
-                                 .message = "rank 2 comm 9f3a…: AllReduce #20 started 15.0 s ago"};
+                                 .message = "rank 2 comm 9f3a…: AllReduce #20 started 15.0 s ago",
+                                 .verdict = "stuck_inside_nccl",
+                                 .verdict_message = "every rank entered AllReduce #20"};
   return snapshot;
 }
 

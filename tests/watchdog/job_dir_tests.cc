@@ -132,7 +132,9 @@ ProcessSnapshot BusySnapshot(int communicators) {
                                  .comm_id = snapshot.comms.empty() ? "" : snapshot.comms[0].id,
                                  .seq = 999999,
                                  .seconds = 12.5,
-                                 .message = "not written to status files"};
+                                 .message = "not written to status files",
+                                 .verdict = "rank_not_joined",
+                                 .verdict_message = "not written to status files either"};
   return snapshot;
 }
 

@@ -206,7 +206,7 @@ TEST_CASE("a hung AllReduce is reported by every rank within the timeout, with o
 
   static const std::regex stall_line(
       R"(ncclguard WARN rank (\d) comm ([0-9a-f]{16}): AllReduce #20 \(float32 × 1024, sum\) started on )"
-      R"(the GPU ([0-9.]+) s ago and has not completed — dump: (\S+)$)");
+      R"(the GPU ([0-9.]+) s ago and has not completed — verdict: stuck_inside_nccl: .* — dump: (\S+)$)");
   std::set<std::string> comm_ids;
   for (const auto& [rank, pid] : pids) {
     INFO("rank " << rank << ", pid " << pid);
@@ -387,7 +387,7 @@ TEST_CASE("a communicator initialisation that never completes is reported by eve
     INFO("rank " << rank);
     const std::string rank_text = std::to_string(rank);
     const std::regex init_line("ncclguard WARN rank " + rank_text + " comm [0-9a-f]{16}: ncclCommInitRank \\(rank " +
-                               rank_text + " of 4\\) has not completed after ([0-9.]+) s — dump: /");
+                               rank_text + " of 4\\) has not completed after ([0-9.]+) s — verdict: stuck_in_init: .* — dump: /");
     const std::vector<std::string> lines = LogLinesOf(run.result.err, pid, "has not completed after");
     REQUIRE(lines.size() == 1);
     std::smatch match;

@@ -1,0 +1,158 @@
+#include "cli/synthetic_job.h"
+
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+#include "watchdog/dump.h"
+#include "watchdog/facts.h"
+#include "watchdog/job_dir.h"
+#include "watchdog/snapshot.h"
+
+namespace ncclguard {
+namespace {
+
+constexpr std::int64_t kNsPerMs = 1'000'000;
+constexpr std::int64_t kNsPerSecond = 1'000'000'000;
+// One training step per AllReduce: issued every 100 ms, 20 µs to reach the GPU, 5 ms on it.
+constexpr std::int64_t kStepNs = 100 * kNsPerMs;
+constexpr std::int64_t kLaunchNs = 20'000;
+constexpr std::int64_t kRunNs = 5 * kNsPerMs;
+constexpr std::uint64_t kCount = 1 << 20;  // float32 elements: a 4 MiB gradient bucket
+
+OpSnapshot AllReduce(std::uint64_t seq, std::int64_t enqueue_ns, bool completed) {
+  OpSnapshot op;
+  op.seq = seq;
+  op.op = "AllReduce";
+  op.dtype = "float32";
+  op.count = kCount;
+  op.bytes = kCount * 4;
+  op.reduction = "sum";
+  op.stream = 0x7f00000010;
+  op.enqueue_ns = enqueue_ns;
+  op.start_ns = enqueue_ns + kLaunchNs;
+  if (completed) {
+    op.end_ns = op.start_ns + kRunNs;
+    op.gpu_ms = static_cast<double>(kRunNs) / kNsPerMs;
+    op.state = "completed";
+  } else {
+    op.state = "started";
+  }
+  return op;
+}
+
+ProcessFacts Facts(const SyntheticJob& job, int rank) {
+  ProcessFacts facts;
+  facts.host = absl::StrCat("node", rank / job.ranks_per_host);
+  facts.pid = 20000 + rank;
+  facts.ppid = 19999;
+  facts.program = "/usr/bin/python3";
+  facts.command_line = {"python3", "train.py"};
+  facts.launcher = {{"LOCAL_RANK", absl::StrCat(rank % job.ranks_per_host)},
+                    {"RANK", absl::StrCat(rank)},
+                    {"WORLD_SIZE", absl::StrCat(job.ranks)}};
+  facts.kernel_release = "6.1.0-28-amd64";
+  facts.driver_version = "550.127.05";
+  facts.nccl_version = 22809;
+  facts.cuda.driver_version = 12040;
+  GpuFacts gpu;
+  gpu.device = rank % job.ranks_per_host;
+  gpu.name = "NVIDIA H100 80GB HBM3";
+  gpu.pci_bus_id = absl::StrCat("0000:", 0x18 + gpu.device, ":00.0");
+  gpu.memory_free_bytes = 40LL << 30;
+  gpu.memory_total_bytes = 80LL << 30;
+  facts.cuda.gpus.push_back(gpu);
+  facts.host_memory_total_bytes = 2048LL << 30;
+  facts.host_memory_available_bytes = 1500LL << 30;
+  facts.rss_bytes = 12LL << 30;
+  facts.peak_rss_bytes = 14LL << 30;
+  return facts;
+}
+
+}  // namespace
+
+absl::Status WriteSyntheticJob(const std::string& job_dir, const SyntheticJob& job) {
+  if (job.ranks < 1 || job.operations < 1 || job.ring_entries < 1 || job.ranks_per_host < 1) {
+    return absl::InvalidArgumentError("a synthetic job needs at least one rank, operation, ring entry and rank per host");
+  }
+  const bool faulty = job.scenario != SyntheticJob::Scenario::kHealthy;
+  if (job.scenario == SyntheticJob::Scenario::kRankNotJoined && (job.late_rank < 0 || job.late_rank >= job.ranks)) {
+    return absl::InvalidArgumentError("the late rank is not a rank of the job");
+  }
+  const std::int64_t now_ns =
+      job.now_ns != 0 ? job.now_ns
+                      : std::chrono::duration_cast<std::chrono::nanoseconds>(
+                            std::chrono::system_clock::now().time_since_epoch()).count();
+  const auto last = static_cast<std::uint64_t>(job.operations);
+  const std::int64_t stalled_ns = static_cast<std::int64_t>(job.stalled_seconds * kNsPerSecond);
+  // Operation #N is issued at base + N steps; the last one started `stalled_seconds` before now.
+  const std::int64_t base_ns = now_ns - stalled_ns - kLaunchNs - static_cast<std::int64_t>(last) * kStepNs;
+  auto enqueue_time = [&](std::uint64_t seq) { return base_ns + static_cast<std::int64_t>(seq) * kStepNs; };
+
+  for (int rank = 0; rank < job.ranks; ++rank) {
+    const bool late = job.scenario == SyntheticJob::Scenario::kRankNotJoined && rank == job.late_rank;
+    // The highest operation this rank issued, and whether that one completed.
+    const std::uint64_t issued = late ? last - 1 : last;
+    const bool last_issued_completed = !faulty || late;
+
+    CommSnapshot comm;
+    comm.id = job.comm_id;
+    comm.handle = 0x55550000 + static_cast<std::uint64_t>(rank);
+    comm.rank = rank;
+    comm.nranks = job.ranks;
+    comm.device = rank % job.ranks_per_host;
+    comm.created_by = "ncclCommInitRank";
+    comm.library_path = "/usr/lib/x86_64-linux-gnu/libnccl.so.2";
+    comm.nccl_version = 22809;
+    comm.state = "ready";
+    comm.init_start_ns = base_ns - 2 * kNsPerSecond;
+    comm.init_end_ns = base_ns - kNsPerSecond;
+    comm.last_enqueued = issued;
+    comm.last_started = issued;
+    comm.last_completed = last_issued_completed ? issued : issued - 1;
+    const std::uint64_t first_kept =
+        issued > static_cast<std::uint64_t>(job.ring_entries) ? issued - job.ring_entries + 1 : 1;
+    for (std::uint64_t seq = first_kept; seq <= issued; ++seq) {
+      comm.ring.push_back(AllReduce(seq, enqueue_time(seq), seq < issued || last_issued_completed));
+    }
+
+    ProcessSnapshot snapshot;
+    snapshot.rank = rank;
+    snapshot.comms.push_back(std::move(comm));
+    snapshot.time_ns = now_ns - kNsPerSecond / 2;
+    snapshot.reason = "signal";
+    if (faulty && !late) {
+      snapshot.reason = "stall";
+      StallSnapshot stall;
+      stall.kind = "not_completed";
+      stall.comm_id = job.comm_id;
+      stall.seq = last;
+      stall.seconds = job.stalled_seconds;
+      stall.message = absl::StrCat("rank ", rank, " comm ", job.comm_id, ": AllReduce #", last, " (float32 x ", kCount,
+                                   ", sum) started on the GPU ", job.stalled_seconds, " s ago and has not completed");
+      snapshot.stall = std::move(stall);
+    } else if (late) {
+      snapshot.reason = "peer_request";
+      // A rank that left the loop or died stopped writing shortly after its last operation.
+      const std::int64_t stopped_ns = enqueue_time(issued) + kNsPerSecond;
+      if (job.late_rank_state == SyntheticJob::LateRank::kExited) {
+        snapshot.reason = "exit";
+        snapshot.exiting = true;
+        snapshot.time_ns = stopped_ns;
+      } else if (job.late_rank_state == SyntheticJob::LateRank::kGone) {
+        snapshot.time_ns = stopped_ns;
+      }
+    }
+
+    const ProcessFacts facts = Facts(job, rank);
+    if (absl::StatusOr<std::string> status = WriteStatus(job_dir, snapshot, facts); !status.ok()) {
+      return status.status();
+    }
+    const bool dead = late && job.late_rank_state == SyntheticJob::LateRank::kGone;
+    if (!dead) {
+      if (DumpResult dump = WriteDump(job_dir, snapshot, facts); !dump.ok()) return dump.status();
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace ncclguard

@@ -1,0 +1,43 @@
+// Synthetic job directories: what N ranks of a data-parallel job would leave in their job
+// directory (a status file and a dump each, one communicator spanning every rank), written with
+// the same WriteStatus and WriteDump that the library uses, so the files are the real format.
+// For the scale benchmark and the command's tests.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+
+namespace ncclguard {
+
+struct SyntheticJob {
+  enum class Scenario {
+    kHealthy,        // every rank completed every operation
+    kRankNotJoined,  // every rank but `late_rank` waits inside the last operation
+    kAllStuck,       // every rank entered the last operation and none completed it
+  };
+  // Where the late rank of kRankNotJoined is.
+  enum class LateRank {
+    kBusy,    // alive and outside NCCL (fresh status file)
+    kExited,  // finished its loop and exited normally
+    kGone,    // died: its status file went stale and it left no dump
+  };
+
+  int ranks = 4;
+  int operations = 8;    // AllReduce #1..#operations; in the faulty scenarios the last one hangs
+  int ring_entries = 4;  // operations kept in each dump's ring, newest last
+  Scenario scenario = Scenario::kHealthy;
+  int late_rank = 0;
+  LateRank late_rank_state = LateRank::kBusy;
+  int ranks_per_host = 8;        // ranks r run on host "node<r / ranks_per_host>"
+  std::int64_t now_ns = 0;       // when the job is looked at (epoch ns); 0: the current time
+  double stalled_seconds = 30;   // how long the last operation has been hanging at now_ns
+  std::string comm_id = "5eed0c0ffee0cafe";
+};
+
+// Writes the job into `job_dir` (created if missing). Host names never match this machine's, so a
+// reader judges liveness from the age of the status files rather than from process ids.
+absl::Status WriteSyntheticJob(const std::string& job_dir, const SyntheticJob& job);
+
+}  // namespace ncclguard

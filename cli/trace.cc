@@ -1,0 +1,215 @@
+#include "cli/trace.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <set>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "watchdog/dump.h"
+
+namespace ncclguard {
+namespace {
+
+using Json = nlohmann::json;
+
+// Colour names from the trace viewer's reserved palette (chrome://tracing honours them).
+constexpr char kStuckColour[] = "terrible";
+constexpr char kWaitingColour[] = "bad";
+
+struct Marking {
+  std::string suffix;
+  std::string colour;
+};
+
+Marking MarkingOf(const OpSnapshot& op) {
+  if (op.state == "started") return {" (stuck)", kStuckColour};
+  if (op.state == "enqueued") return {" (not started)", kWaitingColour};
+  if (op.state == "failed" || op.state == "aborted") return {absl::StrCat(" (", op.state, ")"), kStuckColour};
+  return {};
+}
+
+// The earliest time anything in the job happened: time zero of the trace.
+std::int64_t Origin(const JobView& job) {
+  std::int64_t origin = job.now_ns;
+  auto consider = [&](std::int64_t ns) {
+    if (ns > 0 && ns < origin) origin = ns;
+  };
+  for (const ProcessView& process : job.processes) {
+    for (const CommSnapshot& comm : process.snapshot.comms) {
+      consider(comm.init_start_ns);
+      for (const OpSnapshot& op : comm.ring) {
+        consider(op.enqueue_ns);
+        consider(op.start_ns);
+      }
+    }
+    for (const PendingInitSnapshot& init : process.snapshot.pending_inits) consider(init.start_ns);
+  }
+  return origin;
+}
+
+class TraceBuilder {
+ public:
+  TraceBuilder(const JobView& job, const std::vector<Verdict>& verdicts)
+      : job_(job), origin_ns_(Origin(job)) {
+    for (const Verdict& verdict : verdicts) {
+      if (!verdict.comm.empty() && verdict.seq != 0) verdict_of_[{verdict.comm, verdict.seq}] = verdict.kind;
+    }
+  }
+
+  double Micros(std::int64_t ns) const { return static_cast<double>(ns - origin_ns_) / 1000.0; }
+
+  void AddProcess(const ProcessView& process, int trace_pid) {
+    const ProcessSnapshot& snapshot = process.snapshot;
+    Metadata("process_name", trace_pid, 0,
+             {{"name", absl::StrCat("rank ", snapshot.rank, " (", process.host, ":", process.pid, ")")}});
+    Metadata("process_sort_index", trace_pid, 0, {{"sort_index", trace_pid}});
+
+    std::map<std::string, int> thread_of_comm;
+    auto thread_for = [&](const std::string& comm_id, const std::string& label) {
+      auto [it, inserted] = thread_of_comm.try_emplace(comm_id, static_cast<int>(thread_of_comm.size()) + 1);
+      if (inserted) {
+        Metadata("thread_name", trace_pid, it->second, {{"name", label}});
+        Metadata("thread_sort_index", trace_pid, it->second, {{"sort_index", it->second}});
+      }
+      return it->second;
+    };
+
+    for (const CommSnapshot& comm : snapshot.comms) {
+      const int tid = thread_for(comm.id, absl::StrCat("comm ", comm.id, " (rank ", comm.rank, " of ", comm.nranks, ")"));
+      if (comm.init_start_ns > 0) {
+        const bool finished = comm.init_end_ns > 0;
+        Slice(trace_pid, tid, absl::StrCat(comm.created_by.empty() ? "init" : comm.created_by, finished ? "" : " (stuck)"),
+              comm.init_start_ns, finished ? comm.init_end_ns : job_.now_ns, finished ? "" : kStuckColour,
+              {{"state", comm.state}});
+      }
+      for (const OpSnapshot& op : comm.ring) AddOperation(trace_pid, tid, comm.id, op);
+      if (!comm.async_error.empty()) {
+        Instant(trace_pid, tid, "async error", snapshot.time_ns,
+                {{"async_error", comm.async_error}, {"last_nccl_warning", snapshot.last_nccl_warning}});
+      }
+    }
+    for (const PendingInitSnapshot& init : snapshot.pending_inits) {
+      const int tid = thread_for(init.comm_id, absl::StrCat("comm ", init.comm_id, " (rank ", init.rank, " of ",
+                                                            init.nranks, ", initialising)"));
+      if (init.start_ns > 0) {
+        Slice(trace_pid, tid, absl::StrCat(init.api, " (stuck)"), init.start_ns, job_.now_ns, kStuckColour,
+              {{"state", "initializing"}});
+      }
+    }
+    if (snapshot.stall && snapshot.time_ns > 0) {
+      const StallSnapshot& stall = *snapshot.stall;
+      auto found = thread_of_comm.find(stall.comm_id);
+      Instant(trace_pid, found == thread_of_comm.end() ? 0 : found->second,
+              absl::StrCat("stall: ", stall.kind, stall.seq != 0 ? absl::StrCat(" #", stall.seq) : ""),
+              snapshot.time_ns, {{"seconds", stall.seconds}, {"message", stall.message}});
+    }
+    if ((process.exited || process.liveness == ProcessView::Liveness::kGone) && process.last_seen_ns > 0) {
+      Instant(trace_pid, 0, process.exited ? "exited" : "last seen (gone)", process.last_seen_ns, Json::object());
+    }
+  }
+
+  void AddVerdict(const Verdict& verdict) {
+    events_.push_back({{"ph", "i"},
+                       {"s", "g"},
+                       {"name", verdict.kind},
+                       {"pid", 0},
+                       {"tid", 0},
+                       {"ts", Micros(job_.now_ns)},
+                       {"args", {{"message", verdict.message}, {"comm", verdict.comm}, {"seq", verdict.seq},
+                                 {"ranks", verdict.ranks}}}});
+  }
+
+  Json Take() {
+    return Json{{"traceEvents", std::move(events_)},
+                {"displayTimeUnit", "ms"},
+                {"otherData", {{"directory", job_.directory}, {"time", IsoTime(job_.now_ns)}}}};
+  }
+
+ private:
+  void AddOperation(int trace_pid, int tid, const std::string& comm_id, const OpSnapshot& op) {
+    const std::int64_t begin_ns = op.start_ns > 0 ? op.start_ns : op.enqueue_ns;
+    if (begin_ns <= 0) return;  // never reached the GPU nor was timed: nothing to place
+    const bool unfinished = op.state == "started" || op.state == "enqueued";
+    const std::int64_t end_ns = op.end_ns > 0 ? op.end_ns : (unfinished ? job_.now_ns : begin_ns);
+    Json args{{"op", op.op}, {"dtype", op.dtype}, {"count", op.count}, {"bytes", op.bytes}, {"state", op.state}};
+    if (op.root >= 0) args["root"] = op.root;
+    if (op.peer >= 0) args["peer"] = op.peer;
+    if (!op.reduction.empty()) args["reduction"] = op.reduction;
+    if (op.gpu_ms >= 0) args["gpu_ms"] = op.gpu_ms;
+    if (op.result != 0) args["result"] = op.result;
+    if (auto verdict = verdict_of_.find({comm_id, op.seq}); verdict != verdict_of_.end()) {
+      args["verdict"] = verdict->second;
+    }
+    const Marking marking = MarkingOf(op);
+    Slice(trace_pid, tid, absl::StrCat(op.op, " #", op.seq, marking.suffix), begin_ns, end_ns, marking.colour,
+          std::move(args));
+  }
+
+  void Metadata(const char* name, int trace_pid, int tid, Json args) {
+    events_.push_back({{"ph", "M"}, {"name", name}, {"pid", trace_pid}, {"tid", tid}, {"args", std::move(args)}});
+  }
+
+  void Slice(int trace_pid, int tid, std::string name, std::int64_t begin_ns, std::int64_t end_ns,
+             const std::string& colour, Json args) {
+    Json event{{"ph", "X"},
+               {"cat", "nccl"},
+               {"name", std::move(name)},
+               {"pid", trace_pid},
+               {"tid", tid},
+               {"ts", Micros(begin_ns)},
+               {"dur", static_cast<double>(std::max<std::int64_t>(end_ns - begin_ns, 0)) / 1000.0},
+               {"args", std::move(args)}};
+    if (!colour.empty()) event["cname"] = colour;
+    events_.push_back(std::move(event));
+  }
+
+  void Instant(int trace_pid, int tid, std::string name, std::int64_t ns, Json args) {
+    events_.push_back({{"ph", "i"}, {"s", tid == 0 ? "p" : "t"}, {"name", std::move(name)}, {"pid", trace_pid},
+                       {"tid", tid}, {"ts", Micros(ns)}, {"args", std::move(args)}});
+  }
+
+  const JobView& job_;
+  std::int64_t origin_ns_;
+  std::map<std::pair<std::string, std::uint64_t>, std::string> verdict_of_;
+  Json events_ = Json::array();
+};
+
+}  // namespace
+
+Json ChromeTrace(const JobView& job, const std::vector<Verdict>& verdicts) {
+  std::vector<const ProcessView*> processes;
+  for (const ProcessView& process : job.processes) processes.push_back(&process);
+  // Ranks in order, processes of unknown rank last.
+  std::stable_sort(processes.begin(), processes.end(), [](const ProcessView* a, const ProcessView* b) {
+    return static_cast<unsigned>(a->snapshot.rank) < static_cast<unsigned>(b->snapshot.rank);  // -1 sorts last
+  });
+
+  // Rank R's track is number R + 1 (0 is left to the job-wide verdicts); a process whose rank is
+  // unknown or shared with another (a restarted rank) gets a number past every rank's.
+  int next_spare = 1;
+  for (const ProcessView* process : processes) next_spare = std::max(next_spare, process->snapshot.rank + 2);
+  std::set<int> used;
+  TraceBuilder builder(job, verdicts);
+  for (const ProcessView* process : processes) {
+    const int rank = process->snapshot.rank;
+    const int trace_pid = rank >= 0 && used.insert(rank + 1).second ? rank + 1 : next_spare++;
+    builder.AddProcess(*process, trace_pid);
+  }
+  for (const Verdict& verdict : verdicts) builder.AddVerdict(verdict);
+  return builder.Take();
+}
+
+absl::Status WriteChromeTrace(const std::string& path, const JobView& job, const std::vector<Verdict>& verdicts) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  if (!out) return absl::UnavailableError(absl::StrCat("cannot write ", path, ": ", std::strerror(errno)));
+  out << ChromeTrace(job, verdicts).dump(-1, ' ', false, Json::error_handler_t::replace) << '\n';
+  out.close();
+  if (!out) return absl::UnavailableError(absl::StrCat("cannot write ", path, ": ", std::strerror(errno)));
+  return absl::OkStatus();
+}
+
+}  // namespace ncclguard

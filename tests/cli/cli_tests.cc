@@ -1,0 +1,257 @@
+// `ncclguard analyze` end to end: the built command run on job directories written in the real
+// formats by the synthetic job generator, checked the way a user or a script reads it: the exit
+// status, the text, the --json document and the --trace file.
+#include <catch2/catch.hpp>
+
+#include <filesystem>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/synthetic_job.h"
+#include "tests/support/process.h"
+
+using ncclguard::SyntheticJob;
+using ncclguard::testing::ProcessResult;
+using ncclguard::testing::ReadFile;
+using ncclguard::testing::RunProcess;
+using ncclguard::testing::TemporaryDirectory;
+using Json = nlohmann::json;
+
+namespace {
+
+constexpr int kHealthy = 0;
+constexpr int kProblemFound = 1;
+constexpr int kUsageError = 2;
+
+ProcessResult Ncclguard(const std::vector<std::string>& arguments) {
+  std::vector<std::string> argv{NCCLGUARD_COMMAND};
+  argv.insert(argv.end(), arguments.begin(), arguments.end());
+  ncclguard::testing::ProcessOptions options;
+  options.timeout_seconds = 30;
+  return RunProcess(argv, options);
+}
+
+std::string Transcript(const ProcessResult& result) {
+  return "exit " + std::to_string(result.exit_code) + "\n--- stdout\n" + result.out + "--- stderr\n" + result.err;
+}
+
+// A job written now into a fresh directory.
+struct Job {
+  explicit Job(SyntheticJob options) : path(directory.path() + "/job") {
+    const absl::Status written = ncclguard::WriteSyntheticJob(path, options);
+    INFO(written.ToString());
+    REQUIRE(written.ok());
+  }
+  TemporaryDirectory directory;
+  std::string path;
+};
+
+SyntheticJob Scenario(SyntheticJob::Scenario scenario, int late_rank = 0,
+                      SyntheticJob::LateRank late_rank_state = SyntheticJob::LateRank::kBusy) {
+  SyntheticJob options;
+  options.ranks = 4;
+  options.operations = 8;
+  options.scenario = scenario;
+  options.late_rank = late_rank;
+  options.late_rank_state = late_rank_state;
+  return options;
+}
+
+Json ParseJson(const std::string& text) {
+  Json document = Json::parse(text, nullptr, /*allow_exceptions=*/false);
+  INFO(text.substr(0, 2000));
+  REQUIRE(!document.is_discarded());
+  return document;
+}
+
+}  // namespace
+
+TEST_CASE("a healthy job exits 0 and says so") {
+  Job job(Scenario(SyntheticJob::Scenario::kHealthy));
+  const ProcessResult result = Ncclguard({"analyze", job.path});
+  INFO(Transcript(result));
+  CHECK(result.exit_code == kHealthy);
+  CHECK(result.out.find("HEALTHY") != std::string::npos);
+  CHECK(result.out.find("4 processes") != std::string::npos);
+}
+
+TEST_CASE("a rank that never joined the collective exits 1, named with the collective") {
+  Job job(Scenario(SyntheticJob::Scenario::kRankNotJoined, /*late_rank=*/2));
+  const ProcessResult result = Ncclguard({"analyze", job.path});
+  INFO(Transcript(result));
+  CHECK(result.exit_code == kProblemFound);
+  CHECK(result.out.find("RANK_NOT_JOINED  comm 5eed0c0ffee0cafe #8") != std::string::npos);
+  CHECK(result.out.find("ranks: 2\n") != std::string::npos);
+  // The per-rank table: the late rank completed #7, the others wait in #8 having completed #7 too.
+  CHECK(result.out.find("RANK   PROCESS") != std::string::npos);
+  CHECK(result.out.find("node0:20002") != std::string::npos);
+}
+
+TEST_CASE("analyze --json prints only the verdicts document") {
+  SECTION("rank_not_joined") {
+    Job job(Scenario(SyntheticJob::Scenario::kRankNotJoined, /*late_rank=*/1));
+    const ProcessResult result = Ncclguard({"analyze", "--json", job.path});
+    INFO(Transcript(result));
+    CHECK(result.exit_code == kProblemFound);
+    const Json document = ParseJson(result.out);
+    REQUIRE(document.at("verdicts").is_array());
+    REQUIRE(!document["verdicts"].empty());
+    const Json& first = document["verdicts"][0];
+    CHECK(first.at("kind") == "rank_not_joined");
+    CHECK(first.at("comm") == "5eed0c0ffee0cafe");
+    CHECK(first.at("seq") == 8);
+    CHECK(first.at("ranks") == Json::array({1}));
+    CHECK(first.at("message").get<std::string>().size() > 0);
+  }
+  SECTION("stuck_inside_nccl") {
+    Job job(Scenario(SyntheticJob::Scenario::kAllStuck));
+    const ProcessResult result = Ncclguard({"analyze", job.path, "--json"});
+    INFO(Transcript(result));
+    CHECK(result.exit_code == kProblemFound);
+    const Json document = ParseJson(result.out);
+    CHECK(document.at("verdicts").at(0).at("kind") == "stuck_inside_nccl");
+    CHECK(document["verdicts"][0].at("seq") == 8);
+  }
+  SECTION("healthy") {
+    Job job(Scenario(SyntheticJob::Scenario::kHealthy));
+    const ProcessResult result = Ncclguard({"analyze", "--json", job.path});
+    INFO(Transcript(result));
+    CHECK(result.exit_code == kHealthy);
+    const Json document = ParseJson(result.out);
+    REQUIRE(document.at("verdicts").size() == 1);
+    CHECK(document["verdicts"][0].at("kind") == "healthy");
+  }
+}
+
+TEST_CASE("a rank that died without a dump is named dead") {
+  Job job(Scenario(SyntheticJob::Scenario::kRankNotJoined, /*late_rank=*/3, SyntheticJob::LateRank::kGone));
+  const ProcessResult result = Ncclguard({"analyze", "--json", job.path});
+  INFO(Transcript(result));
+  CHECK(result.exit_code == kProblemFound);
+  const Json document = ParseJson(result.out);
+  bool named_dead = false;
+  for (const Json& verdict : document.at("verdicts")) {
+    named_dead = named_dead || (verdict.at("kind") == "rank_dead" && verdict.at("ranks") == Json::array({3}));
+  }
+  CHECK(named_dead);
+}
+
+TEST_CASE("a rank that finished its loop is shown as exited") {
+  Job job(Scenario(SyntheticJob::Scenario::kRankNotJoined, /*late_rank=*/3, SyntheticJob::LateRank::kExited));
+  const ProcessResult result = Ncclguard({"analyze", job.path});
+  INFO(Transcript(result));
+  CHECK(result.exit_code == kProblemFound);
+  CHECK(result.out.find("ranks: 3\n") != std::string::npos);
+  const std::size_t row = result.out.find("\n3      node0:20003");
+  REQUIRE(row != std::string::npos);
+  CHECK(result.out.substr(row, result.out.find('\n', row + 1) - row).find(" exited ") != std::string::npos);
+}
+
+TEST_CASE("analyze --trace writes a Chrome trace: a track per rank, a slice per operation, stuck ones marked") {
+  Job job(Scenario(SyntheticJob::Scenario::kRankNotJoined, /*late_rank=*/0));
+  const std::string trace_path = job.directory.path() + "/trace.json";
+  const ProcessResult result = Ncclguard({"analyze", job.path, "--trace", trace_path});
+  INFO(Transcript(result));
+  CHECK(result.exit_code == kProblemFound);
+  REQUIRE(std::filesystem::exists(trace_path));
+  const Json trace = ParseJson(ReadFile(trace_path));
+  REQUIRE(trace.at("traceEvents").is_array());
+
+  std::map<int, std::string> process_names;  // trace pid -> name
+  std::map<int, int> slices_per_process;
+  std::set<int> processes_with_stuck_slice;
+  int names_per_pid_max = 0;
+  std::map<int, int> names_per_pid;
+  for (const Json& event : trace["traceEvents"]) {
+    const std::string phase = event.at("ph");
+    const int pid = event.at("pid");
+    if (phase == "M" && event.at("name") == "process_name") {
+      process_names[pid] = event.at("args").at("name");
+      names_per_pid_max = std::max(names_per_pid_max, ++names_per_pid[pid]);
+    }
+    if (phase == "X") {
+      CHECK(event.at("dur").get<double>() >= 0);
+      CHECK(event.at("ts").get<double>() >= 0);
+      ++slices_per_process[pid];
+      const std::string name = event.at("name");
+      if (name == "AllReduce #8 (stuck)") {
+        CHECK(event.at("args").at("state") == "started");
+        CHECK(event.at("args").at("op") == "AllReduce");
+        CHECK(event.at("args").at("count") == 1 << 20);
+        processes_with_stuck_slice.insert(pid);
+      }
+    }
+  }
+  CHECK(names_per_pid_max == 1);
+  REQUIRE(process_names.size() == 4);
+  std::set<std::string> names;
+  for (const auto& [pid, name] : process_names) names.insert(name);
+  for (int rank = 0; rank < 4; ++rank) {
+    const std::string expected = "rank " + std::to_string(rank) + " (node0:" + std::to_string(20000 + rank) + ")";
+    CHECK(names.count(expected) == 1);
+  }
+  // Ranks 1-3 wait inside #8; rank 0 never issued it.
+  CHECK(processes_with_stuck_slice.size() == 3);
+  for (const auto& [pid, name] : process_names) {
+    CHECK(slices_per_process[pid] >= 4);  // the ring's operations and the initialisation
+    if (name.rfind("rank 0 ", 0) == 0) CHECK(processes_with_stuck_slice.count(pid) == 0);
+  }
+}
+
+TEST_CASE("usage errors and unreadable directories exit 2 with a message") {
+  TemporaryDirectory empty;
+  SECTION("no command") {
+    const ProcessResult result = Ncclguard({});
+    INFO(Transcript(result));
+    CHECK(result.exit_code == kUsageError);
+    CHECK(!result.err.empty());
+  }
+  SECTION("no directory") {
+    const ProcessResult result = Ncclguard({"analyze"});
+    INFO(Transcript(result));
+    CHECK(result.exit_code == kUsageError);
+    CHECK(result.err.find("DIR") != std::string::npos);
+  }
+  SECTION("unknown option") {
+    const ProcessResult result = Ncclguard({"analyze", empty.path(), "--frobnicate"});
+    INFO(Transcript(result));
+    CHECK(result.exit_code == kUsageError);
+  }
+  SECTION("bad status interval") {
+    const ProcessResult result = Ncclguard({"analyze", empty.path(), "--status-interval", "0"});
+    INFO(Transcript(result));
+    CHECK(result.exit_code == kUsageError);
+  }
+  SECTION("missing directory") {
+    const std::string missing = empty.path() + "/no-such-job";
+    const ProcessResult result = Ncclguard({"analyze", missing});
+    INFO(Transcript(result));
+    CHECK(result.exit_code == kUsageError);
+    CHECK(result.err.find(missing) != std::string::npos);
+    CHECK(result.out.empty());
+  }
+  SECTION("a directory without status files or dumps") {
+    const ProcessResult result = Ncclguard({"analyze", "--json", empty.path()});
+    INFO(Transcript(result));
+    CHECK(result.exit_code == kUsageError);
+    CHECK(result.err.find("no status file or dump") != std::string::npos);
+    CHECK(result.out.empty());
+  }
+  SECTION("an unwritable trace file") {
+    Job job(Scenario(SyntheticJob::Scenario::kHealthy));
+    const ProcessResult result = Ncclguard({"analyze", job.path, "--trace", empty.path() + "/missing/trace.json"});
+    INFO(Transcript(result));
+    CHECK(result.exit_code == kUsageError);
+    CHECK(result.err.find("trace.json") != std::string::npos);
+  }
+  SECTION("--help is not an error") {
+    const ProcessResult result = Ncclguard({"analyze", "--help"});
+    INFO(Transcript(result));
+    CHECK(result.exit_code == 0);
+    CHECK(result.out.find("--trace") != std::string::npos);
+  }
+}
