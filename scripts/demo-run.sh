@@ -57,8 +57,17 @@ for comm in dump["communicators"]:
         print(f"     #{op['seq']} {op['op']} {op['dtype']} x {op['count']}: {op['state']}{gpu}")
 PY
 
+say "4. Scenario S4, uneven data: rank 3 runs out of data after step 40 and stops issuing" \
+    "   collectives; the others wait in the next AllReduce for ever. Every rank's stall line" \
+    "   already carries the cross-rank verdict, which names rank 3:"
+NCCLGUARD_TIMEOUT=3 NCCLGUARD_JOB_ID=uneven-data \
+  watched "$train_loop" --ranks 4 --steps 60 --stop-early 3:40 --timeout 8 2>&1 |
+  grep -E 'ncclguard WARN.*verdict' | head -n 1 | fold -s -w 110 || true
+say "   ncclguard analyze on the job directory, after the launcher gave up on the job:"
+"$build/cli/ncclguard" analyze "$jobs/uneven-data" | head -n 12 || true
+
 if [[ -e "$real_nccl/libnccl.so.2" ]]; then
-  say "4. The real NCCL of the CUDA toolkit, through Python ctypes. There is no GPU here, so" \
+  say "5. The real NCCL of the CUDA toolkit, through Python ctypes. There is no GPU here, so" \
       "   ncclCommInitRank fails with ncclUnhandledCudaError; ncclguard forwards exactly that:"
   LD_LIBRARY_PATH="$real_nccl" LD_PRELOAD="$guard" NCCLGUARD_DUMP_DIR="$jobs" NCCLGUARD_LOG_LEVEL=debug \
     python3 - <<'PY' 2>&1 | grep -vE 'dumped state|job directory'

@@ -106,7 +106,13 @@ Json StatusJson(const ProcessSnapshot& snapshot, const ProcessFacts& identity) {
   Json communicators = Json::array();
   for (const CommSnapshot& comm : snapshot.comms) {
     Json oldest = nullptr;
+    Json last_completed = nullptr;
     for (const OpSnapshot& op : comm.ring) {
+      if (op.seq == comm.last_completed && op.state == "completed") {
+        last_completed = Json{{"seq", op.seq}, {"op", op.op}, {"dtype", op.dtype}, {"count", op.count},
+                              {"bytes", op.bytes}, {"root", op.root}, {"peer", op.peer},
+                              {"reduction", op.reduction}};
+      }
       if (op.state == "enqueued" || op.state == "started") {
         oldest = Json{{"seq", op.seq},         {"op", op.op},           {"state", op.state},
                       {"bytes", op.bytes},     {"dtype", op.dtype},     {"count", op.count},
@@ -123,6 +129,7 @@ Json StatusJson(const ProcessSnapshot& snapshot, const ProcessFacts& identity) {
                                  {"last_started", comm.last_started},
                                  {"last_completed", comm.last_completed},
                                  {"async_error", comm.async_error},
+                                 {"last_completed_op", std::move(last_completed)},
                                  {"oldest_outstanding", std::move(oldest)}});
   }
   Json stall = nullptr;
@@ -192,6 +199,20 @@ PeerStatus ParseStatus(const std::string& file, const std::string& content) {
     comm.last_started = entry.at("last_started").get<std::uint64_t>();
     comm.last_completed = entry.at("last_completed").get<std::uint64_t>();
     comm.async_error = entry.value("async_error", "");
+    // Added to format version 1 later: the last completed operation, for naming it.
+    if (const auto last = entry.find("last_completed_op"); last != entry.end() && !last->is_null()) {
+      OpSnapshot op;
+      op.seq = last->at("seq").get<std::uint64_t>();
+      op.op = last->at("op").get<std::string>();
+      op.state = "completed";
+      op.dtype = last->value("dtype", "");
+      op.count = last->value("count", std::uint64_t{0});
+      op.bytes = last->value("bytes", std::uint64_t{0});
+      op.root = last->value("root", -1);
+      op.peer = last->value("peer", -1);
+      op.reduction = last->value("reduction", "");
+      comm.ring.push_back(std::move(op));
+    }
     if (const Json& oldest = entry.at("oldest_outstanding"); !oldest.is_null()) {
       OpSnapshot op;
       op.seq = oldest.at("seq").get<std::uint64_t>();

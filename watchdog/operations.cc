@@ -95,15 +95,24 @@ void ReclaimIfFinished(CommState& comm, OpRecord& op) {
   }
 }
 
-void MarkUnfinishedAborted(CommState& comm) {
+// Gives every unfinished operation of the communicator its final state: `aborted` after an
+// abort; `completed` after a successful ncclCommDestroy or ncclCommFinalize, which wait for all of
+// them (the watchdog may not have looked yet: a fast job destroys its communicator within
+// milliseconds of its last collective).
+void FinishUnfinished(CommState& comm, OpState final_state) {
   const std::uint64_t last = comm.last_enqueued.load(std::memory_order_acquire);
   const std::uint64_t first = last >= comm.ring_size ? last - comm.ring_size + 1 : 1;
+  const std::int64_t now = SteadyNowNs();
   for (std::uint64_t seq = first; seq <= last; ++seq) {
     OpRecord& op = comm.Slot(seq);
     OpState state = op.state.load(std::memory_order_acquire);
-    if (op.seq.load(std::memory_order_relaxed) == seq && !IsFinished(state)) {
-      op.state.compare_exchange_strong(state, OpState::kAborted, std::memory_order_acq_rel);
-    }
+    if (op.seq.load(std::memory_order_relaxed) != seq || IsFinished(state)) continue;
+    if (final_state == OpState::kCompleted) op.end_ns.store(now, std::memory_order_relaxed);
+    op.state.compare_exchange_strong(state, final_state, std::memory_order_acq_rel);
+  }
+  if (final_state == OpState::kCompleted) {
+    comm.last_started.store(last, std::memory_order_release);
+    comm.last_completed.store(last, std::memory_order_release);
   }
 }
 
@@ -254,16 +263,18 @@ void AfterCreation(const Ticket& ticket, Api api, int library, ncclResult_t resu
     const std::int64_t now = SteadyNowNs();
     for (int i = 0; i < count; ++i) {
       if (comms[i] == nullptr) continue;  // e.g. ncclCommSplit with NCCL_SPLIT_NOCOLOR
-      CommState* comm =
-          registry.Add(comms[i], library, static_cast<std::size_t>(GetConfig().ring_size.value));
-      if (comm == nullptr) continue;
-      std::memcpy(comm->id, ticket.comm_id, sizeof(comm->id));
-      if (ticket.comm != nullptr) std::memcpy(comm->parent_id, ticket.comm->id, sizeof(comm->parent_id));
-      comm->created_by = api;
-      comm->init_start_ns = ticket.start_ns;
-      comm->context = DriverEvents().CurrentContext();
-      if (result == ncclSuccess) comm->init_end_ns.store(now, std::memory_order_release);
-      CompleteRegistration(*comm);
+      CommState* comm = registry.Add(
+          comms[i], library, static_cast<std::size_t>(GetConfig().ring_size.value), [&](CommState& state) {
+            std::memcpy(state.id, ticket.comm_id, sizeof(state.id));
+            if (ticket.comm != nullptr) std::memcpy(state.parent_id, ticket.comm->id, sizeof(state.parent_id));
+            state.created_by = api;
+            state.init_start_ns = ticket.start_ns;
+            state.context = DriverEvents().CurrentContext();
+            if (result == ncclSuccess) state.init_end_ns.store(now, std::memory_order_relaxed);
+          });
+      // A non-blocking initialisation (ncclInProgress) is completed by the watchdog, once
+      // ncclCommGetAsyncError says it is done.
+      if (comm != nullptr && result == ncclSuccess) CompleteRegistration(*comm);
     }
   } catch (...) {
   }
@@ -300,13 +311,15 @@ void AfterCommCall(Api api, ncclComm_t handle, ncclResult_t result) noexcept {
   if (comm == nullptr) return;
   switch (api) {
     case Api::ncclCommAbort:
+      FinishUnfinished(*comm, OpState::kAborted);
       comm->lifecycle.store(CommLifecycle::kAborted, std::memory_order_release);
-      MarkUnfinishedAborted(*comm);
       break;
     case Api::ncclCommDestroy:
+      FinishUnfinished(*comm, OpState::kCompleted);
       comm->lifecycle.store(CommLifecycle::kDestroyed, std::memory_order_release);
       break;
     case Api::ncclCommFinalize:
+      if (result == ncclSuccess) FinishUnfinished(*comm, OpState::kCompleted);  // not when in progress
       comm->lifecycle.store(CommLifecycle::kFinalized, std::memory_order_release);
       break;
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 7)

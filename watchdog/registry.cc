@@ -40,8 +40,10 @@ CommState* Registry::Find(ncclComm_t handle) const noexcept {
   return nullptr;
 }
 
-CommState* Registry::Add(ncclComm_t handle, int library, std::size_t ring_size) {
+CommState* Registry::Add(ncclComm_t handle, int library, std::size_t ring_size,
+                         const std::function<void(CommState&)>& initialize) {
   auto state = std::make_unique<CommState>(handle, library, ring_size);
+  if (initialize) initialize(*state);  // before it is published: its plain fields are then fixed
   std::lock_guard<std::mutex> lock(mutex_);
   for (std::size_t probe = 0, i = HashOf(handle) % kCapacity; probe < kCapacity;
        ++probe, i = (i + 1) % kCapacity) {

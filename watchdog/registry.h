@@ -4,6 +4,7 @@
 #include <nccl.h>
 
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -35,8 +36,10 @@ class Registry {
   CommState* Find(ncclComm_t handle) const noexcept;
 
   // Registers a communicator (a handle may be reused by NCCL after a destroy: the newest wins).
-  // Allocates its ring. Returns nullptr when the table is full (logged once).
-  CommState* Add(ncclComm_t handle, int library, std::size_t ring_size);
+  // Allocates its ring; `initialize` fills in the rest before anyone else can see it. Returns
+  // nullptr when the table is full (logged once).
+  CommState* Add(ncclComm_t handle, int library, std::size_t ring_size,
+                 const std::function<void(CommState&)>& initialize = {});
 
   // Every communicator registered, oldest first (a copy: safe to walk while others register).
   std::vector<CommState*> All() const;

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "shim/libraries.h"
+#include "watchdog/describe.h"
 #include "watchdog/hooks.h"
 
 namespace ncclguard {
@@ -62,17 +63,18 @@ ProcessSnapshot BuildSnapshot(Registry& registry, const std::string& reason, boo
     copy.last_completed = comm->last_completed.load(std::memory_order_acquire);
     const int async_error = comm->async_error.load(std::memory_order_relaxed);
     if (async_error != ncclSuccess && async_error != ncclInProgress) {
-      copy.async_error = fmt::format("{}", async_error);
+      copy.async_error = std::string(ResultName(static_cast<ncclResult_t>(async_error)));
     }
     copy.dropped = comm->dropped.load(std::memory_order_relaxed);
     if (snapshot.rank < 0) snapshot.rank = copy.rank;
-    // The whole ring, or (for status files) only the oldest unfinished operation.
+    // The whole ring, or (for status files) only the last completed and the oldest unfinished
+    // operations: peers name a late rank's last operation from it.
     const std::uint64_t last = copy.last_enqueued;
     for (std::uint64_t seq = last >= comm->ring_size ? last - comm->ring_size + 1 : 1; seq <= last;
          ++seq) {
       const OpRecord& op = comm->ring[seq % comm->ring_size];
       if (op.seq.load(std::memory_order_relaxed) != seq) continue;
-      if (with_rings) {
+      if (with_rings || seq == copy.last_completed) {
         copy.ring.push_back(CopyOperation(op, seq, to_wall));
       } else if (!IsFinished(op.state.load(std::memory_order_acquire))) {
         copy.ring.push_back(CopyOperation(op, seq, to_wall));

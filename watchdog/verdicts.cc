@@ -514,10 +514,56 @@ Json LateRankJson(const Member& member, Whereabouts where, const JobView& job) {
               {"status_age_seconds", StatusAgeSeconds(*member.process, job)}};
 }
 
-std::string LastCompleted(const Member& member) {
-  const std::uint64_t last = member.comm->last_completed;
+// An operation whose result on every rank needs every rank's data: once one rank completed it,
+// every rank took part in it. (The root of a Broadcast can finish before a receiver has.)
+bool Symmetric(const OpSnapshot* op) {
+  return op != nullptr && (op->op == "AllReduce" || op->op == "AllGather" || op->op == "ReduceScatter" ||
+                           op->op == "AlltoAll");
+}
+
+// Once any rank completed a symmetric collective #N, every rank went through it and everything
+// before it: a rank's own record may lag (its last status was written while #N was in flight, or
+// its watchdog had not looked yet), so nothing at or below that #N counts as unfinished.
+std::uint64_t HighestCompleted(const Communicator& communicator);
+
+const OpSnapshot* FindOpInCommunicator(const Communicator& communicator, std::uint64_t seq);
+
+std::uint64_t HighestCompleted(const Communicator& communicator) {
+  std::uint64_t highest = 0;
+  for (const Member& member : communicator.members) {
+    const std::uint64_t completed = member.comm->last_completed;
+    if (completed > highest && Symmetric(FindOpInCommunicator(communicator, completed))) highest = completed;
+  }
+  return highest;
+}
+
+std::uint64_t CompletedUpTo(const CommSnapshot& comm, std::uint64_t done_everywhere) {
+  return std::max(comm.last_completed, std::min(comm.last_enqueued, done_everywhere));
+}
+
+std::optional<std::uint64_t> OldestUnfinishedAbove(const CommSnapshot& comm, std::uint64_t done_everywhere) {
+  for (const OpSnapshot& op : comm.ring) {
+    if (Unfinished(op.state) && op.seq > done_everywhere) return op.seq;
+  }
+  const std::uint64_t completed = CompletedUpTo(comm, done_everywhere);
+  if (comm.last_enqueued > completed) return completed + 1;
+  return std::nullopt;
+}
+
+// The operation #seq as any rank recorded it: every rank numbers the communicator's operations alike.
+const OpSnapshot* FindOpInCommunicator(const Communicator& communicator, std::uint64_t seq) {
+  const OpSnapshot* found = nullptr;
+  for (const Member& member : communicator.members) {
+    const OpSnapshot* op = FindOp(*member.comm, seq);
+    if (op != nullptr && (found == nullptr || (found->dtype.empty() && !op->dtype.empty()))) found = op;
+  }
+  return found;
+}
+
+std::string LastCompleted(const Member& member, const Communicator& communicator, std::uint64_t done_everywhere) {
+  const std::uint64_t last = CompletedUpTo(*member.comm, done_everywhere);
   if (last == 0) return "issued nothing on this communicator";
-  return fmt::format("completed {} and issued nothing after", OpName(FindOp(*member.comm, last), last));
+  return fmt::format("completed {} and issued nothing after", OpName(FindOpInCommunicator(communicator, last), last));
 }
 
 std::string JoinClauses(const std::vector<std::string>& clauses) {
@@ -529,9 +575,10 @@ std::string JoinClauses(const std::vector<std::string>& clauses) {
 // Where the communicator stands on the oldest operation some rank has not completed.
 void ClassifyStuckOperation(const Communicator& communicator, const JobView& job,
                             std::optional<std::uint64_t> mismatch_seq, Buckets& buckets) {
+  const std::uint64_t done_everywhere = HighestCompleted(communicator);
   std::uint64_t stuck_seq = std::numeric_limits<std::uint64_t>::max();
   for (const Member& member : communicator.members) {
-    if (const auto oldest = OldestUnfinished(*member.comm)) stuck_seq = std::min(stuck_seq, *oldest);
+    if (const auto oldest = OldestUnfinishedAbove(*member.comm, done_everywhere)) stuck_seq = std::min(stuck_seq, *oldest);
   }
   if (stuck_seq == std::numeric_limits<std::uint64_t>::max()) return;
 
@@ -548,7 +595,7 @@ void ClassifyStuckOperation(const Communicator& communicator, const JobView& job
       late.push_back(&member);
       continue;
     }
-    if (OldestUnfinished(*member.comm) != stuck_seq) {
+    if (OldestUnfinishedAbove(*member.comm, done_everywhere) != stuck_seq) {
       finished.push_back(&member);
       continue;
     }
@@ -588,17 +635,17 @@ void ClassifyStuckOperation(const Communicator& communicator, const JobView& job
           process.liveness == ProcessView::Liveness::kGone
               ? "is gone"
               : fmt::format("stopped updating its status {} ago (presumed gone)", Seconds(StatusAgeSeconds(process, job)));
-      const std::uint64_t last = member->comm->last_completed;
+      const std::uint64_t last = CompletedUpTo(*member->comm, done_everywhere);
       dead_clauses.push_back(fmt::format(
           "rank {} (pid {} on host {}) {}: it {} and never entered #{}", member->rank, process.pid, process.host, how,
           last == 0 ? std::string("issued nothing on this communicator")
-                    : fmt::format("completed {}", OpName(FindOp(*member->comm, last), last)),
+                    : fmt::format("completed {}", OpName(FindOpInCommunicator(communicator, last), last)),
           stuck_seq));
       dead_evidence.push_back(LateRankJson(*member, where, job));
       continue;
     }
     all_finished = all_finished && where == Whereabouts::kFinished;
-    std::string clause = fmt::format("rank {} {}; ", member->rank, LastCompleted(*member));
+    std::string clause = fmt::format("rank {} {}; ", member->rank, LastCompleted(*member, communicator, done_everywhere));
     switch (where) {
       case Whereabouts::kFinished: clause += "it finished its loop (exited normally)"; break;
       case Whereabouts::kInsideNccl:

@@ -64,7 +64,16 @@ void Watchdog::PollOnce(std::int64_t now_ns) {
     next_status_ns_ = now_ns + static_cast<std::int64_t>(
                                    StatusIntervalSeconds(config_.status_interval.value, job_processes) * 1e9);
     Activity activity(*this, "writing the status file");
-    effects_.WriteStatus(BuildSnapshot(registry_, "status", false, now_ns, effects_.WallNowNs()));
+    ProcessSnapshot status = BuildSnapshot(registry_, "status", false, now_ns, effects_.WallNowNs());
+    if (reported_stall_) {
+      const bool over = std::any_of(status.comms.begin(), status.comms.end(), [this](const CommSnapshot& comm) {
+        return comm.id == reported_stall_->comm_id && comm.last_completed >= reported_stall_->seq &&
+               reported_stall_->seq != 0;
+      });
+      if (over) reported_stall_.reset();
+    }
+    status.stall = reported_stall_;
+    effects_.WriteStatus(status);
     // A request answered by a dump of our own from about the same time (every process notices a
     // job-wide stall at once) would only duplicate it.
     const std::int64_t requested_ns = effects_.TakePeerDumpRequest();
@@ -132,6 +141,20 @@ std::string Watchdog::Dump(const std::string& reason, const std::optional<StallS
   return effects_.WriteDump(snapshot);
 }
 
+ProcessSnapshot Watchdog::FinalStatus(std::int64_t now_ns) {
+  for (CommState* comm : registry_.All()) {
+    const CommLifecycle lifecycle = comm->lifecycle.load(std::memory_order_acquire);
+    if (lifecycle != CommLifecycle::kDestroyed && lifecycle != CommLifecycle::kAborted &&
+        !comm->aborted_by_ncclguard.load(std::memory_order_acquire)) {
+      AdvanceOperations(*comm, events_, now_ns);
+    }
+  }
+  ProcessSnapshot status = BuildSnapshot(registry_, "status", false, now_ns, effects_.WallNowNs());
+  status.stall = reported_stall_;
+  status.exiting = true;
+  return status;
+}
+
 std::vector<Verdict> Watchdog::CurrentVerdicts(const StallSnapshot& stall, std::int64_t now_ns) {
   Activity activity(*this, "reading the job directory");
   // Our own status carries the stall: for the classifier, a reported stall is what makes an
@@ -149,6 +172,7 @@ void Watchdog::OnStall(CommState* comm, const Stall& stall, std::int64_t now_ns)
     stall_snapshot.verdict = verdicts[0].kind;
     stall_snapshot.verdict_message = verdicts[0].message;
   }
+  reported_stall_ = stall_snapshot;
   const std::string path = Dump("stall", stall_snapshot, now_ns);
   log::Warn("{} — verdict: {} — dump: {}", message,
             verdicts.empty() ? std::string("unknown (the job directory could not be read)")
@@ -432,11 +456,12 @@ void StopWatchdogAtExit() {
   }
   // A last status that says the process ended normally: its peers' verdicts then say "finished"
   // rather than "gone". (A killed process writes none.)
+  // Our handlers were registered after the CUDA driver's (at the first communicator), so they run
+  // before the driver's own clean-up: asking about events is still fine here.
   if (Runtime* runtime = g_runtime.load(std::memory_order_acquire)) {
-    ProcessSnapshot snapshot = BuildSnapshot(GetRegistry(), "status", false, SteadyNowNs(),
-                                             runtime->effects.WallNowNs());
-    snapshot.exiting = true;
-    runtime->effects.WriteStatus(snapshot);
+    if (!g_in_round.load(std::memory_order_seq_cst)) {
+      runtime->effects.WriteStatus(runtime->watchdog.FinalStatus(SteadyNowNs()));
+    }
   }
 }
 
@@ -541,6 +566,12 @@ void NoteFailedCall(Api api, CommState* comm, ncclResult_t result) noexcept {
 }
 
 void CompleteRegistration(CommState& comm) noexcept {
+  // Once: the application's thread (blocking init) or the watchdog (non-blocking) may get here.
+  CommLifecycle initializing = CommLifecycle::kInitializing;
+  if (!comm.lifecycle.compare_exchange_strong(initializing, CommLifecycle::kReady,
+                                              std::memory_order_acq_rel)) {
+    return;
+  }
   // The function's type comes from nccl.h; only NCCL's own function (of the comm's library) is called.
   auto query = [&comm](Api api, auto type, std::atomic<int>& field) {
     using Function = typename decltype(type)::type;
@@ -551,9 +582,7 @@ void CompleteRegistration(CommState& comm) noexcept {
   query(Api::ncclCommUserRank, std::type_identity<decltype(&::ncclCommUserRank)>{}, comm.rank);
   query(Api::ncclCommCount, std::type_identity<decltype(&::ncclCommCount)>{}, comm.nranks);
   query(Api::ncclCommCuDevice, std::type_identity<decltype(&::ncclCommCuDevice)>{}, comm.device);
-  CommLifecycle expected = CommLifecycle::kInitializing;
   if (comm.init_end_ns.load(std::memory_order_acquire) == 0) comm.init_end_ns.store(SteadyNowNs(), std::memory_order_release);
-  comm.lifecycle.compare_exchange_strong(expected, CommLifecycle::kReady, std::memory_order_acq_rel);
   if (comm.parent_id[0] == '\0') log::SetRank(comm.rank.load(std::memory_order_relaxed));
   const int version = shim::LibraryVersion(comm.library);
   log::Info("comm {} rank {}/{} on device {} created by {} in {:.1f} ms through NCCL {}.{}.{} at {}", comm.id,

@@ -69,6 +69,10 @@ class Watchdog {
   std::string Dump(const std::string& reason, const std::optional<StallSnapshot>& stall,
                    std::int64_t steady_now_ns);
 
+  // The last status of a process that ends normally: the GPU is asked once more how far every
+  // communicator got (the watchdog thread has stopped), and the status says it is exiting.
+  ProcessSnapshot FinalStatus(std::int64_t steady_now_ns);
+
  private:
   void CheckCommunicator(CommState& comm, std::int64_t now_ns);
   void CheckInitializations(std::int64_t now_ns);
@@ -92,6 +96,9 @@ class Watchdog {
   std::atomic<const char*> activity_{nullptr};
   std::atomic<std::int64_t> activity_since_ns_{0};
   std::int64_t next_status_ns_ = 0;
+  // The stall last reported, carried in every status file until its operation completes: the
+  // classifier counts an operation as stuck once some process reported it.
+  std::optional<StallSnapshot> reported_stall_;
   std::int64_t last_dump_wall_ns_ = 0;
   std::set<std::string> reported_inits_;
 };

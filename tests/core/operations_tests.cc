@@ -232,6 +232,15 @@ TEST_CASE("an application abort marks unfinished operations aborted", "[operatio
   CHECK(f.Op(seq).state.load() == OpState::kAborted);
 }
 
+TEST_CASE("a destroyed communicator's operations are complete: destroy waited for them", "[operations]") {
+  Fixture f;
+  const std::uint64_t seq = f.AllReduce();  // the watchdog has not looked yet
+  AfterCommCall(Api::ncclCommDestroy, f.comm->handle, ncclSuccess);
+  CHECK(f.comm->lifecycle.load() == CommLifecycle::kDestroyed);
+  CHECK(f.Op(seq).state.load() == OpState::kCompleted);
+  CHECK(f.comm->last_completed.load() == seq);
+}
+
 TEST_CASE("an initialisation that does not complete is a stall after the init timeout", "[operations]") {
   PendingInit init;
   init.api = Api::ncclCommInitRank;

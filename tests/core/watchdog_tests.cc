@@ -131,7 +131,7 @@ TEST_CASE("an asynchronous error is dumped with NCCL's warning and acted on", "[
   f.watchdog.PollOnce(1 * kSecond);
   REQUIRE(f.effects.dumps.size() == 1);
   CHECK(f.effects.dumps[0].reason == "async_error");
-  CHECK(f.effects.dumps[0].comms[0].async_error == std::to_string(ncclRemoteError));
+  CHECK(f.effects.dumps[0].comms[0].async_error == "ncclRemoteError");
   CHECK(f.effects.dumps[0].last_nccl_warning.find("peer access") != std::string::npos);
   CHECK(f.effects.aborted.size() == 1);
 }
@@ -282,4 +282,30 @@ TEST_CASE("a waited-for stall is acted on as soon as its verdict changes", "[wat
   f.effects.verdicts = {MakeVerdict("rank_dead", "rank 0 is gone")};
   f.watchdog.PollOnce(22 * kSecond);
   CHECK(f.effects.aborted.size() == 1);
+}
+
+TEST_CASE("status files carry the reported stall until its operation completes", "[watchdog]") {
+  Fixture f;
+  const std::uint64_t seq = f.Enqueue(0);
+  f.watchdog.PollOnce(11 * kSecond);  // stalled (not started): reported
+  f.watchdog.PollOnce(14 * kSecond);
+  REQUIRE(f.effects.statuses.size() >= 2);
+  REQUIRE(f.effects.statuses.back().stall.has_value());
+  CHECK(f.effects.statuses.back().stall->seq == seq);
+  f.events.ReachEverything();
+  f.watchdog.PollOnce(16 * kSecond);
+  f.watchdog.PollOnce(18 * kSecond);
+  CHECK_FALSE(f.effects.statuses.back().stall.has_value());
+}
+
+TEST_CASE("the final status asks the GPU once more and says the process is exiting", "[watchdog]") {
+  Fixture f;
+  const std::uint64_t seq = f.Enqueue(0);
+  f.events.ReachEverything();  // finished on the GPU; the watchdog never looked
+  const ProcessSnapshot status = f.watchdog.FinalStatus(kSecond);
+  CHECK(status.exiting);
+  REQUIRE(status.comms.size() == 1);
+  CHECK(status.comms[0].last_completed == seq);
+  REQUIRE(status.comms[0].ring.size() == 1);  // the last completed, nothing unfinished
+  CHECK(status.comms[0].ring[0].state == "completed");
 }

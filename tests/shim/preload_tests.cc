@@ -173,7 +173,8 @@ TEST_CASE("programs that make no NCCL call behave exactly as without ncclguard",
       {"bash", "-c", "true"},
       {"bash", "-c", "echo hello; echo oops >&2; exit 3"},
       {PYTHON_EXECUTABLE, "-c", "print(1)"},
-      {"ls", "-la", "/"},
+      // A directory of the test's own: listing / would show /tmp's time, which parallel tests change.
+      {"ls", "-l", directory.path()},
       // Threads and open files of the process: ncclguard starts none before an NCCL call.
       {PYTHON_EXECUTABLE, "-c",
        "import os, ctypes; ctypes.CDLL('libc.so.6').getpid();"

@@ -1,0 +1,632 @@
+// The cross-rank verdicts end to end: train_loop jobs on the emulator with libncclguard.so
+// preloaded and the faults of the field cases, then `ncclguard analyze --json` on the job
+// directory they left. Each test checks what a user reads: the verdicts, the analyzer's exit
+// status, and the verdict the watchdog logged at the moment of the stall.
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <regex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "tests/support/process.h"
+
+using ncclguard::testing::ProcessOptions;
+using ncclguard::testing::ProcessResult;
+using ncclguard::testing::ReadFile;
+using ncclguard::testing::RunProcess;
+using ncclguard::testing::SplitLines;
+using ncclguard::testing::TemporaryDirectory;
+using Json = nlohmann::json;
+using Environment = std::map<std::string, std::optional<std::string>>;
+
+namespace {
+
+constexpr char kJobId[] = "verdicts";
+// Short timeouts keep the suite fast: every hung job is reported after kStallTimeout and ended by
+// train_loop's own --timeout after kHungJobSeconds.
+constexpr char kStallTimeout[] = "2";
+constexpr char kHungJobSeconds[] = "7";
+constexpr char kShortStatusInterval[] = "0.2";
+constexpr int kAnalyzeUnhealthy = 1;
+
+struct Job {
+  ProcessResult result;
+  std::string job_dir;
+  std::string transcript;  // for the test's messages
+};
+
+// Runs train_loop with `arguments` on the emulator under ncclguard (unless `guarded` is false),
+// with a job directory of its own in `dump_dir`. No fault and no setting leaks in from outside.
+Job RunTrainLoop(const TemporaryDirectory& dump_dir, std::vector<std::string> arguments,
+                 const Environment& settings, bool guarded = true) {
+  arguments.insert(arguments.begin(), TRAIN_LOOP);
+  ProcessOptions options;
+  options.timeout_seconds = 50;  // a last resort: train_loop's --timeout ends hung jobs
+  options.environment = {{"LD_LIBRARY_PATH", EMULATOR_LIBRARY_DIR},
+                         {"NCCLEMU_FAULTS", std::nullopt},
+                         {"NCCLEMU_GPU_NAME", std::nullopt},
+                         {"NCCLEMU_DRIVER_VERSION", std::nullopt},
+                         {"NCCL_COMM_ID", std::nullopt},
+                         {"NCCL_P2P_DISABLE", std::nullopt},
+                         {"NCCLGUARD_DUMP_DIR", dump_dir.path()},
+                         {"NCCLGUARD_JOB_ID", kJobId}};
+  if (guarded) options.environment["LD_PRELOAD"] = PRELOAD_LIBRARY;
+  for (const auto& [name, value] : settings) options.environment[name] = value;
+  Job job;
+  job.result = RunProcess(arguments, options);
+  job.job_dir = dump_dir.path() + "/" + kJobId;
+  job.transcript = "train_loop: exit code " + std::to_string(job.result.exit_code) +
+                   (job.result.timed_out ? ", timed out" : "") + "\nstdout:\n" + job.result.out + "\nstderr:\n" +
+                   job.result.err;
+  return job;
+}
+
+struct Analysis {
+  ProcessResult result;
+  Json document;
+};
+
+Analysis Analyze(const std::string& job_dir, std::vector<std::string> extra = {}) {
+  std::vector<std::string> argv = {NCCLGUARD_CLI, "analyze", job_dir, "--json"};
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  ProcessOptions options;
+  options.timeout_seconds = 30;
+  Analysis analysis;
+  analysis.result = RunProcess(argv, options);
+  INFO("ncclguard analyze: exit code " << analysis.result.exit_code << "\nstdout:\n"
+                                       << analysis.result.out << "\nstderr:\n"
+                                       << analysis.result.err);
+  REQUIRE_FALSE(analysis.result.timed_out);
+  REQUIRE(analysis.result.exit_code != 2);
+  analysis.document = Json::parse(analysis.result.out);
+  return analysis;
+}
+
+// The first verdict of `kind`, or null.
+Json FindVerdict(const Json& document, const std::string& kind) {
+  for (const Json& verdict : document.at("verdicts")) {
+    if (verdict.at("kind") == kind) return verdict;
+  }
+  return nullptr;
+}
+
+std::vector<int> Ranks(const Json& verdict) { return verdict.at("ranks").get<std::vector<int>>(); }
+
+bool Contains(const std::string& text, const std::string& needle) { return text.find(needle) != std::string::npos; }
+
+// Rank -> pid, from train_loop's start-up lines ("rank R/N: device D (...), ..., pid P").
+std::map<int, int> RankPids(const std::string& out) {
+  static const std::regex start_line(R"(^rank (\d+)/\d+: device .*, pid (\d+)$)");
+  std::map<int, int> pids;
+  for (const std::string& line : SplitLines(out)) {
+    std::smatch match;
+    if (std::regex_match(line, match, start_line)) pids[std::stoi(match[1])] = std::stoi(match[2]);
+  }
+  return pids;
+}
+
+// The checksums printed at the end, by rank.
+std::map<int, std::string> Checksums(const std::string& out) {
+  static const std::regex checksum_line(R"(^rank (\d+) checksum (0x[0-9a-f]{16})$)");
+  std::map<int, std::string> by_rank;
+  for (const std::string& line : SplitLines(out)) {
+    std::smatch match;
+    if (std::regex_match(line, match, checksum_line)) by_rank[std::stoi(match[1])] = match[2];
+  }
+  return by_rank;
+}
+
+// The ncclguard log lines of process `pid` that contain `needle` (the log prefix is
+// "host:pid:tid [rank] ncclguard LEVEL").
+std::vector<std::string> LogLinesOf(const std::string& err, int pid, const std::string& needle) {
+  std::vector<std::string> lines;
+  const std::string prefix = ":" + std::to_string(pid) + ":";
+  for (const std::string& line : SplitLines(err)) {
+    if (Contains(line, prefix) && Contains(line, " ncclguard ") && Contains(line, needle)) lines.push_back(line);
+  }
+  return lines;
+}
+
+// The verdict the watchdog logged with the first stall it reported ("... — verdict: KIND:
+// MESSAGE — dump: PATH"), or "" when that process reported none.
+std::string OnlineVerdict(const std::string& err, int pid) {
+  for (const std::string& line : LogLinesOf(err, pid, " — verdict: ")) {
+    const size_t start = line.find(" — verdict: ") + std::string(" — verdict: ").size();
+    return line.substr(start, line.rfind(" — dump: ") - start);
+  }
+  return "";
+}
+
+}  // namespace
+
+namespace {
+
+Job RunUnevenData(const TemporaryDirectory& dump_dir, const Environment& settings) {
+  return RunTrainLoop(dump_dir, {"--ranks", "4", "--steps", "50", "--stop-early", "3:40", "--timeout", kHungJobSeconds},
+                      settings);
+}
+
+}  // namespace
+
+// With every rank's flight recorder (rank 3 dumps as it exits): the analysis has rank 3's ring.
+TEST_CASE("uneven data: the rank that finished its loop is named, with the operation the others wait in",
+          "[rank_not_joined]") {
+  TemporaryDirectory dump_dir;
+  const Job job = RunUnevenData(dump_dir, {{"NCCLGUARD_TIMEOUT", kStallTimeout}, {"NCCLGUARD_DUMP_ON_EXIT", "1"}});
+  INFO(job.transcript);
+  REQUIRE_FALSE(job.result.timed_out);
+  REQUIRE(Contains(job.result.out, "ranks not finished: 0,1,2"));
+  const std::map<int, int> pids = RankPids(job.result.out);
+  REQUIRE(pids.size() == 4);
+
+  const Analysis analysis = Analyze(job.job_dir);
+  INFO(analysis.result.out);
+  CHECK(analysis.result.exit_code == kAnalyzeUnhealthy);
+  const Json& verdict = analysis.document.at("verdicts").at(0);
+  REQUIRE(verdict.at("kind") == "rank_not_joined");
+  // Step 40 is AllReduce #41 (the broadcast is #1).
+  CHECK(verdict.at("seq") == 42);
+  CHECK(Ranks(verdict) == std::vector<int>{3});
+  const std::string message = verdict.at("message");
+  CHECK(Contains(message, "rank 3 completed AllReduce #41"));
+  CHECK(Contains(message, "finished its loop"));
+  CHECK(Contains(message, "ranks 0,1,2 wait in AllReduce #42 (float32 × 1024, sum)"));
+  const Json& evidence = verdict.at("evidence");
+  CHECK(evidence.at("waiting_ranks") == Json({0, 1, 2}));
+  CHECK(evidence.at("op").at("op") == "AllReduce");
+  CHECK(evidence.at("op").at("count") == 1024);
+  REQUIRE(evidence.at("late_ranks").size() == 1);
+  CHECK(evidence.at("late_ranks")[0].at("rank") == 3);
+  CHECK(evidence.at("late_ranks")[0].at("where") == "finished");
+  CHECK(evidence.at("late_ranks")[0].at("last_completed") == 41);
+
+  for (const int rank : {0, 1, 2}) {
+    INFO("rank " << rank);
+    // Only the peers' status files are read at the stall: how #41 is named is the next test's.
+    const std::string online = OnlineVerdict(job.result.err, pids.at(rank));
+    CHECK(online.starts_with("rank_not_joined: rank 3 completed "));
+    CHECK(Contains(online, "#41 and issued nothing after; it finished its loop"));
+    CHECK(Contains(online, "ranks 0,1,2 wait in AllReduce #42 (float32 × 1024, sum)"));
+  }
+}
+
+// A late rank's ring is often not in the job directory (it exited, or was too busy to dump yet),
+// but every waiting rank's ring holds the collective it completed last: the same #N everywhere.
+TEST_CASE("the late rank's last completed collective is named from its peers' rings", "[rank_not_joined]") {
+  TemporaryDirectory dump_dir;
+  const Job job = RunUnevenData(dump_dir, {{"NCCLGUARD_TIMEOUT", kStallTimeout}});
+  INFO(job.transcript);
+  REQUIRE_FALSE(job.result.timed_out);
+  const std::map<int, int> pids = RankPids(job.result.out);
+  REQUIRE(pids.size() == 4);
+  const Analysis analysis = Analyze(job.job_dir);
+  INFO(analysis.result.out);
+  REQUIRE(analysis.document.at("verdicts").at(0).at("kind") == "rank_not_joined");
+  CHECK(Contains(analysis.document.at("verdicts")[0].at("message"), "rank 3 completed AllReduce #41"));
+  for (const int rank : {0, 1, 2}) {
+    INFO("rank " << rank);
+    CHECK(OnlineVerdict(job.result.err, pids.at(rank)).starts_with("rank_not_joined: rank 3 completed AllReduce #41"));
+  }
+}
+
+// A status file is usually written while a collective is in flight: the killed rank's last one
+// shows #30 unfinished, though its peers completed #30 and #31 (which needs every rank).
+TEST_CASE("a killed rank is named as gone, with its pid", "[rank_dead]") {
+  TemporaryDirectory dump_dir;
+  // Emulated steps take microseconds: slowed down (every rank alike) and with frequent status
+  // files, rank 1 lives long enough to leave a status file, as a rank killed in a real job has.
+  const Job job = RunTrainLoop(dump_dir, {"--ranks", "4", "--steps", "50", "--exit", "1:30", "--timeout", kHungJobSeconds},
+                               {{"NCCLEMU_FAULTS", "slow:ms=20"},
+                                {"NCCLGUARD_STATUS_INTERVAL", kShortStatusInterval},
+                                {"NCCLGUARD_TIMEOUT", kStallTimeout}});
+  INFO(job.transcript);
+  REQUIRE_FALSE(job.result.timed_out);
+  REQUIRE(Contains(job.result.out, "rank 1 failed: exit code 3"));
+  const std::map<int, int> pids = RankPids(job.result.out);
+  REQUIRE(pids.size() == 4);
+
+  const Analysis analysis = Analyze(job.job_dir, {"--status-interval", kShortStatusInterval});
+  INFO(analysis.result.out);
+  CHECK(analysis.result.exit_code == kAnalyzeUnhealthy);
+  const Json& verdict = analysis.document.at("verdicts").at(0);
+  REQUIRE(verdict.at("kind") == "rank_dead");
+  CHECK(verdict.at("seq") == 32);
+  CHECK(Ranks(verdict) == std::vector<int>{1});
+  const std::string message = verdict.at("message");
+  CHECK(Contains(message, "rank 1 (pid " + std::to_string(pids.at(1)) + " on host "));
+  // Its last status, from before it died, says how far it had got: not necessarily #31.
+  CHECK(Contains(message, " and never entered #32"));
+  CHECK(Contains(message, "wait in AllReduce #32 (float32 × 1024, sum)"));
+  REQUIRE(verdict.at("evidence").at("dead_ranks").size() == 1);
+  CHECK(verdict.at("evidence").at("dead_ranks")[0].at("pid") == pids.at(1));
+
+  for (const int rank : {0, 2, 3}) {
+    INFO("rank " << rank);
+    CHECK(OnlineVerdict(job.result.err, pids.at(rank)).starts_with("rank_dead: rank 1 (pid " + std::to_string(pids.at(1))));
+  }
+}
+
+TEST_CASE("a rank saving a checkpoint is waited for: warnings naming it, no abort, the job completes",
+          "[rank_not_joined][action]") {
+  const std::vector<std::string> arguments = {"--ranks", "4", "--steps", "40", "--timeout", "40"};
+  TemporaryDirectory clean_dir;
+  const Job clean = RunTrainLoop(clean_dir, arguments, {}, /*guarded=*/false);
+  INFO(clean.transcript);
+  REQUIRE(clean.result.exit_code == 0);
+  const std::map<int, std::string> clean_checksums = Checksums(clean.result.out);
+  REQUIRE(clean_checksums.size() == 4);
+
+  TemporaryDirectory dump_dir;
+  std::vector<std::string> saving = arguments;
+  saving.insert(saving.end(), {"--sleep", "0:30:8"});
+  const auto start = std::chrono::steady_clock::now();
+  const Job job = RunTrainLoop(dump_dir, saving,
+                               {{"NCCLGUARD_TIMEOUT", kStallTimeout},
+                                {"NCCLGUARD_HARD_TIMEOUT", "60"},
+                                {"NCCLGUARD_ACTION", "abort"}});
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  INFO(job.transcript);
+  REQUIRE_FALSE(job.result.timed_out);
+  CHECK(job.result.exit_code == 0);
+  CHECK(seconds >= 8);  // the save really held the others up
+  CHECK(Checksums(job.result.out) == clean_checksums);
+  CHECK_FALSE(Contains(job.result.err, "aborting comm"));
+
+  const std::map<int, int> pids = RankPids(job.result.out);
+  REQUIRE(pids.size() == 4);
+  CHECK(LogLinesOf(job.result.err, pids.at(0), "verdict").empty());
+  for (const int rank : {1, 2, 3}) {
+    INFO("rank " << rank);
+    // The first report and any periodic "still waiting" ones: every one names rank 0 as busy.
+    const std::vector<std::string> lines = LogLinesOf(job.result.err, pids.at(rank), "verdict: ");
+    REQUIRE_FALSE(lines.empty());
+    for (const std::string& line : lines) {
+      INFO(line);
+      CHECK(Contains(line, "AllReduce #32 (float32 × 1024, sum)"));
+      // The first report may know #31 by number only (see the test of the late rank's last operation).
+      CHECK(Contains(line, "verdict: rank_not_joined: rank 0 completed "));
+      CHECK(Contains(line, "#31 and issued nothing after; it is alive and busy outside NCCL"));
+    }
+    CHECK(LogLinesOf(job.result.err, pids.at(rank), "not acting yet (NCCLGUARD_ACTION=abort)").size() >= 1);
+  }
+}
+
+namespace {
+
+// On the emulator the ranks do not stop at the desynced #26: rank 2's larger AllReduce consumes
+// the rounds of its peers' next ones, so ranks 0,1,3 finish their loops and exit while rank 2
+// hangs in its last AllReduce. The mismatch is then only in the rings, hence the exit dumps.
+Job RunDesync(const TemporaryDirectory& dump_dir) {
+  return RunTrainLoop(dump_dir, {"--ranks", "4", "--steps", "40", "--desync", "2:25", "--timeout", kHungJobSeconds},
+                      {{"NCCLGUARD_TIMEOUT", kStallTimeout}, {"NCCLGUARD_DUMP_ON_EXIT", "1"}});
+}
+
+}  // namespace
+
+TEST_CASE("a desync is a mismatch showing both counts", "[mismatch]") {
+  TemporaryDirectory dump_dir;
+  const Job job = RunDesync(dump_dir);
+  INFO(job.transcript);
+  REQUIRE_FALSE(job.result.timed_out);
+  CHECK(job.result.exit_code != 0);
+
+  const Analysis analysis = Analyze(job.job_dir);
+  INFO(analysis.result.out);
+  CHECK(analysis.result.exit_code == kAnalyzeUnhealthy);
+  const Json& verdict = analysis.document.at("verdicts").at(0);
+  REQUIRE(verdict.at("kind") == "mismatch");
+  CHECK(verdict.at("seq") == 26);
+  CHECK(Ranks(verdict) == std::vector<int>{2});
+  CHECK(Contains(verdict.at("message"),
+                 "rank 2 issued AllReduce #26 with 1049600 float32 elements while ranks 0,1,3 issued 1024"));
+  const Json& sides = verdict.at("evidence").at("sides");
+  REQUIRE(sides.size() == 2);
+  CHECK(sides[0].at("ranks") == Json({0, 1, 3}));
+  CHECK(sides[0].at("call").at("count") == 1024);
+  CHECK(sides[1].at("ranks") == Json({2}));
+  CHECK(sides[1].at("call").at("count") == 1024 + 1048576);
+}
+
+// Ranks 0,1,3 destroyed their communicator (which waits for all its work) and exited within
+// milliseconds, before their watchdog had looked at a single operation's events.
+TEST_CASE("operations of a communicator destroyed after its work completed are never stuck",
+          "[mismatch]") {
+  TemporaryDirectory dump_dir;
+  const Job job = RunDesync(dump_dir);
+  INFO(job.transcript);
+  REQUIRE_FALSE(job.result.timed_out);
+  REQUIRE(Checksums(job.result.out).size() == 3);  // the broadcast completed on every rank
+  const std::map<int, int> pids = RankPids(job.result.out);
+  REQUIRE(pids.size() == 4);
+
+  const Analysis analysis = Analyze(job.job_dir);
+  INFO(analysis.result.out);
+  for (const Json& verdict : analysis.document.at("verdicts")) {
+    INFO(verdict.dump());
+    CHECK(verdict.at("seq") != 1);
+  }
+  for (const Json& process : analysis.document.at("processes")) {
+    if (process.at("rank") == 2) continue;
+    INFO(process.dump());
+    CHECK(process.at("exited") == true);
+  }
+  CHECK_FALSE(Contains(OnlineVerdict(job.result.err, pids.at(2)), "Broadcast #1"));
+}
+
+// The emulator moves a broadcast in rounds with a barrier of all ranks each, so one rank hung in
+// it holds every rank in the first round: no rank completes the broadcast, root 0 included. The
+// rules then say stuck_inside_nccl (every rank entered #1, none completed it), and the message
+// names the broadcast with its size and root.
+TEST_CASE("a broadcast that never completes names Broadcast, its count, datatype and root", "[stuck_inside_nccl]") {
+  TemporaryDirectory dump_dir;
+  const Job job = RunTrainLoop(dump_dir,
+                               {"--ranks", "3", "--steps", "5", "--model-count", "4000000", "--timeout", kHungJobSeconds},
+                               {{"NCCLEMU_FAULTS", "hang:rank=2,seq=1"}, {"NCCLGUARD_TIMEOUT", kStallTimeout}});
+  INFO(job.transcript);
+  REQUIRE_FALSE(job.result.timed_out);
+  REQUIRE(Contains(job.result.out, "ranks not finished: 0,1,2"));
+  const std::map<int, int> pids = RankPids(job.result.out);
+  REQUIRE(pids.size() == 3);
+
+  const Analysis analysis = Analyze(job.job_dir);
+  INFO(analysis.result.out);
+  CHECK(analysis.result.exit_code == kAnalyzeUnhealthy);
+  const Json& verdict = analysis.document.at("verdicts").at(0);
+  REQUIRE(verdict.at("kind") == "stuck_inside_nccl");
+  CHECK(verdict.at("seq") == 1);
+  CHECK(Ranks(verdict) == std::vector<int>{0, 1, 2});
+  CHECK(Contains(verdict.at("message"),
+                 "all 3 ranks entered Broadcast #1 (float32 × 4000000, root 0) and none has completed it"));
+  const Json& op = verdict.at("evidence").at("op");
+  CHECK(op.at("op") == "Broadcast");
+  CHECK(op.at("count") == 4000000);
+  CHECK(op.at("dtype") == "float32");
+  CHECK(op.at("root") == 0);
+  CHECK(verdict.at("evidence").at("completed_ranks") == Json::array());
+
+  for (const auto& [rank, pid] : pids) {
+    INFO("rank " << rank);
+    CHECK(OnlineVerdict(job.result.err, pid).starts_with("stuck_inside_nccl: "));
+  }
+}
+
+namespace {
+
+Job RunHangInsideNccl(const TemporaryDirectory& dump_dir) {
+  return RunTrainLoop(dump_dir, {"--ranks", "4", "--steps", "20", "--timeout", kHungJobSeconds},
+                      {{"NCCLEMU_FAULTS", "hang:rank=1,seq=10"}, {"NCCLGUARD_TIMEOUT", kStallTimeout}});
+}
+
+}  // namespace
+
+TEST_CASE("a hang inside NCCL with every rank joined is stuck_inside_nccl", "[stuck_inside_nccl]") {
+  TemporaryDirectory dump_dir;
+  const Job job = RunHangInsideNccl(dump_dir);
+  INFO(job.transcript);
+  REQUIRE_FALSE(job.result.timed_out);
+  REQUIRE(Contains(job.result.out, "ranks not finished: 0,1,2,3"));
+  const std::map<int, int> pids = RankPids(job.result.out);
+  REQUIRE(pids.size() == 4);
+
+  const Analysis analysis = Analyze(job.job_dir);
+  INFO(analysis.result.out);
+  CHECK(analysis.result.exit_code == kAnalyzeUnhealthy);
+  // An H100 with a sound driver: nothing points at P2P.
+  REQUIRE(analysis.document.at("verdicts").size() == 1);
+  const Json& verdict = analysis.document.at("verdicts")[0];
+  REQUIRE(verdict.at("kind") == "stuck_inside_nccl");
+  CHECK(verdict.at("seq") == 10);
+  CHECK(Ranks(verdict) == std::vector<int>{0, 1, 2, 3});
+  CHECK(Contains(verdict.at("message"), "all 4 ranks entered AllReduce #10 (float32 × 1024, sum) and none has completed it"));
+  for (const auto& [rank, pid] : pids) {
+    INFO("rank " << rank);
+    CHECK(OnlineVerdict(job.result.err, pid).starts_with("stuck_inside_nccl: "));
+  }
+}
+
+TEST_CASE("an initialisation that never completes is stuck_in_init", "[stuck_in_init]") {
+  TemporaryDirectory dump_dir;
+  const Job job = RunTrainLoop(dump_dir, {"--ranks", "4", "--steps", "10", "--timeout", kHungJobSeconds},
+                               {{"NCCLEMU_FAULTS", "init_hang:rank=1"}, {"NCCLGUARD_INIT_TIMEOUT", "2"}});
+  INFO(job.transcript);
+  REQUIRE_FALSE(job.result.timed_out);
+  REQUIRE(Contains(job.result.out, "ranks not finished: 0,1,2,3"));
+  const std::map<int, int> pids = RankPids(job.result.out);
+  REQUIRE(pids.size() == 4);
+
+  const Analysis analysis = Analyze(job.job_dir);
+  INFO(analysis.result.out);
+  CHECK(analysis.result.exit_code == kAnalyzeUnhealthy);
+  const Json& verdict = analysis.document.at("verdicts").at(0);
+  REQUIRE(verdict.at("kind") == "stuck_in_init");
+  CHECK(verdict.at("seq") == 0);
+  CHECK(Contains(verdict.at("message"), "ncclCommInitRank, 4 ranks"));
+  const Json& evidence = verdict.at("evidence");
+  CHECK(evidence.at("api") == "ncclCommInitRank");
+  CHECK(evidence.at("nranks") == 4);
+  CHECK(evidence.at("waited_seconds").get<double>() >= 2);
+  for (const auto& [rank, pid] : pids) {
+    INFO("rank " << rank);
+    CHECK(OnlineVerdict(job.result.err, pid).starts_with("stuck_in_init: "));
+  }
+}
+
+TEST_CASE("a P2P stall on GeForce GPUs with driver 545.23.08 is p2p_suspect, and healthy with P2P disabled",
+          "[p2p_suspect]") {
+  const std::vector<std::string> arguments = {"--ranks", "4", "--steps", "20", "--timeout", kHungJobSeconds};
+  const Environment faulty = {{"NCCLEMU_FAULTS", "p2p_stall:after=5"},
+                              {"NCCLEMU_GPU_NAME", "NVIDIA GeForce RTX 4090"},
+                              {"NCCLEMU_DRIVER_VERSION", "545.23.08"},
+                              {"NCCLGUARD_TIMEOUT", kStallTimeout}};
+  SECTION("P2P in use") {
+    TemporaryDirectory dump_dir;
+    const Job job = RunTrainLoop(dump_dir, arguments, faulty);
+    INFO(job.transcript);
+    REQUIRE_FALSE(job.result.timed_out);
+    REQUIRE(Contains(job.result.out, "ranks not finished: 0,1,2,3"));
+
+    const Analysis analysis = Analyze(job.job_dir);
+    INFO(analysis.result.out);
+    CHECK(analysis.result.exit_code == kAnalyzeUnhealthy);
+    const Json& verdict = analysis.document.at("verdicts").at(0);
+    REQUIRE(verdict.at("kind") == "p2p_suspect");
+    CHECK(verdict.at("seq") == 6);
+    const std::string message = verdict.at("message");
+    CHECK(Contains(message, "NVIDIA GeForce RTX 4090"));
+    CHECK(Contains(message, "545.23.08"));
+    CHECK(Contains(message, "NCCL_P2P_DISABLE=1"));
+    CHECK(verdict.at("evidence").at("consumer_gpus") == Json({"NVIDIA GeForce RTX 4090"}));
+    CHECK(verdict.at("evidence").at("drivers") == Json({"545.23.08"}));
+    // The stall itself is still there, below the cause.
+    CHECK_FALSE(FindVerdict(analysis.document, "stuck_inside_nccl").is_null());
+  }
+  SECTION("P2P disabled") {
+    TemporaryDirectory dump_dir;
+    Environment settings = faulty;
+    settings["NCCL_P2P_DISABLE"] = "1";
+    settings["NCCLGUARD_DUMP_ON_EXIT"] = "1";
+    const Job job = RunTrainLoop(dump_dir, arguments, settings);
+    INFO(job.transcript);
+    REQUIRE_FALSE(job.result.timed_out);
+    REQUIRE(job.result.exit_code == 0);
+
+    const Analysis analysis = Analyze(job.job_dir);
+    INFO(analysis.result.out);
+    CHECK(analysis.result.exit_code == 0);
+    CHECK(analysis.document.at("healthy") == true);
+    CHECK(analysis.document.at("verdicts").size() == 1);
+  }
+}
+
+namespace {
+
+Job RunAsyncError(const TemporaryDirectory& dump_dir) {
+  return RunTrainLoop(dump_dir, {"--ranks", "4", "--steps", "20", "--timeout", "5"},
+                      {{"NCCLEMU_FAULTS", "async_error:rank=1,seq=5,code=6"}});
+}
+
+}  // namespace
+
+TEST_CASE("an asynchronous error is async_error with NCCL's warning text", "[async_error]") {
+  TemporaryDirectory dump_dir;
+  const Job job = RunAsyncError(dump_dir);
+  INFO(job.transcript);
+  REQUIRE_FALSE(job.result.timed_out);
+
+  const Analysis analysis = Analyze(job.job_dir);
+  INFO(analysis.result.out);
+  CHECK(analysis.result.exit_code == kAnalyzeUnhealthy);
+  const Json& verdict = analysis.document.at("verdicts").at(0);
+  REQUIRE(verdict.at("kind") == "async_error");
+  CHECK(Ranks(verdict) == std::vector<int>{1});
+  const std::string message = verdict.at("message");
+  CHECK(Contains(message, "rank 1 reported an asynchronous NCCL error"));
+  // The emulator's WARN from its P2P transport (the device it names varies by rank).
+  CHECK(Contains(message, "failed to peer with device"));
+  CHECK(Contains(message, "217 peer access is not supported between these two devices"));
+  const Json& reporting = verdict.at("evidence").at("ranks");
+  REQUIRE(reporting.size() == 1);
+  CHECK(reporting[0].at("rank") == 1);
+}
+
+TEST_CASE("the asynchronous error is named as NCCL names it", "[async_error]") {
+  TemporaryDirectory dump_dir;
+  const Job job = RunAsyncError(dump_dir);
+  INFO(job.transcript);
+  REQUIRE_FALSE(job.result.timed_out);
+  const Analysis analysis = Analyze(job.job_dir);
+  INFO(analysis.result.out);
+  const Json& verdict = analysis.document.at("verdicts").at(0);
+  REQUIRE(verdict.at("kind") == "async_error");
+  CHECK(Contains(verdict.at("message"), "error on communicator " + verdict.at("comm").get<std::string>() +
+                                            ": ncclRemoteError"));
+}
+
+TEST_CASE("a rank that is slow before every collective is a straggler", "[straggler]") {
+  TemporaryDirectory dump_dir;
+  const Job job = RunTrainLoop(dump_dir, {"--ranks", "4", "--steps", "25", "--slow", "2:100", "--timeout", "40"},
+                               {{"NCCLGUARD_DUMP_ON_EXIT", "1"}});
+  INFO(job.transcript);
+  REQUIRE_FALSE(job.result.timed_out);
+  REQUIRE(job.result.exit_code == 0);
+
+  const Analysis analysis = Analyze(job.job_dir);
+  INFO(analysis.result.out);
+  CHECK(analysis.result.exit_code == kAnalyzeUnhealthy);
+  const Json& verdict = analysis.document.at("verdicts").at(0);
+  REQUIRE(verdict.at("kind") == "straggler");
+  CHECK(Ranks(verdict) == std::vector<int>{2});
+  CHECK(Contains(verdict.at("message"), "rank 2 enters collectives a median "));
+  const Json& evidence = verdict.at("evidence");
+  // 100 ms late before each AllReduce; the others are not late at all.
+  CHECK(evidence.at("median_lateness_ms").get<double>() >= 50);
+  CHECK(evidence.at("common_ops").get<int>() >= 10);
+  CHECK(evidence.at("latest_in").get<int>() >= evidence.at("common_ops").get<int>() * 8 / 10);
+}
+
+TEST_CASE("a clean run is healthy", "[healthy]") {
+  TemporaryDirectory dump_dir;
+  const Job job = RunTrainLoop(dump_dir, {"--ranks", "4", "--steps", "20", "--timeout", "40"},
+                               {{"NCCLGUARD_DUMP_ON_EXIT", "1"}});
+  INFO(job.transcript);
+  REQUIRE_FALSE(job.result.timed_out);
+  REQUIRE(job.result.exit_code == 0);
+
+  const Analysis analysis = Analyze(job.job_dir);
+  INFO(analysis.result.out);
+  CHECK(analysis.result.exit_code == 0);
+  CHECK(analysis.document.at("healthy") == true);
+  REQUIRE(analysis.document.at("verdicts").size() == 1);
+  CHECK(analysis.document.at("verdicts")[0].at("kind") == "healthy");
+  CHECK(analysis.document.at("processes").size() == 4);
+  CHECK(analysis.document.at("problems") == Json::array());
+}
+
+TEST_CASE("the trace of a hung job is Chrome trace JSON with a track per rank and the stuck operation",
+          "[trace]") {
+  TemporaryDirectory dump_dir;
+  const Job job = RunHangInsideNccl(dump_dir);
+  INFO(job.transcript);
+  REQUIRE_FALSE(job.result.timed_out);
+  const std::map<int, int> pids = RankPids(job.result.out);
+  REQUIRE(pids.size() == 4);
+
+  TemporaryDirectory trace_dir;
+  const std::string trace_path = trace_dir.path() + "/trace.json";
+  const Analysis analysis = Analyze(job.job_dir, {"--trace", trace_path});
+  CHECK(analysis.result.exit_code == kAnalyzeUnhealthy);
+  REQUIRE(std::filesystem::exists(trace_path));
+  const Json trace = Json::parse(ReadFile(trace_path));
+  REQUIRE(trace.at("traceEvents").is_array());
+
+  std::map<int, std::string> track_names;  // trace pid -> name
+  std::set<int> tracks_with_stuck_op;
+  for (const Json& event : trace.at("traceEvents")) {
+    INFO(event.dump());
+    REQUIRE(event.contains("ph"));
+    REQUIRE(event.contains("pid"));
+    if (event.at("ph") == "M" && event.at("name") == "process_name") {
+      CHECK(track_names.emplace(event.at("pid").get<int>(), event.at("args").at("name").get<std::string>()).second);
+    }
+    if (event.at("ph") == "X") {
+      CHECK(event.at("ts").is_number());
+      CHECK(event.at("dur").get<double>() >= 0);
+      if (event.at("name") == "AllReduce #10 (stuck)") tracks_with_stuck_op.insert(event.at("pid").get<int>());
+    }
+  }
+  REQUIRE(track_names.size() == 4);
+  for (const auto& [rank, pid] : pids) {
+    INFO("rank " << rank);
+    REQUIRE(track_names.contains(rank + 1));
+    CHECK(track_names.at(rank + 1).starts_with("rank " + std::to_string(rank) + " ("));
+    CHECK(Contains(track_names.at(rank + 1), ":" + std::to_string(pid) + ")"));
+    CHECK(tracks_with_stuck_op.contains(rank + 1));
+  }
+}
