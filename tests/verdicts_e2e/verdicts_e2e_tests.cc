@@ -16,8 +16,12 @@
 #include <nlohmann/json.hpp>
 
 #include "tests/support/process.h"
+#include "tests/support/train_loop_output.h"
 
+using ncclguard::testing::Checksums;
+using ncclguard::testing::LogLinesOf;
 using ncclguard::testing::ProcessOptions;
+using ncclguard::testing::RankPids;
 using ncclguard::testing::ProcessResult;
 using ncclguard::testing::ReadFile;
 using ncclguard::testing::RunProcess;
@@ -100,39 +104,6 @@ Json FindVerdict(const Json& document, const std::string& kind) {
 std::vector<int> Ranks(const Json& verdict) { return verdict.at("ranks").get<std::vector<int>>(); }
 
 bool Contains(const std::string& text, const std::string& needle) { return text.find(needle) != std::string::npos; }
-
-// Rank -> pid, from train_loop's start-up lines ("rank R/N: device D (...), ..., pid P").
-std::map<int, int> RankPids(const std::string& out) {
-  static const std::regex start_line(R"(^rank (\d+)/\d+: device .*, pid (\d+)$)");
-  std::map<int, int> pids;
-  for (const std::string& line : SplitLines(out)) {
-    std::smatch match;
-    if (std::regex_match(line, match, start_line)) pids[std::stoi(match[1])] = std::stoi(match[2]);
-  }
-  return pids;
-}
-
-// The checksums printed at the end, by rank.
-std::map<int, std::string> Checksums(const std::string& out) {
-  static const std::regex checksum_line(R"(^rank (\d+) checksum (0x[0-9a-f]{16})$)");
-  std::map<int, std::string> by_rank;
-  for (const std::string& line : SplitLines(out)) {
-    std::smatch match;
-    if (std::regex_match(line, match, checksum_line)) by_rank[std::stoi(match[1])] = match[2];
-  }
-  return by_rank;
-}
-
-// The ncclguard log lines of process `pid` that contain `needle` (the log prefix is
-// "host:pid:tid [rank] ncclguard LEVEL").
-std::vector<std::string> LogLinesOf(const std::string& err, int pid, const std::string& needle) {
-  std::vector<std::string> lines;
-  const std::string prefix = ":" + std::to_string(pid) + ":";
-  for (const std::string& line : SplitLines(err)) {
-    if (Contains(line, prefix) && Contains(line, " ncclguard ") && Contains(line, needle)) lines.push_back(line);
-  }
-  return lines;
-}
 
 // The verdict the watchdog logged with the first stall it reported ("... — verdict: KIND:
 // MESSAGE — dump: PATH"), or "" when that process reported none.

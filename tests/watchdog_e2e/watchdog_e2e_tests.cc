@@ -16,8 +16,12 @@
 #include <nlohmann/json.hpp>
 
 #include "tests/support/process.h"
+#include "tests/support/train_loop_output.h"
 
+using ncclguard::testing::Checksums;
+using ncclguard::testing::LogLinesOf;
 using ncclguard::testing::ProcessOptions;
+using ncclguard::testing::RankPids;
 using ncclguard::testing::ProcessResult;
 using ncclguard::testing::ReadFile;
 using ncclguard::testing::RunProcess;
@@ -73,35 +77,12 @@ std::vector<std::string> TrainLoop(std::vector<std::string> arguments) {
   return arguments;
 }
 
-// Rank -> pid, from train_loop's start-up lines ("rank R/N: device D (...), ..., pid P").
-std::map<int, int> RankPids(const std::string& out) {
-  static const std::regex start_line(R"(^rank (\d+)/\d+: device .*, pid (\d+)$)");
-  std::map<int, int> pids;
-  for (const std::string& line : SplitLines(out)) {
-    std::smatch match;
-    if (std::regex_match(line, match, start_line)) pids[std::stoi(match[1])] = std::stoi(match[2]);
-  }
-  return pids;
-}
-
 std::set<int> Values(const std::map<int, int>& map) {
   std::set<int> values;
   for (const auto& [key, value] : map) values.insert(value);
   return values;
 }
 
-// The checksum lines, one per rank, in rank order.
-std::vector<std::string> Checksums(const std::string& out) {
-  std::map<int, std::string> by_rank;
-  static const std::regex checksum_line(R"(^rank (\d+) checksum (0x[0-9a-f]{16})$)");
-  for (const std::string& line : SplitLines(out)) {
-    std::smatch match;
-    if (std::regex_match(line, match, checksum_line)) by_rank[std::stoi(match[1])] = match[2];
-  }
-  std::vector<std::string> checksums;
-  for (const auto& [rank, checksum] : by_rank) checksums.push_back(checksum);
-  return checksums;
-}
 
 struct JsonFile {
   std::string path;
@@ -148,15 +129,6 @@ Json Operation(const Json& dump, std::uint64_t seq) {
   return {};
 }
 
-// The log lines of process `pid` (ncclguard's prefix is "host:pid:tid [rank] ncclguard LEVEL").
-std::vector<std::string> LogLinesOf(const std::string& err, int pid, const std::string& needle) {
-  std::vector<std::string> lines;
-  const std::string prefix = ":" + std::to_string(pid) + ":";
-  for (const std::string& line : SplitLines(err)) {
-    if (line.find(prefix) != std::string::npos && line.find(needle) != std::string::npos) lines.push_back(line);
-  }
-  return lines;
-}
 
 bool ReportsAnyStall(const std::string& err) {
   return err.find("has not completed") != std::string::npos || err.find("has not started") != std::string::npos;
@@ -336,9 +308,11 @@ TEST_CASE("checksums are bit-identical with and without ncclguard, on every load
       REQUIRE_FALSE(guarded.result.timed_out);
       REQUIRE(plain.result.exit_code == 0);
       REQUIRE(guarded.result.exit_code == 0);
-      const std::vector<std::string> checksums = Checksums(plain.result.out);
+      const std::map<int, std::string> checksums = Checksums(plain.result.out);
       REQUIRE(checksums.size() == kRanks);
-      CHECK(std::set<std::string>(checksums.begin(), checksums.end()).size() == 1);
+      std::set<std::string> distinct;
+      for (const auto& [rank, checksum] : checksums) distinct.insert(checksum);
+      CHECK(distinct.size() == 1);
       CHECK(Checksums(guarded.result.out) == checksums);
       // ncclguard was really there: every rank's exit dump counts the broadcast and 100 AllReduces.
       std::set<int> dumped_pids;
