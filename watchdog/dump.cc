@@ -371,4 +371,28 @@ DumpResult WriteDump(const std::string& job_dir, const ProcessSnapshot& snapshot
   return WriteFileAtomically(job_dir, name, content, /*durable=*/true);
 }
 
+absl::StatusOr<std::string> ReadFileAt(int directory_fd, const std::string& name, std::size_t max_bytes) {
+  const int fd = openat(directory_fd, name.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) return absl::NotFoundError(std::strerror(errno));
+  std::string content;
+  char buffer[65536];
+  for (;;) {
+    const ssize_t n = read(fd, buffer, sizeof(buffer));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int error = errno;
+      close(fd);
+      return absl::UnavailableError(std::strerror(error));
+    }
+    if (n == 0) break;
+    content.append(buffer, static_cast<size_t>(n));
+    if (content.size() > max_bytes) {
+      close(fd);
+      return absl::OutOfRangeError(absl::StrCat("larger than ", max_bytes, " bytes"));
+    }
+  }
+  close(fd);
+  return content;
+}
+
 }  // namespace ncclguard

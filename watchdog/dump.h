@@ -42,6 +42,10 @@ DumpResult WriteDump(const std::string& job_dir, const ProcessSnapshot& snapshot
 absl::StatusOr<std::string> WriteFileAtomically(const std::string& directory, const std::string& name,
                                                 const std::string& content, bool durable) noexcept;
 
+// Reads `name` in the directory open as `directory_fd` without following a symbolic link, and
+// refuses a file larger than `max_bytes` (not one of ours).
+absl::StatusOr<std::string> ReadFileAt(int directory_fd, const std::string& name, std::size_t max_bytes);
+
 // Opens `directory` for *at() calls, creating it (and its parents) 0700 when missing; refuses a
 // symbolic link or a directory owned by another user. Returns the descriptor (the caller closes).
 absl::StatusOr<int> OpenPrivateDirectory(const std::string& directory, bool create);

@@ -1,4 +1,5 @@
 #include "watchdog/facts.h"
+#include "watchdog/log.h"
 
 #include <dlfcn.h>
 #include <fcntl.h>
@@ -266,10 +267,7 @@ int LauncherRank(const ProcessFacts& facts) {
 
 FactSources RealFactSources() {
   FactSources sources;
-  sources.host_name = [] {
-    char host[256] = {};
-    return gethostname(host, sizeof(host) - 1) == 0 ? std::string(host) : std::string();
-  };
+  sources.host_name = log::HostName;
   sources.pid = [] { return static_cast<int>(getpid()); };
   sources.parent_pid = [] { return static_cast<int>(getppid()); };
   sources.read_file = ReadWholeFile;

@@ -19,6 +19,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "watchdog/dump.h"
+#include "watchdog/log.h"
 
 namespace ncclguard {
 namespace {
@@ -39,33 +40,10 @@ std::int64_t NowNs() {
 }
 
 std::string HostName() {
-  char host[256] = {};
-  return gethostname(host, sizeof(host) - 1) == 0 ? std::string(host) : std::string("unknown");
+  const std::string host = log::HostName();
+  return host.empty() ? "unknown" : host;
 }
 
-absl::StatusOr<std::string> ReadSmallFile(int directory_fd, const std::string& name) {
-  const int fd = openat(directory_fd, name.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-  if (fd < 0) return absl::NotFoundError(std::strerror(errno));
-  std::string content;
-  char buffer[4096];
-  for (;;) {
-    const ssize_t n = read(fd, buffer, sizeof(buffer));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      const int error = errno;
-      close(fd);
-      return absl::UnavailableError(std::strerror(error));
-    }
-    if (n == 0) break;
-    content.append(buffer, static_cast<size_t>(n));
-    if (content.size() > kMaxReadBytes) {
-      close(fd);
-      return absl::OutOfRangeError("larger than 1 MiB");
-    }
-  }
-  close(fd);
-  return content;
-}
 
 // Names in the directory open as `directory_fd` that start with `prefix` and end with `suffix`,
 // sorted. Hidden temporary files never match.
@@ -254,7 +232,7 @@ absl::StatusOr<StatusScan> ReadStatusesNow(const std::string& job_dir) {
   if (!names.ok()) return names.status();
   StatusScan scan;
   for (const std::string& name : *names) {
-    absl::StatusOr<std::string> content = ReadSmallFile(directory.get(), name);
+    absl::StatusOr<std::string> content = ReadFileAt(directory.get(), name, kMaxReadBytes);
     if (!content.ok()) {
       scan.problems.push_back(absl::StrCat(name, ": ", content.status().message()));
       continue;
@@ -304,7 +282,7 @@ absl::StatusOr<std::vector<DumpRequest>> ListRequestsNow(const std::string& job_
   std::vector<DumpRequest> requests;
   for (const std::string& name : *names) {
     if (already_handled.contains(name)) continue;
-    requests.push_back(ParseRequest(name, ReadSmallFile(directory.get(), name)));
+    requests.push_back(ParseRequest(name, ReadFileAt(directory.get(), name, kMaxReadBytes)));
   }
   return requests;
 }

@@ -13,10 +13,9 @@ namespace {
 std::atomic<spdlog::logger*> g_logger{nullptr};
 std::atomic<int> g_rank{-1};
 
-std::string HostName() {
-  char host[256] = {};
-  if (gethostname(host, sizeof(host) - 1) != 0) return "unknown-host";
-  return host;
+std::string HostOrUnknown() {
+  const std::string host = HostName();
+  return host.empty() ? "unknown-host" : host;
 }
 
 spdlog::level::level_enum ToSpdlog(LogLevel level) {
@@ -35,7 +34,7 @@ spdlog::level::level_enum ToSpdlog(LogLevel level) {
 // forked child makes its own logger).
 class NcclStyleFormatter final : public spdlog::formatter {
  public:
-  NcclStyleFormatter() : prefix_(HostName() + ":" + std::to_string(getpid()) + ":") {}
+  NcclStyleFormatter() : prefix_(HostOrUnknown() + ":" + std::to_string(getpid()) + ":") {}
 
   void format(const spdlog::details::log_msg& msg, spdlog::memory_buf_t& dest) override {
     dest.append(prefix_.data(), prefix_.data() + prefix_.size());
@@ -69,12 +68,17 @@ class NcclStyleFormatter final : public spdlog::formatter {
 
 }  // namespace
 
+std::string HostName() {
+  char host[256] = {};
+  return gethostname(host, sizeof(host) - 1) == 0 ? std::string(host) : std::string();
+}
+
 std::string ExpandPathPattern(const std::string& pattern) {
   std::string path;
   for (size_t i = 0; i < pattern.size(); ++i) {
     if (pattern[i] == '%' && i + 1 < pattern.size()) {
       if (pattern[i + 1] == 'h') {
-        path += HostName();
+        path += HostOrUnknown();
         ++i;
         continue;
       }

@@ -60,6 +60,9 @@ void Debug(fmt::format_string<Args...> format, Args&&... args) noexcept {
   Write(spdlog::level::debug, format, std::forward<Args>(args)...);
 }
 
+// This machine's host name; "" when the system will not say (callers choose their fallback).
+std::string HostName();
+
 // Expands %h (host name) and %p (process id) as NCCL_DEBUG_FILE does.
 std::string ExpandPathPattern(const std::string& pattern);
 

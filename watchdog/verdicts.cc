@@ -21,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "watchdog/dump.h"
+#include "watchdog/log.h"
 #include "watchdog/dump_reader.h"
 #include "watchdog/job_dir.h"
 
@@ -39,29 +40,6 @@ constexpr size_t kMaxClauses = 3;
 // ---------------------------------------------------------------------------------------------
 // Reading the job directory
 
-absl::StatusOr<std::string> ReadWholeFile(int directory_fd, const std::string& name) {
-  const int fd = openat(directory_fd, name.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-  if (fd < 0) return absl::NotFoundError(std::strerror(errno));
-  std::string content;
-  char buffer[65536];
-  for (;;) {
-    const ssize_t n = read(fd, buffer, sizeof(buffer));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      const int error = errno;
-      close(fd);
-      return absl::UnavailableError(std::strerror(error));
-    }
-    if (n == 0) break;
-    content.append(buffer, static_cast<size_t>(n));
-    if (content.size() > kMaxDumpBytes) {
-      close(fd);
-      return absl::OutOfRangeError("larger than 256 MiB");
-    }
-  }
-  close(fd);
-  return content;
-}
 
 absl::StatusOr<std::vector<std::string>> ListDumpNames(int directory_fd) {
   const int listing_fd = dup(directory_fd);
@@ -123,10 +101,6 @@ void MergeNewerStatus(ProcessSnapshot& snapshot, const ProcessSnapshot& status) 
   }
 }
 
-std::string OwnHostName() {
-  char host[256] = {};
-  return gethostname(host, sizeof(host) - 1) == 0 ? std::string(host) : std::string();
-}
 
 ProcessView::Liveness CheckLiveness(const std::string& host, int pid, const std::string& own_host) {
   if (own_host.empty() || host != own_host || pid <= 0) return ProcessView::Liveness::kUnknown;
@@ -875,7 +849,7 @@ absl::StatusOr<JobView> ReadJobDirectory(const std::string& directory, std::int6
   };
   // A process keeps its dump with the latest time.
   for (const std::string& name : *dump_names) {
-    absl::StatusOr<std::string> content = ReadWholeFile(directory_fd, name);
+    absl::StatusOr<std::string> content = ReadFileAt(directory_fd, name, kMaxDumpBytes);
     absl::StatusOr<ParsedDump> dump = content.ok() ? ParseDump(*content) : absl::StatusOr<ParsedDump>(content.status());
     if (!dump.ok()) {
       job.problems.push_back(absl::StrCat(name, ": ", dump.status().message()));
@@ -906,7 +880,7 @@ absl::StatusOr<JobView> ReadJobDirectory(const std::string& directory, std::int6
     }
   }
 
-  const std::string own_host = OwnHostName();
+  const std::string own_host = log::HostName();
   for (ProcessView& view : job.processes) {
     view.last_seen_ns = view.snapshot.time_ns;
     view.liveness = CheckLiveness(view.host, view.pid, own_host);

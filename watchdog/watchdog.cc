@@ -279,7 +279,7 @@ class SystemEffects final : public WatchdogEffects {
   std::int64_t TakePeerDumpRequest() override {
     if (JobDir().empty()) return 0;
     if (!request_watcher_) {
-      request_watcher_.emplace(JobDir(), HostName(), static_cast<int>(getpid()), started_wall_ns_);
+      request_watcher_.emplace(JobDir(), log::HostName(), static_cast<int>(getpid()), started_wall_ns_);
     }
     const auto requests = request_watcher_->Poll();
     std::int64_t newest = 0;
@@ -374,11 +374,6 @@ class SystemEffects final : public WatchdogEffects {
     return devices;
   }
 
-  static std::string HostName() {
-    char host[256] = {};
-    gethostname(host, sizeof(host) - 1);
-    return host;
-  }
 
   std::string job_dir_;
   const std::int64_t started_wall_ns_ = SystemEffects::WallNow();
