@@ -1,11 +1,13 @@
 #include "watchdog/dump.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
@@ -14,6 +16,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "watchdog/log.h"
 #include "watchdog/version.h"
@@ -393,6 +396,25 @@ absl::StatusOr<std::string> ReadFileAt(int directory_fd, const std::string& name
   }
   close(fd);
   return content;
+}
+
+absl::StatusOr<std::vector<std::string>> ListNamesAt(int directory_fd, const std::string& prefix,
+                                                     const std::string& suffix) {
+  const int listing_fd = dup(directory_fd);
+  DIR* directory = listing_fd >= 0 ? fdopendir(listing_fd) : nullptr;
+  if (directory == nullptr) {
+    const int error = errno;
+    if (listing_fd >= 0) close(listing_fd);
+    return absl::UnavailableError(absl::StrCat("cannot list the directory: ", std::strerror(error)));
+  }
+  std::vector<std::string> names;
+  while (const dirent* entry = readdir(directory)) {
+    const std::string name = entry->d_name;
+    if (absl::StartsWith(name, prefix) && absl::EndsWith(name, suffix)) names.push_back(name);
+  }
+  closedir(directory);
+  std::sort(names.begin(), names.end());
+  return names;
 }
 
 }  // namespace ncclguard

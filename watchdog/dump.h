@@ -10,6 +10,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -45,6 +46,11 @@ absl::StatusOr<std::string> WriteFileAtomically(const std::string& directory, co
 // Reads `name` in the directory open as `directory_fd` without following a symbolic link, and
 // refuses a file larger than `max_bytes` (not one of ours).
 absl::StatusOr<std::string> ReadFileAt(int directory_fd, const std::string& name, std::size_t max_bytes);
+
+// Names in the directory open as `directory_fd` that start with `prefix` and end with `suffix`,
+// sorted. Hidden temporary files never match.
+absl::StatusOr<std::vector<std::string>> ListNamesAt(int directory_fd, const std::string& prefix,
+                                                     const std::string& suffix);
 
 // Opens `directory` for *at() calls, creating it (and its parents) 0700 when missing; refuses a
 // symbolic link or a directory owned by another user. Returns the descriptor (the caller closes).

@@ -45,27 +45,6 @@ std::string HostName() {
 }
 
 
-// Names in the directory open as `directory_fd` that start with `prefix` and end with `suffix`,
-// sorted. Hidden temporary files never match.
-absl::StatusOr<std::vector<std::string>> ListNames(int directory_fd, const std::string& prefix,
-                                                   const std::string& suffix) {
-  const int listing_fd = dup(directory_fd);
-  DIR* directory = listing_fd >= 0 ? fdopendir(listing_fd) : nullptr;
-  if (directory == nullptr) {
-    const int error = errno;
-    if (listing_fd >= 0) close(listing_fd);
-    return absl::UnavailableError(absl::StrCat("cannot list the directory: ", std::strerror(error)));
-  }
-  std::vector<std::string> names;
-  while (const dirent* entry = readdir(directory)) {
-    const std::string name = entry->d_name;
-    if (absl::StartsWith(name, prefix) && absl::EndsWith(name, suffix)) names.push_back(name);
-  }
-  closedir(directory);
-  std::sort(names.begin(), names.end());
-  return names;
-}
-
 class ScopedFd {
  public:
   explicit ScopedFd(int fd) : fd_(fd) {}
@@ -228,7 +207,7 @@ absl::StatusOr<StatusScan> ReadStatusesNow(const std::string& job_dir) {
   absl::StatusOr<int> directory_fd = OpenPrivateDirectory(job_dir, /*create=*/false);
   if (!directory_fd.ok()) return directory_fd.status();
   const ScopedFd directory(*directory_fd);
-  absl::StatusOr<std::vector<std::string>> names = ListNames(directory.get(), kStatusPrefix, ".json");
+  absl::StatusOr<std::vector<std::string>> names = ListNamesAt(directory.get(), kStatusPrefix, ".json");
   if (!names.ok()) return names.status();
   StatusScan scan;
   for (const std::string& name : *names) {
@@ -277,7 +256,7 @@ absl::StatusOr<std::vector<DumpRequest>> ListRequestsNow(const std::string& job_
     return directory_fd.status();
   }
   const ScopedFd directory(*directory_fd);
-  absl::StatusOr<std::vector<std::string>> names = ListNames(directory.get(), kRequestPrefix, "");
+  absl::StatusOr<std::vector<std::string>> names = ListNamesAt(directory.get(), kRequestPrefix, "");
   if (!names.ok()) return names.status();
   std::vector<DumpRequest> requests;
   for (const std::string& name : *names) {

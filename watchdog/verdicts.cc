@@ -41,24 +41,6 @@ constexpr size_t kMaxClauses = 3;
 // Reading the job directory
 
 
-absl::StatusOr<std::vector<std::string>> ListDumpNames(int directory_fd) {
-  const int listing_fd = dup(directory_fd);
-  DIR* directory = listing_fd >= 0 ? fdopendir(listing_fd) : nullptr;
-  if (directory == nullptr) {
-    const int error = errno;
-    if (listing_fd >= 0) close(listing_fd);
-    return absl::UnavailableError(absl::StrCat("cannot list the directory: ", std::strerror(error)));
-  }
-  std::vector<std::string> names;
-  while (const dirent* entry = readdir(directory)) {
-    const absl::string_view name = entry->d_name;
-    if (absl::StartsWith(name, "dump-") && absl::EndsWith(name, ".json")) names.emplace_back(name);
-  }
-  closedir(directory);
-  std::sort(names.begin(), names.end());
-  return names;
-}
-
 std::string ProcessKey(const std::string& host, int pid) { return absl::StrCat(host, "/", pid); }
 
 bool Unfinished(const std::string& state) { return state == "enqueued" || state == "started"; }
@@ -831,7 +813,7 @@ absl::StatusOr<JobView> ReadJobDirectory(const std::string& directory, std::int6
   if (directory_fd < 0) {
     return absl::NotFoundError(absl::StrCat("cannot open ", directory, ": ", std::strerror(errno)));
   }
-  absl::StatusOr<std::vector<std::string>> dump_names = ListDumpNames(directory_fd);
+  absl::StatusOr<std::vector<std::string>> dump_names = ListNamesAt(directory_fd, "dump-", ".json");
   if (!dump_names.ok()) {
     close(directory_fd);
     return absl::Status(dump_names.status().code(), absl::StrCat(directory, ": ", dump_names.status().message()));
