@@ -23,7 +23,7 @@ if [[ ${1:-} == --smoke ]]; then
 fi
 
 bench=$build/bench/watchdog_bench
-preload=$build/shim/libncclguard.so
+preload=$build/lib/libncclguard.so
 emulator=$build/emulator/lib
 for needed in "$bench" "$preload" "$emulator/libnccl.so.2" "$emulator/libcuda.so.1"; do
   if [[ ! -e $needed ]]; then

@@ -129,7 +129,7 @@ struct Setup {
     direct = LoadNccl(glibc, libnccl);
     intercepted = LoadNccl(dlsym, libnccl);
     if (intercepted.all_reduce == direct.all_reduce) {
-      Fail("ncclguard is not loaded: run under LD_PRELOAD=<build>/shim/libncclguard.so (bench/run.sh does)");
+      Fail("ncclguard is not loaded: run under LD_PRELOAD=<build>/lib/libncclguard.so (bench/run.sh does)");
     }
     if (const char* ring = std::getenv("NCCLGUARD_RING_SIZE"); ring != nullptr && *ring != '\0') {
       ring_size = std::strtoull(ring, nullptr, 10);

@@ -3,7 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=$(cd "${1:-build}" && pwd)
-guard="$build/shim/libncclguard.so"
+guard="$build/lib/libncclguard.so"
 emulator="$build/emulator/lib"
 train_loop="$build/examples/train_loop"
 real_nccl=$(dirname "$(grep -m1 '^NCCL_LIBRARY:' "$build/CMakeCache.txt" | cut -d= -f2-)")
@@ -64,7 +64,7 @@ NCCLGUARD_TIMEOUT=3 NCCLGUARD_JOB_ID=uneven-data \
   watched "$train_loop" --ranks 4 --steps 60 --stop-early 3:40 --timeout 8 2>&1 |
   grep -E 'ncclguard WARN.*verdict' | head -n 1 | fold -s -w 110 || true
 say "   ncclguard analyze on the job directory, after the launcher gave up on the job:"
-"$build/cli/ncclguard" analyze "$jobs/uneven-data" | head -n 12 || true
+"$build/bin/ncclguard" analyze "$jobs/uneven-data" | head -n 12 || true
 
 if [[ -e "$real_nccl/libnccl.so.2" ]]; then
   say "5. The real NCCL of the CUDA toolkit, through Python ctypes. There is no GPU here, so" \

@@ -14,7 +14,18 @@ namespace {
 
 // Debian's Abseil has its own string_view type: hand it std::string and char arrays only.
 constexpr const char* kLogLevelNames[] = {"trace", "debug", "info", "warn", "error", "off"};
-constexpr const char* kActionNames[] = {"warn", "abort", "exit"};
+constexpr const char* kActionNames[] = {"warn", "abort", "exit", "reinit"};
+constexpr const char* kP2pModeNames[] = {"auto", "on", "off"};
+
+// A value that must be one of `names`, case-insensitive; the enum's values are in the same order.
+template <typename Enum, size_t N>
+absl::StatusOr<Enum> ParseNamed(std::string_view text, const char* const (&names)[N]) {
+  const std::string value = absl::AsciiStrToLower(std::string(text));
+  for (size_t i = 0; i < N; ++i) {
+    if (value == names[i]) return static_cast<Enum>(i);
+  }
+  return absl::InvalidArgumentError(absl::StrCat("is not one of ", absl::StrJoin(names, "|")));
+}
 
 absl::StatusOr<bool> ParseValue(std::string_view text, bool*) {
   const std::string value = absl::AsciiStrToLower(std::string(text));
@@ -24,21 +35,16 @@ absl::StatusOr<bool> ParseValue(std::string_view text, bool*) {
 }
 
 absl::StatusOr<LogLevel> ParseValue(std::string_view text, LogLevel*) {
-  const std::string value = absl::AsciiStrToLower(std::string(text));
-  for (size_t i = 0; i < std::size(kLogLevelNames); ++i) {
-    if (value == kLogLevelNames[i]) return static_cast<LogLevel>(i);
-  }
-  if (value == "warning") return LogLevel::kWarn;
-  return absl::InvalidArgumentError(
-      absl::StrCat("is not one of ", absl::StrJoin(kLogLevelNames, "|")));
+  if (absl::AsciiStrToLower(std::string(text)) == "warning") return LogLevel::kWarn;
+  return ParseNamed<LogLevel>(text, kLogLevelNames);
 }
 
 absl::StatusOr<Action> ParseValue(std::string_view text, Action*) {
-  const std::string value = absl::AsciiStrToLower(std::string(text));
-  for (size_t i = 0; i < std::size(kActionNames); ++i) {
-    if (value == kActionNames[i]) return static_cast<Action>(i);
-  }
-  return absl::InvalidArgumentError(absl::StrCat("is not one of ", absl::StrJoin(kActionNames, "|")));
+  return ParseNamed<Action>(text, kActionNames);
+}
+
+absl::StatusOr<P2pMode> ParseValue(std::string_view text, P2pMode*) {
+  return ParseNamed<P2pMode>(text, kP2pModeNames);
 }
 
 absl::StatusOr<Seconds> ParseValue(std::string_view text, Seconds*) {
@@ -83,6 +89,7 @@ const char* TypeName(const bool*) { return "boolean"; }
 const char* TypeName(const LogLevel*) { return "level"; }
 const char* TypeName(const std::string*) { return "text"; }
 const char* TypeName(const Action*) { return "action"; }
+const char* TypeName(const P2pMode*) { return "auto|on|off"; }
 const char* TypeName(const Seconds*) { return "seconds"; }
 const char* TypeName(const Count*) { return "count"; }
 const char* TypeName(const Signal*) { return "signal"; }
@@ -91,6 +98,7 @@ std::string FormatValue(bool value) { return value ? "1" : "0"; }
 std::string FormatValue(LogLevel value) { return std::string(LogLevelName(value)); }
 std::string FormatValue(const std::string& value) { return value.empty() ? "unset" : value; }
 std::string FormatValue(Action value) { return std::string(ActionName(value)); }
+std::string FormatValue(P2pMode value) { return kP2pModeNames[static_cast<int>(value)]; }
 std::string FormatValue(Seconds value) { return absl::StrCat(value.value); }
 std::string FormatValue(Count value) { return absl::StrCat(value.value); }
 std::string FormatValue(Signal value) {

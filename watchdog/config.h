@@ -12,7 +12,9 @@
 namespace ncclguard {
 
 enum class LogLevel { kTrace, kDebug, kInfo, kWarn, kError, kOff };
-enum class Action { kWarn, kAbort, kExit };
+enum class Action { kWarn, kAbort, kExit, kReinit };
+// NCCLGUARD_P2P: whether ncclguard may turn NCCL's P2P transport off before the first init.
+enum class P2pMode { kAuto, kOn, kOff };
 
 // Value types of settings that need more than a C++ type says.
 struct Seconds {  // a positive number of seconds
@@ -28,7 +30,7 @@ struct Signal {  // a signal number; 0 means none
   bool operator==(const Signal&) const = default;
 };
 
-// The exit code of NCCLGUARD_ACTION=exit: EX_TEMPFAIL, "try again", for launchers to restart on.
+// The exit code of NCCLGUARD_ACTION=exit and =reinit: EX_TEMPFAIL, "try again", for launchers to restart on.
 inline constexpr int kRestartExitCode = 75;
 
 struct Config {

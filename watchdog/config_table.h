@@ -30,8 +30,18 @@
     "A communicator initialisation that has not completed after this many seconds is a stall.")   \
   X(ACTION, action, Action, Action::kWarn,                                                         \
     "What to do at a stall: `warn` (log and dump, keep waiting), `abort` (also abort the stuck "  \
-    "communicators, so the application gets errors instead of hanging) or `exit` (dump, abort "   \
-    "and exit with code 75, which launchers can restart on).")                                    \
+    "communicators, so the application gets errors instead of hanging), `exit` (dump, abort "     \
+    "and exit with code 75, which launchers can restart on) or `reinit` (like `exit`; when the "  \
+    "verdict is `p2p_suspect`, every process of the job also records it in the job directory, "   \
+    "so that the restarted job runs with P2P disabled).")                                         \
+  X(P2P, p2p, P2pMode, P2pMode::kAuto,                                                             \
+    "Before the process's first communicator: `off` sets `NCCL_P2P_DISABLE=1`; `auto` sets it "   \
+    "when an earlier attempt of this job recorded a `p2p_suspect` verdict or a known-bad entry "  \
+    "with action `disable` matches; `on` never sets it. A `NCCL_P2P_DISABLE` or `NCCL_P2P_LEVEL` " \
+    "set by the user always wins.")                                                                \
+  X(KNOWN_BAD_FILE, known_bad_file, std::string, "",                                               \
+    "The known-bad configurations to check at the first init. Default: the file shipped with "    \
+    "ncclguard, `share/ncclguard/known-bad.json` beside its `lib/`.")                              \
   X(DUMP_DIR, dump_dir, std::string, "",                                                           \
     "Directory of the jobs' coordination directories, one per job: dumps, status files and "      \
     "dump requests. Default: `$TMPDIR/ncclguard-<uid>` (`/tmp/ncclguard-<uid>`). Use a shared "   \

@@ -226,6 +226,7 @@ void Watchdog::Act(CommState* culprit, const char* what) {
       effects_.Abort(*culprit);
       return;
     case Action::kExit:
+    case Action::kReinit:
       effects_.HoldApplicationCalls();
       for (CommState* comm : registry_.All()) {
         const CommLifecycle lifecycle = comm->lifecycle.load(std::memory_order_acquire);

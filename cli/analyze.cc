@@ -1,0 +1,251 @@
+// ncclguard analyze DIR [--json] [--trace FILE] [--status-interval SECONDS]
+//
+// Reads what the processes of a job left in their job directory and says which rank is at fault
+// and why. Exit status: 0 healthy, 1 something is wrong, 2 usage error or unreadable directory.
+#include <algorithm>
+#include <chrono>
+#include <cctype>
+#include <filesystem>
+#include <functional>
+#include <iostream>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "cli/commands.h"
+#include "cli/trace.h"
+#include "watchdog/dump.h"
+#include "watchdog/job_dir.h"
+#include "watchdog/verdicts.h"
+
+namespace ncclguard {
+namespace {
+
+constexpr double kDefaultStatusIntervalSeconds = 2;  // NCCLGUARD_STATUS_INTERVAL's default
+constexpr std::size_t kMaxEvidenceLines = 8;
+constexpr std::size_t kMaxEvidenceValueChars = 160;
+constexpr std::size_t kMaxRankRanges = 12;
+constexpr std::size_t kMaxTableRows = 32;
+constexpr std::size_t kMaxProblemLines = 20;
+
+struct AnalyzeOptions {
+  std::string directory;
+  bool json = false;
+  std::string trace_path;
+  std::optional<double> status_interval_seconds;
+};
+
+std::int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+std::string Upper(std::string text) {
+  std::transform(text.begin(), text.end(), text.begin(), [](unsigned char c) { return std::toupper(c); });
+  return text;
+}
+
+// "0-2, 5, 7-16383": thousands of ranks stay one line.
+std::string FormatRanks(std::vector<int> ranks) {
+  std::sort(ranks.begin(), ranks.end());
+  ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
+  std::vector<std::string> ranges;
+  for (std::size_t i = 0; i < ranks.size();) {
+    std::size_t j = i;
+    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+    if (ranges.size() == kMaxRankRanges) {
+      ranges.push_back(absl::StrCat("... (", ranks.size(), " ranks)"));
+      break;
+    }
+    ranges.push_back(i == j ? absl::StrCat(ranks[i]) : absl::StrCat(ranks[i], "-", ranks[j]));
+    i = j + 1;
+  }
+  return absl::StrJoin(ranges, ", ");
+}
+
+std::string Shorten(std::string text) {
+  if (text.size() > kMaxEvidenceValueChars) text = text.substr(0, kMaxEvidenceValueChars - 3) + "...";
+  return text;
+}
+
+std::string EvidenceValue(const nlohmann::json& value) {
+  return Shorten(value.is_string() ? value.get<std::string>()
+                                   : value.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+}
+
+void PrintEvidence(const nlohmann::json& evidence) {
+  if (evidence.is_null() || (evidence.is_structured() && evidence.empty())) return;
+  std::vector<std::string> lines;
+  if (evidence.is_object()) {
+    for (const auto& [key, value] : evidence.items()) lines.push_back(absl::StrCat(key, ": ", EvidenceValue(value)));
+  } else if (evidence.is_array()) {
+    for (const nlohmann::json& value : evidence) lines.push_back(EvidenceValue(value));
+  } else {
+    lines.push_back(EvidenceValue(evidence));
+  }
+  std::cout << "  evidence:\n";
+  for (std::size_t i = 0; i < lines.size() && i < kMaxEvidenceLines; ++i) std::cout << "    " << lines[i] << '\n';
+  if (lines.size() > kMaxEvidenceLines) {
+    std::cout << "    ... " << lines.size() - kMaxEvidenceLines << " more (--json shows everything)\n";
+  }
+}
+
+void PrintVerdict(const Verdict& verdict) {
+  std::cout << Upper(verdict.kind);
+  if (!verdict.comm.empty()) std::cout << "  comm " << verdict.comm;
+  if (verdict.seq != 0) std::cout << " #" << verdict.seq;
+  std::cout << "\n  " << verdict.message << '\n';
+  if (!verdict.ranks.empty()) std::cout << "  ranks: " << FormatRanks(verdict.ranks) << '\n';
+  PrintEvidence(verdict.evidence);
+  std::cout << '\n';
+}
+
+std::string ProcessState(const JobView& job, const ProcessView& process) {
+  if (process.exited) return "exited";
+  switch (process.liveness) {
+    case ProcessView::Liveness::kAlive: return "alive";
+    case ProcessView::Liveness::kGone: return "gone";
+    case ProcessView::Liveness::kUnknown: break;
+  }
+  // On another host: only the status file's age tells.
+  const double age_seconds = static_cast<double>(job.now_ns - process.last_seen_ns) / 1e9;
+  return age_seconds <= 3 * job.status_interval_seconds ? "alive" : "stale";
+}
+
+std::string LastCompleted(const ProcessView& process) {
+  const std::vector<CommSnapshot>& comms = process.snapshot.comms;
+  if (comms.size() == 1) return absl::StrCat("#", comms[0].last_completed);
+  std::vector<std::string> parts;
+  for (const CommSnapshot& comm : comms) parts.push_back(absl::StrCat(comm.id.substr(0, 6), ":#", comm.last_completed));
+  return parts.empty() ? "-" : absl::StrJoin(parts, " ");
+}
+
+// Inside an NCCL call, or with an operation of its own launched and not completed on the GPU.
+std::string InNccl(const ProcessView& process) {
+  if (!process.snapshot.in_nccl_call.empty()) return process.snapshot.in_nccl_call;
+  for (const CommSnapshot& comm : process.snapshot.comms) {
+    for (const OpSnapshot& op : comm.ring) {
+      if (op.state == "started" || op.state == "enqueued") return absl::StrCat(op.op, " #", op.seq, " (", op.state, ")");
+    }
+  }
+  return "no";
+}
+
+// Every process of a small job; for a large one, only those the verdicts name.
+void PrintRankTable(const JobView& job, const std::vector<Verdict>& verdicts) {
+  std::set<int> named;
+  for (const Verdict& verdict : verdicts) named.insert(verdict.ranks.begin(), verdict.ranks.end());
+  std::vector<const ProcessView*> rows;
+  for (const ProcessView& process : job.processes) {
+    if (job.processes.size() <= kMaxTableRows || named.count(process.snapshot.rank) != 0) rows.push_back(&process);
+  }
+  std::stable_sort(rows.begin(), rows.end(), [](const ProcessView* a, const ProcessView* b) {
+    return static_cast<unsigned>(a->snapshot.rank) < static_cast<unsigned>(b->snapshot.rank);  // -1 last
+  });
+  const std::size_t shown = std::min(rows.size(), kMaxTableRows);
+  std::cout << absl::StrFormat("%-6s %-28s %-7s %-12s %-15s %s\n", "RANK", "PROCESS", "STATE", "LAST SEEN",
+                               "LAST COMPLETED", "IN NCCL");
+  for (std::size_t i = 0; i < shown; ++i) {
+    const ProcessView& process = *rows[i];
+    const int rank = process.snapshot.rank;
+    const std::string seen =
+        process.last_seen_ns > 0
+            ? absl::StrFormat("%.1f s ago", static_cast<double>(job.now_ns - process.last_seen_ns) / 1e9)
+            : "never";
+    std::cout << absl::StrFormat("%-6s %-28s %-7s %-12s %-15s %s\n", rank >= 0 ? absl::StrCat(rank) : "?",
+                                 absl::StrCat(process.host, ":", process.pid), ProcessState(job, process), seen,
+                                 LastCompleted(process), InNccl(process));
+  }
+  if (job.processes.size() > shown) {
+    std::cout << "... " << job.processes.size() - shown << " other processes not shown (--json lists them all)\n";
+  }
+  std::cout << '\n';
+}
+
+void PrintForHumans(const JobView& job, const std::vector<Verdict>& verdicts) {
+  std::cout << "ncclguard analyze " << job.directory << ": " << job.processes.size() << " processes, read at "
+            << IsoTime(job.now_ns) << "\n\n";
+  for (const Verdict& verdict : verdicts) PrintVerdict(verdict);
+  const bool healthy = verdicts.size() == 1 && verdicts[0].kind == "healthy";
+  if (!healthy) PrintRankTable(job, verdicts);
+  if (!job.problems.empty()) {
+    std::cout << "Problems (" << job.problems.size() << "):\n";
+    for (std::size_t i = 0; i < job.problems.size() && i < kMaxProblemLines; ++i) {
+      std::cout << "  " << job.problems[i] << '\n';
+    }
+    if (job.problems.size() > kMaxProblemLines) std::cout << "  ... " << job.problems.size() - kMaxProblemLines << " more\n";
+  }
+}
+
+int Analyze(const AnalyzeOptions& options) {
+  std::error_code error;
+  if (!std::filesystem::is_directory(options.directory, error)) {
+    std::cerr << "ncclguard analyze: " << options.directory << " is not a directory"
+              << (error ? absl::StrCat(" (", error.message(), ")") : "") << '\n';
+    return kExitUsage;
+  }
+  const double given_interval = options.status_interval_seconds.value_or(kDefaultStatusIntervalSeconds);
+  absl::StatusOr<JobView> job = ReadJobDirectory(options.directory, NowNs(), given_interval);
+  if (!job.ok()) {
+    std::cerr << "ncclguard analyze: cannot read " << options.directory << ": " << job.status().message() << '\n';
+    return kExitUsage;
+  }
+  if (job->processes.empty()) {
+    std::cerr << "ncclguard analyze: no status file or dump in " << options.directory
+              << "; a job directory is NCCLGUARD_DUMP_DIR/<job id>\n";
+    for (const std::string& problem : job->problems) std::cerr << "  " << problem << '\n';
+    return kExitUsage;
+  }
+  if (!options.status_interval_seconds) {
+    // Large jobs stretch their interval (see StatusIntervalSeconds); judging their status files
+    // by the 2 s default would call every rank stale.
+    job->status_interval_seconds =
+        StatusIntervalSeconds(kDefaultStatusIntervalSeconds, static_cast<int>(job->processes.size()));
+  }
+
+  const std::vector<Verdict> verdicts = Classify(*job);
+  if (!options.trace_path.empty()) {
+    if (absl::Status written = WriteChromeTrace(options.trace_path, *job, verdicts); !written.ok()) {
+      std::cerr << "ncclguard analyze: " << written.message() << '\n';
+      return kExitUsage;
+    }
+  }
+  if (options.json) {
+    std::cout << VerdictsToJson(*job, verdicts).dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << '\n';
+  } else {
+    PrintForHumans(*job, verdicts);
+    if (!options.trace_path.empty()) std::cout << "Trace written to " << options.trace_path << " (open it in ui.perfetto.dev)\n";
+  }
+  const bool healthy = verdicts.size() == 1 && verdicts[0].kind == "healthy";
+  return healthy ? kExitHealthy : kExitProblemFound;
+}
+
+}  // namespace
+
+void AddAnalyzeCommand(CLI::App& app, std::function<int()>& run) {
+  auto options = std::make_shared<AnalyzeOptions>();
+  CLI::App* analyze = app.add_subcommand(
+      "analyze", "Name the rank at fault and the cause from a job directory. Exit status: 0 healthy, "
+                 "1 something is wrong, 2 usage error or unreadable directory.");
+  analyze->add_option("DIR", options->directory, "The job directory: NCCLGUARD_DUMP_DIR/<job id>")->required();
+  analyze->add_flag("--json", options->json, "Print the verdicts as JSON (schema: docs/verdicts.md)");
+  analyze->add_option("--trace", options->trace_path,
+                      "Also write the timeline to FILE as a Chrome trace (ui.perfetto.dev, chrome://tracing)")
+      ->type_name("FILE");
+  analyze->add_option("--status-interval", options->status_interval_seconds,
+                      "The job's NCCLGUARD_STATUS_INTERVAL (default: 2, stretched as the job did for its size); "
+                      "a status file older than three intervals is stale")
+      ->type_name("SECONDS")
+      ->check(CLI::PositiveNumber);
+  analyze->callback([options, &run] { run = [options] { return Analyze(*options); }; });
+}
+
+}  // namespace ncclguard

@@ -1,0 +1,40 @@
+// The record that an attempt of a job found P2P at fault. Under NCCLGUARD_ACTION=reinit, a process
+// whose stall is classified p2p_suspect writes it into the job directory before the job exits with
+// the restart code; at the next attempt, NCCLGUARD_P2P=auto reads it before the first
+// communicator exists and turns P2P off. One small JSON file, replaced atomically.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace ncclguard {
+
+inline constexpr char kP2pVerdictFile[] = "p2p-verdict.json";
+inline constexpr int kP2pVerdictFormatVersion = 1;
+
+struct P2pVerdictRecord {
+  std::string job_id;       // the job directory's name: a record of another job is foreign
+  std::string message;      // the verdict's sentence
+  std::string comm;         // the communicator and operation it was about
+  std::uint64_t seq = 0;
+  std::vector<int> ranks;
+  std::string host;         // who wrote it
+  int pid = -1;
+  int rank = -1;
+  std::int64_t time_ns = 0; // when (epoch ns)
+};
+
+// Writes <job_dir>/p2p-verdict.json atomically (several processes may write it at once; any one
+// of their records is fine).
+absl::Status WriteP2pVerdict(const std::string& job_dir, const P2pVerdictRecord& record) noexcept;
+
+// NotFound when the job directory has no record. InvalidArgument, with a message that names the
+// file and says what is wrong with it, when the file is not a record in this format (corrupt,
+// truncated, another program's, another format version) or is the record of another job.
+absl::StatusOr<P2pVerdictRecord> ReadP2pVerdict(const std::string& job_dir, const std::string& job_id) noexcept;
+
+}  // namespace ncclguard
