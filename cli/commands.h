@@ -14,5 +14,7 @@ inline constexpr int kExitProblemFound = 1;  // something is wrong, and it was r
 inline constexpr int kExitUsage = 2;         // bad usage, or nothing could be read
 
 void AddAnalyzeCommand(CLI::App& app, std::function<int()>& run);
+void AddDoctorCommand(CLI::App& app, std::function<int()>& run);
+void AddRunCommand(CLI::App& app, std::function<int()>& run);
 
 }  // namespace ncclguard

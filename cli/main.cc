@@ -12,6 +12,8 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   std::function<int()> run;
   ncclguard::AddAnalyzeCommand(app, run);
+  ncclguard::AddDoctorCommand(app, run);
+  ncclguard::AddRunCommand(app, run);
 
   try {
     app.parse(argc, argv);

@@ -66,8 +66,21 @@ NCCLGUARD_TIMEOUT=3 NCCLGUARD_JOB_ID=uneven-data \
 say "   ncclguard analyze on the job directory, after the launcher gave up on the job:"
 "$build/bin/ncclguard" analyze "$jobs/uneven-data" | head -n 12 || true
 
+say "5. Scenario S2, a hang right after init: with driver 545.23.08, NCCL's P2P transfers never" \
+    "   complete (injected). ncclguard warns at init that this driver is known-bad; the first" \
+    "   collective stalls; the verdict is p2p_suspect; with NCCLGUARD_ACTION=reinit every rank" \
+    "   records it and exits 75. \`ncclguard run\` starts the job again, which now turns P2P off" \
+    "   before its first communicator, and the job completes (NCCL goes through shared memory):"
+LD_LIBRARY_PATH="$emulator" NCCLGUARD_DUMP_DIR="$jobs" NCCLGUARD_JOB_ID=hang-after-init \
+  NCCLEMU_FAULTS="p2p_stall:after=0" NCCLEMU_DRIVER_VERSION=545.23.08 NCCL_DEBUG=INFO \
+  NCCLGUARD_ACTION=reinit NCCLGUARD_TIMEOUT=3 \
+  "$build/bin/ncclguard" run -- "$train_loop" --ranks 4 --steps 50 --timeout 60 2>&1 |
+  grep -E 'ncclguard run|\[0\] ncclguard (WARN|ERROR)|\[0\] NCCL INFO Channel 00.* 0\[0\] -> 1|all 4 ranks|rank 0 checksum' |
+  fold -s -w 120 || true
+echo "   (exit status of ncclguard run: ${PIPESTATUS[0]})"
+
 if [[ -e "$real_nccl/libnccl.so.2" ]]; then
-  say "5. The real NCCL of the CUDA toolkit, through Python ctypes. There is no GPU here, so" \
+  say "6. The real NCCL of the CUDA toolkit, through Python ctypes. There is no GPU here, so" \
       "   ncclCommInitRank fails with ncclUnhandledCudaError; ncclguard forwards exactly that:"
   LD_LIBRARY_PATH="$real_nccl" LD_PRELOAD="$guard" NCCLGUARD_DUMP_DIR="$jobs" NCCLGUARD_LOG_LEVEL=debug \
     python3 - <<'PY' 2>&1 | grep -vE 'dumped state|job directory'

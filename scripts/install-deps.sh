@@ -9,6 +9,11 @@ packages=(
   libspdlog-dev libfmt-dev libabsl-dev catch2 nlohmann-json3-dev libcli11-dev
   libbenchmark-dev
 )
+# Lmod, for the tests of the modulefiles. Debian's Lmod and Environment Modules conflict: a machine
+# that has the latter keeps it, and those tests are skipped there.
+if ! dpkg-query -W -f='${Status}' environment-modules 2>/dev/null | grep -q "install ok installed"; then
+  packages+=(lmod)
+fi
 
 missing=()
 for p in "${packages[@]}"; do

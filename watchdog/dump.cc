@@ -38,21 +38,7 @@ absl::Status ErrnoError(const std::string& what, int error) {
   return absl::UnavailableError(absl::StrCat(what, ": ", std::strerror(error)));
 }
 
-std::string NcclVersionText(int code) {
-  if (code <= 0) return "unknown";
-  // NCCL 2.9 changed the code from major*1000+minor*100+patch to major*10000+minor*100+patch.
-  const int major = code >= 10000 ? code / 10000 : code / 1000;
-  const int minor = code >= 10000 ? code % 10000 / 100 : code % 1000 / 100;
-  return absl::StrCat(major, ".", minor, ".", code % 100);
-}
-
 std::string Hex(std::uint64_t value) { return fmt::format("0x{:x}", value); }
-
-Json VariablesObject(const EnvironmentVariables& variables) {
-  Json object = Json::object();
-  for (const auto& [name, value] : variables) object[name] = value;
-  return object;
-}
 
 Json OpJson(const OpSnapshot& op) {
   return Json{{"seq", op.seq},
@@ -301,15 +287,37 @@ absl::StatusOr<std::string> WriteFileAtomically(const std::string& directory, co
   return result;
 }
 
-std::string FormatDump(const ProcessSnapshot& snapshot, const ProcessFacts& facts) {
+nlohmann::ordered_json VariablesJson(const EnvironmentVariables& variables) {
+  Json object = Json::object();
+  for (const auto& [name, value] : variables) object[name] = value;
+  return object;
+}
+
+nlohmann::ordered_json SystemFactsJson(const ProcessFacts& facts, bool with_memory) {
   Json gpus = Json::array();
   for (const GpuFacts& gpu : facts.cuda.gpus) {
-    gpus.push_back(Json{{"device", gpu.device},
-                        {"name", gpu.name},
-                        {"pci_bus_id", gpu.pci_bus_id},
-                        {"memory_free_bytes", gpu.memory_free_bytes},
-                        {"memory_total_bytes", gpu.memory_total_bytes}});
+    Json entry{{"device", gpu.device}, {"name", gpu.name}, {"pci_bus_id", gpu.pci_bus_id}};
+    if (with_memory) {
+      entry["memory_free_bytes"] = gpu.memory_free_bytes;
+      entry["memory_total_bytes"] = gpu.memory_total_bytes;
+    }
+    gpus.push_back(std::move(entry));
   }
+  Json system{{"kernel_release", facts.kernel_release},
+              {"driver_version", facts.driver_version},
+              {"cuda_driver_version", facts.cuda.driver_version},
+              {"gpu_count", facts.cuda.device_count},
+              {"host_gpus", facts.host_gpu_names},
+              {"peer_access", facts.cuda.peer_access}};
+  if (with_memory) {
+    system["host_memory_total_bytes"] = facts.host_memory_total_bytes;
+    system["host_memory_available_bytes"] = facts.host_memory_available_bytes;
+  }
+  system["gpus"] = std::move(gpus);
+  return system;
+}
+
+std::string FormatDump(const ProcessSnapshot& snapshot, const ProcessFacts& facts) {
   Json communicators = Json::array();
   Json progress = Json::array();
   for (const CommSnapshot& comm : snapshot.comms) {
@@ -335,17 +343,11 @@ std::string FormatDump(const ProcessSnapshot& snapshot, const ProcessFacts& fact
        Json{{"ppid", facts.ppid},
             {"program", facts.program},
             {"command_line", facts.command_line},
-            {"launcher", VariablesObject(facts.launcher)},
-            {"environment", VariablesObject(facts.environment)},
+            {"launcher", VariablesJson(facts.launcher)},
+            {"environment", VariablesJson(facts.environment)},
             {"rss_bytes", facts.rss_bytes},
             {"peak_rss_bytes", facts.peak_rss_bytes}}},
-      {"system",
-       Json{{"kernel_release", facts.kernel_release},
-            {"driver_version", facts.driver_version},
-            {"cuda_driver_version", facts.cuda.driver_version},
-            {"host_memory_total_bytes", facts.host_memory_total_bytes},
-            {"host_memory_available_bytes", facts.host_memory_available_bytes},
-            {"gpus", std::move(gpus)}}},
+      {"system", SystemFactsJson(facts, /*with_memory=*/true)},
       {"communicators", std::move(communicators)},
       {"stall", StallJson(snapshot.stall)},
       {"watchdog", Json{{"in_nccl_call", snapshot.in_nccl_call}, {"progress", std::move(progress)}}},

@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "watchdog/facts.h"
@@ -30,6 +32,12 @@ inline constexpr std::chrono::milliseconds kWriteDeadline{10'000};
 using DumpResult = absl::StatusOr<std::string>;
 
 std::string FormatDump(const ProcessSnapshot& snapshot, const ProcessFacts& facts);
+
+// The dump's sections of facts, shared with status files: variables as an object, and the
+// "system" section (kernel, drivers, GPUs and, in dumps only, memory: it changes while the
+// process runs, and a status file is not rewritten for it).
+nlohmann::ordered_json VariablesJson(const EnvironmentVariables& variables);
+nlohmann::ordered_json SystemFactsJson(const ProcessFacts& facts, bool with_memory);
 
 // Writes FormatDump's document as job_dir/dump-<host>-<pid>-<rank>-<n>.json. Never throws and
 // never blocks for longer than kWriteDeadline; failures are returned (and logged once per process).

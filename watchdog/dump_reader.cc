@@ -36,12 +36,6 @@ int ParseNcclVersion(const Json& value) {
                                                  : major * 1000 + minor * 100 + patch;
 }
 
-EnvironmentVariables ParseVariables(const Json& object) {
-  EnvironmentVariables variables;
-  for (const auto& [name, value] : object.items()) variables.emplace_back(name, value.get<std::string>());
-  return variables;
-}
-
 OpSnapshot ParseOp(const Json& entry) {
   OpSnapshot op;
   op.seq = entry.at("seq").get<std::uint64_t>();
@@ -104,19 +98,7 @@ ParsedDump ParseDocument(const Json& document) {
   facts.environment = ParseVariables(process.at("environment"));
   facts.rss_bytes = process.at("rss_bytes").get<std::int64_t>();
   facts.peak_rss_bytes = process.at("peak_rss_bytes").get<std::int64_t>();
-  const Json& system = document.at("system");
-  facts.kernel_release = system.at("kernel_release").get<std::string>();
-  facts.driver_version = system.at("driver_version").get<std::string>();
-  facts.cuda.driver_version = system.at("cuda_driver_version").get<int>();
-  facts.host_memory_total_bytes = system.at("host_memory_total_bytes").get<std::int64_t>();
-  facts.host_memory_available_bytes = system.at("host_memory_available_bytes").get<std::int64_t>();
-  for (const Json& gpu : system.at("gpus")) {
-    facts.cuda.gpus.push_back(GpuFacts{.device = gpu.at("device").get<int>(),
-                                       .name = gpu.at("name").get<std::string>(),
-                                       .pci_bus_id = gpu.at("pci_bus_id").get<std::string>(),
-                                       .memory_free_bytes = gpu.at("memory_free_bytes").get<std::int64_t>(),
-                                       .memory_total_bytes = gpu.at("memory_total_bytes").get<std::int64_t>()});
-  }
+  ParseSystemFacts(document.at("system"), facts);
 
   ProcessSnapshot& snapshot = parsed.snapshot;
   snapshot.reason = document.at("reason").get<std::string>();
@@ -162,6 +144,32 @@ ParsedDump ParseDocument(const Json& document) {
 }
 
 }  // namespace
+
+EnvironmentVariables ParseVariables(const nlohmann::json& object) {
+  EnvironmentVariables variables;
+  for (const auto& [name, value] : object.items()) variables.emplace_back(name, value.get<std::string>());
+  return variables;
+}
+
+void ParseSystemFacts(const nlohmann::json& system, ProcessFacts& facts) {
+  // Memory figures are in dumps only (dump.h).
+  facts.kernel_release = system.at("kernel_release").get<std::string>();
+  facts.driver_version = system.at("driver_version").get<std::string>();
+  facts.cuda.driver_version = system.at("cuda_driver_version").get<int>();
+  // Added after format version 1 was first written: absent in older dumps.
+  facts.cuda.device_count = system.value("gpu_count", -1);
+  facts.host_gpu_names = system.value("host_gpus", std::vector<std::string>());
+  facts.cuda.peer_access = system.value("peer_access", std::vector<std::vector<int>>());
+  facts.host_memory_total_bytes = system.value("host_memory_total_bytes", std::int64_t{-1});
+  facts.host_memory_available_bytes = system.value("host_memory_available_bytes", std::int64_t{-1});
+  for (const Json& gpu : system.at("gpus")) {
+    facts.cuda.gpus.push_back(GpuFacts{.device = gpu.at("device").get<int>(),
+                                       .name = gpu.at("name").get<std::string>(),
+                                       .pci_bus_id = gpu.at("pci_bus_id").get<std::string>(),
+                                       .memory_free_bytes = gpu.value("memory_free_bytes", std::int64_t{-1}),
+                                       .memory_total_bytes = gpu.value("memory_total_bytes", std::int64_t{-1})});
+  }
+}
 
 absl::StatusOr<ParsedDump> ParseDump(const std::string& content) noexcept {
   try {

@@ -50,23 +50,6 @@ T Ask(const Source& source, T fallback, const Args&... args) noexcept {
   }
 }
 
-std::optional<std::string> ReadWholeFile(const std::string& path) {
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return std::nullopt;
-  std::string content;
-  char buffer[4096];
-  for (;;) {
-    const ssize_t n = read(fd, buffer, sizeof(buffer));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      close(fd);
-      if (n < 0) return std::nullopt;
-      return content;
-    }
-    content.append(buffer, static_cast<size_t>(n));
-  }
-}
-
 std::optional<std::string> ReadLink(const std::string& path) {
   char target[4096];
   const ssize_t n = readlink(path.c_str(), target, sizeof(target));
@@ -117,13 +100,48 @@ std::string NvmlDriverVersion() {
   return ok ? std::string(version) : "";
 }
 
+// NVML needs no cuInit and creates no CUDA context: the GPUs' names are known before the
+// application initialises CUDA, which is when its first NCCL call may come.
+std::vector<std::string> NvmlGpuNames() {
+  using Device = void*;  // nvmlDevice_t
+  using Init = int (*)();
+  using GetCount = int (*)(unsigned int* count);
+  using GetHandle = int (*)(unsigned int index, Device* device);
+  using GetName = int (*)(Device device, char* name, unsigned int length);
+  using Shutdown = int (*)();
+  static void* const handle = OpenDriverLibrary("libnvidia-ml.so.1");
+  const auto init = Resolve<Init>(handle, "nvmlInit_v2");
+  const auto get_count = Resolve<GetCount>(handle, "nvmlDeviceGetCount_v2");
+  const auto get_handle = Resolve<GetHandle>(handle, "nvmlDeviceGetHandleByIndex_v2");
+  const auto get_name = Resolve<GetName>(handle, "nvmlDeviceGetName");
+  const auto shutdown = Resolve<Shutdown>(handle, "nvmlShutdown");
+  if (!init || !get_count || !get_handle || !get_name || !shutdown || init() != 0) return {};
+  std::vector<std::string> names;
+  unsigned int count = 0;
+  if (get_count(&count) == 0) {
+    for (unsigned int index = 0; index < count; ++index) {
+      Device device = nullptr;
+      char name[96] = {};
+      if (get_handle(index, &device) != 0 || get_name(device, name, sizeof(name)) != 0) {
+        names.clear();  // a partial list would miscount the host's GPUs
+        break;
+      }
+      names.emplace_back(name);
+    }
+  }
+  shutdown();
+  return names;
+}
+
 struct CudaDriver {
+  decltype(&::cuInit) init = nullptr;
   decltype(&::cuDriverGetVersion) driver_get_version = nullptr;
   decltype(&::cuDeviceGetCount) device_get_count = nullptr;
   decltype(&::cuDeviceGet) device_get = nullptr;
   decltype(&::cuDeviceGetName) device_get_name = nullptr;
   decltype(&::cuDeviceGetPCIBusId) device_get_pci_bus_id = nullptr;
   decltype(&::cuDevicePrimaryCtxGetState) primary_context_get_state = nullptr;
+  decltype(&::cuDeviceCanAccessPeer) device_can_access_peer = nullptr;
   decltype(&::cuDevicePrimaryCtxRetain) primary_context_retain = nullptr;
   decltype(&::cuDevicePrimaryCtxRelease) primary_context_release = nullptr;
   decltype(&::cuCtxPushCurrent) context_push = nullptr;
@@ -145,12 +163,14 @@ CudaDriver ResolveCudaDriver() {
   void* handle = OpenDriverLibrary("libcuda.so.1");
 #define NCCLGUARD_RESOLVE(field, function) \
   driver.field = Resolve<decltype(driver.field)>(handle, NCCLGUARD_SYMBOL_NAME(function))
+  NCCLGUARD_RESOLVE(init, cuInit);
   NCCLGUARD_RESOLVE(driver_get_version, cuDriverGetVersion);
   NCCLGUARD_RESOLVE(device_get_count, cuDeviceGetCount);
   NCCLGUARD_RESOLVE(device_get, cuDeviceGet);
   NCCLGUARD_RESOLVE(device_get_name, cuDeviceGetName);
   NCCLGUARD_RESOLVE(device_get_pci_bus_id, cuDeviceGetPCIBusId);
   NCCLGUARD_RESOLVE(primary_context_get_state, cuDevicePrimaryCtxGetState);
+  NCCLGUARD_RESOLVE(device_can_access_peer, cuDeviceCanAccessPeer);
   NCCLGUARD_RESOLVE(primary_context_retain, cuDevicePrimaryCtxRetain);
   NCCLGUARD_RESOLVE(primary_context_release, cuDevicePrimaryCtxRelease);
   NCCLGUARD_RESOLVE(context_push, cuCtxPushCurrent);
@@ -179,8 +199,33 @@ void ReadDeviceMemory(const CudaDriver& driver, CUdevice device, GpuFacts* gpu) 
   driver.primary_context_release(device);
 }
 
-CudaFacts ReadCudaFacts(const std::vector<int>& devices) {
+const CudaDriver& Driver() {
   static const CudaDriver driver = ResolveCudaDriver();
+  return driver;
+}
+
+// cuDeviceCanAccessPeer between every pair of visible devices; empty when any answer is missing
+// (a partial matrix would read as "no access").
+std::vector<std::vector<int>> ReadPeerAccess(const CudaDriver& driver, int count) {
+  if (driver.device_can_access_peer == nullptr || driver.device_get == nullptr) return {};
+  std::vector<CUdevice> devices(static_cast<size_t>(count));
+  for (int ordinal = 0; ordinal < count; ++ordinal) {
+    if (driver.device_get(&devices[ordinal], ordinal) != CUDA_SUCCESS) return {};
+  }
+  std::vector<std::vector<int>> access(devices.size(), std::vector<int>(devices.size(), 0));
+  for (size_t from = 0; from < devices.size(); ++from) {
+    for (size_t to = 0; to < devices.size(); ++to) {
+      if (from == to) continue;
+      int can_access = 0;
+      if (driver.device_can_access_peer(&can_access, devices[from], devices[to]) != CUDA_SUCCESS) return {};
+      access[from][to] = can_access != 0 ? 1 : 0;
+    }
+  }
+  return access;
+}
+
+CudaFacts ReadCudaFacts(const std::vector<int>& devices) {
+  const CudaDriver& driver = Driver();
   CudaFacts facts;
   int version = 0;
   if (driver.driver_get_version != nullptr && driver.driver_get_version(&version) == CUDA_SUCCESS) {
@@ -190,6 +235,8 @@ CudaFacts ReadCudaFacts(const std::vector<int>& devices) {
   // cuDeviceGetCount fails before cuInit: a process that never initialised CUDA uses no GPU,
   // and ncclguard does not initialise it on its behalf.
   if (!driver.CanQueryDevices() || driver.device_get_count(&count) != CUDA_SUCCESS) return facts;
+  facts.device_count = count;
+  facts.peer_access = ReadPeerAccess(driver, count);
   const std::set<int> wanted(devices.begin(), devices.end());
   for (int ordinal = 0; ordinal < count; ++ordinal) {
     CUdevice device = 0;
@@ -248,11 +295,56 @@ std::string KnownOr(std::string value) { return value.empty() ? "unknown" : valu
 
 }  // namespace
 
+std::optional<std::string> ReadWholeFile(const std::string& path) {
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return std::nullopt;
+  std::string content;
+  char buffer[4096];
+  for (;;) {
+    const ssize_t n = read(fd, buffer, sizeof(buffer));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int read_error = errno;
+      close(fd);
+      if (n < 0) {
+        errno = read_error;
+        return std::nullopt;
+      }
+      return content;
+    }
+    content.append(buffer, static_cast<size_t>(n));
+  }
+}
+
+std::string NcclVersionText(int code) {
+  if (code <= 0) return "unknown";
+  // NCCL 2.9 changed the code from major*1000+minor*100+patch to major*10000+minor*100+patch.
+  const int major = code >= 10000 ? code / 10000 : code / 1000;
+  const int minor = code >= 10000 ? code % 10000 / 100 : code % 1000 / 100;
+  return std::to_string(major) + "." + std::to_string(minor) + "." + std::to_string(code % 100);
+}
+
 bool IsAllowlistedVariable(const std::string& name) {
   for (const std::string_view prefix : {"NCCL_", "CUDA_", "NCCLGUARD_"}) {
     if (name.size() > prefix.size() && name.compare(0, prefix.size(), prefix) == 0) return true;
   }
   return name == "LD_PRELOAD" || name == "LD_LIBRARY_PATH";
+}
+
+bool P2pDisabledBy(const EnvironmentVariables& variables) {
+  for (const auto& [name, value] : variables) {
+    int number = -1;
+    if (name == "NCCL_P2P_DISABLE" && absl::SimpleAtoi(value, &number) && number == 1) return true;
+    if (name == "NCCL_P2P_LEVEL" && (value == "LOC" || (absl::SimpleAtoi(value, &number) && number == 0))) {
+      return true;
+    }
+  }
+  return false;
+}
+
+bool InitialiseCudaDriver() {
+  const CudaDriver& driver = Driver();
+  return driver.init != nullptr && driver.init(0) == CUDA_SUCCESS;
 }
 
 int LauncherRank(const ProcessFacts& facts) {
@@ -278,6 +370,7 @@ FactSources RealFactSources() {
     return uname(&names) == 0 ? std::string(names.release) : std::string();
   };
   sources.nvml_driver_version = NvmlDriverVersion;
+  sources.nvml_gpu_names = NvmlGpuNames;
   sources.nccl_version = [] { return shim::LibraryVersion(0); };
   sources.cuda = ReadCudaFacts;
   return sources;
@@ -300,8 +393,30 @@ ProcessFacts CollectIdentityFacts(const FactSources& sources) {
   return facts;
 }
 
+namespace {
+
+void AddMatchingFacts(const FactSources& sources, const std::vector<int>& devices, ProcessFacts& facts) {
+  for (auto& [name, value] : Ask(sources.environment, EnvironmentVariables())) {
+    if (IsAllowlistedVariable(name)) facts.environment.emplace_back(std::move(name), std::move(value));
+  }
+  std::sort(facts.environment.begin(), facts.environment.end());
+  facts.kernel_release = KnownOr(Ask(sources.kernel_release, std::string()));
+  facts.driver_version = KnownOr(Ask(sources.nvml_driver_version, std::string()));
+  facts.host_gpu_names = Ask(sources.nvml_gpu_names, std::vector<std::string>());
+  facts.cuda = Ask(sources.cuda, CudaFacts(), devices);
+}
+
+}  // namespace
+
+ProcessFacts CollectMatchingFacts(const FactSources& sources) {
+  ProcessFacts facts = CollectIdentityFacts(sources);
+  AddMatchingFacts(sources, {}, facts);
+  return facts;
+}
+
 ProcessFacts CollectProcessFacts(const FactSources& sources, const std::vector<int>& devices) {
   ProcessFacts facts = CollectIdentityFacts(sources);
+  AddMatchingFacts(sources, devices, facts);
   using OptionalText = std::optional<std::string>;
   facts.program = KnownOr(Ask(sources.read_link, OptionalText(), std::string("/proc/self/exe"))
                               .value_or(""));
@@ -309,14 +424,7 @@ ProcessFacts CollectProcessFacts(const FactSources& sources, const std::vector<i
           Ask(sources.read_file, OptionalText(), std::string("/proc/self/cmdline"))) {
     facts.command_line = SplitNulSeparated(*command_line);
   }
-  for (auto& [name, value] : Ask(sources.environment, EnvironmentVariables())) {
-    if (IsAllowlistedVariable(name)) facts.environment.emplace_back(std::move(name), std::move(value));
-  }
-  std::sort(facts.environment.begin(), facts.environment.end());
-  facts.kernel_release = KnownOr(Ask(sources.kernel_release, std::string()));
-  facts.driver_version = KnownOr(Ask(sources.nvml_driver_version, std::string()));
   facts.nccl_version = Ask(sources.nccl_version, 0);
-  facts.cuda = Ask(sources.cuda, CudaFacts(), devices);
   const OptionalText meminfo = Ask(sources.read_file, OptionalText(), std::string("/proc/meminfo"));
   facts.host_memory_total_bytes = KilobyteField(meminfo, "MemTotal");
   facts.host_memory_available_bytes = KilobyteField(meminfo, "MemAvailable");

@@ -23,7 +23,11 @@ struct GpuFacts {
 
 struct CudaFacts {
   int driver_version = -1;  // cuDriverGetVersion: 1000 × major + 10 × minor, e.g. 13000
+  int device_count = -1;    // cuDeviceGetCount: the GPUs visible to the process; -1: unknown
   std::vector<GpuFacts> gpus;
+  // cuDeviceCanAccessPeer between the visible GPUs: peer_access[i][j] is 1 when device i can
+  // access device j's memory (the diagonal is 0); empty when unknown.
+  std::vector<std::vector<int>> peer_access;
 };
 
 using EnvironmentVariables = std::vector<std::pair<std::string, std::string>>;
@@ -38,6 +42,9 @@ struct ProcessFacts {
   EnvironmentVariables environment;       // the allowlisted variables that are set, sorted
   std::string kernel_release = "unknown";
   std::string driver_version = "unknown";  // the kernel driver's, from NVML, e.g. "580.65.06"
+  // Every GPU of the host, from NVML, whatever CUDA_VISIBLE_DEVICES says: known before the process
+  // initialises CUDA (when `cuda` knows nothing yet). Empty when unknown.
+  std::vector<std::string> host_gpu_names;
   int nccl_version = 0;                    // ncclGetVersion's code of the default libnccl, 0: unknown
   CudaFacts cuda;
   std::int64_t host_memory_total_bytes = -1;
@@ -57,24 +64,48 @@ struct FactSources {
   std::function<EnvironmentVariables()> environment;  // the whole environment, unfiltered
   std::function<std::string()> kernel_release;
   std::function<std::string()> nvml_driver_version;
+  std::function<std::vector<std::string>()> nvml_gpu_names;
   std::function<int()> nccl_version;
-  // GPU facts of the devices with an active primary context plus `devices`.
+  // GPU facts of the devices with an active primary context plus `devices`, the number of
+  // visible GPUs and their peer access. Never initialises CUDA: before the process's cuInit only
+  // the driver version is known.
   std::function<CudaFacts(const std::vector<int>& devices)> cuda;
 };
 
 FactSources RealFactSources();
 
+// The whole content of a file; std::nullopt when it cannot be read (errno says why).
+std::optional<std::string> ReadWholeFile(const std::string& path);
+
 // Every fact. `devices` are the ordinals the process's communicators use; devices whose primary
 // context is active are reported whether listed or not.
 ProcessFacts CollectProcessFacts(const FactSources& sources, const std::vector<int>& devices = {});
+
+// What matching known-bad configurations needs (known_bad.h): host, pid, the allowlisted
+// environment, kernel release, NVML driver version and GPU names, and the CUDA facts. No /proc
+// reads.
+ProcessFacts CollectMatchingFacts(const FactSources& sources);
 
 // Only what a status file needs: host, pid, ppid and the launcher's variables. No /proc reads,
 // no driver calls.
 ProcessFacts CollectIdentityFacts(const FactSources& sources);
 
+// An ncclGetVersion code as text: 22809 → "2.28.9" (and 2708 → "2.7.8", before NCCL 2.9 changed
+// the encoding); "unknown" for 0.
+std::string NcclVersionText(int code);
+
 // True for the variables a dump may show: NCCL_*, CUDA_*, NCCLGUARD_*, LD_PRELOAD and
 // LD_LIBRARY_PATH. Nothing else: secrets live in the environment.
 bool IsAllowlistedVariable(const std::string& name);
+
+// Whether these variables turn NCCL's P2P transport off, as NCCL reads them:
+// NCCL_P2P_DISABLE=1, or NCCL_P2P_LEVEL=LOC (or its legacy number 0).
+bool P2pDisabledBy(const EnvironmentVariables& variables);
+
+// Initialises the CUDA driver (cuInit) in this process, for a program of ncclguard's own that
+// reports on the machine; false when there is no driver or it fails. The library never calls it:
+// it must not initialise CUDA on an application's behalf.
+bool InitialiseCudaDriver();
 
 // The launcher's rank, as RANK, SLURM_PROCID, OMPI_COMM_WORLD_RANK, PMI_RANK, PMIX_RANK or
 // PADDLE_TRAINER_ID say (first one set); -1 when none is.

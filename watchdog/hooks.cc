@@ -12,6 +12,7 @@
 #include "shim/libraries.h"
 #include "watchdog/config.h"
 #include "watchdog/log.h"
+#include "watchdog/p2p_policy.h"
 #include "watchdog/version.h"
 
 namespace ncclguard {
@@ -80,6 +81,8 @@ bool Start() noexcept {
     log::Info("ncclguard {} watching {} (pid {})", kVersion, ProgramName(), getpid());
     for (const std::string& line : config.effective_values) log::Info("setting {}", line);
     for (const std::string& problem : config.problems) log::Warn("{}", problem);
+    // Before the first communicator: the only moment NCCL still reads NCCL_P2P_DISABLE.
+    ApplyP2pPolicy(config);
     g_state.store(State::kActive, std::memory_order_release);
     return true;
   } catch (const std::exception& error) {

@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <tuple>
 #include <utility>
 
 #include <nlohmann/json.hpp>
@@ -19,6 +20,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "watchdog/dump.h"
+#include "watchdog/dump_reader.h"
 #include "watchdog/log.h"
 
 namespace ncclguard {
@@ -59,7 +61,16 @@ class ScopedFd {
   int fd_;
 };
 
-Json StatusJson(const ProcessSnapshot& snapshot, const ProcessFacts& identity) {
+// What a process that has not dumped shows of itself: the facts that the classifier's P2P
+// evidence and the known-bad entries match on (memory figures are not collected for it).
+void ParseFacts(const nlohmann::json& document, ProcessFacts& facts) {
+  if (const auto environment = document.find("environment"); environment != document.end()) {
+    facts.environment = ParseVariables(*environment);
+  }
+  if (const auto system = document.find("system"); system != document.end()) ParseSystemFacts(*system, facts);
+}
+
+Json StatusJson(const ProcessSnapshot& snapshot, const ProcessFacts& facts) {
   Json communicators = Json::array();
   for (const CommSnapshot& comm : snapshot.comms) {
     Json oldest = nullptr;
@@ -108,21 +119,23 @@ Json StatusJson(const ProcessSnapshot& snapshot, const ProcessFacts& identity) {
   const std::int64_t time_ns = snapshot.time_ns != 0 ? snapshot.time_ns : NowNs();
   return Json{{"format", "ncclguard-status"},
               {"format_version", kStatusFormatVersion},
-              {"host", identity.host},
-              {"pid", identity.pid},
-              {"rank", snapshot.rank >= 0 ? snapshot.rank : LauncherRank(identity)},
+              {"host", facts.host},
+              {"pid", facts.pid},
+              {"rank", snapshot.rank >= 0 ? snapshot.rank : LauncherRank(facts)},
               {"time", IsoTime(time_ns)},
               {"time_ns", time_ns},
               {"in_nccl_call", snapshot.in_nccl_call},
               {"stall", std::move(stall)},
               {"communicators", std::move(communicators)},
               {"pending_inits", std::move(pending_inits)},
-              {"exiting", snapshot.exiting}};
+              {"exiting", snapshot.exiting},
+              {"environment", VariablesJson(facts.environment)},
+              {"system", SystemFactsJson(facts, /*with_memory=*/false)}};
 }
 
 // Throws nlohmann::json's exceptions on a document of the wrong shape.
 PeerStatus ParseStatus(const std::string& file, const std::string& content) {
-  const Json document = Json::parse(content);
+  const nlohmann::json document = nlohmann::json::parse(content);
   if (document.at("format").get<std::string>() != "ncclguard-status") {
     throw std::runtime_error("not an ncclguard status file");
   }
@@ -134,11 +147,15 @@ PeerStatus ParseStatus(const std::string& file, const std::string& content) {
   status.file = file;
   status.host = document.at("host").get<std::string>();
   status.pid = document.at("pid").get<int>();
+  status.facts.host = status.host;
+  status.facts.pid = status.pid;
+  // Added to format version 1 later: files written before lack them.
+  ParseFacts(document, status.facts);
   ProcessSnapshot& snapshot = status.snapshot;
   snapshot.rank = document.at("rank").get<int>();
   snapshot.time_ns = document.at("time_ns").get<std::int64_t>();
   snapshot.in_nccl_call = document.value("in_nccl_call", "");
-  if (const Json& stall = document.at("stall"); !stall.is_null()) {
+  if (const nlohmann::json& stall = document.at("stall"); !stall.is_null()) {
     StallSnapshot& copy = snapshot.stall.emplace();
     copy.kind = stall.at("kind").get<std::string>();
     copy.comm_id = stall.at("comm_id").get<std::string>();
@@ -146,7 +163,7 @@ PeerStatus ParseStatus(const std::string& file, const std::string& content) {
     copy.seconds = stall.at("seconds").get<double>();
     copy.verdict = stall.value("verdict", "");
   }
-  for (const Json& entry : document.at("communicators")) {
+  for (const nlohmann::json& entry : document.at("communicators")) {
     CommSnapshot comm;
     comm.id = entry.at("id").get<std::string>();
     comm.rank = entry.at("rank").get<int>();
@@ -170,7 +187,7 @@ PeerStatus ParseStatus(const std::string& file, const std::string& content) {
       op.reduction = last->value("reduction", "");
       comm.ring.push_back(std::move(op));
     }
-    if (const Json& oldest = entry.at("oldest_outstanding"); !oldest.is_null()) {
+    if (const nlohmann::json& oldest = entry.at("oldest_outstanding"); !oldest.is_null()) {
       OpSnapshot op;
       op.seq = oldest.at("seq").get<std::uint64_t>();
       op.op = oldest.at("op").get<std::string>();
@@ -190,7 +207,7 @@ PeerStatus ParseStatus(const std::string& file, const std::string& content) {
   }
   // Added to format version 1 later: files written before may lack them.
   if (const auto inits = document.find("pending_inits"); inits != document.end()) {
-    for (const Json& entry : *inits) {
+    for (const nlohmann::json& entry : *inits) {
       snapshot.pending_inits.push_back(PendingInitSnapshot{
           .comm_id = entry.at("comm_id").get<std::string>(),
           .api = entry.at("api").get<std::string>(),
@@ -291,7 +308,7 @@ struct PollOutcome {
 
 }  // namespace
 
-std::string JobId(const EnvironmentReader& read_environment, const std::string& first_unique_id_hex) {
+std::optional<std::string> NamedJobId(const EnvironmentReader& read_environment) {
   auto variable = [&](const char* name) {
     std::string value;
     if (!read_environment || !read_environment(name, &value)) return std::string();
@@ -302,17 +319,24 @@ std::string JobId(const EnvironmentReader& read_environment, const std::string& 
     const std::string step = variable("SLURM_STEP_ID");
     return SafeFileName(absl::StrCat("slurm-", job, step.empty() ? "" : ".", step));
   }
-  // torchrun's --rdzv-id defaults to "none": shared by unrelated runs, so not an id.
-  if (std::string run = variable("TORCHELASTIC_RUN_ID"); !run.empty() && run != "none") {
-    return SafeFileName("torchelastic-" + run);
+  // The launchers' defaults when the user names nothing (torchrun's --rdzv-id "none", Paddle's
+  // --job_id "default") are shared by unrelated runs, so they are not ids.
+  const std::tuple<const char*, const char*, const char*> kLaunchers[] = {
+      {"TORCHELASTIC_RUN_ID", "torchelastic-", "none"},
+      {"PADDLE_JOB_ID", "paddle-", "default"},
+      {"OMPI_MCA_ess_base_jobid", "ompi-", ""},
+      {"PMIX_NAMESPACE", "pmix-", ""},
+      {"LSB_JOBID", "lsf-", ""},
+      {"PBS_JOBID", "pbs-", ""},
+      {"FLUX_JOB_ID", "flux-", ""}};
+  for (const auto& [name, prefix, shared_default] : kLaunchers) {
+    if (std::string id = variable(name); !id.empty() && id != shared_default) return SafeFileName(prefix + id);
   }
-  const std::pair<const char*, const char*> kLaunchers[] = {
-      {"PADDLE_JOB_ID", "paddle-"}, {"OMPI_MCA_ess_base_jobid", "ompi-"},
-      {"PMIX_NAMESPACE", "pmix-"},  {"LSB_JOBID", "lsf-"},
-      {"PBS_JOBID", "pbs-"},        {"FLUX_JOB_ID", "flux-"}};
-  for (const auto& [name, prefix] : kLaunchers) {
-    if (std::string id = variable(name); !id.empty()) return SafeFileName(prefix + id);
-  }
+  return std::nullopt;
+}
+
+std::string JobId(const EnvironmentReader& read_environment, const std::string& first_unique_id_hex) {
+  if (std::optional<std::string> named = NamedJobId(read_environment)) return *std::move(named);
   return SafeFileName("nccl-" + (first_unique_id_hex.empty() ? std::string("unknown")
                                                              : first_unique_id_hex.substr(0, 32)));
 }
@@ -334,17 +358,17 @@ double StatusIntervalSeconds(double configured_seconds, int job_processes) {
 }
 
 absl::StatusOr<std::string> WriteStatus(const std::string& job_dir, const ProcessSnapshot& snapshot,
-                                        const ProcessFacts& identity) noexcept {
+                                        const ProcessFacts& facts) noexcept {
   std::string content;
   try {
-    content = StatusJson(snapshot, identity).dump(-1, ' ', false, Json::error_handler_t::replace);
+    content = StatusJson(snapshot, facts).dump(-1, ' ', false, Json::error_handler_t::replace);
   } catch (...) {
     return absl::ResourceExhaustedError("cannot format the status file");
   }
   // Not fsync()ed: a status file is rewritten every few seconds and a reader skips one that a
   // crash left empty; flushing every rewrite would cost every rank a disk (or NFS COMMIT) round trip.
   return WriteFileAtomically(
-      job_dir, absl::StrCat(kStatusPrefix, SafeFileName(identity.host), "-", identity.pid, ".json"),
+      job_dir, absl::StrCat(kStatusPrefix, SafeFileName(facts.host), "-", facts.pid, ".json"),
       content + "\n", /*durable=*/false);
 }
 

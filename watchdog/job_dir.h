@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -26,6 +27,10 @@ inline constexpr char kDumpRequestsDirectory[] = "dump-requests";
 // rank of that communicator shares). Reduced to a safe file name.
 std::string JobId(const EnvironmentReader& read_environment, const std::string& first_unique_id_hex);
 
+// The job's name when the user or the launcher gives one (NCCLGUARD_JOB_ID or a launcher's job
+// id, as JobId reads them); nullopt when only the first communicator could name the job.
+std::optional<std::string> NamedJobId(const EnvironmentReader& read_environment);
+
 // NCCLGUARD_DUMP_DIR (default $TMPDIR/ncclguard-<uid>, else /tmp/ncclguard-<uid>) / job_id.
 std::string JobDirectory(const Config& config, const std::string& job_id);
 
@@ -35,11 +40,13 @@ std::string JobDirectory(const Config& config, const std::string& job_id);
 inline constexpr double kJobStatusWritesPerSecond = 1000;
 double StatusIntervalSeconds(double configured_seconds, int job_processes);
 
-// Writes status-<host>-<pid>.json: the process's identity, its stall if any, and per
-// communicator its progress and oldest outstanding operation (the first unfinished entry of the
-// communicator's ring, when the caller put one there; the rest of the ring is not written).
+// Writes status-<host>-<pid>.json: the process's identity, its stall if any, per communicator
+// its progress and oldest outstanding operation (the first unfinished entry of the communicator's
+// ring, when the caller put one there; the rest of the ring is not written), and the facts that
+// do not change while it runs (environment, kernel, drivers, GPUs: collected once by the caller,
+// CollectMatchingFacts; memory figures are not written).
 absl::StatusOr<std::string> WriteStatus(const std::string& job_dir, const ProcessSnapshot& snapshot,
-                                        const ProcessFacts& identity) noexcept;
+                                        const ProcessFacts& facts) noexcept;
 
 struct PeerStatus {
   std::string file;
@@ -49,6 +56,9 @@ struct PeerStatus {
   // nranks, state, progress, async_error and the oldest outstanding operation (as its only ring
   // entry).
   ProcessSnapshot snapshot;
+  // host, pid, environment and the system facts (kernel, drivers, GPUs without memory); left at
+  // their defaults when the file was written by an earlier build.
+  ProcessFacts facts;
 };
 
 struct StatusScan {

@@ -35,6 +35,7 @@ absl::Status WriteP2pVerdict(const std::string& job_dir, const P2pVerdictRecord&
 // NotFound when the job directory has no record. InvalidArgument, with a message that names the
 // file and says what is wrong with it, when the file is not a record in this format (corrupt,
 // truncated, another program's, another format version) or is the record of another job.
+// Unavailable when the file system did not answer within kWriteDeadline. Never blocks longer.
 absl::StatusOr<P2pVerdictRecord> ReadP2pVerdict(const std::string& job_dir, const std::string& job_id) noexcept;
 
 }  // namespace ncclguard

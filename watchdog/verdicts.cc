@@ -24,6 +24,7 @@
 #include "watchdog/log.h"
 #include "watchdog/dump_reader.h"
 #include "watchdog/job_dir.h"
+#include "watchdog/known_bad.h"
 
 namespace ncclguard {
 namespace {
@@ -269,22 +270,6 @@ void Add(Buckets& buckets, KindOrder kind, std::string comm, std::uint64_t seq, 
                                   .evidence = std::move(evidence)});
 }
 
-// Evidence that P2P transfers are behind a fault on this communicator; null when there is none.
-// Only facts (from dumps) and NCCL's warnings can tell; a status file alone never does.
-bool IsConsumerGpu(const std::string& name) {
-  if (absl::StrContains(name, "GeForce") || absl::StrContains(name, "TITAN")) return true;
-  // GeForce model numbers: RTX 2050..5090 have a 5-9 as third digit; "RTX 4000 Ada" is a
-  // workstation card.
-  for (size_t at = name.find("RTX "); at != std::string::npos; at = name.find("RTX ", at + 1)) {
-    const std::string model = name.substr(at + 4, 4);
-    if (model.size() == 4 && model[0] >= '2' && model[0] <= '5' && model[1] == '0' && model[2] >= '5' &&
-        model[2] <= '9' && model[3] == '0') {
-      return true;
-    }
-  }
-  return false;
-}
-
 bool MentionsP2pTrouble(const std::string& warning) {
   std::string lower = warning;
   std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return std::tolower(c); });
@@ -294,34 +279,47 @@ bool MentionsP2pTrouble(const std::string& warning) {
   return false;
 }
 
-constexpr std::array<const char*, 1> kDriversBreakingP2p{"545.23.08"};
-
+// Evidence that P2P transfers are behind a fault on this communicator; null when there is none.
+// Only facts (from dumps and status files) and NCCL's warnings can tell: the known-bad entries
+// (known_bad.h) that match a member's facts, and NCCL warnings about P2P.
 Json P2pEvidence(const Communicator& communicator) {
+  const std::vector<KnownBadEntry>& entries = ProcessKnownBad().entries;
   std::set<std::string> hosts;
   bool shares_a_host = false;
-  std::set<std::string> consumer_gpus;
-  std::set<std::string> bad_drivers;
+  std::set<std::string> gpus;     // GPU names that a known-bad entry matched
+  std::set<std::string> drivers;  // driver versions that a known-bad entry matched
+  Json known_bad = Json::array(); // per matching entry, in the data file's order of first match
   std::vector<std::string> warnings;
   for (const Member& member : communicator.members) {
     const ProcessView& process = *member.process;
     // P2P connects GPUs of one node only.
     shares_a_host = shares_a_host || !hosts.insert(process.host).second;
-    for (const auto& [name, value] : process.facts.environment) {
-      if (name == "NCCL_P2P_DISABLE" && value == "1") return nullptr;
-    }
-    for (const GpuFacts& gpu : process.facts.cuda.gpus) {
-      if (IsConsumerGpu(gpu.name)) consumer_gpus.insert(gpu.name);
-    }
-    for (const char* driver : kDriversBreakingP2p) {
-      if (process.facts.driver_version == driver) bad_drivers.insert(driver);
+    if (P2pDisabledBy(process.facts.environment)) return nullptr;
+    for (const KnownBadMatch& match : MatchKnownBad(entries, process.facts)) {
+      for (const MatchedFact& fact : match.facts) {
+        if (fact.criterion == "gpu_name") gpus.insert(fact.value);
+        if (fact.criterion == "driver_versions") drivers.insert(fact.value);
+      }
+      auto entry = std::find_if(known_bad.begin(), known_bad.end(),
+                                [&](const Json& known) { return known["id"] == match.entry->id; });
+      if (entry == known_bad.end()) {
+        known_bad.push_back(Json{{"id", match.entry->id},
+                                 {"action", KnownBadActionName(match.entry->action)},
+                                 {"summary", match.entry->summary},
+                                 {"remedy", match.entry->remedy},
+                                 {"source", match.entry->source},
+                                 {"ranks", Json::array()}});
+        entry = known_bad.end() - 1;
+      }
+      (*entry)["ranks"].push_back(member.rank);
     }
     const std::string& warning = process.snapshot.last_nccl_warning;
     if (MentionsP2pTrouble(warning) && std::find(warnings.begin(), warnings.end(), warning) == warnings.end()) {
       warnings.push_back(warning);
     }
   }
-  if (!shares_a_host || (consumer_gpus.empty() && bad_drivers.empty() && warnings.empty())) return nullptr;
-  return Json{{"consumer_gpus", consumer_gpus}, {"drivers", bad_drivers}, {"warnings", warnings}};
+  if (!shares_a_host || (known_bad.empty() && warnings.empty())) return nullptr;
+  return Json{{"consumer_gpus", gpus}, {"drivers", drivers}, {"known_bad", known_bad}, {"warnings", warnings}};
 }
 
 void AddP2pSuspect(Buckets& buckets, const Communicator& communicator, std::uint64_t seq,
@@ -333,6 +331,16 @@ void AddP2pSuspect(Buckets& buckets, const Communicator& communicator, std::uint
   if (!evidence["drivers"].empty()) {
     message += fmt::format(" with driver {}", absl::StrJoin(evidence["drivers"].get<std::vector<std::string>>(), ", "));
   }
+  // Entries that name no GPU or driver (a kernel release, the number of GPUs) are named by their id.
+  std::vector<std::string> other_entries;
+  for (const Json& matched : evidence["known_bad"]) {
+    for (const KnownBadEntry& entry : ProcessKnownBad().entries) {
+      if (entry.id == matched["id"] && !entry.match.gpu_name && entry.match.driver_versions.empty()) {
+        other_entries.push_back(entry.id);
+      }
+    }
+  }
+  if (!other_entries.empty()) message += fmt::format(" on a known-bad configuration ({})", absl::StrJoin(other_entries, ", "));
   if (!evidence["warnings"].empty()) {
     message += fmt::format(" (NCCL warned: \"{}\")", evidence["warnings"][0].get<std::string>());
   }
@@ -856,6 +864,8 @@ absl::StatusOr<JobView> ReadJobDirectory(const std::string& directory, std::int6
       view.status_file = absl::StrCat(directory, "/", status.file);
       if (view.dump_file.empty()) {
         view.snapshot = std::move(status.snapshot);
+        // A dump's facts are the fuller ones; without a dump, the status file's are what there is.
+        view.facts = std::move(status.facts);
       } else if (status.snapshot.time_ns > view.snapshot.time_ns) {
         MergeNewerStatus(view.snapshot, status.snapshot);
       }

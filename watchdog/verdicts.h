@@ -32,7 +32,7 @@ struct ProcessView {
   Liveness liveness = Liveness::kUnknown;
   bool exited = false;           // it wrote a final status or dump on its way out (a normal exit)
   ProcessSnapshot snapshot;
-  ProcessFacts facts;            // empty when only a status file was found
+  ProcessFacts facts;            // from the dump, else the status file (no memory figures)
 };
 
 struct JobView {

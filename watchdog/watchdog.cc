@@ -12,6 +12,7 @@
 #include <mutex>
 #include <thread>
 #include <type_traits>
+#include <utility>
 
 #include "shim/libraries.h"
 #include "watchdog/dump.h"
@@ -19,6 +20,7 @@
 #include "watchdog/hooks.h"
 #include "watchdog/job_dir.h"
 #include "watchdog/log.h"
+#include "watchdog/p2p_verdict.h"
 #include "watchdog/snapshot_builder.h"
 
 namespace ncclguard {
@@ -74,14 +76,29 @@ void Watchdog::PollOnce(std::int64_t now_ns) {
     }
     status.stall = reported_stall_;
     effects_.WriteStatus(status);
-    // A request answered by a dump of our own from about the same time (every process notices a
-    // job-wide stall at once) would only duplicate it.
     const std::int64_t requested_ns = effects_.TakePeerDumpRequest();
-    if (requested_ns != 0 && last_dump_wall_ns_ < requested_ns - ToNs(config_.status_interval)) {
-      const std::string path = Dump("peer_request", std::nullopt, now_ns);
-      log::Info("dumped state at another process's request: {}", path.empty() ? "not written" : path);
-    }
+    if (requested_ns != 0) AnswerPeerRequest(requested_ns, now_ns);
   }
+}
+
+void Watchdog::AnswerPeerRequest(std::int64_t requested_ns, std::int64_t now_ns) {
+  // A request answered by a dump of our own from about the same time (every process notices a
+  // job-wide stall at once) would only duplicate it.
+  if (last_dump_wall_ns_ < requested_ns - ToNs(config_.status_interval)) {
+    const std::string path = Dump("peer_request", std::nullopt, now_ns);
+    log::Info("dumped state at another process's request: {}", path.empty() ? "not written" : path);
+  }
+  if (config_.action != Action::kReinit) return;
+  // The process that records a P2P verdict asks for dumps right after: every process of the job
+  // then restarts, stalled or not, since the restarted job needs all of them.
+  // A process whose P2P is off already (a launcher that restarts ranks one by one started it
+  // after the record) has nothing to gain from a restart.
+  if (P2pDisabledBy(effects_.Facts().environment)) return;
+  const std::optional<P2pVerdictRecord> record = effects_.FreshP2pVerdict();
+  if (!record) return;
+  ExitForRestart(fmt::format("rank {} ({} pid {}) recorded p2p_suspect for comm {} #{}; exiting with {} so that "
+                             "the job restarts with NCCL_P2P_DISABLE=1 (NCCLGUARD_ACTION=reinit)",
+                             record->rank, record->host, record->pid, record->comm, record->seq, kRestartExitCode));
 }
 
 void Watchdog::CheckCommunicator(CommState& comm, std::int64_t now_ns) {
@@ -190,7 +207,7 @@ void Watchdog::DecideOnStall(CommState* comm, const Stall& stall, const std::vec
                        stall.seconds >= config_.hard_timeout.value;
   if (act_now) {
     if (comm != nullptr) comm->stall_acted_on = true;
-    Act(comm, "the stall");
+    Act(comm, "the stall", verdicts);
     return;
   }
   comm->stall_recheck_ns = now_ns + ToNs(config_.timeout);
@@ -210,10 +227,10 @@ void Watchdog::OnAsyncError(CommState& comm, ncclResult_t error, std::int64_t no
   const std::string path = Dump("async_error", std::nullopt, now_ns);
   log::Warn("{} — dump: {}", message, path.empty() ? "not written" : path);
   effects_.RequestPeerDumps(message);
-  Act(&comm, "the asynchronous error");
+  Act(&comm, "the asynchronous error", {});
 }
 
-void Watchdog::Act(CommState* culprit, const char* what) {
+void Watchdog::Act(CommState* culprit, const char* what, const std::vector<Verdict>& verdicts) {
   switch (config_.action) {
     case Action::kWarn:
       return;
@@ -226,15 +243,65 @@ void Watchdog::Act(CommState* culprit, const char* what) {
       effects_.Abort(*culprit);
       return;
     case Action::kExit:
-    case Action::kReinit:
-      effects_.HoldApplicationCalls();
-      for (CommState* comm : registry_.All()) {
-        const CommLifecycle lifecycle = comm->lifecycle.load(std::memory_order_acquire);
-        if (lifecycle != CommLifecycle::kDestroyed && lifecycle != CommLifecycle::kAborted) effects_.Abort(*comm);
+      ExitForRestart(fmt::format("exiting with code {} after {} (NCCLGUARD_ACTION=exit)", kRestartExitCode, what));
+      return;
+    case Action::kReinit: {
+      const std::string verdict = verdicts.empty() ? std::string("unknown") : verdicts[0].kind;
+      if (verdict == "p2p_suspect") {
+        if (const std::optional<std::string> path = RecordP2pVerdict(culprit, verdicts[0])) {
+          ExitForRestart(fmt::format("recorded p2p_suspect in {}; exiting with {} so that the job restarts with "
+                                     "NCCL_P2P_DISABLE=1 (NCCLGUARD_ACTION=reinit)",
+                                     *path, kRestartExitCode));
+          return;
+        }
       }
-      log::Error("exiting with code {} after {} (NCCLGUARD_ACTION=exit)", kRestartExitCode, what);
-      effects_.Exit(kRestartExitCode);
+      ExitForRestart(fmt::format("exiting with code {} after {} (NCCLGUARD_ACTION=reinit; verdict {}: the restarted "
+                                 "job keeps its P2P setting)",
+                                 kRestartExitCode, what, verdict));
+      return;
+    }
   }
+}
+
+std::optional<std::string> Watchdog::RecordP2pVerdict(CommState* culprit, const Verdict& verdict) {
+  const ProcessFacts& facts = effects_.Facts();
+  for (const auto& [name, value] : facts.environment) {
+    // NCCL_P2P_DISABLE=1 leaves no p2p_suspect to get here; any other explicit setting is the
+    // user's, and it wins at the next attempt too.
+    if (name == "NCCL_P2P_DISABLE" || name == "NCCL_P2P_LEVEL") {
+      log::Warn("p2p_suspect, but {}={} is set explicitly: a restart would not change P2P, so no P2P verdict is "
+                "recorded",
+                name, value);
+      return std::nullopt;
+    }
+  }
+  const absl::StatusOr<std::string> path = effects_.RecordP2pVerdict(P2pVerdictRecord{
+      .job_id = "",
+      .message = verdict.message,
+      .comm = verdict.comm,
+      .seq = verdict.seq,
+      .ranks = verdict.ranks,
+      .host = facts.host,
+      .pid = facts.pid,
+      .rank = culprit != nullptr ? culprit->rank.load(std::memory_order_relaxed) : LauncherRank(facts),
+      .time_ns = effects_.WallNowNs()});
+  if (!path.ok()) {
+    log::Error("cannot record p2p_suspect for the next attempt ({}): it will keep P2P", std::string(path.status().message()));
+    return std::nullopt;
+  }
+  // The processes that have not stalled (yet) look for the record when they see this request.
+  effects_.RequestPeerDumps("p2p_suspect recorded: every process restarts");
+  return *path;
+}
+
+void Watchdog::ExitForRestart(const std::string& why) {
+  effects_.HoldApplicationCalls();
+  for (CommState* comm : registry_.All()) {
+    const CommLifecycle lifecycle = comm->lifecycle.load(std::memory_order_acquire);
+    if (lifecycle != CommLifecycle::kDestroyed && lifecycle != CommLifecycle::kAborted) effects_.Abort(*comm);
+  }
+  log::Error("{}", why);
+  effects_.Exit(kRestartExitCode);
 }
 
 namespace {
@@ -258,8 +325,38 @@ class SystemEffects final : public WatchdogEffects {
   void WriteStatus(const ProcessSnapshot& snapshot) override {
     if (JobDir().empty()) return;
     // A failure was logged where it happened; the next interval tries again.
-    const auto written = ncclguard::WriteStatus(JobDir(), snapshot, CollectIdentityFacts(RealFactSources()));
+    const auto written = ncclguard::WriteStatus(JobDir(), snapshot, Facts());
     (void)written;
+  }
+
+  // On the watchdog thread, before its first round: the driver and NVML calls behind these facts
+  // are made once per process, never on the status path.
+  void CollectFacts() {
+    facts_ = CollectMatchingFacts(RealFactSources());
+    facts_collected_.store(true, std::memory_order_release);
+  }
+
+  const ProcessFacts& Facts() override {
+    return facts_collected_.load(std::memory_order_acquire) ? facts_ : identity_;
+  }
+
+  absl::StatusOr<std::string> RecordP2pVerdict(P2pVerdictRecord record) override {
+    if (JobDir().empty()) return absl::FailedPreconditionError("the job directory is not known yet");
+    record.job_id = job_id_;
+    if (absl::Status written = WriteP2pVerdict(JobDir(), record); !written.ok()) return written;
+    return JobDir() + "/" + kP2pVerdictFile;
+  }
+
+  std::optional<P2pVerdictRecord> FreshP2pVerdict() override {
+    if (JobDir().empty()) return std::nullopt;
+    absl::StatusOr<P2pVerdictRecord> record = ReadP2pVerdict(JobDir(), job_id_);
+    if (!record.ok()) {
+      if (!absl::IsNotFound(record.status())) log::Warn("{}", std::string(record.status().message()));
+      return std::nullopt;
+    }
+    // A record older than this process is the one its own attempt was restarted for.
+    if (record->time_ns < started_wall_ns_) return std::nullopt;
+    return *std::move(record);
   }
 
   void RequestPeerDumps(const std::string& why) override {
@@ -359,7 +456,8 @@ class SystemEffects final : public WatchdogEffects {
       if (first_comm.empty()) first_comm = init.comm_id;
     }
     if (first_comm.empty()) return job_dir_;
-    job_dir_ = JobDirectory(GetConfig(), JobId(ReadProcessEnvironment, first_comm));
+    job_id_ = JobId(ReadProcessEnvironment, first_comm);
+    job_dir_ = JobDirectory(GetConfig(), job_id_);
     log::Info("job directory: {}", job_dir_);
     return job_dir_;
   }
@@ -376,8 +474,12 @@ class SystemEffects final : public WatchdogEffects {
   }
 
 
+  std::string job_id_;
   std::string job_dir_;
   const std::int64_t started_wall_ns_ = SystemEffects::WallNow();
+  const ProcessFacts identity_ = CollectIdentityFacts(RealFactSources());
+  ProcessFacts facts_;
+  std::atomic<bool> facts_collected_{false};
   std::optional<DumpRequestWatcher> request_watcher_;
 };
 
@@ -426,6 +528,7 @@ void RunWatchdog(Runtime* runtime) {
   pthread_setname_np(pthread_self(), "ncclguard-wd");
   DriverEvents().PrepareWatchdogThread();
   const auto interval = std::chrono::duration<double>(GetConfig().poll_interval.value);
+  bool facts_collected = false;
   for (;;) {
     g_in_round.store(true, std::memory_order_seq_cst);
     if (g_exiting.load(std::memory_order_seq_cst)) {
@@ -433,6 +536,8 @@ void RunWatchdog(Runtime* runtime) {
       return;
     }
     try {
+      // Within a round: the exit hook waits for it before the driver goes away.
+      if (!std::exchange(facts_collected, true)) runtime->effects.CollectFacts();
       runtime->watchdog.PollOnce(SteadyNowNs());
     } catch (const std::exception& error) {
       log::Error("watchdog round failed: {}", error.what());

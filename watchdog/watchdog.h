@@ -12,7 +12,9 @@
 #include <string>
 
 #include "watchdog/config.h"
+#include "watchdog/facts.h"
 #include "watchdog/gpu_events.h"
+#include "watchdog/p2p_verdict.h"
 #include "watchdog/progress.h"
 #include "watchdog/registry.h"
 #include "watchdog/snapshot.h"
@@ -39,6 +41,15 @@ class WatchdogEffects {
   // The time (epoch ns) of the newest dump request from another process of the job since the
   // previous call; 0 when there is none.
   virtual std::int64_t TakePeerDumpRequest() = 0;
+  // The facts of this process that do not change while it runs (environment, kernel, drivers,
+  // GPUs), collected once when the watchdog started; identity facts only until then.
+  virtual const ProcessFacts& Facts() = 0;
+  // Writes the record that this attempt of the job found P2P at fault (its job id filled in);
+  // returns the file's path, or why it could not be written.
+  virtual absl::StatusOr<std::string> RecordP2pVerdict(P2pVerdictRecord record) = 0;
+  // The job directory's P2P verdict record when one was written after this process started (by
+  // this attempt of the job, not an earlier one); std::nullopt otherwise.
+  virtual std::optional<P2pVerdictRecord> FreshP2pVerdict() = 0;
   // ncclCommGetAsyncError of the communicator (ncclSuccess when it cannot be asked).
   virtual ncclResult_t AsyncError(CommState& comm) = 0;
   virtual std::string LastNcclError() = 0;
@@ -83,7 +94,18 @@ class Watchdog {
                      std::int64_t now_ns);
   std::vector<Verdict> CurrentVerdicts(const StallSnapshot& stall, std::int64_t now_ns);
   void OnAsyncError(CommState& comm, ncclResult_t error, std::int64_t now_ns);
-  void Act(CommState* culprit, const char* what);
+  // Dumps for another process's request (unless a dump of our own answers it) and, under
+  // NCCLGUARD_ACTION=reinit, follows a P2P verdict that this attempt of the job recorded.
+  void AnswerPeerRequest(std::int64_t requested_ns, std::int64_t now_ns);
+  // `verdicts`: the cross-rank verdicts behind the action, empty when there are none.
+  void Act(CommState* culprit, const char* what, const std::vector<Verdict>& verdicts);
+  // NCCLGUARD_ACTION=reinit with a p2p_suspect verdict: records it for the next attempt and asks
+  // every process of the job to follow. Returns the record's path; std::nullopt when nothing was
+  // recorded (the user set P2P explicitly, or the record could not be written), which is logged.
+  std::optional<std::string> RecordP2pVerdict(CommState* culprit, const Verdict& verdict);
+  // Holds the application's NCCL calls, aborts every communicator, logs `why` and exits with
+  // kRestartExitCode (returns only where a test's effects do).
+  void ExitForRestart(const std::string& why);
 
   class Activity;
 

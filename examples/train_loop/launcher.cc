@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -27,6 +28,9 @@ using Clock = std::chrono::steady_clock;
 // A rank stopped after the timeout gets this long to exit on SIGTERM (a tool in the process
 // may want to write a report) before SIGKILL.
 constexpr std::chrono::seconds kTerminationGrace{5};
+
+// EX_TEMPFAIL from <sysexits.h>: the conventional "temporary failure, try again" exit code.
+constexpr int kRetryExitCode = 75;
 
 struct RankProcess {
   pid_t pid = -1;
@@ -244,5 +248,12 @@ int run_launcher(const Options& options, int argc, char** argv) {
   };
   std::printf("train_loop: job failed: ranks failed: %s; ranks not finished: %s\n", list(failed).c_str(),
               list(unfinished).c_str());
-  return EXIT_FAILURE;
+  // Like a launcher that passes its workers' exit code on: when every failed rank asked to be
+  // restarted with the same code, the job asks for it too (75, EX_TEMPFAIL, "try again").
+  const auto asked_for_restart = [&](int rank) {
+    return WIFEXITED(ranks[rank].wait_status) && WEXITSTATUS(ranks[rank].wait_status) == kRetryExitCode;
+  };
+  const bool all_asked_for_restart =
+      unfinished.empty() && std::all_of(failed.begin(), failed.end(), asked_for_restart);
+  return all_asked_for_restart ? kRetryExitCode : EXIT_FAILURE;
 }

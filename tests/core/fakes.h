@@ -5,8 +5,10 @@
 #include <atomic>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <stdexcept>
+#include <utility>
 #include <vector>
 
 #include "watchdog/gpu_events.h"
@@ -102,6 +104,21 @@ class RecordingEffects final : public WatchdogEffects {
     return verdicts;
   }
   std::int64_t TakePeerDumpRequest() override { return std::exchange(pending_peer_request_ns, 0); }
+  ProcessFacts facts;
+  const ProcessFacts& Facts() override { return facts; }
+  std::vector<P2pVerdictRecord> p2p_records;  // what RecordP2pVerdict wrote
+  bool p2p_record_writable = true;
+  absl::StatusOr<std::string> RecordP2pVerdict(P2pVerdictRecord record) override {
+    if (!p2p_record_writable) return absl::PermissionDeniedError("read-only job directory");
+    p2p_records.push_back(std::move(record));
+    return std::string("/job/p2p-verdict.json");
+  }
+  std::optional<P2pVerdictRecord> fresh_p2p_verdict;  // what FreshP2pVerdict answers
+  int p2p_verdict_reads = 0;
+  std::optional<P2pVerdictRecord> FreshP2pVerdict() override {
+    ++p2p_verdict_reads;
+    return fresh_p2p_verdict;
+  }
   ncclResult_t AsyncError(CommState& comm) override {
     const auto found = async_errors.find(&comm);
     return found == async_errors.end() ? ncclSuccess : found->second;

@@ -309,3 +309,130 @@ TEST_CASE("the final status asks the GPU once more and says the process is exiti
   REQUIRE(status.comms[0].ring.size() == 1);  // the last completed, nothing unfinished
   CHECK(status.comms[0].ring[0].state == "completed");
 }
+
+namespace {
+
+// A stall classified `kind`, under NCCLGUARD_ACTION=reinit: the exit code, or -1 when the
+// watchdog did not exit.
+int ExitCodeOfStall(Fixture& f, const std::string& kind) {
+  Verdict verdict = MakeVerdict(kind, kind == "p2p_suspect"
+                                          ? "all 4 ranks entered AllReduce #1 with P2P in use: NCCL_P2P_DISABLE=1 avoids them"
+                                          : "all 4 ranks entered AllReduce #1 and none has completed it");
+  verdict.comm = f.comm->id;
+  verdict.seq = 1;
+  verdict.ranks = {0, 1, 2, 3};
+  f.effects.verdicts = {verdict};
+  f.Enqueue(0);
+  try {
+    f.watchdog.PollOnce(11 * kSecond);
+  } catch (const ExitCalled& exit) {
+    return exit.code;
+  }
+  return -1;
+}
+
+}  // namespace
+
+TEST_CASE("reinit with a p2p_suspect verdict records it, asks every process to follow and exits 75",
+          "[watchdog][reinit]") {
+  Fixture f(Action::kReinit);
+  f.effects.facts.host = "node3";
+  f.effects.facts.pid = 4211;
+  f.effects.facts.environment = {{"NCCLGUARD_ACTION", "reinit"}};
+  CHECK(ExitCodeOfStall(f, "p2p_suspect") == kRestartExitCode);
+  REQUIRE(f.effects.p2p_records.size() == 1);
+  const P2pVerdictRecord& record = f.effects.p2p_records[0];
+  CHECK(record.message.find("NCCL_P2P_DISABLE=1") != std::string::npos);
+  CHECK(record.comm == "1111222233334444");
+  CHECK(record.seq == 1);
+  CHECK(record.ranks == std::vector<int>{0, 1, 2, 3});
+  CHECK(record.host == "node3");
+  CHECK(record.pid == 4211);
+  CHECK(record.rank == 3);
+  CHECK(record.time_ns == f.effects.wall_ns);
+  CHECK(f.effects.dumps.size() == 1);
+  // The stall's own request, then the one after the record that makes the other processes follow.
+  REQUIRE(f.effects.peer_requests_sent.size() == 2);
+  CHECK(f.effects.peer_requests_sent[1].find("p2p_suspect recorded") != std::string::npos);
+  CHECK(f.effects.holding_application_calls);
+  CHECK(f.effects.aborted.size() == 1);
+}
+
+TEST_CASE("reinit with any other verdict exits 75 without a record", "[watchdog][reinit]") {
+  Fixture f(Action::kReinit);
+  CHECK(ExitCodeOfStall(f, "stuck_inside_nccl") == kRestartExitCode);
+  CHECK(f.effects.p2p_records.empty());
+  CHECK(f.effects.peer_requests_sent.size() == 1);
+  CHECK(f.effects.aborted.size() == 1);
+}
+
+TEST_CASE("reinit records nothing when the user set P2P explicitly, and still exits 75", "[watchdog][reinit]") {
+  const std::string variable = GENERATE("NCCL_P2P_DISABLE", "NCCL_P2P_LEVEL");
+  Fixture f(Action::kReinit);
+  f.effects.facts.environment = {{variable, variable == "NCCL_P2P_LEVEL" ? "SYS" : "0"}};
+  CHECK(ExitCodeOfStall(f, "p2p_suspect") == kRestartExitCode);
+  CHECK(f.effects.p2p_records.empty());
+  CHECK(f.effects.aborted.size() == 1);
+}
+
+TEST_CASE("reinit exits 75 when the record cannot be written", "[watchdog][reinit]") {
+  Fixture f(Action::kReinit);
+  f.effects.p2p_record_writable = false;
+  CHECK(ExitCodeOfStall(f, "p2p_suspect") == kRestartExitCode);
+  CHECK(f.effects.peer_requests_sent.size() == 1);  // nothing for the others to follow
+}
+
+TEST_CASE("exit does not record a p2p_suspect verdict", "[watchdog][reinit]") {
+  Fixture f(Action::kExit);
+  CHECK(ExitCodeOfStall(f, "p2p_suspect") == kRestartExitCode);
+  CHECK(f.effects.p2p_records.empty());
+}
+
+TEST_CASE("under reinit, a fresh P2P verdict of another process makes this one dump, abort and exit 75",
+          "[watchdog][reinit]") {
+  Fixture f(Action::kReinit);
+  f.Enqueue(0);  // in flight, not stalled: this process has seen nothing wrong
+  f.watchdog.PollOnce(0);
+  CHECK(f.effects.p2p_verdict_reads == 0);  // looked for only when a peer asks
+
+  P2pVerdictRecord record;
+  record.comm = "1111222233334444";
+  record.seq = 1;
+  record.rank = 0;
+  record.host = "node1";
+  record.pid = 77;
+  f.effects.fresh_p2p_verdict = record;
+  f.effects.pending_peer_request_ns = f.effects.wall_ns;
+  try {
+    f.watchdog.PollOnce(2 * kSecond);
+    FAIL("the watchdog did not exit");
+  } catch (const ExitCalled& exit) {
+    CHECK(exit.code == kRestartExitCode);
+  }
+  REQUIRE(f.effects.dumps.size() == 1);
+  CHECK(f.effects.dumps[0].reason == "peer_request");
+  CHECK(f.effects.aborted.size() == 1);
+  CHECK(f.effects.holding_application_calls);
+  CHECK(f.effects.p2p_records.empty());  // following is not recording
+}
+
+TEST_CASE("a process that runs with P2P disabled does not follow a P2P verdict", "[watchdog][reinit]") {
+  Fixture f(Action::kReinit);
+  f.effects.facts.environment = {{"NCCL_P2P_DISABLE", "1"}};
+  f.effects.fresh_p2p_verdict = P2pVerdictRecord{};
+  f.effects.pending_peer_request_ns = f.effects.wall_ns;
+  f.watchdog.PollOnce(0);
+  CHECK(f.effects.dumps.size() == 1);
+  CHECK(f.effects.aborted.empty());
+}
+
+TEST_CASE("a peer's request without a fresh P2P verdict (none, or an earlier attempt's) is only a dump",
+          "[watchdog][reinit]") {
+  const Action action = GENERATE(Action::kReinit, Action::kExit);
+  Fixture f(action);
+  f.effects.pending_peer_request_ns = f.effects.wall_ns;
+  f.watchdog.PollOnce(0);
+  CHECK(f.effects.dumps.size() == 1);
+  CHECK(f.effects.aborted.empty());
+  CHECK(f.effects.p2p_verdict_reads == (action == Action::kReinit ? 1 : 0));
+}

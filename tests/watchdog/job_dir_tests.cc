@@ -2,6 +2,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -16,6 +17,7 @@
 #include "tests/support/process.h"
 #include "watchdog/dump.h"
 #include "watchdog/job_dir.h"
+#include "watchdog/verdicts.h"
 
 namespace ncclguard {
 namespace {
@@ -65,6 +67,10 @@ TEST_CASE("the job id: NCCLGUARD_JOB_ID, then the launcher's, then the communica
   }
   CHECK(JobId(FakeEnvironment({{"SLURM_JOB_ID", "4242"}}), "ff") == "slurm-4242");
   CHECK(JobId(FakeEnvironment({{"TORCHELASTIC_RUN_ID", "none"}}), "ff") == "nccl-ff");
+  CHECK(JobId(FakeEnvironment({{"PADDLE_JOB_ID", "default"}}), "ff") == "nccl-ff");
+  // Only the first communicator could name these jobs: there is no name before it exists.
+  CHECK(NamedJobId(FakeEnvironment({{"TORCHELASTIC_RUN_ID", "none"}, {"PADDLE_JOB_ID", "default"}})) == std::nullopt);
+  CHECK(NamedJobId(FakeEnvironment({{"PBS_JOBID", "6.server"}})) == "pbs-6.server");
   CHECK(JobId(FakeEnvironment({}), "") == "nccl-unknown");
   CHECK(JobId(nullptr, "ee") == "nccl-ee");
 }
@@ -195,6 +201,85 @@ TEST_CASE("status files are small, and read back", "[job_dir]") {
   CHECK(second.snapshot.time_ns == 5'000'000'000);
   CHECK_FALSE(second.snapshot.stall.has_value());
   CHECK(second.snapshot.comms.empty());
+}
+
+// What the P2P evidence and the known-bad entries match on, for a process that has not dumped.
+ProcessFacts FactsOfAGeForceNode(const std::string& host, int pid) {
+  ProcessFacts facts = Identity(host, pid);
+  facts.environment = {{"NCCL_P2P_LEVEL", "SYS"}, {"NCCLGUARD_ACTION", "reinit"}};
+  facts.kernel_release = "5.4.0-150-generic";
+  facts.driver_version = "545.23.08";
+  facts.cuda.driver_version = 12030;
+  facts.cuda.device_count = 8;
+  facts.cuda.peer_access.assign(8, std::vector<int>(8, 1));
+  for (int device = 0; device < 8; ++device) {
+    facts.cuda.peer_access[device][device] = 0;
+    facts.cuda.gpus.push_back(GpuFacts{.device = device,
+                                       .name = "NVIDIA GeForce RTX 4090",
+                                       .pci_bus_id = "0000:1" + std::to_string(device) + ":00.0",
+                                       .memory_free_bytes = 1 << 30,
+                                       .memory_total_bytes = 1 << 30});
+  }
+  return facts;
+}
+
+TEST_CASE("status files carry the facts that do not change, and the job view uses them without a dump",
+          "[job_dir]") {
+  TemporaryDirectory temporary;
+  const std::string job_dir = temporary.path() + "/job";
+  const ProcessFacts written = FactsOfAGeForceNode("gpu-node-1", 100);
+  const absl::StatusOr<std::string> path = WriteStatus(job_dir, BusySnapshot(4), written);
+  REQUIRE(path.ok());
+  CHECK(fs::file_size(*path) < 4096);
+  // Memory changes while the process runs: a status file does not pretend to know it.
+  CHECK(testing::ReadFile(*path).find("memory") == std::string::npos);
+
+  const absl::StatusOr<StatusScan> scan = ReadStatuses(job_dir);
+  REQUIRE(scan.ok());
+  REQUIRE(scan->statuses.size() == 1);
+  const ProcessFacts& read = scan->statuses[0].facts;
+  CHECK(read.host == "gpu-node-1");
+  CHECK(read.pid == 100);
+  EnvironmentVariables sorted_environment = written.environment;  // as collected facts are
+  std::sort(sorted_environment.begin(), sorted_environment.end());
+  CHECK(read.environment == sorted_environment);
+  CHECK(read.kernel_release == "5.4.0-150-generic");
+  CHECK(read.driver_version == "545.23.08");
+  CHECK(read.cuda.driver_version == 12030);
+  CHECK(read.cuda.device_count == 8);
+  CHECK(read.cuda.peer_access == written.cuda.peer_access);
+  REQUIRE(read.cuda.gpus.size() == 8);
+  CHECK(read.cuda.gpus[7].device == 7);
+  CHECK(read.cuda.gpus[7].name == "NVIDIA GeForce RTX 4090");
+  CHECK(read.cuda.gpus[7].pci_bus_id == "0000:17:00.0");
+  CHECK(read.cuda.gpus[7].memory_total_bytes == -1);
+
+  const absl::StatusOr<JobView> job = ReadJobDirectory(job_dir, 1'700'000'001'000'000'000, 2);
+  REQUIRE(job.ok());
+  REQUIRE(job->processes.size() == 1);
+  CHECK(job->processes[0].dump_file.empty());
+  CHECK(job->processes[0].facts.driver_version == "545.23.08");
+  REQUIRE(job->processes[0].facts.cuda.gpus.size() == 8);
+  CHECK(job->processes[0].facts.cuda.gpus[0].name == "NVIDIA GeForce RTX 4090");
+}
+
+TEST_CASE("a status file of an earlier build, without facts, reads with unknown facts", "[job_dir]") {
+  TemporaryDirectory temporary;
+  const std::string job_dir = temporary.path() + "/job";
+  REQUIRE(fs::create_directory(job_dir));
+  std::ofstream(job_dir + "/status-old-9.json")
+      << R"({"format": "ncclguard-status", "format_version": 1, "host": "old", "pid": 9, "rank": 2,)"
+      << R"( "time_ns": 5, "in_nccl_call": "", "stall": null, "communicators": []})";
+  const absl::StatusOr<StatusScan> scan = ReadStatuses(job_dir);
+  REQUIRE(scan.ok());
+  INFO(absl::StrJoin(scan->problems, "\n"));
+  REQUIRE(scan->statuses.size() == 1);
+  const ProcessFacts& facts = scan->statuses[0].facts;
+  CHECK(facts.host == "old");
+  CHECK(facts.environment.empty());
+  CHECK(facts.driver_version == "unknown");
+  CHECK(facts.cuda.device_count == -1);
+  CHECK(facts.cuda.gpus.empty());
 }
 
 TEST_CASE("unreadable status files are reported and skipped", "[job_dir]") {

@@ -1,0 +1,271 @@
+// ncclguard run [--max-restarts N] [--library PATH] -- CMD ARGS...
+//
+// Runs CMD with libncclguard.so preloaded and runs it again each time it exits with
+// kRestartExitCode, which NCCLGUARD_ACTION=reinit uses after recording a P2P verdict in the job
+// directory: the next attempt reads that record before its first communicator and starts with P2P
+// disabled. For jobs whose launcher does not restart failed workers itself (docs/recovery.md).
+//
+// Signals: SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 are forwarded to CMD's process,
+// not to its process group. A launcher such as torchrun or mpirun tells its own workers, and
+// signalling them behind its back would race with its shutdown. CMD stays in our process group,
+// so a terminal still reaches it directly: a signal the kernel sent (Ctrl-C, Ctrl-\, a hang-up)
+// went to the whole foreground group already and is not forwarded a second time.
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <filesystem>
+#include <functional>
+#include <iostream>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "cli/commands.h"
+#include "watchdog/config.h"
+#include "watchdog/job_dir.h"
+#include "watchdog/log.h"
+#include "watchdog/version.h"
+
+namespace ncclguard {
+namespace {
+
+constexpr int kDefaultMaxRestarts = 3;
+constexpr int kForwardedSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2};
+// As a shell reports them: a command that cannot be found, or found but not run.
+constexpr int kExitCommandNotFound = 127;
+constexpr int kExitCannotExecute = 126;
+constexpr int kExitSignalBase = 128;
+
+struct RunOptions {
+  int max_restarts = kDefaultMaxRestarts;
+  std::string library;
+  std::vector<std::string> command;
+};
+
+// What the signal handler passes to the waiting loop, through a pipe: the handler itself only
+// writes (async-signal-safe), the loop forwards.
+struct SignalNote {
+  int number;
+  int code;  // siginfo's si_code: SI_KERNEL for a terminal's signals
+};
+int signal_pipe_write = -1;
+
+void NoteSignal(int number, siginfo_t* info, void*) {
+  const int saved_errno = errno;
+  const SignalNote note{number, info != nullptr ? info->si_code : SI_USER};
+  // Non-blocking: a full pipe already holds notes that will wake the loop.
+  [[maybe_unused]] const ssize_t written = write(signal_pipe_write, &note, sizeof note);
+  errno = saved_errno;
+}
+
+[[noreturn]] void Fail(const std::string& what) {
+  throw std::runtime_error(absl::StrCat(what, ": ", std::strerror(errno)));
+}
+
+bool StopsRestarts(int number) {
+  return number == SIGINT || number == SIGTERM || number == SIGHUP || number == SIGQUIT;
+}
+
+std::string SignalName(int number) {
+  const char* abbreviation = sigabbrev_np(number);
+  return abbreviation != nullptr ? absl::StrCat("SIG", abbreviation) : absl::StrCat("signal ", number);
+}
+
+class Supervisor {
+ public:
+  // Installs the handlers. A signal ignored when we started stays ignored, and is inherited so by
+  // the command: a shell starts background jobs ignoring SIGINT, and `run` must not change that.
+  Supervisor() {
+    int fds[2];
+    if (pipe2(fds, O_CLOEXEC | O_NONBLOCK) != 0) Fail("pipe");
+    read_fd_ = fds[0];
+    signal_pipe_write = fds[1];
+    struct sigaction action = {};
+    action.sa_sigaction = NoteSignal;
+    action.sa_flags = SA_SIGINFO | SA_RESTART;
+    sigemptyset(&action.sa_mask);
+    for (const int number : kForwardedSignals) {
+      struct sigaction previous = {};
+      if (sigaction(number, nullptr, &previous) == 0 && previous.sa_handler == SIG_IGN) continue;
+      if (sigaction(number, &action, nullptr) != 0) Fail("sigaction");
+      handled_.push_back(number);
+    }
+    action.sa_flags |= SA_NOCLDSTOP;
+    if (sigaction(SIGCHLD, &action, nullptr) != 0) Fail("sigaction");
+    handled_.push_back(SIGCHLD);
+  }
+
+  // Starts the command; a command that cannot be executed exits 127 or 126, as under a shell.
+  pid_t Start(std::vector<std::string> command) {
+    std::vector<char*> argv;
+    for (std::string& argument : command) argv.push_back(argument.data());
+    argv.push_back(nullptr);
+    // Blocked across fork so that no handler of ours runs in the child before it is reset.
+    sigset_t all;
+    sigset_t previous;
+    sigfillset(&all);
+    sigprocmask(SIG_BLOCK, &all, &previous);
+    const pid_t pid = fork();
+    if (pid == 0) {
+      for (const int number : handled_) signal(number, SIG_DFL);
+      sigprocmask(SIG_SETMASK, &previous, nullptr);
+      execvp(argv[0], argv.data());
+      const int error = errno;
+      std::fprintf(stderr, "ncclguard run: cannot run %s: %s\n", argv[0], std::strerror(error));
+      _exit(error == ENOENT ? kExitCommandNotFound : kExitCannotExecute);
+    }
+    const int fork_error = errno;
+    sigprocmask(SIG_SETMASK, &previous, nullptr);
+    errno = fork_error;
+    if (pid < 0) Fail("fork");
+    return pid;
+  }
+
+  // Waits for `child` to end, forwarding the signals that arrive meanwhile; returns its wait status.
+  int Wait(pid_t child) {
+    for (;;) {
+      int status = 0;
+      const pid_t ended = waitpid(child, &status, WNOHANG);
+      if (ended == child) {
+        HandleSignals(-1);  // too late to forward, but a stop request still counts
+        return status;
+      }
+      if (ended < 0 && errno != EINTR) Fail("waitpid");
+      // A SIGCHLD after the waitpid above leaves its note in the pipe: poll cannot miss it.
+      pollfd readable{read_fd_, POLLIN, 0};
+      if (poll(&readable, 1, -1) < 0 && errno != EINTR) Fail("poll");
+      HandleSignals(child);
+    }
+  }
+
+  // The stop signal received since the start, 0 if none.
+  int stop_signal() const { return stop_signal_; }
+
+ private:
+  void HandleSignals(pid_t child) {
+    SignalNote note;
+    while (read(read_fd_, &note, sizeof note) == sizeof note) {
+      if (note.number == SIGCHLD) continue;
+      if (StopsRestarts(note.number)) stop_signal_ = note.number;
+      if (child > 0 && note.code != SI_KERNEL) kill(child, note.number);
+    }
+  }
+
+  int read_fd_ = -1;
+  std::vector<int> handled_;
+  int stop_signal_ = 0;
+};
+
+// As a shell reports it: the exit code, or 128 + the signal that killed the command.
+int ExitCode(int wait_status) {
+  return WIFSIGNALED(wait_status) ? kExitSignalBase + WTERMSIG(wait_status) : WEXITSTATUS(wait_status);
+}
+
+std::filesystem::path DefaultLibrary() {
+  // The real location of this program, symbolic links resolved: the library is installed
+  // relative to it (and the build tree has the same layout).
+  const std::filesystem::path program = std::filesystem::read_symlink("/proc/self/exe");
+  return (program.parent_path() / kLibDirFromBinDir / "libncclguard.so").lexically_normal();
+}
+
+// `library` first, then what LD_PRELOAD held already (separated by colons or spaces, as ld.so
+// reads it), without a second copy of `library`.
+std::string PreloadList(const std::filesystem::path& library, const char* existing) {
+  std::vector<std::string> entries{library.string()};
+  if (existing != nullptr) {
+    for (const absl::string_view entry : absl::StrSplit(existing, absl::ByAnyChar(": "), absl::SkipEmpty())) {
+      std::error_code not_a_file;
+      if (!std::filesystem::equivalent(std::string(entry), library, not_a_file)) entries.emplace_back(entry);
+    }
+  }
+  return absl::StrJoin(entries, ":");
+}
+
+// The job directory holds the P2P verdict that the next attempt reads, so every attempt must use
+// the same job id. The user's NCCLGUARD_JOB_ID or the launcher's id as seen here is kept; without
+// either, ncclguard would name the job after its first communicator, which is new at every attempt.
+// Pinned in NCCLGUARD_JOB_ID in every case: a launcher's own id may change between attempts, as
+// Slurm's step id does for each srun.
+std::string PinJobId() {
+  std::string job_id = NamedJobId(ReadProcessEnvironment).value_or("");
+  if (job_id.empty()) {
+    std::string host = log::HostName();
+    if (host.empty()) host = "unknown-host";
+    job_id = absl::StrCat("run-", host, "-", getpid(), "-", std::time(nullptr));
+  }
+  if (setenv("NCCLGUARD_JOB_ID", job_id.c_str(), 1) != 0) Fail("setenv");
+  return job_id;
+}
+
+int Run(const RunOptions& options) {
+  std::error_code error;
+  const std::filesystem::path library =
+      options.library.empty() ? DefaultLibrary() : std::filesystem::absolute(options.library);
+  if (!std::filesystem::is_regular_file(library, error)) {
+    std::cerr << "ncclguard run: no ncclguard library at " << library.string()
+              << (options.library.empty() ? " (where this ncclguard command expects it; use --library PATH)"
+                                          : " (--library)")
+              << "; not running the command without it\n";
+    return kExitUsage;
+  }
+  const std::string preload = PreloadList(library, std::getenv("LD_PRELOAD"));
+  if (setenv("LD_PRELOAD", preload.c_str(), 1) != 0) Fail("setenv");
+  const std::string job_id = PinJobId();
+
+  Supervisor supervisor;
+  const long attempts = long{options.max_restarts} + 1;  // --max-restarts may be INT_MAX
+  int exit_code = 0;
+  for (long attempt = 1; attempt <= attempts; ++attempt) {
+    if (attempt == 1) {
+      std::cerr << "ncclguard run: attempt 1 of " << attempts << ": " << absl::StrJoin(options.command, " ")
+                << " (job id " << job_id << ", LD_PRELOAD=" << preload << ")\n";
+    } else {
+      std::cerr << "ncclguard run: attempt " << attempt << " of " << attempts << " after exit code "
+                << kRestartExitCode << " (ncclguard restart)\n";
+    }
+    exit_code = ExitCode(supervisor.Wait(supervisor.Start(options.command)));
+    if (exit_code != kRestartExitCode) return exit_code;
+    if (supervisor.stop_signal() != 0) {
+      std::cerr << "ncclguard run: exit code " << kRestartExitCode << ", not restarting after "
+                << SignalName(supervisor.stop_signal()) << '\n';
+      return exit_code;
+    }
+  }
+  std::cerr << "ncclguard run: giving up: exit code " << kRestartExitCode << " after " << options.max_restarts
+            << " restarts (--max-restarts " << options.max_restarts << ")\n";
+  return exit_code;
+}
+
+}  // namespace
+
+void AddRunCommand(CLI::App& app, std::function<int()>& run) {
+  auto options = std::make_shared<RunOptions>();
+  CLI::App* command = app.add_subcommand(
+      "run", absl::StrCat("Run a command with ncclguard preloaded, and again when it exits with ",
+                          kRestartExitCode, " (NCCLGUARD_ACTION=reinit). Exit status: the command's "
+                          "(128+N if signal N killed it, 127 if it cannot be found), 2 usage error."));
+  command->add_option("--max-restarts", options->max_restarts, "How often to restart (0: never)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  command->add_option("--library", options->library,
+                      "libncclguard.so to preload (default: the one installed with this command)")
+      ->type_name("PATH");
+  command->add_option("COMMAND", options->command, "The command and its arguments, after --")->required();
+  command->callback([options, &run] { run = [options] { return Run(*options); }; });
+}
+
+}  // namespace ncclguard

@@ -1,0 +1,291 @@
+// `ncclguard run` end to end: the built command runs small shell scripts that exit with the
+// restart code a given number of times, report the environment they were given, trap signals or
+// die of one. Each test runs under `env -i`, so that a launcher's job id in the environment of the
+// test run cannot change what the command does.
+#include <catch2/catch.hpp>
+
+#include <signal.h>
+#include <sys/types.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tests/support/process.h"
+
+using ncclguard::testing::CountOccurrences;
+using ncclguard::testing::ProcessResult;
+using ncclguard::testing::ReadFile;
+using ncclguard::testing::RunProcess;
+using ncclguard::testing::SplitLines;
+using ncclguard::testing::TemporaryDirectory;
+
+namespace {
+
+constexpr int kRestartCode = 75;
+constexpr int kUsageError = 2;
+
+// Counts its attempts in the file `count` beside itself and logs one line per attempt with the
+// variables `run` sets; exits with the restart code for its first $1 attempts, then with $2.
+constexpr char kRestartingScript[] = R"(#!/bin/sh
+here=$(dirname "$0")
+attempt=$(( $(cat "$here/count" 2>/dev/null || echo 0) + 1 ))
+echo "$attempt" > "$here/count"
+echo "attempt=$attempt LD_PRELOAD=$LD_PRELOAD NCCLGUARD_JOB_ID=$NCCLGUARD_JOB_ID" >> "$here/log"
+[ "$attempt" -le "$1" ] && exit 75
+exit "$2"
+)";
+
+// Traps signal $1 and exits with $2 when it arrives; says it is ready (with the pid of `run`, its
+// parent) by creating `ready` atomically. The sleeper runs in the background so that `wait`
+// returns as soon as the trap fires.
+constexpr char kTrappingScript[] = R"(#!/bin/sh
+here=$(dirname "$0")
+attempt=$(( $(cat "$here/count" 2>/dev/null || echo 0) + 1 ))
+echo "$attempt" > "$here/count"
+[ "$attempt" -gt 1 ] && exit 0
+trap 'kill $sleeper; echo "trapped $1" >> "$here/log"; exit $2' "$1"
+sleep 30 & sleeper=$!
+echo $PPID > "$here/ready.tmp" && mv "$here/ready.tmp" "$here/ready"
+wait $sleeper
+exit 1
+)";
+
+struct Scripts {
+  Scripts() {
+    Write("restarting.sh", kRestartingScript);
+    Write("trapping.sh", kTrappingScript);
+  }
+  void Write(const std::string& name, const std::string& text) const {
+    const std::string path = directory.path() + "/" + name;
+    std::ofstream(path) << text;
+    std::filesystem::permissions(path, std::filesystem::perms::owner_all);
+  }
+  std::string Path(const std::string& name) const { return directory.path() + "/" + name; }
+  int Attempts() const {
+    const std::string count = ReadFile(Path("count"));
+    return count.empty() ? 0 : std::stoi(count);
+  }
+  std::vector<std::string> Log() const { return SplitLines(ReadFile(Path("log"))); }
+  TemporaryDirectory directory;
+};
+
+// ncclguard run ARGUMENTS with only PATH and `variables` in its environment.
+ProcessResult NcclguardRun(const std::vector<std::string>& arguments,
+                           const std::map<std::string, std::string>& variables = {}) {
+  std::vector<std::string> argv{"env", "-i", "PATH=/usr/bin:/bin"};
+  for (const auto& [name, value] : variables) argv.push_back(name + "=" + value);
+  argv.push_back(NCCLGUARD_COMMAND);
+  argv.push_back("run");
+  argv.insert(argv.end(), arguments.begin(), arguments.end());
+  ncclguard::testing::ProcessOptions options;
+  options.timeout_seconds = 30;
+  return RunProcess(argv, options);
+}
+
+std::string Transcript(const ProcessResult& result) {
+  return "exit " + std::to_string(result.exit_code) + "\n--- stdout\n" + result.out + "--- stderr\n" + result.err;
+}
+
+// The value of `name` in a log line "attempt=N LD_PRELOAD=... NCCLGUARD_JOB_ID=...".
+std::string Field(const std::string& line, const std::string& name) {
+  const std::size_t start = line.find(name + "=");
+  if (start == std::string::npos) return "";
+  const std::size_t value = start + name.size() + 1;
+  return line.substr(value, line.find(' ', value) - value);
+}
+
+bool WaitForFile(const std::string& path) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (!std::filesystem::exists(path)) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return true;
+}
+
+// Runs trapping.sh for `trapped` (exit with `exit_code` when it arrives) under `ncclguard run`,
+// sends `sent` to the `run` process once the script is ready, and returns what `run` returned.
+ProcessResult SignalRun(const Scripts& scripts, const std::string& trapped, int sent, int exit_code) {
+  auto running = std::async(std::launch::async, [&] {
+    return NcclguardRun({"--", scripts.Path("trapping.sh"), trapped, std::to_string(exit_code)});
+  });
+  const bool ready = WaitForFile(scripts.Path("ready"));
+  if (ready) kill(std::stoi(ReadFile(scripts.Path("ready"))), sent);
+  ProcessResult result = running.get();
+  INFO(Transcript(result));
+  REQUIRE(ready);
+  return result;
+}
+
+}  // namespace
+
+TEST_CASE("the command is restarted while it exits with the restart code") {
+  Scripts scripts;
+  const ProcessResult result = NcclguardRun({"--", scripts.Path("restarting.sh"), "2", "0"});
+  INFO(Transcript(result));
+  CHECK(result.exit_code == 0);
+  CHECK(scripts.Attempts() == 3);
+  CHECK(CountOccurrences(result.err, "ncclguard run: attempt 1 of 4: ") == 1);
+  CHECK(CountOccurrences(result.err, "ncclguard run: attempt 2 of 4 after exit code 75 (ncclguard restart)") == 1);
+  CHECK(CountOccurrences(result.err, "ncclguard run: attempt 3 of 4 after exit code 75 (ncclguard restart)") == 1);
+  CHECK(CountOccurrences(result.err, "attempt 4") == 0);
+}
+
+TEST_CASE("the restarts are bounded by --max-restarts, and the last restart code is returned") {
+  Scripts scripts;
+  SECTION("--max-restarts 0 never restarts") {
+    const ProcessResult result = NcclguardRun({"--max-restarts", "0", "--", scripts.Path("restarting.sh"), "5", "0"});
+    INFO(Transcript(result));
+    CHECK(result.exit_code == kRestartCode);
+    CHECK(scripts.Attempts() == 1);
+    CHECK(CountOccurrences(result.err, "giving up") == 1);
+  }
+  SECTION("--max-restarts 2 runs three attempts") {
+    const ProcessResult result = NcclguardRun({"--max-restarts", "2", "--", scripts.Path("restarting.sh"), "5", "0"});
+    INFO(Transcript(result));
+    CHECK(result.exit_code == kRestartCode);
+    CHECK(scripts.Attempts() == 3);
+    CHECK(CountOccurrences(result.err, "attempt 3 of 3 after exit code 75") == 1);
+    CHECK(CountOccurrences(result.err, "giving up: exit code 75 after 2 restarts") == 1);
+  }
+  SECTION("a negative count is a usage error") {
+    const ProcessResult result = NcclguardRun({"--max-restarts", "-1", "--", scripts.Path("restarting.sh"), "0", "0"});
+    INFO(Transcript(result));
+    CHECK(result.exit_code == kUsageError);
+    CHECK(scripts.Attempts() == 0);
+  }
+}
+
+TEST_CASE("any other exit code is returned at once, without a restart") {
+  Scripts scripts;
+  for (const int code : {0, 1, 3, 74, 76}) {
+    std::filesystem::remove(scripts.Path("count"));
+    const ProcessResult result = NcclguardRun({"--", scripts.Path("restarting.sh"), "0", std::to_string(code)});
+    INFO(Transcript(result));
+    CHECK(result.exit_code == code);
+    CHECK(scripts.Attempts() == 1);
+    CHECK(CountOccurrences(result.err, "after exit code") == 0);
+  }
+}
+
+TEST_CASE("the library installed beside the command is preloaded, first and once") {
+  Scripts scripts;
+  // As the command finds it: through its own path, symbolic links resolved.
+  const std::filesystem::path library = std::filesystem::canonical(NCCLGUARD_LIBRARY);
+  std::string existing;
+  std::string expected;
+  SECTION("no LD_PRELOAD before") { expected = library.string(); }
+  SECTION("prepended to an existing LD_PRELOAD") {
+    existing = "libm.so.6";
+    expected = library.string() + ":libm.so.6";
+  }
+  SECTION("moved to the front, not repeated, when LD_PRELOAD has it already") {
+    existing = "libm.so.6 " + library.string();
+    expected = library.string() + ":libm.so.6";
+  }
+  std::map<std::string, std::string> variables;
+  if (!existing.empty()) variables["LD_PRELOAD"] = existing;
+  const ProcessResult result = NcclguardRun({"--", scripts.Path("restarting.sh"), "1", "0"}, variables);
+  INFO(Transcript(result));
+  CHECK(result.exit_code == 0);
+  const std::vector<std::string> log = scripts.Log();
+  REQUIRE(log.size() == 2);
+  for (const std::string& line : log) CHECK(Field(line, "LD_PRELOAD") == expected);
+}
+
+TEST_CASE("the library can be chosen, and one that does not exist is an error, never a run without it") {
+  Scripts scripts;
+  SECTION("an existing library") {
+    const std::string copy = scripts.Path("libcopy.so");
+    std::filesystem::copy_file(NCCLGUARD_LIBRARY, copy);
+    const ProcessResult result = NcclguardRun({"--library", copy, "--", scripts.Path("restarting.sh"), "0", "0"});
+    INFO(Transcript(result));
+    CHECK(result.exit_code == 0);
+    REQUIRE(scripts.Log().size() == 1);
+    CHECK(Field(scripts.Log()[0], "LD_PRELOAD") == copy);
+  }
+  SECTION("a missing library") {
+    const std::string missing = scripts.Path("no-such-libncclguard.so");
+    const ProcessResult result = NcclguardRun({"--library", missing, "--", scripts.Path("restarting.sh"), "0", "0"});
+    INFO(Transcript(result));
+    CHECK(result.exit_code == kUsageError);
+    CHECK(scripts.Attempts() == 0);
+    CHECK(CountOccurrences(result.err, "no ncclguard library at " + missing) == 1);
+  }
+}
+
+TEST_CASE("every attempt belongs to the same job") {
+  Scripts scripts;
+  SECTION("without a job id, run names one for all its attempts") {
+    const ProcessResult result = NcclguardRun({"--", scripts.Path("restarting.sh"), "2", "0"});
+    INFO(Transcript(result));
+    const std::vector<std::string> log = scripts.Log();
+    REQUIRE(log.size() == 3);
+    const std::string job_id = Field(log[0], "NCCLGUARD_JOB_ID");
+    CHECK(job_id.rfind("run-", 0) == 0);
+    for (const std::string& line : log) CHECK(Field(line, "NCCLGUARD_JOB_ID") == job_id);
+    CHECK(CountOccurrences(result.err, "(job id " + job_id) == 1);
+  }
+  SECTION("the user's NCCLGUARD_JOB_ID is kept") {
+    NcclguardRun({"--", scripts.Path("restarting.sh"), "1", "0"}, {{"NCCLGUARD_JOB_ID", "nightly-7"}});
+    const std::vector<std::string> log = scripts.Log();
+    REQUIRE(log.size() == 2);
+    for (const std::string& line : log) CHECK(Field(line, "NCCLGUARD_JOB_ID") == "nightly-7");
+  }
+  SECTION("a launcher's job id, as run sees it, holds for every attempt") {
+    const ProcessResult result =
+        NcclguardRun({"--", scripts.Path("restarting.sh"), "1", "0"}, {{"SLURM_JOB_ID", "4242"}});
+    INFO(Transcript(result));
+    const std::vector<std::string> log = scripts.Log();
+    REQUIRE(log.size() == 2);
+    for (const std::string& line : log) CHECK(Field(line, "NCCLGUARD_JOB_ID") == "slurm-4242");
+    CHECK(CountOccurrences(result.err, "(job id slurm-4242,") == 1);
+  }
+}
+
+TEST_CASE("SIGTERM sent to run reaches the command, whose status run returns") {
+  Scripts scripts;
+  const ProcessResult result = SignalRun(scripts, "TERM", SIGTERM, 42);
+  CHECK(result.exit_code == 42);
+  CHECK(scripts.Log() == std::vector<std::string>{"trapped TERM"});
+}
+
+TEST_CASE("after a SIGTERM, a restart code ends the run instead of restarting") {
+  Scripts scripts;
+  const ProcessResult result = SignalRun(scripts, "TERM", SIGTERM, kRestartCode);
+  CHECK(result.exit_code == kRestartCode);
+  CHECK(scripts.Attempts() == 1);
+  CHECK(CountOccurrences(result.err, "not restarting after SIGTERM") == 1);
+}
+
+TEST_CASE("SIGUSR1 is forwarded and does not stop restarts") {
+  Scripts scripts;
+  const ProcessResult result = SignalRun(scripts, "USR1", SIGUSR1, kRestartCode);
+  CHECK(result.exit_code == 0);
+  CHECK(scripts.Attempts() == 2);
+  CHECK(scripts.Log() == std::vector<std::string>{"trapped USR1"});
+}
+
+TEST_CASE("a command killed by signal S makes run exit with 128+S") {
+  Scripts scripts;
+  scripts.Write("killed.sh", "#!/bin/sh\nkill -KILL $$\n");
+  const ProcessResult result = NcclguardRun({"--", scripts.Path("killed.sh")});
+  INFO(Transcript(result));
+  CHECK(result.signal == 0);
+  CHECK(result.exit_code == 128 + SIGKILL);
+}
+
+TEST_CASE("a command that cannot be found exits 127 with a message") {
+  for (const std::string command : {"no-such-command-for-ncclguard", "/no/such/directory/command"}) {
+    const ProcessResult result = NcclguardRun({"--", command, "argument"});
+    INFO(Transcript(result));
+    CHECK(result.exit_code == 127);
+    CHECK(CountOccurrences(result.err, "ncclguard run: cannot run " + command + ": No such file or directory") == 1);
+  }
+}

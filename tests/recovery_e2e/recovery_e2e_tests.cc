@@ -1,0 +1,224 @@
+// NCCLGUARD_ACTION=reinit end to end, on the emulator: a job whose P2P transfers stall is
+// classified p2p_suspect, records the verdict, exits with the restart code, and `ncclguard run`
+// brings it back with P2P disabled, to the checksums of a healthy run. What a user reads is
+// checked: the exit status, the emulator's transport report and ncclguard's own log lines.
+#include <catch2/catch.hpp>
+
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "tests/support/process.h"
+#include "tests/support/train_loop_output.h"
+
+using ncclguard::testing::Checksums;
+using ncclguard::testing::CountOccurrences;
+using ncclguard::testing::LogLinesOf;
+using ncclguard::testing::ProcessOptions;
+using ncclguard::testing::ProcessResult;
+using ncclguard::testing::RankPids;
+using ncclguard::testing::ReadFile;
+using ncclguard::testing::RunProcess;
+using ncclguard::testing::TemporaryDirectory;
+using Environment = std::map<std::string, std::optional<std::string>>;
+
+namespace {
+
+constexpr char kJobId[] = "recovery";
+constexpr int kRestartExitCode = 75;
+// The launcher's last line when a rank failed: the end of an attempt in train_loop's output.
+constexpr char kJobFailed[] = "train_loop: job failed";
+constexpr char kRecordFile[] = "p2p-verdict.json";
+
+struct Job {
+  ProcessResult result;
+  std::string job_dir;
+  std::string transcript;  // for the test's messages
+};
+
+// Runs `command` on the emulator with short timeouts and NCCLGUARD_ACTION=reinit, a job directory
+// of its own in `dump_dir` and NCCL's INFO log (the transport report). Nothing leaks in from
+// outside.
+Job RunJob(const TemporaryDirectory& dump_dir, const std::vector<std::string>& command, const Environment& settings) {
+  ProcessOptions options;
+  options.timeout_seconds = 50;  // a last resort: train_loop's --timeout ends hung attempts
+  options.environment = {{"LD_LIBRARY_PATH", EMULATOR_LIBRARY_DIR},
+                         {"NCCLEMU_FAULTS", std::nullopt},
+                         {"NCCLEMU_GPU_NAME", std::nullopt},
+                         {"NCCLEMU_DRIVER_VERSION", std::nullopt},
+                         {"NCCL_COMM_ID", std::nullopt},
+                         {"NCCL_P2P_DISABLE", std::nullopt},
+                         {"NCCL_P2P_LEVEL", std::nullopt},
+                         {"NCCL_DEBUG", "INFO"},
+                         {"NCCLGUARD_DUMP_DIR", dump_dir.path()},
+                         {"NCCLGUARD_JOB_ID", kJobId},
+                         {"NCCLGUARD_ACTION", "reinit"},
+                         {"NCCLGUARD_TIMEOUT", "1"},
+                         {"NCCLGUARD_POLL_INTERVAL", "0.05"},
+                         {"NCCLGUARD_STATUS_INTERVAL", "0.2"}};
+  for (const auto& [name, value] : settings) options.environment[name] = value;
+  Job job;
+  job.result = RunProcess(command, options);
+  job.job_dir = dump_dir.path() + "/" + kJobId;
+  job.transcript = "exit code " + std::to_string(job.result.exit_code) + (job.result.timed_out ? ", timed out" : "") +
+                   "\nstdout:\n" + job.result.out + "\nstderr:\n" + job.result.err;
+  return job;
+}
+
+std::vector<std::string> TrainLoop(std::vector<std::string> arguments) {
+  arguments.insert(arguments.begin(), TRAIN_LOOP);
+  return arguments;
+}
+
+std::vector<std::string> UnderNcclguardRun(std::vector<std::string> arguments) {
+  arguments.insert(arguments.begin(), {NCCLGUARD_CLI, "run", "--max-restarts", "1", "--", TRAIN_LOOP});
+  return arguments;
+}
+
+// The checksums of the same job run without faults and without ncclguard.
+std::map<int, std::string> HealthyChecksums(const std::vector<std::string>& arguments) {
+  ProcessOptions options;
+  options.timeout_seconds = 30;
+  options.environment = {{"LD_LIBRARY_PATH", EMULATOR_LIBRARY_DIR}, {"NCCLEMU_FAULTS", std::nullopt}};
+  const ProcessResult healthy = RunProcess(TrainLoop(arguments), options);
+  INFO(healthy.out << healthy.err);
+  REQUIRE(healthy.exit_code == 0);
+  return Checksums(healthy.out);
+}
+
+bool Contains(const std::string& text, const std::string& needle) { return text.find(needle) != std::string::npos; }
+
+// Each attempt's part of the output: train_loop's launcher ends a failed attempt with one line.
+std::pair<std::string, std::string> SplitAttempts(const std::string& out) {
+  const size_t end = out.find(kJobFailed);
+  if (end == std::string::npos) return {out, ""};
+  const size_t next = out.find('\n', end);
+  return {out.substr(0, next), next == std::string::npos ? "" : out.substr(next + 1)};
+}
+
+// What the first attempt of a P2P stall must show, per rank: the stall and its verdict, then the
+// record (written by a rank that stalled) or the following of it; and the second attempt: P2P
+// disabled because of the record, SHM instead of P2P, the healthy checksums.
+void CheckRecoveredP2pStall(const Job& job, int ranks, const std::map<int, std::string>& healthy) {
+  INFO(job.transcript);
+  REQUIRE_FALSE(job.result.timed_out);
+  CHECK(job.result.exit_code == 0);
+  const auto [first, second] = SplitAttempts(job.result.out);
+  REQUIRE_FALSE(second.empty());
+
+  // First attempt: P2P in use, every rank ends with the restart code.
+  CHECK(Contains(first, " via P2P/"));
+  CHECK(Contains(first, "ranks failed: " + std::string(ranks == 4 ? "0,1,2,3" : "0,1") + "; ranks not finished: none"));
+  CHECK(CountOccurrences(first, "failed: exit code " + std::to_string(kRestartExitCode)) == ranks);
+  const std::map<int, int> first_pids = RankPids(first);
+  REQUIRE(first_pids.size() == static_cast<size_t>(ranks));
+  int recorders = 0;
+  for (const auto& [rank, pid] : first_pids) {
+    INFO("first attempt, rank " << rank << ", pid " << pid);
+    const std::vector<std::string> recorded = LogLinesOf(job.result.err, pid, "recorded p2p_suspect");
+    REQUIRE(recorded.size() == 1);
+    if (Contains(recorded[0], "recorded p2p_suspect in " + job.job_dir + "/" + kRecordFile +
+                                  "; exiting with 75 so that the job restarts with NCCL_P2P_DISABLE=1")) {
+      ++recorders;
+      const std::vector<std::string> stall = LogLinesOf(job.result.err, pid, " — verdict: p2p_suspect: ");
+      CHECK(stall.size() == 1);
+    } else {
+      // It followed another rank's record without a stall of its own.
+      CHECK(Contains(recorded[0], "exiting with 75 so that the job restarts with NCCL_P2P_DISABLE=1"));
+    }
+    // A few lines tell the story: no flood of warnings.
+    CHECK(LogLinesOf(job.result.err, pid, " WARN ").size() + LogLinesOf(job.result.err, pid, " ERROR ").size() <= 4);
+  }
+  CHECK(recorders >= 1);
+  const nlohmann::json record = nlohmann::json::parse(ReadFile(job.job_dir + "/" + kRecordFile));
+  CHECK(record.at("verdict") == "p2p_suspect");
+  CHECK(record.at("job_id") == kJobId);
+  CHECK(Contains(record.at("message"), "NCCL_P2P_DISABLE=1"));
+
+  // Second attempt: P2P disabled before the first communicator, because of the record.
+  CHECK(Contains(second, " via SHM/"));
+  CHECK_FALSE(Contains(second, " via P2P/"));
+  const std::map<int, int> second_pids = RankPids(second);
+  REQUIRE(second_pids.size() == static_cast<size_t>(ranks));
+  for (const auto& [rank, pid] : second_pids) {
+    INFO("second attempt, rank " << rank << ", pid " << pid);
+    CHECK(LogLinesOf(job.result.err, pid, "NCCL_P2P_DISABLE=1 set before the first communicator: an earlier attempt "
+                                          "of job recovery found P2P at fault").size() == 1);
+    // The record of the first attempt does not make the second one exit.
+    CHECK(LogLinesOf(job.result.err, pid, "exiting with").empty());
+  }
+  CHECK(Checksums(second) == healthy);
+}
+
+}  // namespace
+
+TEST_CASE("S2: the first collective hangs with driver 545.23.08 and the job restarts with P2P disabled",
+          "[reinit][p2p_suspect]") {
+  const std::vector<std::string> arguments = {"--ranks", "4", "--steps", "20", "--timeout", "15"};
+  const std::map<int, std::string> healthy = HealthyChecksums(arguments);
+  REQUIRE(healthy.size() == 4);
+  TemporaryDirectory dump_dir;
+  const Job job = RunJob(dump_dir, UnderNcclguardRun(arguments),
+                         {{"NCCLEMU_FAULTS", "p2p_stall:after=0"}, {"NCCLEMU_DRIVER_VERSION", "545.23.08"}});
+  CheckRecoveredP2pStall(job, 4, healthy);
+}
+
+TEST_CASE("S1: P2P stalls on GeForce RTX 4090s after 50 collectives (dlopen loader and forked workers) and "
+          "the job restarts with P2P disabled",
+          "[reinit][p2p_suspect]") {
+  const std::vector<std::string> arguments = {"--ranks", "2", "--steps", "80", "--nccl-loader", "dlopen",
+                                              "--workers", "2", "--timeout", "15"};
+  const std::map<int, std::string> healthy = HealthyChecksums(arguments);
+  REQUIRE(healthy.size() == 2);
+  TemporaryDirectory dump_dir;
+  const Job job = RunJob(dump_dir, UnderNcclguardRun(arguments),
+                         {{"NCCLEMU_FAULTS", "p2p_stall:after=50"}, {"NCCLEMU_GPU_NAME", "NVIDIA GeForce RTX 4090"}});
+  CheckRecoveredP2pStall(job, 2, healthy);
+  INFO(job.transcript);
+  CHECK(CountOccurrences(SplitAttempts(job.result.out).second, "2 data loader workers finished") == 2);
+}
+
+TEST_CASE("a stall that is not P2P exits with the restart code and records no P2P verdict", "[reinit]") {
+  TemporaryDirectory dump_dir;
+  const Job job = RunJob(dump_dir, TrainLoop({"--ranks", "4", "--steps", "20", "--timeout", "15"}),
+                         {{"NCCLEMU_FAULTS", "hang:rank=1,seq=5"}, {"LD_PRELOAD", PRELOAD_LIBRARY}});
+  INFO(job.transcript);
+  REQUIRE_FALSE(job.result.timed_out);
+  CHECK(Contains(job.result.out, "ranks failed: 0,1,2,3; ranks not finished: none"));
+  CHECK(CountOccurrences(job.result.out, "failed: exit code 75") == 4);
+  CHECK_FALSE(std::filesystem::exists(job.job_dir + "/" + kRecordFile));
+  const std::map<int, int> pids = RankPids(job.result.out);
+  REQUIRE(pids.size() == 4);
+  for (const auto& [rank, pid] : pids) {
+    INFO("rank " << rank);
+    CHECK(LogLinesOf(job.result.err, pid, "exiting with code 75 after the stall (NCCLGUARD_ACTION=reinit; verdict "
+                                          "stuck_inside_nccl: the restarted job keeps its P2P setting)").size() == 1);
+  }
+}
+
+TEST_CASE("a p2p_suspect verdict while the user set NCCL_P2P_LEVEL exits with the restart code and records nothing",
+          "[reinit][p2p_suspect]") {
+  TemporaryDirectory dump_dir;
+  const Job job = RunJob(dump_dir, TrainLoop({"--ranks", "2", "--steps", "20", "--timeout", "15"}),
+                         {{"NCCLEMU_FAULTS", "p2p_stall:after=3"},
+                          {"NCCLEMU_GPU_NAME", "NVIDIA GeForce RTX 4090"},
+                          {"NCCL_P2P_LEVEL", "SYS"},
+                          {"LD_PRELOAD", PRELOAD_LIBRARY}});
+  INFO(job.transcript);
+  REQUIRE_FALSE(job.result.timed_out);
+  CHECK(CountOccurrences(job.result.out, "failed: exit code 75") == 2);
+  CHECK_FALSE(std::filesystem::exists(job.job_dir + "/" + kRecordFile));
+  const std::map<int, int> pids = RankPids(job.result.out);
+  REQUIRE(pids.size() == 2);
+  for (const auto& [rank, pid] : pids) {
+    INFO("rank " << rank);
+    CHECK(LogLinesOf(job.result.err, pid, "p2p_suspect, but NCCL_P2P_LEVEL=SYS is set explicitly: a restart would not "
+                                          "change P2P, so no P2P verdict is recorded").size() == 1);
+    CHECK(LogLinesOf(job.result.err, pid, "exiting with code 75 after the stall (NCCLGUARD_ACTION=reinit; verdict "
+                                          "p2p_suspect").size() == 1);
+  }
+}
