@@ -15,6 +15,7 @@
 #include "watchdog/p2p_verdict.h"
 
 using ncclguard::testing::Checksums;
+using ncclguard::testing::EmulatorJobEnvironment;
 using ncclguard::testing::CountOccurrences;
 using ncclguard::testing::LogLinesOf;
 using ncclguard::testing::ProcessOptions;
@@ -41,21 +42,10 @@ Job RunTrainLoop(const TemporaryDirectory& dump_dir, const Environment& settings
   argv.insert(argv.end(), extra_arguments.begin(), extra_arguments.end());
   ProcessOptions options;
   options.timeout_seconds = 50;
-  options.environment = {{"LD_LIBRARY_PATH", EMULATOR_LIBRARY_DIR},
-                         {"LD_PRELOAD", PRELOAD_LIBRARY},
-                         {"NCCL_DEBUG", "INFO"},
-                         {"NCCLEMU_FAULTS", std::nullopt},
-                         {"NCCLEMU_GPU_NAME", std::nullopt},
-                         {"NCCLEMU_DRIVER_VERSION", std::nullopt},
-                         {"NCCLEMU_P2P_ACCESS", std::nullopt},
-                         {"NCCL_COMM_ID", std::nullopt},
-                         {"NCCL_P2P_DISABLE", std::nullopt},
-                         {"NCCL_P2P_LEVEL", std::nullopt},
-                         {"NCCL_CONF_FILE", std::nullopt},
-                         {"HOME", dump_dir.path()},  // no ~/.nccl.conf of whoever runs the tests
-                         {"NCCLGUARD_LOG_LEVEL", "info"},
-                         {"NCCLGUARD_DUMP_DIR", dump_dir.path()},
-                         {"NCCLGUARD_JOB_ID", kJobId}};
+  options.environment = EmulatorJobEnvironment(EMULATOR_LIBRARY_DIR, dump_dir.path(), kJobId);
+  options.environment["LD_PRELOAD"] = PRELOAD_LIBRARY;
+  options.environment["NCCL_DEBUG"] = "INFO";
+  options.environment["NCCLGUARD_LOG_LEVEL"] = "info";
   for (const auto& [name, value] : settings) options.environment[name] = value;
   Job job;
   job.result = RunProcess(argv, options);

@@ -16,6 +16,7 @@
 #include "tests/support/train_loop_output.h"
 
 using ncclguard::testing::Checksums;
+using ncclguard::testing::EmulatorJobEnvironment;
 using ncclguard::testing::CountOccurrences;
 using ncclguard::testing::LogLinesOf;
 using ncclguard::testing::ProcessOptions;
@@ -46,21 +47,15 @@ struct Job {
 Job RunJob(const TemporaryDirectory& dump_dir, const std::vector<std::string>& command, const Environment& settings) {
   ProcessOptions options;
   options.timeout_seconds = 50;  // a last resort: train_loop's --timeout ends hung attempts
-  options.environment = {{"LD_LIBRARY_PATH", EMULATOR_LIBRARY_DIR},
-                         {"NCCLEMU_FAULTS", std::nullopt},
-                         {"NCCLEMU_GPU_NAME", std::nullopt},
-                         {"NCCLEMU_DRIVER_VERSION", std::nullopt},
-                         {"NCCL_COMM_ID", std::nullopt},
-                         {"NCCL_P2P_DISABLE", std::nullopt},
-                         {"NCCL_P2P_LEVEL", std::nullopt},
-                         {"NCCL_DEBUG", "INFO"},
-                         {"NCCLGUARD_DUMP_DIR", dump_dir.path()},
-                         {"NCCLGUARD_JOB_ID", kJobId},
-                         {"NCCLGUARD_ACTION", "reinit"},
-                         {"NCCLGUARD_TIMEOUT", "1"},
-                         {"NCCLGUARD_POLL_INTERVAL", "0.05"},
-                         {"NCCLGUARD_STATUS_INTERVAL", "0.2"}};
-  for (const auto& [name, value] : settings) options.environment[name] = value;
+  options.environment = EmulatorJobEnvironment(EMULATOR_LIBRARY_DIR, dump_dir.path(), kJobId);
+  const Environment reinit_settings{{"NCCL_DEBUG", "INFO"},
+                                    {"NCCLGUARD_ACTION", "reinit"},
+                                    {"NCCLGUARD_TIMEOUT", "1"},
+                                    {"NCCLGUARD_POLL_INTERVAL", "0.05"},
+                                    {"NCCLGUARD_STATUS_INTERVAL", "0.2"}};
+  for (const Environment& overrides : {reinit_settings, settings}) {
+    for (const auto& [name, value] : overrides) options.environment[name] = value;
+  }
   Job job;
   job.result = RunProcess(command, options);
   job.job_dir = dump_dir.path() + "/" + kJobId;

@@ -6,6 +6,23 @@
 
 namespace ncclguard::testing {
 
+std::map<std::string, std::optional<std::string>> EmulatorJobEnvironment(const std::string& emulator_library_dir,
+                                                                         const std::string& dump_dir,
+                                                                         const std::string& job_id) {
+  return {{"LD_LIBRARY_PATH", emulator_library_dir},
+          {"NCCLEMU_FAULTS", std::nullopt},
+          {"NCCLEMU_GPU_NAME", std::nullopt},
+          {"NCCLEMU_DRIVER_VERSION", std::nullopt},
+          {"NCCLEMU_P2P_ACCESS", std::nullopt},
+          {"NCCL_COMM_ID", std::nullopt},
+          {"NCCL_P2P_DISABLE", std::nullopt},
+          {"NCCL_P2P_LEVEL", std::nullopt},
+          {"NCCL_CONF_FILE", std::nullopt},
+          {"HOME", dump_dir},
+          {"NCCLGUARD_DUMP_DIR", dump_dir},
+          {"NCCLGUARD_JOB_ID", job_id}};
+}
+
 std::map<int, int> RankPids(const std::string& out) {
   static const std::regex start_line(R"(^rank (\d+)/\d+: device .*, pid (\d+)$)");
   std::map<int, int> pids;

@@ -19,6 +19,7 @@
 #include "tests/support/train_loop_output.h"
 
 using ncclguard::testing::Checksums;
+using ncclguard::testing::EmulatorJobEnvironment;
 using ncclguard::testing::LogLinesOf;
 using ncclguard::testing::ProcessOptions;
 using ncclguard::testing::RankPids;
@@ -53,14 +54,7 @@ Job RunTrainLoop(const TemporaryDirectory& dump_dir, std::vector<std::string> ar
   arguments.insert(arguments.begin(), TRAIN_LOOP);
   ProcessOptions options;
   options.timeout_seconds = 50;  // a last resort: train_loop's --timeout ends hung jobs
-  options.environment = {{"LD_LIBRARY_PATH", EMULATOR_LIBRARY_DIR},
-                         {"NCCLEMU_FAULTS", std::nullopt},
-                         {"NCCLEMU_GPU_NAME", std::nullopt},
-                         {"NCCLEMU_DRIVER_VERSION", std::nullopt},
-                         {"NCCL_COMM_ID", std::nullopt},
-                         {"NCCL_P2P_DISABLE", std::nullopt},
-                         {"NCCLGUARD_DUMP_DIR", dump_dir.path()},
-                         {"NCCLGUARD_JOB_ID", kJobId}};
+  options.environment = EmulatorJobEnvironment(EMULATOR_LIBRARY_DIR, dump_dir.path(), kJobId);
   if (guarded) options.environment["LD_PRELOAD"] = PRELOAD_LIBRARY;
   for (const auto& [name, value] : settings) options.environment[name] = value;
   Job job;

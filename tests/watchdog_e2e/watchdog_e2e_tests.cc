@@ -19,6 +19,7 @@
 #include "tests/support/train_loop_output.h"
 
 using ncclguard::testing::Checksums;
+using ncclguard::testing::EmulatorJobEnvironment;
 using ncclguard::testing::LogLinesOf;
 using ncclguard::testing::ProcessOptions;
 using ncclguard::testing::RankPids;
@@ -53,11 +54,7 @@ Run RunOnEmulator(const TemporaryDirectory& dump_dir, const std::vector<std::str
                   const Environment& settings, bool guarded = true) {
   ProcessOptions options;
   options.timeout_seconds = 60;
-  options.environment = {{"LD_LIBRARY_PATH", EMULATOR_LIBRARY_DIR},
-                         {"NCCLEMU_FAULTS", std::nullopt},
-                         {"NCCL_COMM_ID", std::nullopt},
-                         {"NCCLGUARD_DUMP_DIR", dump_dir.path()},
-                         {"NCCLGUARD_JOB_ID", kJobId}};
+  options.environment = EmulatorJobEnvironment(EMULATOR_LIBRARY_DIR, dump_dir.path(), kJobId);
   if (guarded) options.environment["LD_PRELOAD"] = PRELOAD_LIBRARY;
   for (const auto& [name, value] : settings) options.environment[name] = value;
   const auto start = std::chrono::steady_clock::now();
