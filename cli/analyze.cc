@@ -24,6 +24,7 @@
 #include "cli/trace.h"
 #include "watchdog/dump.h"
 #include "watchdog/job_dir.h"
+#include "watchdog/known_bad.h"
 #include "watchdog/verdicts.h"
 
 namespace ncclguard {
@@ -211,6 +212,11 @@ int Analyze(const AnalyzeOptions& options) {
         StatusIntervalSeconds(kDefaultStatusIntervalSeconds, static_cast<int>(job->processes.size()));
   }
 
+  // The command's log is not started: say here that P2P verdicts lack part of their evidence.
+  if (const KnownBadList& known_bad = ProcessKnownBad(); !known_bad.status.ok()) {
+    std::cerr << "ncclguard analyze: known-bad configurations not used as P2P evidence: "
+              << known_bad.status.message() << " (set NCCLGUARD_KNOWN_BAD_FILE)\n";
+  }
   const std::vector<Verdict> verdicts = Classify(*job);
   if (!options.trace_path.empty()) {
     if (absl::Status written = WriteChromeTrace(options.trace_path, *job, verdicts); !written.ok()) {

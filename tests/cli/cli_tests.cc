@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -27,11 +28,13 @@ constexpr int kHealthy = 0;
 constexpr int kProblemFound = 1;
 constexpr int kUsageError = 2;
 
-ProcessResult Ncclguard(const std::vector<std::string>& arguments) {
+ProcessResult Ncclguard(const std::vector<std::string>& arguments,
+                        const std::map<std::string, std::optional<std::string>>& environment = {}) {
   std::vector<std::string> argv{NCCLGUARD_COMMAND};
   argv.insert(argv.end(), arguments.begin(), arguments.end());
   ncclguard::testing::ProcessOptions options;
   options.timeout_seconds = 30;
+  options.environment = environment;
   return RunProcess(argv, options);
 }
 
@@ -77,6 +80,21 @@ TEST_CASE("a healthy job exits 0 and says so") {
   CHECK(result.exit_code == kHealthy);
   CHECK(result.out.find("HEALTHY") != std::string::npos);
   CHECK(result.out.find("4 processes") != std::string::npos);
+}
+
+TEST_CASE("the shipped known-bad file is found beside the command, and a missing one is said") {
+  Job job(Scenario(SyntheticJob::Scenario::kHealthy));
+  const ProcessResult shipped = Ncclguard({"analyze", job.path}, {{"NCCLGUARD_KNOWN_BAD_FILE", std::nullopt}});
+  INFO(Transcript(shipped));
+  CHECK(shipped.exit_code == kHealthy);
+  CHECK(shipped.err.find("known-bad") == std::string::npos);
+
+  const ProcessResult missing =
+      Ncclguard({"analyze", job.path}, {{"NCCLGUARD_KNOWN_BAD_FILE", job.directory.path() + "/none.json"}});
+  INFO(Transcript(missing));
+  CHECK(missing.exit_code == kHealthy);
+  CHECK(missing.err.find("known-bad configurations not used as P2P evidence") != std::string::npos);
+  CHECK(missing.err.find("none.json") != std::string::npos);
 }
 
 TEST_CASE("a rank that never joined the collective exits 1, named with the collective") {
