@@ -93,15 +93,6 @@ std::vector<PreloadEntry> NcclguardPreloads(const std::string& preload) {
   return entries;
 }
 
-std::string P2pModeText(P2pMode mode) {
-  switch (mode) {
-    case P2pMode::kOn: return "on";
-    case P2pMode::kOff: return "off";
-    case P2pMode::kAuto: break;
-  }
-  return "auto";
-}
-
 std::string CudaVersionText(int code) {
   return code > 0 ? fmt::format("{}.{}", code / 1000, code % 1000 / 10) : "unknown";
 }
@@ -153,26 +144,17 @@ Json Report() {
   }
   report["ncclguard_preloaded"] = preloads;
 
-  const std::string known_bad_path = KnownBadPath(config);
-  absl::StatusOr<std::vector<KnownBadEntry>> entries =
-      known_bad_path.empty() ? absl::NotFoundError("cannot find ncclguard's data directory")
-                             : LoadKnownBad(known_bad_path);
-  report["known_bad_file"] = known_bad_path;
-  report["known_bad_problem"] = entries.ok() ? "" : std::string(entries.status().message());
+  const KnownBadList& known_bad = ProcessKnownBad();
+  report["known_bad_file"] = known_bad.path;
+  report["known_bad_problem"] = std::string(known_bad.status.message());
   Json matches = Json::array();
-  if (entries.ok()) {
-    for (const KnownBadMatch& match : MatchKnownBad(*entries, facts)) {
-      Json matched_facts = Json::array();
-      for (const MatchedFact& fact : match.facts) matched_facts.push_back(fact.description);
-      matches.push_back(Json{{"id", match.entry->id},
-                             {"action", KnownBadActionName(match.entry->action)},
-                             {"facts", matched_facts},
-                             {"summary", match.entry->summary},
-                             {"remedy", match.entry->remedy},
-                             {"source", match.entry->source}});
-    }
-    inputs.known_bad = std::move(*entries);
+  for (const KnownBadMatch& match : MatchKnownBad(known_bad.entries, facts)) {
+    Json matched = KnownBadEntryJson(*match.entry);
+    matched["facts"] = Json::array();
+    for (const MatchedFact& fact : match.facts) matched["facts"].push_back(fact.description);
+    matches.push_back(std::move(matched));
   }
+  inputs.known_bad = known_bad.entries;
   report["known_bad"] = matches;
 
   inputs.mode = config.p2p;
@@ -182,7 +164,7 @@ Json Report() {
   const P2pDecision decision = DecideP2p(inputs);
   Json set = Json::object();
   for (const auto& [name, value] : decision.set_environment) set[name] = value;
-  report["p2p_decision"] = Json{{"mode", P2pModeText(config.p2p)},
+  report["p2p_decision"] = Json{{"mode", P2pModeName(config.p2p)},
                                 {"set", set},
                                 {"warnings", decision.warnings},
                                 {"infos", decision.infos}};

@@ -98,7 +98,7 @@ std::string FormatValue(bool value) { return value ? "1" : "0"; }
 std::string FormatValue(LogLevel value) { return std::string(LogLevelName(value)); }
 std::string FormatValue(const std::string& value) { return value.empty() ? "unset" : value; }
 std::string FormatValue(Action value) { return std::string(ActionName(value)); }
-std::string FormatValue(P2pMode value) { return kP2pModeNames[static_cast<int>(value)]; }
+std::string FormatValue(P2pMode value) { return std::string(P2pModeName(value)); }
 std::string FormatValue(Seconds value) { return absl::StrCat(value.value); }
 std::string FormatValue(Count value) { return absl::StrCat(value.value); }
 std::string FormatValue(Signal value) {
@@ -134,6 +134,7 @@ bool ReadProcessEnvironment(const char* name, std::string* value) {
 
 std::string_view LogLevelName(LogLevel level) { return kLogLevelNames[static_cast<int>(level)]; }
 std::string_view ActionName(Action action) { return kActionNames[static_cast<int>(action)]; }
+std::string_view P2pModeName(P2pMode mode) { return kP2pModeNames[static_cast<int>(mode)]; }
 
 Config ParseConfig(const EnvironmentReader& read_environment) {
   Config config;

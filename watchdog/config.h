@@ -62,5 +62,6 @@ std::string OptionsMarkdownTable();
 
 std::string_view LogLevelName(LogLevel level);
 std::string_view ActionName(Action action);
+std::string_view P2pModeName(P2pMode mode);
 
 }  // namespace ncclguard

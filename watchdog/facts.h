@@ -102,6 +102,9 @@ bool IsAllowlistedVariable(const std::string& name);
 // NCCL_P2P_DISABLE=1, or NCCL_P2P_LEVEL=LOC (or its legacy number 0).
 bool P2pDisabledBy(const EnvironmentVariables& variables);
 
+// The variables by which a user decides NCCL's P2P transport: set, they always win over ncclguard.
+inline constexpr const char* kNcclP2pVariables[] = {"NCCL_P2P_DISABLE", "NCCL_P2P_LEVEL"};
+
 // Initialises the CUDA driver (cuInit) in this process, for a program of ncclguard's own that
 // reports on the machine; false when there is no driver or it fails. The library never calls it:
 // it must not initialise CUDA on an application's behalf.

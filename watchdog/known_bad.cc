@@ -203,6 +203,14 @@ std::vector<MatchedFact> MatchCriteria(const KnownBadCriteria& criteria, const P
 
 std::string_view KnownBadActionName(KnownBadAction action) { return kActionNames[static_cast<int>(action)]; }
 
+Json KnownBadEntryJson(const KnownBadEntry& entry) {
+  return Json{{"id", entry.id},
+              {"action", KnownBadActionName(entry.action)},
+              {"summary", entry.summary},
+              {"remedy", entry.remedy},
+              {"source", entry.source}};
+}
+
 absl::StatusOr<std::vector<KnownBadEntry>> ParseKnownBad(const std::string& content, const std::string& file) {
   Json document;
   try {

@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "watchdog/config.h"
@@ -88,5 +90,8 @@ std::vector<KnownBadMatch> MatchKnownBad(const std::vector<KnownBadEntry>& entri
 std::string DescribeMatch(const KnownBadMatch& match);
 
 std::string_view KnownBadActionName(KnownBadAction action);
+
+// {"id", "action", "summary", "remedy", "source"}: an entry as reports show it.
+nlohmann::json KnownBadEntryJson(const KnownBadEntry& entry);
 
 }  // namespace ncclguard

@@ -14,8 +14,6 @@
 namespace ncclguard {
 namespace {
 
-constexpr const char* kP2pVariables[] = {"NCCL_P2P_DISABLE", "NCCL_P2P_LEVEL"};
-
 // Collecting facts normally takes milliseconds; a driver that does not answer in this long is
 // wedged, and the application's first NCCL call must not wait on it.
 constexpr std::chrono::milliseconds kFactsDeadline{3000};
@@ -24,7 +22,7 @@ constexpr std::chrono::milliseconds kFactsDeadline{3000};
 // P2P settings, where NCCL will take them from; "" when there are none.
 std::string UserP2pSettings(const P2pPolicyInputs& inputs, EnvironmentVariables* from_files) {
   std::vector<std::string> settings;
-  for (const char* name : kP2pVariables) {
+  for (const char* name : kNcclP2pVariables) {
     std::string value;
     if (inputs.read_environment && inputs.read_environment(name, &value) && !value.empty()) {
       settings.push_back(fmt::format("{}={} in the environment", name, value));

@@ -303,12 +303,8 @@ Json P2pEvidence(const Communicator& communicator) {
       auto entry = std::find_if(known_bad.begin(), known_bad.end(),
                                 [&](const Json& known) { return known["id"] == match.entry->id; });
       if (entry == known_bad.end()) {
-        known_bad.push_back(Json{{"id", match.entry->id},
-                                 {"action", KnownBadActionName(match.entry->action)},
-                                 {"summary", match.entry->summary},
-                                 {"remedy", match.entry->remedy},
-                                 {"source", match.entry->source},
-                                 {"ranks", Json::array()}});
+        known_bad.push_back(KnownBadEntryJson(*match.entry));
+        known_bad.back()["ranks"] = Json::array();
         entry = known_bad.end() - 1;
       }
       (*entry)["ranks"].push_back(member.rank);

@@ -268,7 +268,7 @@ std::optional<std::string> Watchdog::RecordP2pVerdict(CommState* culprit, const 
   for (const auto& [name, value] : facts.environment) {
     // NCCL_P2P_DISABLE=1 leaves no p2p_suspect to get here; any other explicit setting is the
     // user's, and it wins at the next attempt too.
-    if (name == "NCCL_P2P_DISABLE" || name == "NCCL_P2P_LEVEL") {
+    if (std::ranges::find(kNcclP2pVariables, name) != std::end(kNcclP2pVariables)) {
       log::Warn("p2p_suspect, but {}={} is set explicitly: a restart would not change P2P, so no P2P verdict is "
                 "recorded",
                 name, value);
