@@ -24,8 +24,16 @@ namespace {
 using EventPtr = std::shared_ptr<CUevent_st>;
 
 // Takes the driver lock for the length of one API call; most calls must come after cuInit.
+// User objects released during the call are destroyed after it, without the lock.
 struct Driver {
   Driver() : s(ncclemu::state()), lock(s.mutex) {}
+  ~Driver() {
+    if (!lock.owns_lock()) lock.lock();
+    std::vector<std::pair<CUhostFn, void*>> destructors;
+    destructors.swap(s.pending_destructors);
+    lock.unlock();
+    for (const auto& [destroy, pointer] : destructors) destroy(pointer);
+  }
   bool initialized() const { return s.initialized; }
   State& s;
   std::unique_lock<std::mutex> lock;
@@ -944,6 +952,7 @@ CUresult cuStreamEndCapture(CUstream hStream, CUgraph* phGraph) {
   for (const StreamPtr& member : capture->members) member->capture.reset();
   std::erase(d.s.active_captures, capture);
   if (capture->invalidated) {
+    ncclemu::releaseUserObjects(d.s, capture->graph->user_objects);
     *phGraph = nullptr;
     return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
   }
@@ -1001,7 +1010,11 @@ CUresult cuGraphCreate(CUgraph* phGraph, unsigned int flags) {
 CUresult cuGraphDestroy(CUgraph hGraph) {
   Driver d;
   if (!d.initialized()) return CUDA_ERROR_NOT_INITIALIZED;
-  return d.s.graphs.erase(hGraph) != 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+  auto found = d.s.graphs.find(hGraph);
+  if (found == d.s.graphs.end()) return CUDA_ERROR_INVALID_VALUE;
+  ncclemu::releaseUserObjects(d.s, found->second->user_objects);
+  d.s.graphs.erase(found);
+  return CUDA_SUCCESS;
 }
 
 CUresult cuGraphInstantiate(CUgraphExec* phGraphExec, CUgraph hGraph, unsigned long long /*flags*/) {
@@ -1012,6 +1025,8 @@ CUresult cuGraphInstantiate(CUgraphExec* phGraphExec, CUgraph hGraph, unsigned l
   if (found == d.s.graphs.end()) return CUDA_ERROR_INVALID_VALUE;
   auto exec = std::make_unique<CUgraphExec_st>();
   exec->nodes = found->second->nodes;
+  exec->user_objects = found->second->user_objects;
+  ncclemu::retainUserObjects(exec->user_objects);
   *phGraphExec = exec.get();
   d.s.graph_execs.emplace(exec.get(), std::move(exec));
   return CUDA_SUCCESS;
@@ -1020,8 +1035,44 @@ CUresult cuGraphInstantiate(CUgraphExec* phGraphExec, CUgraph hGraph, unsigned l
 CUresult cuGraphExecDestroy(CUgraphExec hGraphExec) {
   Driver d;
   if (!d.initialized()) return CUDA_ERROR_NOT_INITIALIZED;
-  return d.s.graph_execs.erase(hGraphExec) != 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+  auto found = d.s.graph_execs.find(hGraphExec);
+  if (found == d.s.graph_execs.end()) return CUDA_ERROR_INVALID_VALUE;
+  ncclemu::releaseUserObjects(d.s, found->second->user_objects);
+  d.s.graph_execs.erase(found);
+  return CUDA_SUCCESS;
 }
+
+namespace {
+
+// A launch keeps the graph's user objects alive until its work has run, as CUDA does, even if
+// the executable graph is destroyed meanwhile; launched into a capture, the outer graph keeps them.
+CUresult holdUserObjectsForLaunch(const StreamPtr& stream, const UserObjectReferences& references) {
+  if (references.empty()) return CUDA_SUCCESS;
+  ncclemu::retainUserObjects(references);
+  if (const CapturePtr& capture = stream->capture) {
+    for (const auto& [object, count] : references) capture->graph->user_objects[object] += count;
+    return CUDA_SUCCESS;
+  }
+  auto release = [held = references]() mutable {
+    Driver d;
+    ncclemu::releaseUserObjects(d.s, held);
+  };
+  return enqueue(stream, std::move(release), Replay());
+}
+
+CUgraph_st* findGraph(State& s, CUgraph handle) {
+  if (s.graphs.count(handle) != 0) return handle;
+  for (const CapturePtr& capture : s.active_captures) {
+    if (capture->graph.get() == handle) return handle;
+  }
+  return nullptr;
+}
+
+CUuserObject_st* findUserObject(State& s, CUuserObject handle) {
+  return s.user_objects.count(handle) != 0 ? handle : nullptr;
+}
+
+}  // namespace
 
 CUresult cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream) {
   Driver d;
@@ -1033,5 +1084,66 @@ CUresult cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream) {
   for (const Replay& node : found->second->nodes) {
     if (CUresult result = node(stream); result != CUDA_SUCCESS) return result;
   }
+  return holdUserObjectsForLaunch(stream, found->second->user_objects);
+}
+
+// --- User objects ------------------------------------------------------------------------------
+
+CUresult cuUserObjectCreate(CUuserObject* object_out, void* ptr, CUhostFn destroy, unsigned int initialRefcount,
+                            unsigned int flags) {
+  Driver d;
+  if (!d.initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (object_out == nullptr || destroy == nullptr || initialRefcount == 0 || flags != CU_USER_OBJECT_NO_DESTRUCTOR_SYNC) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  auto object = std::make_unique<CUuserObject_st>();
+  object->pointer = ptr;
+  object->destroy = destroy;
+  object->references = initialRefcount;
+  *object_out = object.get();
+  d.s.user_objects.emplace(object.get(), std::move(object));
+  return CUDA_SUCCESS;
+}
+
+CUresult cuUserObjectRetain(CUuserObject object, unsigned int count) {
+  Driver d;
+  if (!d.initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (findUserObject(d.s, object) == nullptr || count == 0) return CUDA_ERROR_INVALID_VALUE;
+  object->references += count;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuUserObjectRelease(CUuserObject object, unsigned int count) {
+  Driver d;
+  if (!d.initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (findUserObject(d.s, object) == nullptr || count == 0) return CUDA_ERROR_INVALID_VALUE;
+  ncclemu::releaseUserObject(d.s, object, count);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuGraphRetainUserObject(CUgraph graph, CUuserObject object, unsigned int count, unsigned int flags) {
+  Driver d;
+  if (!d.initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (findGraph(d.s, graph) == nullptr || findUserObject(d.s, object) == nullptr || count == 0 ||
+      (flags & ~CU_GRAPH_USER_OBJECT_MOVE) != 0) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  // With MOVE the caller hands over references it holds; otherwise the graph takes new ones.
+  if (!(flags & CU_GRAPH_USER_OBJECT_MOVE)) object->references += count;
+  graph->user_objects[object] += count;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuGraphReleaseUserObject(CUgraph graph, CUuserObject object, unsigned int count) {
+  Driver d;
+  if (!d.initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (findGraph(d.s, graph) == nullptr || findUserObject(d.s, object) == nullptr || count == 0) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  auto held = graph->user_objects.find(object);
+  if (held == graph->user_objects.end() || held->second < count) return CUDA_ERROR_INVALID_VALUE;
+  held->second -= count;
+  if (held->second == 0) graph->user_objects.erase(held);
+  ncclemu::releaseUserObject(d.s, object, count);
   return CUDA_SUCCESS;
 }

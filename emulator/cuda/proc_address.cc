@@ -49,7 +49,9 @@ std::vector<ProcEntry> currentEntries() {
       NCCLEMU_PROC(cuStreamEndCapture, 0), NCCLEMU_PROC(cuStreamIsCapturing, 0),
       NCCLEMU_PROC(cuStreamGetCaptureInfo, 12030), NCCLEMU_PROC(cuGraphCreate, 0), NCCLEMU_PROC(cuGraphDestroy, 0),
       NCCLEMU_PROC(cuGraphInstantiate, 11040), NCCLEMU_PROC(cuGraphInstantiateWithFlags, 0),
-      NCCLEMU_PROC(cuGraphExecDestroy, 0), NCCLEMU_PROC(cuGraphLaunch, 0),
+      NCCLEMU_PROC(cuGraphExecDestroy, 0), NCCLEMU_PROC(cuGraphLaunch, 0), NCCLEMU_PROC(cuUserObjectCreate, 0),
+      NCCLEMU_PROC(cuUserObjectRetain, 0), NCCLEMU_PROC(cuUserObjectRelease, 0),
+      NCCLEMU_PROC(cuGraphRetainUserObject, 0), NCCLEMU_PROC(cuGraphReleaseUserObject, 0),
   };
 }
 #undef NCCLEMU_PROC

@@ -183,6 +183,7 @@ void destroyStream(State& s, const StreamPtr& stream) {
     capture->ended = true;
     for (const StreamPtr& member : capture->members) member->capture.reset();
     std::erase(s.active_captures, capture);
+    releaseUserObjects(s, capture->graph->user_objects);
   }
   s.streams.erase(stream.get());
   auto& siblings = stream->context->streams;
@@ -229,6 +230,22 @@ void releaseContextResources(State& s, CUctx_st* context) {
     if (idle) std::free(reinterpret_cast<void*>(it->first));
     it = s.allocations.erase(it);
   }
+}
+
+void retainUserObjects(const UserObjectReferences& references) {
+  for (const auto& [object, count] : references) object->references += count;
+}
+
+void releaseUserObject(State& s, CUuserObject_st* object, unsigned count) {
+  object->references -= std::min(count, object->references);
+  if (object->references != 0) return;
+  s.pending_destructors.emplace_back(object->destroy, object->pointer);
+  s.user_objects.erase(object);
+}
+
+void releaseUserObjects(State& s, UserObjectReferences& references) {
+  for (const auto& [object, count] : references) releaseUserObject(s, object, count);
+  references.clear();
 }
 
 }  // namespace ncclemu

@@ -118,12 +118,25 @@ struct CUevent_st {
   ncclemu::CapturePtr recorded_in_capture;  // set while the last record went into a capture
 };
 
+// An application object whose lifetime graphs share (cuUserObjectCreate): its destructor runs
+// once the last reference, the application's or a graph's, is released.
+struct CUuserObject_st {
+  void* pointer = nullptr;
+  CUhostFn destroy = nullptr;
+  unsigned references = 0;  // guarded by State::mutex
+};
+
+// References a graph (or an executable graph, or a launch in flight) holds, per user object.
+using UserObjectReferences = std::map<CUuserObject_st*, unsigned>;
+
 struct CUgraph_st {
   std::vector<Replay> nodes;
+  UserObjectReferences user_objects;
 };
 
 struct CUgraphExec_st {
   std::vector<Replay> nodes;
+  UserObjectReferences user_objects;
 };
 
 namespace ncclemu {
@@ -162,6 +175,10 @@ struct State {
   std::unordered_map<CUgraphExec_st*, std::unique_ptr<CUgraphExec_st>> graph_execs;
   std::map<std::uintptr_t, Allocation> allocations;
   std::vector<CapturePtr> active_captures;
+  std::unordered_map<CUuserObject_st*, std::unique_ptr<CUuserObject_st>> user_objects;
+  // Destructors of user objects released to zero, run once State::mutex is released: they may
+  // free what calls back into the driver.
+  std::vector<std::pair<CUhostFn, void*>> pending_destructors;
   unsigned long long next_id = 1;
 };
 
@@ -189,5 +206,9 @@ StreamPtr createStream(State& s, CUctx_st* context, CUstream_st::Kind kind, unsi
 void destroyStream(State& s, const StreamPtr& stream);
 // Releases everything a context owns; pending work still runs to its end.
 void releaseContextResources(State& s, CUctx_st* context);
+// Adds (or drops) references; a user object dropped to zero queues its destructor.
+void retainUserObjects(const UserObjectReferences& references);
+void releaseUserObject(State& s, CUuserObject_st* object, unsigned count);
+void releaseUserObjects(State& s, UserObjectReferences& references);
 
 }  // namespace ncclemu

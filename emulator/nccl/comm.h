@@ -118,6 +118,7 @@ struct CommCore {
   // Tasks of this communicator run in launch order even when the user spreads them over streams.
   uint64_t next_ticket = 0;
   uint64_t running_ticket = 0;
+  bool executing = false;  // a task is running: tasks launched from graphs wait for it too
   int outstanding_tasks = 0;
   uint64_t derived_communicators = 0;  // splits and shrinks issued so far: names their rendezvous
   std::map<int, UserReduction> user_reductions;
@@ -166,7 +167,10 @@ struct Task {
   uint64_t ticket = 0;
   bool waits_only = false;  // joins a second stream to a task running on another one
 };
+// Runs a task launched outside a capture, once, and frees it.
 void CUDA_CB runTask(void* task);
+// Runs a task captured into a graph, at every launch of the graph; the graph frees it.
+void CUDA_CB runCapturedTask(void* task);
 
 // Parses NCCL_COMM_ID-style "host:port"; false if malformed.
 bool validCommIdAddress(const std::string& address);

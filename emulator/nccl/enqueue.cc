@@ -56,12 +56,12 @@ bool isSpecialStream(CUstream stream) {
 
 // The legacy and per-thread streams belong to the current context's device; launch them as the
 // communicator's device, as NCCL does when one thread drives several GPUs.
-ncclResult_t launchHostFunction(CommCore& core, CUstream stream, Task* task) {
+ncclResult_t launchHostFunction(CommCore& core, CUstream stream, CUhostFn function, Task* task) {
   CUcontext previous = nullptr;
   const bool switch_context = isSpecialStream(stream) && core.context && cuCtxGetCurrent(&previous) == CUDA_SUCCESS &&
                               previous != core.context;
   if (switch_context) cuCtxSetCurrent(core.context);
-  const CUresult launched = cuLaunchHostFunc(stream, runTask, task);
+  const CUresult launched = cuLaunchHostFunc(stream, function, task);
   if (switch_context) cuCtxSetCurrent(previous);
   if (launched == CUDA_SUCCESS) return ncclSuccess;
   const char* text = "unknown";
@@ -70,11 +70,43 @@ ncclResult_t launchHostFunction(CommCore& core, CUstream stream, Task* task) {
   return ncclUnhandledCudaError;
 }
 
+// The graph a stream is capturing into, or null when work queued on it runs now.
+CUgraph capturingGraph(CUstream stream) {
+  if (isSpecialStream(stream)) return nullptr;
+  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+  CUgraph graph = nullptr;
+  if (cuStreamGetCaptureInfo(stream, &status, nullptr, &graph, nullptr, nullptr, nullptr) != CUDA_SUCCESS) return nullptr;
+  return status == CU_STREAM_CAPTURE_STATUS_ACTIVE ? graph : nullptr;
+}
+
+void CUDA_CB deleteCapturedTask(void* task) { delete static_cast<Task*>(task); }
+
+// A captured task runs at every launch of its graph, so the graph owns it (through a user
+// object, as NCCL's persistent plans are owned) and frees it when the last graph using it goes.
+// The group's other streams take part in the same capture, which the driver replays in order.
+ncclResult_t launchCapturedTask(const std::shared_ptr<CommCore>& core, std::vector<Operation> operations,
+                                CUstream stream, CUgraph graph) {
+  auto* task = new Task{core, std::move(operations), 0, false};
+  CUuserObject owner = nullptr;
+  if (cuUserObjectCreate(&owner, task, deleteCapturedTask, 1, CU_USER_OBJECT_NO_DESTRUCTOR_SYNC) != CUDA_SUCCESS) {
+    delete task;
+    EMU_WARN("Cuda failure creating the user object of a captured operation");
+    return ncclUnhandledCudaError;
+  }
+  if (cuGraphRetainUserObject(graph, owner, 1, CU_GRAPH_USER_OBJECT_MOVE) != CUDA_SUCCESS) {
+    cuUserObjectRelease(owner, 1);
+    EMU_WARN("Cuda failure attaching a captured operation to its graph");
+    return ncclUnhandledCudaError;
+  }
+  return launchHostFunction(*core, stream, runCapturedTask, task);
+}
+
 ncclResult_t launchTask(const std::shared_ptr<CommCore>& core, std::vector<Operation> operations) {
   std::vector<CUstream> streams;
   for (const Operation& op : operations) {
     if (std::find(streams.begin(), streams.end(), op.stream) == streams.end()) streams.push_back(op.stream);
   }
+  if (CUgraph graph = capturingGraph(streams[0])) return launchCapturedTask(core, std::move(operations), streams[0], graph);
   uint64_t ticket;
   {
     std::lock_guard<std::mutex> lock(core->mutex);
@@ -84,10 +116,10 @@ ncclResult_t launchTask(const std::shared_ptr<CommCore>& core, std::vector<Opera
     for (Operation& op : operations) op.seq = ++core->issued_operations;
   }
   auto* task = new Task{core, std::move(operations), ticket, false};
-  ncclResult_t result = launchHostFunction(*core, streams[0], task);
+  ncclResult_t result = launchHostFunction(*core, streams[0], runTask, task);
   // Every stream of the group waits for the group's work, as in NCCL.
   for (size_t i = 1; i < streams.size() && result == ncclSuccess; ++i) {
-    result = launchHostFunction(*core, streams[i], new Task{core, {}, ticket, true});
+    result = launchHostFunction(*core, streams[i], runTask, new Task{core, {}, ticket, true});
   }
   if (result != ncclSuccess) {
     // The stream refused the work: this communicator can no longer keep its order.

@@ -279,11 +279,35 @@ void CUDA_CB runTask(void* raw_task) {
       core.changed.notify_all();
       return;
     }
-    core.changed.wait(lock, [&] { return core.running_ticket == task->ticket || core.interrupted.load(); });
+    core.changed.wait(lock, [&] {
+      return (core.running_ticket == task->ticket && !core.executing) || core.interrupted.load();
+    });
+    core.executing = true;
   }
   if (!interrupted(core)) execute(core, task->operations);
   std::lock_guard<std::mutex> lock(core.mutex);
+  core.executing = false;
   core.running_ticket = std::max(core.running_ticket, task->ticket + 1);
+  --core.outstanding_tasks;
+  core.changed.notify_all();
+}
+
+// A graph's task takes no ticket: it runs whenever its stream reaches it, one task at a time.
+void CUDA_CB runCapturedTask(void* raw_task) {
+  const Task& task = *static_cast<const Task*>(raw_task);
+  CommCore& core = *task.core;
+  std::vector<Operation> operations = task.operations;
+  {
+    std::unique_lock<std::mutex> lock(core.mutex);
+    core.changed.wait(lock, [&] { return !core.executing || core.interrupted.load(); });
+    // Numbered as they run: every launch of the graph is new work for the faults' seq=.
+    for (Operation& op : operations) op.seq = ++core.issued_operations;
+    core.executing = true;
+    ++core.outstanding_tasks;
+  }
+  if (!interrupted(core)) execute(core, operations);
+  std::lock_guard<std::mutex> lock(core.mutex);
+  core.executing = false;
   --core.outstanding_tasks;
   core.changed.notify_all();
 }

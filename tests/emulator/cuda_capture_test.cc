@@ -187,3 +187,61 @@ TEST_CASE("destroying a capturing stream ends its capture", "[capture]") {
   // With the thread's own capture still under way this would be refused.
   CHECK(cuCtxSynchronize() == CUDA_SUCCESS);
 }
+
+TEST_CASE("a user object lives as long as the graphs holding it and the launches in flight", "[capture]") {
+  PrimaryContext context;
+  CUstream stream;
+  REQUIRE(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+  std::atomic<int> destroyed{0};
+  CUuserObject object = nullptr;
+  CHECK(cuUserObjectCreate(&object, &destroyed, emutest::countRun, 1, 0) == CUDA_ERROR_INVALID_VALUE);
+  REQUIRE(cuUserObjectCreate(&object, &destroyed, emutest::countRun, 1, CU_USER_OBJECT_NO_DESTRUCTOR_SYNC) ==
+          CUDA_SUCCESS);
+
+  REQUIRE(cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL) == CUDA_SUCCESS);
+  CUstreamCaptureStatus status;
+  CUgraph capturing = nullptr;
+  REQUIRE(cuStreamGetCaptureInfo(stream, &status, nullptr, &capturing, nullptr, nullptr, nullptr) == CUDA_SUCCESS);
+  // The caller's reference moves to the graph being captured.
+  REQUIRE(cuGraphRetainUserObject(capturing, object, 1, CU_GRAPH_USER_OBJECT_MOVE) == CUDA_SUCCESS);
+  emutest::Gate gate;
+  REQUIRE(cuLaunchHostFunc(stream, emutest::Gate::hostFunction, &gate) == CUDA_SUCCESS);
+  CUgraph graph = nullptr;
+  REQUIRE(cuStreamEndCapture(stream, &graph) == CUDA_SUCCESS);
+  CUgraphExec executable = nullptr;
+  REQUIRE(cuGraphInstantiate(&executable, graph, 0) == CUDA_SUCCESS);
+  REQUIRE(cuGraphDestroy(graph) == CUDA_SUCCESS);
+  CHECK(destroyed == 0);  // the executable graph holds it
+
+  REQUIRE(cuGraphLaunch(executable, stream) == CUDA_SUCCESS);
+  gate.waitUntilEntered();
+  REQUIRE(cuGraphExecDestroy(executable) == CUDA_SUCCESS);
+  CHECK(destroyed == 0);  // the launch still runs
+  gate.open();
+  REQUIRE(cuStreamSynchronize(stream) == CUDA_SUCCESS);
+  CHECK(destroyed == 1);
+  CHECK(cuUserObjectRelease(object, 1) == CUDA_ERROR_INVALID_VALUE);  // gone
+  REQUIRE(cuStreamDestroy(stream) == CUDA_SUCCESS);
+}
+
+TEST_CASE("an invalidated capture releases its graph's user objects", "[capture]") {
+  PrimaryContext context;
+  CUstream stream;
+  REQUIRE(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+  std::atomic<int> destroyed{0};
+  CUuserObject object = nullptr;
+  REQUIRE(cuUserObjectCreate(&object, &destroyed, emutest::countRun, 1, CU_USER_OBJECT_NO_DESTRUCTOR_SYNC) ==
+          CUDA_SUCCESS);
+  REQUIRE(cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL) == CUDA_SUCCESS);
+  CUstreamCaptureStatus status;
+  CUgraph capturing = nullptr;
+  REQUIRE(cuStreamGetCaptureInfo(stream, &status, nullptr, &capturing, nullptr, nullptr, nullptr) == CUDA_SUCCESS);
+  REQUIRE(cuGraphRetainUserObject(capturing, object, 2, 0) == CUDA_SUCCESS);
+  CHECK(cuStreamSynchronize(stream) == CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+  CUgraph graph = nullptr;
+  CHECK(cuStreamEndCapture(stream, &graph) == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+  CHECK(destroyed == 0);  // the caller's own reference remains
+  REQUIRE(cuUserObjectRelease(object, 1) == CUDA_SUCCESS);
+  CHECK(destroyed == 1);
+  REQUIRE(cuStreamDestroy(stream) == CUDA_SUCCESS);
+}

@@ -1,6 +1,7 @@
 // Every collective, datatype and reduction of the emulated NCCL against a reference computed
 // here, with ranks as devices of one process. Narrow floating types are rounded with CUDA's own
 // host conversions, an implementation independent of the emulator's.
+#include <algorithm>
 #include <map>
 #include <string>
 #include <vector>
@@ -377,5 +378,61 @@ TEST_CASE("emulated NCCL Send/Recv: a ring exchange in one group, matched in iss
   REQUIRE(ncclGroupEnd() == ncclSuccess);
   REQUIRE(ranks.synchronize());
   for (int i = 0; i < 16; ++i) REQUIRE(self_in[i] == i * i);
+  ranks.destroyAll();
+}
+
+TEST_CASE("emulated NCCL graph replay: captured collectives run at every launch, with the data of that launch", "[nccl]") {
+  const int n = 3;
+  const size_t count = 1000;
+  LocalRanks ranks(n);
+  ranks.initAll();
+  std::vector<float*> input, summed, broadcast;
+  for (int r = 0; r < n; ++r) {
+    input.push_back(ranks.allocate<float>(r, count * sizeof(float)));
+    summed.push_back(ranks.allocate<float>(r, count * sizeof(float)));
+    broadcast.push_back(ranks.allocate<float>(r, count * sizeof(float)));
+  }
+  for (int r = 0; r < n; ++r) {
+    REQUIRE(cuStreamBeginCapture(ranks.stream(r), CU_STREAM_CAPTURE_MODE_GLOBAL) == CUDA_SUCCESS);
+  }
+  REQUIRE(ncclGroupStart() == ncclSuccess);
+  for (int r = 0; r < n; ++r) {
+    REQUIRE(ncclAllReduce(input[r], summed[r], count, ncclFloat, ncclSum, ranks.comm(r), ranks.stream(r)) == ncclSuccess);
+    REQUIRE(ncclBroadcast(input[r], broadcast[r], count, ncclFloat, 1, ranks.comm(r), ranks.stream(r)) == ncclSuccess);
+  }
+  REQUIRE(ncclGroupEnd() == ncclSuccess);
+  std::vector<CUgraph> graphs(n);
+  std::vector<CUgraphExec> executables(n);
+  for (int r = 0; r < n; ++r) {
+    REQUIRE(cuStreamEndCapture(ranks.stream(r), &graphs[r]) == CUDA_SUCCESS);
+    REQUIRE(cuGraphInstantiate(&executables[r], graphs[r], 0) == CUDA_SUCCESS);
+    REQUIRE(cuGraphDestroy(graphs[r]) == CUDA_SUCCESS);
+  }
+
+  // Work launched outside the graph still runs, before the graph has ever been launched.
+  for (int r = 0; r < n; ++r) std::fill(input[r], input[r] + count, 1.0f);
+  REQUIRE(ncclGroupStart() == ncclSuccess);
+  for (int r = 0; r < n; ++r) {
+    REQUIRE(ncclAllReduce(input[r], summed[r], count, ncclFloat, ncclSum, ranks.comm(r), ranks.stream(r)) == ncclSuccess);
+  }
+  REQUIRE(ncclGroupEnd() == ncclSuccess);
+  REQUIRE(ranks.synchronize());
+  for (int r = 0; r < n; ++r) REQUIRE(summed[r][count - 1] == static_cast<float>(n));
+
+  for (int launch = 1; launch <= 5; ++launch) {
+    for (int r = 0; r < n; ++r) {
+      for (size_t i = 0; i < count; ++i) input[r][i] = static_cast<float>(launch * 100 + r * 10) + static_cast<float>(i % 7);
+    }
+    for (int r = 0; r < n; ++r) REQUIRE(cuGraphLaunch(executables[r], ranks.stream(r)) == CUDA_SUCCESS);
+    REQUIRE(ranks.synchronize());
+    for (int r = 0; r < n; ++r) {
+      for (size_t i = 0; i < count; i += 37) {
+        const float base = static_cast<float>(i % 7);
+        REQUIRE(summed[r][i] == static_cast<float>(n * (launch * 100 + base) + 10 * (0 + 1 + 2)));
+        REQUIRE(broadcast[r][i] == static_cast<float>(launch * 100 + 10) + base);
+      }
+    }
+  }
+  for (int r = 0; r < n; ++r) REQUIRE(cuGraphExecDestroy(executables[r]) == CUDA_SUCCESS);
   ranks.destroyAll();
 }

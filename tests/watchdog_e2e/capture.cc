@@ -1,9 +1,10 @@
-// Captures an AllReduce of a one-rank communicator into a CUDA graph, launches the graph and
-// checks its result. The capture stays open for a while (argv[1] seconds) so that the watchdog
-// polls during it, and the program lingers afterwards (argv[2] seconds) for longer than the
-// stall timeout a test sets: a captured operation taken for a queued one would be reported.
+// Captures an AllReduce of a one-rank communicator into a CUDA graph, launches the graph several
+// times with new input each time and checks every result. The capture stays open for a while
+// (argv[1] seconds) so that the watchdog polls during it, and the program lingers afterwards
+// (argv[2] seconds) for longer than the stall timeout a test sets: a captured operation taken
+// for a queued one would be reported.
 //
-// Prints "capture ok" when the graph's AllReduce delivered the expected data.
+// Prints "capture ok" when every launch of the graph's AllReduce delivered the expected data.
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -16,6 +17,7 @@
 namespace {
 
 constexpr size_t kCount = 1024;
+constexpr int kLaunches = 3;
 
 void Pause(const char* seconds) {
   std::this_thread::sleep_for(std::chrono::duration<double>(std::strtod(seconds, nullptr)));
@@ -30,10 +32,8 @@ int main(int argc, char** argv) {
   }
   const e2e::Gpu gpu = e2e::StartOneRank();
   std::vector<float> input(kCount);
-  for (size_t i = 0; i < kCount; ++i) input[i] = static_cast<float>(i % 97);
   const CUdeviceptr send = e2e::AllocateFloats(kCount);
   const CUdeviceptr receive = e2e::AllocateFloats(kCount);
-  e2e::CheckCuda(cuMemcpyHtoD(send, input.data(), kCount * sizeof(float)), "cuMemcpyHtoD");
 
   // Global mode: the strictest, under which another thread's cuEventQuery or cuStreamQuery
   // during the capture would invalidate it.
@@ -46,15 +46,21 @@ int main(int argc, char** argv) {
   e2e::CheckCuda(cuStreamEndCapture(gpu.stream, &graph), "cuStreamEndCapture");
   CUgraphExec executable = nullptr;
   e2e::CheckCuda(cuGraphInstantiate(&executable, graph, 0), "cuGraphInstantiate");
-  e2e::CheckCuda(cuGraphLaunch(executable, gpu.stream), "cuGraphLaunch");
-  e2e::CheckCuda(cuStreamSynchronize(gpu.stream), "cuStreamSynchronize");
 
-  std::vector<float> output(kCount);
-  e2e::CheckCuda(cuMemcpyDtoH(output.data(), receive, kCount * sizeof(float)), "cuMemcpyDtoH");
-  if (output != input) {
-    std::fprintf(stderr, "the graph's AllReduce delivered wrong data\n");
-    return 1;
+  for (int launch = 0; launch < kLaunches; ++launch) {
+    for (size_t i = 0; i < kCount; ++i) input[i] = static_cast<float>(launch * 1000 + i % 97);
+    e2e::CheckCuda(cuMemcpyHtoD(send, input.data(), kCount * sizeof(float)), "cuMemcpyHtoD");
+    e2e::CheckCuda(cuGraphLaunch(executable, gpu.stream), "cuGraphLaunch");
+    e2e::CheckCuda(cuStreamSynchronize(gpu.stream), "cuStreamSynchronize");
+    std::vector<float> output(kCount);
+    e2e::CheckCuda(cuMemcpyDtoH(output.data(), receive, kCount * sizeof(float)), "cuMemcpyDtoH");
+    if (output != input) {
+      std::fprintf(stderr, "launch %d of the graph's AllReduce delivered wrong data\n", launch + 1);
+      return 1;
+    }
   }
+  e2e::CheckCuda(cuGraphExecDestroy(executable), "cuGraphExecDestroy");
+  e2e::CheckCuda(cuGraphDestroy(graph), "cuGraphDestroy");
   std::printf("capture ok\n");
   std::fflush(stdout);
   Pause(argv[2]);

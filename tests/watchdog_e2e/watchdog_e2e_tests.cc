@@ -554,6 +554,11 @@ TEST_CASE("a forked child that uses NCCL itself gets its own watchdog", "[fork]"
 
 TEST_CASE("a collective captured into a CUDA graph is recorded as captured, never as a stall", "[capture]") {
   TemporaryDirectory dump_dir;
+  // The program launches its graph several times and checks every result, with and without ncclguard.
+  const Run unguarded = RunOnEmulator(dump_dir, {CAPTURE_PROGRAM, "0", "0"}, {}, false);
+  INFO(unguarded.transcript);
+  REQUIRE(unguarded.result.exit_code == 0);
+  CHECK(unguarded.result.out.find("capture ok") != std::string::npos);
   // The capture stays open for several watchdog rounds; the program outlives the timeout.
   const Run run = RunOnEmulator(dump_dir, {CAPTURE_PROGRAM, "0.5", "1.5"},
                                 {{"NCCLGUARD_TIMEOUT", "1"}, {"NCCLGUARD_DUMP_ON_EXIT", "1"}});
