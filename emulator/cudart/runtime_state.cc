@@ -51,36 +51,59 @@ cudaError_t startDriver() {
   return devices().start_result;
 }
 
+namespace {
+
+// The primary context of `device`, retained at its first use.
+cudaError_t primaryContext(int device, CUcontext& context) {
+  Devices& all = devices();
+  if (device < 0 || device >= static_cast<int>(all.primary.size())) return cudaErrorInvalidDevice;
+  std::lock_guard lock(all.mutex);
+  CUcontext& primary = all.primary[device];
+  if (primary == nullptr) {
+    if (CUresult result = cuDevicePrimaryCtxRetain(&primary, device); result != CUDA_SUCCESS) {
+      primary = nullptr;
+      return toRuntimeError(result);
+    }
+  }
+  context = primary;
+  return cudaSuccess;
+}
+
+cudaError_t makePrimaryCurrent(int device) {
+  CUcontext context = nullptr;
+  if (cudaError_t error = primaryContext(device, context); error != cudaSuccess) return error;
+  CUcontext current = nullptr;
+  if (cuCtxGetCurrent(&current) == CUDA_SUCCESS && current == context) return cudaSuccess;
+  return toRuntimeError(cuCtxSetCurrent(context));
+}
+
+}  // namespace
+
 int deviceCount() { return startDriver() == cudaSuccess ? static_cast<int>(devices().primary.size()) : 0; }
 
-int currentDevice() { return t_device; }
+// As in CUDA, a context the thread made current through the driver is the runtime's current
+// device too; without one, the thread's device (0 until cudaSetDevice) is used.
+int currentDevice() {
+  CUcontext current = nullptr;
+  CUdevice device = 0;
+  if (cuCtxGetCurrent(&current) == CUDA_SUCCESS && current != nullptr && cuCtxGetDevice(&device) == CUDA_SUCCESS) {
+    return device;
+  }
+  return t_device;
+}
 
 cudaError_t selectDevice(int device) {
   if (cudaError_t error = startDriver(); error != cudaSuccess) return error;
   if (device < 0 || device >= deviceCount()) return cudaErrorInvalidDevice;
   t_device = device;
-  return useCurrentDevice();
+  return makePrimaryCurrent(device);
 }
 
 cudaError_t useCurrentDevice() {
   if (cudaError_t error = startDriver(); error != cudaSuccess) return error;
-  Devices& all = devices();
-  if (t_device >= static_cast<int>(all.primary.size())) return cudaErrorInvalidDevice;
-  CUcontext context = nullptr;
-  {
-    std::lock_guard lock(all.mutex);
-    CUcontext& primary = all.primary[t_device];
-    if (primary == nullptr) {
-      if (CUresult result = cuDevicePrimaryCtxRetain(&primary, t_device); result != CUDA_SUCCESS) {
-        primary = nullptr;
-        return toRuntimeError(result);
-      }
-    }
-    context = primary;
-  }
   CUcontext current = nullptr;
-  if (cuCtxGetCurrent(&current) == CUDA_SUCCESS && current == context) return cudaSuccess;
-  return toRuntimeError(cuCtxSetCurrent(context));
+  if (cuCtxGetCurrent(&current) == CUDA_SUCCESS && current != nullptr) return cudaSuccess;
+  return makePrimaryCurrent(t_device);
 }
 
 cudaError_t resetDevice(int device) {

@@ -1,6 +1,8 @@
 // The CPU runtime's own state, over the emulated driver as the real runtime sits over libcuda:
-// each device's primary context, retained at its first use; each thread's current device, whose
-// primary context the runtime makes current before every call; each thread's last error.
+// each device's primary context, retained at its first use; each thread's current device: the
+// device of the context current on the thread if it has one (set through the driver, or by
+// cudaSetDevice), else the thread's device (0 until cudaSetDevice), whose primary context the
+// runtime then makes current; each thread's last error.
 #pragma once
 
 #include <cuda.h>
@@ -20,7 +22,7 @@ cudaError_t peekLastError();
 
 // Starts the driver once per process; cudaErrorNoDevice when it has no device.
 cudaError_t startDriver();
-// Makes the calling thread's current device's primary context current, retaining it at first use.
+// Gives the calling thread a current context: the one it has, else its device's primary context.
 cudaError_t useCurrentDevice();
 int currentDevice();
 cudaError_t selectDevice(int device);

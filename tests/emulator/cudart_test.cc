@@ -43,6 +43,22 @@ TEST_CASE("cudart: devices, properties and the per-thread current device", "[cud
     CHECK(other == 0);  // a new thread starts on device 0
   }).join();
   CHECK(cudaSetDevice(9) == cudaErrorInvalidDevice);
+  std::thread([] {
+    // A context made current through the driver is the runtime's current device, as in CUDA.
+    CUcontext primary = nullptr;
+    REQUIRE(cuDevicePrimaryCtxRetain(&primary, 2) == CUDA_SUCCESS);
+    REQUIRE(cuCtxSetCurrent(primary) == CUDA_SUCCESS);
+    int adopted = -1;
+    REQUIRE(cudaGetDevice(&adopted) == cudaSuccess);
+    CHECK(adopted == 2);
+    void* buffer = nullptr;
+    REQUIRE(cudaMalloc(&buffer, 64) == cudaSuccess);
+    cudaPointerAttributes attributes;
+    REQUIRE(cudaPointerGetAttributes(&attributes, buffer) == cudaSuccess);
+    CHECK(attributes.device == 2);
+    REQUIRE(cudaFree(buffer) == cudaSuccess);
+    REQUIRE(cuDevicePrimaryCtxRelease(2) == CUDA_SUCCESS);
+  }).join();
   char bus_id[32];
   REQUIRE(cudaDeviceGetPCIBusId(bus_id, sizeof(bus_id), 1) == cudaSuccess);
   int by_bus = -1;
