@@ -121,8 +121,11 @@ void logWarn(const char* file, int line, const char* format, ...) {
   vsnprintf(s.last_error, sizeof(s.last_error), format, args);
   va_end(args);
   if (s.level < Level::Warn) return;
-  // NCCL names its source files relative to src/ (e.g. transport/p2p.cc); ours by base name.
-  const char* base = file[0] == '/' ? strrchr(file, '/') + 1 : file;
+  // NCCL names its source files relative to src/ (e.g. transport/p2p.cc); ours by base name,
+  // whether the compiler saw them by absolute path or, through a compiler cache with a base
+  // directory, relative to the build directory (../../emulator/nccl/init.cc).
+  const bool own_source = file[0] == '/' || file[0] == '.';
+  const char* base = own_source ? strrchr(file, '/') + 1 : file;
   va_start(args, format);
   // The leading newline is NCCL's own: WARN lines stand out in a stream of INFO lines.
   emit(s, "\n%s%s:%d:%d [%d] %s:%d NCCL WARN ", warnTimestamp(), base, line, format, args);
