@@ -110,16 +110,18 @@ fi
 targets=(ncclguard train_loop train_loop_linked train_nccl_module watchdog_e2e_capture gpu_check_probe watchdog_bench)
 if ((do_build)); then
   echo "== build ($build)"
-  if ! cmake -S "$repo" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo >"$build.configure.log" 2>&1; then
-    echo "FAIL build: cmake configure failed, see $build.configure.log (scripts/install-deps.sh installs what the build needs)"
+  mkdir -p "$build"
+  if ! cmake -S "$repo" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo >"$build/gpu-check-configure.log" 2>&1; then
+    echo "FAIL build: cmake configure failed, see $build/gpu-check-configure.log" \
+      "(scripts/install-deps.sh installs what the build needs)"
     exit 1
   fi
   # Built only where CMake found nvcc.
   if cmake --build "$build" --target help 2>/dev/null | grep -q cudart_nccl_program; then
     targets+=(cudart_nccl_program)
   fi
-  if ! cmake --build "$build" -j "$(nproc)" --target "${targets[@]}" >"$build.build.log" 2>&1; then
-    echo "FAIL build: cmake --build failed, see $build.build.log"
+  if ! cmake --build "$build" -j "$(nproc)" --target "${targets[@]}" >"$build/gpu-check-build.log" 2>&1; then
+    echo "FAIL build: cmake --build failed, see $build/gpu-check-build.log"
     exit 1
   fi
 fi
@@ -164,7 +166,19 @@ run() {
   env -u LD_PRELOAD -u NCCLEMU_FAULTS "${variables[@]}" "$@"
 }
 
-dumps() { find "$work/$1" -name 'dump-*.json' 2>/dev/null | sort; }
+# The dump a job's process wrote at exit (NCCLGUARD_DUMP_ON_EXIT=1), or nothing.
+exit_dump() {
+  python3 - "$work/$1" <<'PYTHON'
+import glob, json, os, sys
+for path in glob.glob(os.path.join(sys.argv[1], "**", "dump-*.json"), recursive=True):
+    try:
+        if json.load(open(path)).get("reason") == "exit":
+            print(path)
+            break
+    except (OSError, ValueError):
+        pass
+PYTHON
+}
 
 # --- loaders ------------------------------------------------------------------------------------
 
@@ -207,7 +221,7 @@ check_timing() {
     return
   fi
   local dump
-  dump=$(dumps timing | tail -n 1)
+  dump=$(exit_dump timing)
   if [[ -z $dump ]]; then
     fail timing "no dump at exit"
     return
@@ -265,7 +279,7 @@ check_stall() {
   reported=$(grep -m 1 'AllReduce #2 .*has not started on the GPU' "$out")
   figure report "${reported:-none}"
   local dump
-  dump=$(dumps stall | tail -n 1)
+  dump=$(exit_dump stall)
   local released
   released=$(sed -n 's/^released_at_ns=\([0-9]*\).*/\1/p' "$out")
   local state
@@ -305,7 +319,7 @@ check_graph() {
     return
   fi
   local state
-  state=$(python3 - "$(dumps graph | tail -n 1)" <<'PYTHON'
+  state=$(python3 - "$(exit_dump graph)" <<'PYTHON'
 import json, sys
 dump = json.load(open(sys.argv[1])) if sys.argv[1] else {"communicators": []}
 print(",".join(op["state"] for comm in dump["communicators"] for op in comm["ops"]) or "none")
