@@ -124,9 +124,8 @@ cudaError_t cudaGetDeviceFlags(unsigned int* flags) {
   if (flags == nullptr) return remember(cudaErrorInvalidValue);
   if (cudaError_t error = cudartemu::startDriver(); error != cudaSuccess) return remember(error);
   int active = 0;
-  if (CUresult result = cuDevicePrimaryCtxGetState(cudartemu::currentDevice(), flags, &active); result != CUDA_SUCCESS) {
-    return remember(result);
-  }
+  const CUresult result = cuDevicePrimaryCtxGetState(cudartemu::currentDevice(), flags, &active);
+  if (result != CUDA_SUCCESS) return remember(result);
   *flags |= cudaDeviceMapHost;
   return cudaSuccess;
 }

@@ -1,8 +1,11 @@
 // Streams, events, host functions, graph capture, graphs and user objects: the runtime's handles
 // are the driver's, so each call is the driver call on the current device.
 #pragma GCC visibility push(default)
+#include <cuda_profiler_api.h>
 #include <cuda_runtime_api.h>
 #pragma GCC visibility pop
+
+#include <memory>
 
 #include "runtime_state.h"
 
@@ -51,6 +54,43 @@ cudaError_t cudaStreamGetPriority(cudaStream_t hStream, int* priority) {
 cudaError_t cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn, void* userData) {
   return onDevice([&] { return cuLaunchHostFunc(stream, fn, userData); });
 }
+
+namespace {
+
+// A legacy stream callback, run as a host function: it learns its stream and that all went well.
+struct StreamCallback {
+  cudaStreamCallback_t callback;
+  cudaStream_t stream;
+  void* user_data;
+
+  static void CUDA_CB Run(void* raw) {
+    std::unique_ptr<StreamCallback> self(static_cast<StreamCallback*>(raw));
+    self->callback(self->stream, cudaSuccess, self->user_data);
+  }
+};
+
+}  // namespace
+
+cudaError_t cudaStreamAddCallback(cudaStream_t stream, cudaStreamCallback_t callback, void* userData,
+                                  unsigned int flags) {
+  if (callback == nullptr || flags != 0) return remember(cudaErrorInvalidValue);
+  auto pending = std::make_unique<StreamCallback>(StreamCallback{callback, stream, userData});
+  const cudaError_t result = onDevice([&] {
+    // Not capturable in CUDA; here it would also run, and free itself, at every graph launch.
+    CUstreamCaptureStatus capturing = CU_STREAM_CAPTURE_STATUS_NONE;
+    if (cuStreamIsCapturing(stream, &capturing) == CUDA_SUCCESS && capturing != CU_STREAM_CAPTURE_STATUS_NONE) {
+      return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    }
+    return cuLaunchHostFunc(stream, StreamCallback::Run, pending.get());
+  });
+  if (result == cudaSuccess) pending.release();  // the callback frees itself when it runs
+  return result;
+}
+
+// Profiling is the tools' business: without a profiler attached these do nothing, as in CUDA.
+cudaError_t cudaProfilerStart() { return cudaSuccess; }
+
+cudaError_t cudaProfilerStop() { return cudaSuccess; }
 
 cudaError_t cudaEventCreate(cudaEvent_t* event) {
   return onDevice([&] { return cuEventCreate(event, CU_EVENT_DEFAULT); });

@@ -75,8 +75,8 @@ CUgraph capturingGraph(CUstream stream) {
   if (isSpecialStream(stream)) return nullptr;
   CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
   CUgraph graph = nullptr;
-  if (cuStreamGetCaptureInfo(stream, &status, nullptr, &graph, nullptr, nullptr, nullptr) != CUDA_SUCCESS) return nullptr;
-  return status == CU_STREAM_CAPTURE_STATUS_ACTIVE ? graph : nullptr;
+  const CUresult queried = cuStreamGetCaptureInfo(stream, &status, nullptr, &graph, nullptr, nullptr, nullptr);
+  return queried == CUDA_SUCCESS && status == CU_STREAM_CAPTURE_STATUS_ACTIVE ? graph : nullptr;
 }
 
 void CUDA_CB deleteCapturedTask(void* task) { delete static_cast<Task*>(task); }
@@ -106,7 +106,9 @@ ncclResult_t launchTask(const std::shared_ptr<CommCore>& core, std::vector<Opera
   for (const Operation& op : operations) {
     if (std::find(streams.begin(), streams.end(), op.stream) == streams.end()) streams.push_back(op.stream);
   }
-  if (CUgraph graph = capturingGraph(streams[0])) return launchCapturedTask(core, std::move(operations), streams[0], graph);
+  if (CUgraph graph = capturingGraph(streams[0])) {
+    return launchCapturedTask(core, std::move(operations), streams[0], graph);
+  }
   uint64_t ticket;
   {
     std::lock_guard<std::mutex> lock(core->mutex);

@@ -76,7 +76,9 @@ void waitForStream(const Rank& rank) {
   }
 }
 
-float inputValue(int rank, int step, size_t i) { return static_cast<float>(rank * 100 + step * 10 + static_cast<int>(i % 7)); }
+float inputValue(int rank, int step, size_t i) {
+  return static_cast<float>(rank * 100 + step * 10 + static_cast<int>(i % 7));
+}
 
 void setInput(const Rank& rank, int step) {
   std::vector<float> input(kCount);

@@ -1,6 +1,7 @@
 // The CPU libcudart over the emulated driver: what the runtime API promises, checked through the
 // runtime alone (and the driver where the two must agree).
 #include <cuda.h>
+#include <cuda_profiler_api.h>
 #include <cuda_runtime_api.h>
 
 #include <atomic>
@@ -13,6 +14,10 @@
 namespace {
 
 void addOne(void* counter) { static_cast<std::atomic<int>*>(counter)->fetch_add(1); }
+
+void CUDART_CB countCallback(cudaStream_t /*stream*/, cudaError_t status, void* counter) {
+  if (status == cudaSuccess) addOne(counter);
+}
 
 }  // namespace
 
@@ -116,6 +121,25 @@ TEST_CASE("cudart: memory, copies, streams and events", "[cudart]") {
   REQUIRE(cudaFree(device_buffer) == cudaSuccess);
   REQUIRE(cudaFreeHost(host_buffer) == cudaSuccess);
   REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+}
+
+TEST_CASE("cudart: stream callbacks run once, in order; not in a capture", "[cudart]") {
+  REQUIRE(cudaSetDevice(0) == cudaSuccess);
+  cudaStream_t stream;
+  REQUIRE(cudaStreamCreate(&stream) == cudaSuccess);
+  std::atomic<int> runs{0};
+  REQUIRE(cudaStreamAddCallback(stream, countCallback, &runs, 0) == cudaSuccess);
+  REQUIRE(cudaStreamAddCallback(stream, countCallback, &runs, 0) == cudaSuccess);
+  REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess);
+  CHECK(runs == 2);
+  REQUIRE(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed) == cudaSuccess);
+  CHECK(cudaStreamAddCallback(stream, countCallback, &runs, 0) == cudaErrorStreamCaptureUnsupported);
+  cudaGraph_t graph = nullptr;
+  REQUIRE(cudaStreamEndCapture(stream, &graph) == cudaSuccess);
+  REQUIRE(cudaGraphDestroy(graph) == cudaSuccess);
+  REQUIRE(cudaStreamDestroy(stream) == cudaSuccess);
+  CHECK(cudaProfilerStart() == cudaSuccess);
+  CHECK(cudaProfilerStop() == cudaSuccess);
 }
 
 TEST_CASE("cudart: a captured graph runs at every launch", "[cudart]") {
