@@ -83,7 +83,7 @@ void CUDA_CB deleteCapturedTask(void* task) { delete static_cast<Task*>(task); }
 
 // A captured task runs at every launch of its graph, so the graph owns it (through a user
 // object, as NCCL's persistent plans are owned) and frees it when the last graph using it goes.
-// The group's other streams take part in the same capture, which the driver replays in order.
+// The group's other streams take part in the capture, which the driver replays as one sequence.
 ncclResult_t launchCapturedTask(const std::shared_ptr<CommCore>& core, std::vector<Operation> operations,
                                 CUstream stream, CUgraph graph) {
   auto* task = new Task{core, std::move(operations), 0, false};
@@ -106,9 +106,14 @@ ncclResult_t launchTask(const std::shared_ptr<CommCore>& core, std::vector<Opera
   for (const Operation& op : operations) {
     if (std::find(streams.begin(), streams.end(), op.stream) == streams.end()) streams.push_back(op.stream);
   }
-  if (CUgraph graph = capturingGraph(streams[0])) {
-    return launchCapturedTask(core, std::move(operations), streams[0], graph);
+  const size_t captured = std::count_if(streams.begin(), streams.end(), [](CUstream s) { return capturingGraph(s); });
+  if (captured != 0 && captured != streams.size()) {
+    // A captured task runs at every launch, an uncaptured one once: they cannot wait for each other.
+    EMU_WARN("a group's operations must be captured on all their streams or on none (%zu of %zu capture)", captured,
+             streams.size());
+    return ncclInvalidUsage;
   }
+  if (captured != 0) return launchCapturedTask(core, std::move(operations), streams[0], capturingGraph(streams[0]));
   uint64_t ticket;
   {
     std::lock_guard<std::mutex> lock(core->mutex);

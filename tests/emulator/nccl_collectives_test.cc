@@ -436,3 +436,26 @@ TEST_CASE("emulated NCCL graph replay: captured collectives run at every launch,
   for (int r = 0; r < n; ++r) REQUIRE(cuGraphExecDestroy(executables[r]) == CUDA_SUCCESS);
   ranks.destroyAll();
 }
+
+TEST_CASE("emulated NCCL graph capture: a group captured on some of its streams only is refused", "[nccl]") {
+  LocalRanks ranks(1);
+  ranks.initAll();
+  float* buffer = ranks.allocate<float>(0, 64 * sizeof(float));
+  CUstream uncaptured = nullptr;
+  REQUIRE(cuStreamCreate(&uncaptured, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+  REQUIRE(cuStreamBeginCapture(ranks.stream(0), CU_STREAM_CAPTURE_MODE_GLOBAL) == CUDA_SUCCESS);
+  REQUIRE(ncclGroupStart() == ncclSuccess);
+  REQUIRE(ncclAllReduce(buffer, buffer, 32, ncclFloat, ncclSum, ranks.comm(0), ranks.stream(0)) == ncclSuccess);
+  REQUIRE(ncclAllReduce(buffer + 32, buffer + 32, 32, ncclFloat, ncclSum, ranks.comm(0), uncaptured) == ncclSuccess);
+  CHECK(ncclGroupEnd() == ncclInvalidUsage);
+  CHECK(std::string(ncclGetLastError(ranks.comm(0))).find("captured on all their streams or on none") !=
+        std::string::npos);
+  CUgraph graph = nullptr;
+  REQUIRE(cuStreamEndCapture(ranks.stream(0), &graph) == CUDA_SUCCESS);
+  REQUIRE(cuGraphDestroy(graph) == CUDA_SUCCESS);
+  // The communicator still works afterwards.
+  REQUIRE(ncclAllReduce(buffer, buffer, 64, ncclFloat, ncclSum, ranks.comm(0), ranks.stream(0)) == ncclSuccess);
+  REQUIRE(ranks.synchronize());
+  REQUIRE(cuStreamDestroy(uncaptured) == CUDA_SUCCESS);
+  ranks.destroyAll();
+}
