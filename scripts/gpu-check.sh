@@ -64,7 +64,7 @@ figure() { echo "  $1: $2"; }
 # The directory of a system library: the dynamic linker's cache first, then the usual places.
 find_library_dir() {
   local name=$1 candidate
-  candidate=$(ldconfig -p 2>/dev/null | awk -v name="$name" '$1 == name && /x86-64|aarch64|64bit/ {print $NF; exit}')
+  candidate=$(ldconfig -p 2>/dev/null | awk -v name="$name" '$1 == name && /x86-64|AArch64|64bit/ {print $NF; exit}')
   if [[ -n $candidate ]]; then dirname "$candidate"; return; fi
   for candidate in "${CUDA_HOME:-/usr/local/cuda}/lib" "${CUDA_HOME:-/usr/local/cuda}/lib64" \
     /usr/local/cuda/lib /usr/local/cuda/lib64 /usr/lib/x86_64-linux-gnu /usr/lib/aarch64-linux-gnu; do
