@@ -73,7 +73,7 @@ void FinishLaunch(CommState& comm, std::uint64_t seq, ncclResult_t result) {
   if (state != OpState::kEnqueued && state != OpState::kStarted) return;
   if (result == ncclInProgress) {
     // Until the watchdog hears otherwise from ncclCommGetAsyncError, the launch is in progress.
-    comm.async_error.store(ncclInProgress, std::memory_order_release);
+    RecordAsyncError(comm, ncclInProgress);
     op.launch_pending.store(true, std::memory_order_release);
   } else {
     RecordEnd(op);

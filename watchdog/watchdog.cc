@@ -65,7 +65,10 @@ void Watchdog::PollOnce(std::int64_t now_ns) {
     for (CommState* comm : registry_.All()) job_processes = std::max(job_processes, comm->nranks.load());
     next_status_ns_ = now_ns + static_cast<std::int64_t>(
                                    StatusIntervalSeconds(config_.status_interval.value, job_processes) * 1e9);
-    WriteStatusNow(now_ns);
+    {
+      Activity activity(*this, "writing the status file");
+      WriteStatusNow(now_ns);
+    }
     const std::int64_t requested_ns = effects_.TakePeerDumpRequest();
     if (requested_ns != 0) AnswerPeerRequest(requested_ns, now_ns);
   }
@@ -74,7 +77,6 @@ void Watchdog::PollOnce(std::int64_t now_ns) {
 void Watchdog::WriteStatusNow(std::int64_t now_ns) {
   if (!effects_.JobDirectoryKnown()) return;
   std::lock_guard<std::mutex> lock(status_mutex_);
-  Activity activity(*this, "writing the status file");
   ProcessSnapshot status = BuildSnapshot(registry_, "status", false, now_ns, effects_.WallNowNs());
   if (reported_stall_) {
     const bool over = std::any_of(status.comms.begin(), status.comms.end(), [this](const CommSnapshot& comm) {
