@@ -42,9 +42,9 @@ struct Run {
 // Runs `argv` on the emulator with a job directory of its own under `dump_dir`; with ncclguard
 // preloaded unless `guarded` is false. No fault and no ncclguard setting leaks in from outside.
 Run RunOnEmulator(const TemporaryDirectory& dump_dir, const std::vector<std::string>& argv,
-                  const Environment& settings, bool guarded = true) {
+                  const Environment& settings, bool guarded = true, double timeout_seconds = 60) {
   ProcessOptions options;
-  options.timeout_seconds = 60;
+  options.timeout_seconds = timeout_seconds;
   options.environment = EmulatorJobEnvironment(EMULATOR_LIBRARY_DIR, dump_dir.path(), kJobId);
   if (guarded) options.environment["LD_PRELOAD"] = PRELOAD_LIBRARY;
   for (const auto& [name, value] : settings) options.environment[name] = value;
@@ -150,6 +150,27 @@ TEST_CASE("communicators created inside a group are described once NCCL has crea
     dump_ranks.insert(comm.at("rank").get<int>());
   }
   CHECK(dump_ranks == std::set<int>{0, 1, 2, 3});
+}
+
+TEST_CASE("a hang on communicators created inside a group names their four ranks", "[init][group]") {
+  const std::string mode = GENERATE(as<std::string>{}, "group", "threads");
+  INFO("mode " << mode);
+  TemporaryDirectory dump_dir;
+  // Rank 1's AllReduce never completes: the program hangs until the test's deadline ends it.
+  const Run run = RunOnEmulator(dump_dir, {GROUPED_INIT_PROGRAM, mode},
+                                {{"NCCLEMU_FAULTS", "hang:rank=1,seq=1"}, {"NCCLGUARD_TIMEOUT", "1"}},
+                                /*guarded=*/true, /*timeout_seconds=*/6);
+  INFO(run.transcript);
+  REQUIRE(run.result.timed_out);
+  ProcessOptions options;
+  options.timeout_seconds = 30;
+  const ProcessResult analysis = RunProcess({NCCLGUARD_CLI, "analyze", run.job_dir, "--json"}, options);
+  INFO("analyze: exit code " << analysis.exit_code << "\n" << analysis.out << analysis.err);
+  REQUIRE(analysis.exit_code == 1);
+  const Json verdict = Json::parse(analysis.out).at("verdicts").at(0);
+  CHECK(verdict.at("kind") == "stuck_inside_nccl");
+  CHECK(verdict.at("ranks") == Json({0, 1, 2, 3}));
+  CHECK(Contains(verdict.at("message").get<std::string>(), "all 4 ranks entered AllReduce #1"));
 }
 
 TEST_CASE("an asynchronous error the application sees itself just before it exits is logged and dumped",
