@@ -124,14 +124,15 @@ void FinishUnfinished(CommState& comm, OpState final_state) {
 }
 
 // At the outermost end of a group: the communicators created in it exist now (ncclSuccess), are
-// still being made (ncclInProgress: the watchdog completes them once NCCL says so), or failed.
+// still being made (ncclInProgress, or a simulated end: completed once ncclCommGetAsyncError says
+// so), or failed.
 void FinishGroupedCreations(Api api, ncclResult_t result) {
   if (t_grouped_creations.empty()) return;
   bool completed = false;
   for (const GroupedCreation& creation : t_grouped_creations) {
     GetRegistry().EndInit(creation.init_token);
     creation.comm->awaiting_group_end.store(false, std::memory_order_release);
-    if (result == ncclSuccess) {
+    if (result == ncclSuccess && api == Api::ncclGroupEnd) {
       completed = CompleteRegistration(*creation.comm) || completed;
     } else if (!Launched(result)) {
       NoteFailedCall(api, creation.comm, result);
