@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <optional>
 #include <cstring>
@@ -388,6 +389,15 @@ class SystemEffects final : public WatchdogEffects {
     facts_collected_.store(true, std::memory_order_release);
   }
 
+  // A status written from another thread waits, a bounded time, for the facts the watchdog
+  // collects as it starts (a few milliseconds): peers' verdicts may read that status alone.
+  void WaitForFacts(std::chrono::milliseconds at_most) const {
+    const auto give_up = std::chrono::steady_clock::now() + at_most;
+    while (!facts_collected_.load(std::memory_order_acquire) && std::chrono::steady_clock::now() < give_up) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+
   const ProcessFacts& Facts() override {
     return facts_collected_.load(std::memory_order_acquire) ? facts_ : identity_;
   }
@@ -752,7 +762,10 @@ bool CompleteRegistration(CommState& comm) noexcept {
 
 void WriteStatusAtInit() noexcept {
   try {
-    if (Runtime* runtime = g_runtime.load(std::memory_order_acquire)) runtime->watchdog.WriteStatusNow(SteadyNowNs());
+    if (Runtime* runtime = g_runtime.load(std::memory_order_acquire)) {
+      runtime->effects.WaitForFacts(std::chrono::seconds(2));
+      runtime->watchdog.WriteStatusNow(SteadyNowNs());
+    }
   } catch (const std::exception& error) {
     log::Error("cannot write the status file at communicator creation: {}", error.what());
   }
