@@ -129,6 +129,9 @@ void AfterCall(const Ticket& ticket, int library, const Result& result, const Ar
         detail::FinishCreation<A>(ticket, library, result, args...);
       } else if constexpr (kind == ApiKind::Group) {
         AfterGroupCall(A, result);
+      } else if constexpr (A == Api::ncclCommGetAsyncError) {  // (comm, asyncError*)
+        const auto [comm, async_error] = std::forward_as_tuple(args...);
+        AfterAsyncErrorQuery(comm, async_error, result);
       } else {
         AfterCommCall(A, FirstCommunicator(args...), result);
       }

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstring>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "shim/libraries.h"
@@ -34,6 +35,12 @@ thread_local int t_group_depth = 0;
 thread_local std::uint64_t t_group_id = 0;
 // Touched only by grouped calls; freed when the thread ends.
 thread_local std::vector<GroupedOperation> t_grouped;
+// Communicators created inside the group: NCCL creates them at its outermost end.
+struct GroupedCreation {
+  CommState* comm;
+  int init_token;
+};
+thread_local std::vector<GroupedCreation> t_grouped_creations;
 std::atomic<std::uint64_t> g_next_group_id{1};
 
 bool Launched(ncclResult_t result) { return result == ncclSuccess || result == ncclInProgress; }
@@ -66,7 +73,7 @@ void FinishLaunch(CommState& comm, std::uint64_t seq, ncclResult_t result) {
   if (state != OpState::kEnqueued && state != OpState::kStarted) return;
   if (result == ncclInProgress) {
     // Until the watchdog hears otherwise from ncclCommGetAsyncError, the launch is in progress.
-    comm.async_error.store(ncclInProgress, std::memory_order_release);
+    RecordAsyncError(comm, ncclInProgress);
     op.launch_pending.store(true, std::memory_order_release);
   } else {
     RecordEnd(op);
@@ -114,6 +121,25 @@ void FinishUnfinished(CommState& comm, OpState final_state) {
     comm.last_started.store(last, std::memory_order_release);
     comm.last_completed.store(last, std::memory_order_release);
   }
+}
+
+// At the outermost end of a group: the communicators created in it exist now (ncclSuccess), are
+// still being made (ncclInProgress, or a simulated end: completed once ncclCommGetAsyncError says
+// so), or failed.
+void FinishGroupedCreations(Api api, ncclResult_t result) {
+  if (t_grouped_creations.empty()) return;
+  bool completed = false;
+  for (const GroupedCreation& creation : t_grouped_creations) {
+    GetRegistry().EndInit(creation.init_token);
+    creation.comm->awaiting_group_end.store(false, std::memory_order_release);
+    if (result == ncclSuccess && api == Api::ncclGroupEnd) {
+      completed = CompleteRegistration(*creation.comm) || completed;
+    } else if (!Launched(result)) {
+      NoteFailedCall(api, creation.comm, result);
+    }
+  }
+  t_grouped_creations.clear();
+  if (completed) WriteStatusAtInit();
 }
 
 }  // namespace
@@ -210,6 +236,7 @@ void AfterGroupCall(Api api, ncclResult_t result) noexcept {
     return;
   }
   if (t_group_depth == 0 || --t_group_depth > 0) return;
+  FinishGroupedCreations(api, result);
   for (const GroupedOperation& grouped : t_grouped) {
     if (api == Api::ncclGroupEnd) {
       FinishLaunch(*grouped.comm, grouped.seq, result);
@@ -255,12 +282,16 @@ void AfterCreation(const Ticket& ticket, Api api, int library, ncclResult_t resu
                    const ncclComm_t* comms, int count) noexcept {
   try {
     Registry& registry = GetRegistry();
-    registry.EndInit(ticket.init_token);
+    // Inside a group NCCL only records the initialisation: it runs at the outermost ncclGroupEnd.
+    const bool grouped = t_group_depth > 0 && Launched(result) && comms != nullptr;
+    int init_token = ticket.init_token;  // ended with the first communicator registered
+    if (!grouped) registry.EndInit(std::exchange(init_token, -1));
     if (!Launched(result) || comms == nullptr) {
       NoteFailedCall(api, ticket.comm, result);
       return;
     }
     const std::int64_t now = SteadyNowNs();
+    bool completed = false;
     for (int i = 0; i < count; ++i) {
       if (comms[i] == nullptr) continue;  // e.g. ncclCommSplit with NCCL_SPLIT_NOCOLOR
       CommState* comm = registry.Add(
@@ -270,12 +301,19 @@ void AfterCreation(const Ticket& ticket, Api api, int library, ncclResult_t resu
             state.created_by = api;
             state.init_start_ns = ticket.start_ns;
             state.context = DriverEvents().CurrentContext();
-            if (result == ncclSuccess) state.init_end_ns.store(now, std::memory_order_relaxed);
+            state.awaiting_group_end.store(grouped, std::memory_order_relaxed);
+            if (result == ncclSuccess && !grouped) state.init_end_ns.store(now, std::memory_order_relaxed);
           });
+      if (grouped && comm != nullptr) {
+        t_grouped_creations.push_back({comm, std::exchange(init_token, -1)});
+        continue;
+      }
       // A non-blocking initialisation (ncclInProgress) is completed by the watchdog, once
       // ncclCommGetAsyncError says it is done.
-      if (comm != nullptr && result == ncclSuccess) CompleteRegistration(*comm);
+      if (comm != nullptr && result == ncclSuccess) completed = CompleteRegistration(*comm) || completed;
     }
+    registry.EndInit(init_token);  // none registered for it
+    if (completed) WriteStatusAtInit();
   } catch (...) {
   }
 }
@@ -329,6 +367,20 @@ void AfterCommCall(Api api, ncclComm_t handle, ncclResult_t result) noexcept {
 #endif
     default:
       break;
+  }
+}
+
+void AfterAsyncErrorQuery(ncclComm_t handle, const ncclResult_t* async_error, ncclResult_t result) noexcept {
+  AfterCommCall(Api::ncclCommGetAsyncError, handle, result);
+  if (result != ncclSuccess || async_error == nullptr) return;
+  CommState* comm = GetRegistry().Find(handle);
+  if (comm == nullptr) return;
+  RecordAsyncError(*comm, *async_error);
+  // NCCL just told the application that a non-blocking initialisation is complete: asking NCCL
+  // about the communicator is safe now, and it is described before the application can close it.
+  if (*async_error == ncclSuccess && !comm->awaiting_group_end.load(std::memory_order_acquire) &&
+      comm->lifecycle.load(std::memory_order_acquire) == CommLifecycle::kInitializing && CompleteRegistration(*comm)) {
+    WriteStatusAtInit();
   }
 }
 

@@ -87,5 +87,8 @@ void AfterGroupCall(Api api, ncclResult_t result) noexcept;
 // Any other call that names a communicator: refused when ncclguard aborted it.
 Ticket BeforeCommCall(Api api, ncclComm_t comm) noexcept;
 void AfterCommCall(Api api, ncclComm_t comm, ncclResult_t result) noexcept;
+// The application's own ncclCommGetAsyncError: an error it returns is recorded as if the watchdog
+// had found it.
+void AfterAsyncErrorQuery(ncclComm_t comm, const ncclResult_t* async_error, ncclResult_t result) noexcept;
 
 }  // namespace ncclguard

@@ -89,7 +89,12 @@ struct CommState {
   // Set when ncclguard itself aborted it: the real communicator is gone, so the application's
   // later calls on it must not reach NCCL.
   std::atomic<bool> aborted_by_ncclguard{false};
+  // The latest result NCCL gave for it, from the watchdog's ncclCommGetAsyncError or the
+  // application's own: an error either way is reported once (`reported_async_error`).
   std::atomic<int> async_error{ncclSuccess};
+  // Created inside a group that has not ended yet: NCCL creates it only at the outermost
+  // ncclGroupEnd, and any call on it before then warns and changes ncclGetLastError.
+  std::atomic<bool> awaiting_group_end{false};
   std::atomic<std::uint32_t> children{0};  // splits and shrinks made from it, for their ids
   std::atomic<bool> failure_dumped{false};  // a failed call on it was dumped already
 
@@ -102,6 +107,7 @@ struct CommState {
   // the operation last reported as stalled.
   std::uint64_t watch_cursor = 1;
   std::uint64_t reported_stall_seq = 0;
+  int reported_async_error = ncclSuccess;
   bool stall_acted_on = false;         // the action for that stall was taken
   std::int64_t stall_recheck_ns = 0;   // when to look at a stall not acted on again
 

@@ -595,7 +595,9 @@ void ClassifyStuckOperation(const Communicator& communicator, const JobView& job
           process.liveness == ProcessView::Liveness::kGone
               ? "is gone"
               : fmt::format("stopped updating its status {} ago (presumed gone)", Seconds(StatusAgeSeconds(process, job)));
-      const std::uint64_t last = CompletedUpTo(*member->comm, done_everywhere);
+      // Its last status may predate its death by a whole interval (or be the one written when its
+      // communicator was created): its peers' completed collectives say how far it got.
+      const std::uint64_t last = std::max(CompletedUpTo(*member->comm, done_everywhere), done_everywhere);
       dead_clauses.push_back(fmt::format(
           "rank {} (pid {} on host {}) {}: it {} and never entered #{}", member->rank, process.pid, process.host, how,
           last == 0 ? std::string("issued nothing on this communicator")

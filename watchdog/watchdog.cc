@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <optional>
 #include <cstring>
@@ -65,19 +66,37 @@ void Watchdog::PollOnce(std::int64_t now_ns) {
     for (CommState* comm : registry_.All()) job_processes = std::max(job_processes, comm->nranks.load());
     next_status_ns_ = now_ns + static_cast<std::int64_t>(
                                    StatusIntervalSeconds(config_.status_interval.value, job_processes) * 1e9);
-    Activity activity(*this, "writing the status file");
-    ProcessSnapshot status = BuildSnapshot(registry_, "status", false, now_ns, effects_.WallNowNs());
-    if (reported_stall_) {
-      const bool over = std::any_of(status.comms.begin(), status.comms.end(), [this](const CommSnapshot& comm) {
-        return comm.id == reported_stall_->comm_id && comm.last_completed >= reported_stall_->seq &&
-               reported_stall_->seq != 0;
-      });
-      if (over) reported_stall_.reset();
+    {
+      Activity activity(*this, "writing the status file");
+      WriteStatusNow(now_ns);
     }
-    status.stall = reported_stall_;
-    effects_.WriteStatus(status);
     const std::int64_t requested_ns = effects_.TakePeerDumpRequest();
     if (requested_ns != 0) AnswerPeerRequest(requested_ns, now_ns);
+  }
+}
+
+void Watchdog::WriteStatusNow(std::int64_t now_ns) {
+  if (!effects_.JobDirectoryKnown()) return;
+  std::lock_guard<std::mutex> lock(status_mutex_);
+  ProcessSnapshot status = BuildSnapshot(registry_, "status", false, now_ns, effects_.WallNowNs());
+  if (reported_stall_) {
+    const bool over = std::any_of(status.comms.begin(), status.comms.end(), [this](const CommSnapshot& comm) {
+      return comm.id == reported_stall_->comm_id && comm.last_completed >= reported_stall_->seq &&
+             reported_stall_->seq != 0;
+    });
+    if (over) reported_stall_.reset();
+  }
+  status.stall = reported_stall_;
+  effects_.WriteStatus(status);
+}
+
+void Watchdog::FlushAtExit(std::int64_t now_ns) {
+  bool dumped = false;
+  for (CommState* comm : registry_.All()) dumped = ReportNewAsyncError(*comm, now_ns, false) || dumped;
+  const char* reason = pending_dump_reason_.exchange(nullptr);
+  if (reason != nullptr && !dumped) {
+    const std::string path = Dump(reason, std::nullopt, now_ns);
+    log::Info("dumped state at exit ({}): {}", reason, path.empty() ? "not written" : path);
   }
 }
 
@@ -101,27 +120,58 @@ void Watchdog::AnswerPeerRequest(std::int64_t requested_ns, std::int64_t now_ns)
                              record->rank, record->host, record->pid, record->comm, record->seq, kRestartExitCode));
 }
 
+namespace {
+
+bool IsError(int result) { return result != ncclSuccess && result != ncclInProgress; }
+
+// The application, told by its own ncclCommGetAsyncError that the initialisation is complete, may
+// already be destroying the communicator: the watchdog asks NCCL about it only while it is not.
+bool CompleteRegistrationUnlessClosing(CommState& comm) {
+  comm.watchdog_in_call.store(true, std::memory_order_seq_cst);
+  const bool completed = !comm.closing.load(std::memory_order_seq_cst) && CompleteRegistration(comm);
+  comm.watchdog_in_call.store(false, std::memory_order_seq_cst);
+  return completed;
+}
+
+}  // namespace
+
+void RecordAsyncError(CommState& comm, ncclResult_t error) noexcept {
+  int known = comm.async_error.load(std::memory_order_acquire);
+  while (!IsError(known) && !comm.async_error.compare_exchange_weak(known, error, std::memory_order_acq_rel)) {
+  }
+}
+
+bool Watchdog::ReportNewAsyncError(CommState& comm, std::int64_t now_ns, bool act) {
+  const int error = comm.async_error.load(std::memory_order_acquire);
+  if (!IsError(error) || error == comm.reported_async_error) return false;
+  comm.reported_async_error = error;
+  OnAsyncError(comm, static_cast<ncclResult_t>(error), now_ns, act);
+  return true;
+}
+
 void Watchdog::CheckCommunicator(CommState& comm, std::int64_t now_ns) {
   const CommLifecycle lifecycle = comm.lifecycle.load(std::memory_order_acquire);
   if (lifecycle == CommLifecycle::kDestroyed || lifecycle == CommLifecycle::kAborted ||
       comm.aborted_by_ncclguard.load(std::memory_order_acquire)) {
+    ReportNewAsyncError(comm, now_ns, false);  // one the application saw before it closed the communicator
     return;
   }
+  // Not created yet: NCCL makes it at the group's end, and must not hear of it before.
+  if (comm.awaiting_group_end.load(std::memory_order_acquire)) return;
   ncclResult_t error;
   {
     Activity activity(*this, "ncclCommGetAsyncError");
     error = effects_.AsyncError(comm);
   }
-  const int previous = comm.async_error.exchange(error, std::memory_order_acq_rel);
+  RecordAsyncError(comm, error);
   {
     Activity activity(*this, "cuEventQuery");
     AdvanceOperations(comm, events_, now_ns);
   }
-  if (lifecycle == CommLifecycle::kInitializing && error == ncclSuccess) CompleteRegistration(comm);
-  if (error != ncclSuccess && error != ncclInProgress) {
-    if (previous != error) OnAsyncError(comm, error, now_ns);
-    return;
+  if (lifecycle == CommLifecycle::kInitializing && error == ncclSuccess && CompleteRegistrationUnlessClosing(comm)) {
+    next_status_ns_ = 0;  // on record in the job directory from now on
   }
+  if (ReportNewAsyncError(comm, now_ns, true) || IsError(comm.async_error.load(std::memory_order_acquire))) return;
   if (const auto stall = FindOperationStall(comm, now_ns, ToNs(config_.timeout))) {
     if (stall->seq != comm.reported_stall_seq) {
       comm.reported_stall_seq = stall->seq;
@@ -189,7 +239,10 @@ void Watchdog::OnStall(CommState* comm, const Stall& stall, std::int64_t now_ns)
     stall_snapshot.verdict = verdicts[0].kind;
     stall_snapshot.verdict_message = verdicts[0].message;
   }
-  reported_stall_ = stall_snapshot;
+  {
+    std::lock_guard<std::mutex> lock(status_mutex_);
+    reported_stall_ = stall_snapshot;
+  }
   const std::string path = Dump("stall", stall_snapshot, now_ns);
   log::Warn("{} — verdict: {} — dump: {}", message,
             verdicts.empty() ? std::string("unknown (the job directory could not be read)")
@@ -218,7 +271,7 @@ void Watchdog::DecideOnStall(CommState* comm, const Stall& stall, const std::vec
   }
 }
 
-void Watchdog::OnAsyncError(CommState& comm, ncclResult_t error, std::int64_t now_ns) {
+void Watchdog::OnAsyncError(CommState& comm, ncclResult_t error, std::int64_t now_ns, bool act) {
   const std::string last_error = effects_.LastNcclError();
   const std::string message =
       fmt::format("rank {} comm {}: NCCL reports an asynchronous error: {} ({})",
@@ -227,7 +280,7 @@ void Watchdog::OnAsyncError(CommState& comm, ncclResult_t error, std::int64_t no
   const std::string path = Dump("async_error", std::nullopt, now_ns);
   log::Warn("{} — dump: {}", message, path.empty() ? "not written" : path);
   effects_.RequestPeerDumps(message);
-  Act(&comm, "the asynchronous error", {});
+  if (act) Act(&comm, "the asynchronous error", {});
 }
 
 void Watchdog::Act(CommState* culprit, const char* what, const std::vector<Verdict>& verdicts) {
@@ -334,6 +387,15 @@ class SystemEffects final : public WatchdogEffects {
   void CollectFacts() {
     facts_ = CollectMatchingFacts(RealFactSources());
     facts_collected_.store(true, std::memory_order_release);
+  }
+
+  // A status written from another thread waits, a bounded time, for the facts the watchdog
+  // collects as it starts (a few milliseconds): peers' verdicts may read that status alone.
+  void WaitForFacts(std::chrono::milliseconds at_most) const {
+    const auto give_up = std::chrono::steady_clock::now() + at_most;
+    while (!facts_collected_.load(std::memory_order_acquire) && std::chrono::steady_clock::now() < give_up) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
   }
 
   const ProcessFacts& Facts() override {
@@ -446,7 +508,9 @@ class SystemEffects final : public WatchdogEffects {
 
   // The job directory, settled once a communicator id is known (the fallback job id is made from
   // it); "" before that, and nothing is written then.
-  const std::string& JobDir() {
+  // A copy: the application's thread (status at communicator creation) may ask too.
+  std::string JobDir() {
+    std::lock_guard<std::mutex> lock(job_dir_mutex_);
     if (!job_dir_.empty()) return job_dir_;
     std::string first_comm;
     for (CommState* comm : GetRegistry().All()) {
@@ -474,8 +538,9 @@ class SystemEffects final : public WatchdogEffects {
   }
 
 
-  std::string job_id_;
-  std::string job_dir_;
+  std::mutex job_dir_mutex_;
+  std::string job_id_;  // guarded by job_dir_mutex_
+  std::string job_dir_;  // guarded by job_dir_mutex_
   const std::int64_t started_wall_ns_ = SystemEffects::WallNow();
   const ProcessFacts identity_ = CollectIdentityFacts(RealFactSources());
   ProcessFacts facts_;
@@ -561,6 +626,8 @@ void StopWatchdogAtExit() {
   // before the driver's own clean-up: asking about events is still fine here.
   if (Runtime* runtime = g_runtime.load(std::memory_order_acquire)) {
     if (!g_in_round.load(std::memory_order_seq_cst)) {
+      // An error the application met just before it exits is on disk before the process is gone.
+      runtime->watchdog.FlushAtExit(SteadyNowNs());
       runtime->effects.WriteStatus(runtime->watchdog.FinalStatus(SteadyNowNs()));
     }
   }
@@ -666,12 +733,12 @@ void NoteFailedCall(Api api, CommState* comm, ncclResult_t result) noexcept {
   if (Runtime* runtime = g_runtime.load(std::memory_order_acquire)) runtime->watchdog.RequestDump("error_return");
 }
 
-void CompleteRegistration(CommState& comm) noexcept {
+bool CompleteRegistration(CommState& comm) noexcept {
   // Once: the application's thread (blocking init) or the watchdog (non-blocking) may get here.
   CommLifecycle initializing = CommLifecycle::kInitializing;
   if (!comm.lifecycle.compare_exchange_strong(initializing, CommLifecycle::kReady,
                                               std::memory_order_acq_rel)) {
-    return;
+    return false;
   }
   // The function's type comes from nccl.h; only NCCL's own function (of the comm's library) is called.
   auto query = [&comm](Api api, auto type, std::atomic<int>& field) {
@@ -690,6 +757,18 @@ void CompleteRegistration(CommState& comm) noexcept {
             comm.rank.load(), comm.nranks.load(), comm.device.load(), Describe(comm.created_by).name,
             static_cast<double>(comm.init_end_ns.load() - comm.init_start_ns) / 1e6, version / 10000,
             version / 100 % 100, version % 100, shim::LibraryPath(comm.library));
+  return true;
+}
+
+void WriteStatusAtInit() noexcept {
+  try {
+    if (Runtime* runtime = g_runtime.load(std::memory_order_acquire)) {
+      runtime->effects.WaitForFacts(std::chrono::seconds(2));
+      runtime->watchdog.WriteStatusNow(SteadyNowNs());
+    }
+  } catch (const std::exception& error) {
+    log::Error("cannot write the status file at communicator creation: {}", error.what());
+  }
 }
 
 }  // namespace ncclguard

@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <mutex>
 #include <optional>
 #include <set>
 #include <string>
@@ -80,6 +81,15 @@ class Watchdog {
   std::string Dump(const std::string& reason, const std::optional<StallSnapshot>& stall,
                    std::int64_t steady_now_ns);
 
+  // Writes this process's status file now (once the job directory is known), from any thread:
+  // a communicator's initialisation completed, and the process must be on record before it can
+  // die.
+  void WriteStatusNow(std::int64_t steady_now_ns);
+
+  // At exit, once the watchdog thread has stopped: reports the asynchronous errors the
+  // application saw but the watchdog did not yet, and writes the dump a failed call asked for.
+  void FlushAtExit(std::int64_t steady_now_ns);
+
   // The last status of a process that ends normally: the GPU is asked once more how far every
   // communicator got (the watchdog thread has stopped), and the status says it is exiting.
   ProcessSnapshot FinalStatus(std::int64_t steady_now_ns);
@@ -93,7 +103,10 @@ class Watchdog {
   void DecideOnStall(CommState* comm, const Stall& stall, const std::vector<Verdict>& verdicts,
                      std::int64_t now_ns);
   std::vector<Verdict> CurrentVerdicts(const StallSnapshot& stall, std::int64_t now_ns);
-  void OnAsyncError(CommState& comm, ncclResult_t error, std::int64_t now_ns);
+  // Reports the communicator's asynchronous error unless reported already; acts on it when `act`
+  // (not for a communicator already closed, nor at exit). True when it reported one.
+  bool ReportNewAsyncError(CommState& comm, std::int64_t now_ns, bool act);
+  void OnAsyncError(CommState& comm, ncclResult_t error, std::int64_t now_ns, bool act);
   // Dumps for another process's request (unless a dump of our own answers it) and, under
   // NCCLGUARD_ACTION=reinit, follows a P2P verdict that this attempt of the job recorded.
   void AnswerPeerRequest(std::int64_t requested_ns, std::int64_t now_ns);
@@ -118,6 +131,8 @@ class Watchdog {
   std::atomic<const char*> activity_{nullptr};
   std::atomic<std::int64_t> activity_since_ns_{0};
   std::int64_t next_status_ns_ = 0;
+  // Status files are written by the watchdog thread and at communicator creation.
+  std::mutex status_mutex_;
   // The stall last reported, carried in every status file until its operation completes: the
   // classifier counts an operation as stuck once some process reported it.
   std::optional<StallSnapshot> reported_stall_;
@@ -147,12 +162,24 @@ void EnsureWatchdogStarted() noexcept;
 // A call that returned an error: logged once per communicator and dumped.
 void NoteFailedCall(Api api, CommState* comm, ncclResult_t result) noexcept;
 
+// What ncclCommGetAsyncError said of the communicator, whoever asked. An error is kept once known
+// (the application may abort the communicator right after its own call saw it, and the watchdog
+// asks no more then) and reported once by the watchdog, at its next round or at exit.
+void RecordAsyncError(CommState& comm, ncclResult_t error) noexcept;
+
 // Called at the start of every intercepted call: waits for ever once the watchdog is exiting the
 // process (NCCLGUARD_ACTION=exit).
 void WaitIfExiting() noexcept;
 
-// Fills in a new communicator's rank, size and device from NCCL and logs its creation.
-void CompleteRegistration(CommState& comm) noexcept;
+// Fills in a new communicator's rank, size and device from NCCL and logs its creation. Only
+// once NCCL has completed its initialisation. True for the call that did it (once per
+// communicator).
+bool CompleteRegistration(CommState& comm) noexcept;
+
+// Puts this process on record in the job directory now (its status file), from the thread that
+// completed a communicator's initialisation: a process that dies before the watchdog's next status
+// interval is then known to have been part of the job.
+void WriteStatusAtInit() noexcept;
 
 // Steady clock, as used for every recorded time.
 std::int64_t SteadyNowNs() noexcept;

@@ -85,6 +85,7 @@ class RecordingEffects final : public WatchdogEffects {
   std::vector<std::string> peer_requests_sent;
   std::vector<CommState*> aborted;
   std::map<CommState*, ncclResult_t> async_errors;
+  std::map<CommState*, int> async_error_queries;  // how often ncclCommGetAsyncError was called
   std::int64_t pending_peer_request_ns = 0;
   std::string last_error = "NCCL WARN something broke";
   std::int64_t wall_ns = 1'700'000'000'000'000'000;
@@ -120,6 +121,7 @@ class RecordingEffects final : public WatchdogEffects {
     return fresh_p2p_verdict;
   }
   ncclResult_t AsyncError(CommState& comm) override {
+    ++async_error_queries[&comm];
     const auto found = async_errors.find(&comm);
     return found == async_errors.end() ? ncclSuccess : found->second;
   }

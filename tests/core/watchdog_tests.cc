@@ -136,6 +136,79 @@ TEST_CASE("an asynchronous error is dumped with NCCL's warning and acted on", "[
   CHECK(f.effects.aborted.size() == 1);
 }
 
+TEST_CASE("an asynchronous error the application saw before it aborted the communicator is reported once, "
+          "without acting",
+          "[watchdog]") {
+  Fixture f(Action::kAbort);
+  RecordAsyncError(*f.comm, ncclRemoteError);
+  f.comm->lifecycle = CommLifecycle::kAborted;
+  f.watchdog.PollOnce(1 * kSecond);
+  REQUIRE(f.effects.dumps.size() == 1);
+  CHECK(f.effects.dumps[0].reason == "async_error");
+  CHECK(f.effects.dumps[0].comms[0].async_error == "ncclRemoteError");
+  CHECK(f.effects.aborted.empty());
+  CHECK(f.effects.async_error_queries[f.comm] == 0);  // NCCL has freed it
+  f.watchdog.PollOnce(2 * kSecond);
+  CHECK(f.effects.dumps.size() == 1);
+}
+
+TEST_CASE("an error the application saw is not forgotten when NCCL later says success", "[watchdog]") {
+  Fixture f;
+  RecordAsyncError(*f.comm, ncclSystemError);
+  RecordAsyncError(*f.comm, ncclSuccess);
+  f.watchdog.PollOnce(1 * kSecond);
+  REQUIRE(f.effects.dumps.size() == 1);
+  CHECK(f.effects.dumps[0].comms[0].async_error == "ncclSystemError");
+}
+
+TEST_CASE("at exit, what the watchdog has not reported yet is dumped", "[watchdog][exit]") {
+  Fixture f;
+  f.watchdog.PollOnce(1 * kSecond);
+  REQUIRE(f.effects.dumps.empty());
+  SECTION("an asynchronous error the application saw") {
+    RecordAsyncError(*f.comm, ncclRemoteError);
+    f.watchdog.RequestDump("error_return");
+    f.watchdog.FlushAtExit(1 * kSecond);
+    REQUIRE(f.effects.dumps.size() == 1);  // one dump says it all
+    CHECK(f.effects.dumps[0].reason == "async_error");
+  }
+  SECTION("a dump a failed call asked for") {
+    f.watchdog.RequestDump("error_return");
+    f.watchdog.FlushAtExit(1 * kSecond);
+    REQUIRE(f.effects.dumps.size() == 1);
+    CHECK(f.effects.dumps[0].reason == "error_return");
+  }
+  SECTION("nothing") {
+    f.watchdog.FlushAtExit(1 * kSecond);
+    CHECK(f.effects.dumps.empty());
+  }
+}
+
+TEST_CASE("a communicator created in a group that has not ended is not asked about", "[watchdog][init]") {
+  Fixture f;
+  f.comm->lifecycle = CommLifecycle::kInitializing;
+  f.comm->awaiting_group_end = true;
+  f.effects.async_errors[f.comm] = ncclInProgress;
+  f.watchdog.PollOnce(1 * kSecond);
+  CHECK(f.effects.async_error_queries[f.comm] == 0);
+  f.comm->awaiting_group_end = false;
+  f.watchdog.PollOnce(2 * kSecond);
+  CHECK(f.effects.async_error_queries[f.comm] == 1);
+}
+
+TEST_CASE("a status is written at once when a communicator is created, once the job directory is known",
+          "[watchdog][init]") {
+  Fixture f;
+  f.effects.job_directory_known = false;
+  f.watchdog.WriteStatusNow(1 * kSecond);
+  CHECK(f.effects.statuses.empty());
+  f.effects.job_directory_known = true;
+  f.watchdog.WriteStatusNow(1 * kSecond);
+  REQUIRE(f.effects.statuses.size() == 1);
+  CHECK(f.effects.statuses[0].comms.at(0).rank == 3);
+  CHECK(f.effects.statuses[0].comms.at(0).nranks == 4);
+}
+
 TEST_CASE("a pending initialisation past the init timeout is a stall", "[watchdog]") {
   Fixture f;
   PendingInit init;

@@ -173,7 +173,18 @@ TEST_CASE("emulated NCCL group init: one thread initialises every rank, complete
     ranks.makeCurrent(r);
     REQUIRE(ncclCommInitRank(&ranks.comm(r), 4, id, r) == ncclSuccess);
   }
+  // Not created before GroupEnd: using it then is refused with NCCL's warning, which becomes the
+  // last error; asking for its asynchronous error is fine.
+  ncclResult_t state = ncclSuccess;
+  REQUIRE(ncclCommGetAsyncError(ranks.comm(0), &state) == ncclSuccess);
+  REQUIRE(state == ncclInProgress);
+  int count = 0;
+  REQUIRE(ncclCommCount(ranks.comm(0), &count) == ncclInvalidArgument);
+  REQUIRE(lastError().find("Attempt to use communicator before the previous operation returned ncclSuccess") !=
+          std::string::npos);
   REQUIRE(ncclGroupEnd() == ncclSuccess);
+  REQUIRE(ncclCommCount(ranks.comm(0), &count) == ncclSuccess);
+  REQUIRE(count == 4);
   int device = -1;
   REQUIRE(ncclCommCuDevice(ranks.comm(3), &device) == ncclSuccess);
   REQUIRE(device == 3);

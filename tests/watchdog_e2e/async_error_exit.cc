@@ -1,0 +1,59 @@
+// A program that watches its communicator itself, as frameworks do: after every AllReduce of a
+// one-rank communicator it polls ncclCommGetAsyncError until the stream is done or NCCL reports an
+// error. On an error it aborts the communicator and exits at once (exit code 3), before any
+// watchdog with a long poll interval has looked.
+//
+// With --invalid-call it makes one AllReduce with an invalid datatype instead, and exits at once
+// when NCCL refuses it (exit code 4).
+//
+// Prints "step N ok" per AllReduce and "asynchronous error E at step N" when it stops.
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "tests/watchdog_e2e/program_support.h"
+
+namespace {
+
+constexpr size_t kCount = 1024;
+constexpr int kSteps = 20;
+constexpr int kErrorExitCode = 3;
+constexpr int kFailedCallExitCode = 4;
+
+// ncclSuccess once the stream is done, else the asynchronous error NCCL reported meanwhile.
+ncclResult_t WaitForStep(const e2e::Gpu& gpu) {
+  for (;;) {
+    ncclResult_t error = ncclSuccess;
+    e2e::CheckNccl(ncclCommGetAsyncError(gpu.comm, &error), "ncclCommGetAsyncError");
+    if (error != ncclSuccess && error != ncclInProgress) return error;
+    const CUresult query = cuStreamQuery(gpu.stream);
+    if (query == CUDA_SUCCESS) return ncclSuccess;
+    if (query != CUDA_ERROR_NOT_READY) e2e::CheckCuda(query, "cuStreamQuery");
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const e2e::Gpu gpu = e2e::StartOneRank();
+  const CUdeviceptr buffer = e2e::AllocateFloats(kCount);
+  void* data = reinterpret_cast<void*>(buffer);
+  if (argc == 2 && std::strcmp(argv[1], "--invalid-call") == 0) {
+    const auto invalid = static_cast<ncclDataType_t>(255);
+    const ncclResult_t result = ncclAllReduce(data, data, kCount, invalid, ncclSum, gpu.comm, gpu.stream);
+    std::printf("AllReduce with an invalid datatype: %s\n", ncclGetErrorString(result));
+    std::exit(result == ncclSuccess ? 0 : kFailedCallExitCode);
+  }
+  for (int step = 1; step <= kSteps; ++step) {
+    e2e::CheckNccl(ncclAllReduce(data, data, kCount, ncclFloat32, ncclSum, gpu.comm, gpu.stream), "ncclAllReduce");
+    if (const ncclResult_t error = WaitForStep(gpu); error != ncclSuccess) {
+      std::printf("asynchronous error %s at step %d\n", ncclGetErrorString(error), step);
+      std::fflush(stdout);
+      ncclCommAbort(gpu.comm);
+      std::exit(kErrorExitCode);
+    }
+    std::printf("step %d ok\n", step);
+  }
+  e2e::CheckNccl(ncclCommDestroy(gpu.comm), "ncclCommDestroy");
+  return 0;
+}
