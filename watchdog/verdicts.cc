@@ -955,6 +955,25 @@ void AddDeadInInit(Buckets& buckets, const JobView& job, const std::string& comm
       Json{{"api", api}, {"nranks", nranks}, {"dead_ranks", std::move(dead)}, {"waiting_ranks", waiting}});
 }
 
+// The processes that died inside an initialisation while another process of it lived on (alive,
+// or writing its status for several intervals more). When all of them stopped together, a
+// launcher ended the whole job: that is no rank's death.
+std::vector<std::pair<const ProcessView*, int>> DiedInInit(const JobView& job,
+                                                           const std::vector<std::pair<const ProcessView*, int>>& pending,
+                                                           const std::vector<const ProcessView*>& involved) {
+  const auto stale_window_ns = static_cast<std::int64_t>(kStaleIntervals * job.status_interval_seconds * 1e9);
+  std::vector<std::pair<const ProcessView*, int>> dead;
+  for (const auto& [process, rank] : pending) {
+    if (process->exited || !IsGone(*process, job)) continue;
+    const bool outlived = std::any_of(involved.begin(), involved.end(), [&](const ProcessView* other) {
+      return other != process && !other->exited &&
+             (!IsGone(*other, job) || other->last_seen_ns > process->last_seen_ns + stale_window_ns);
+    });
+    if (outlived) dead.emplace_back(process, rank);
+  }
+  return dead;
+}
+
 void ClassifyStuckInits(const JobView& job, const std::vector<Communicator>& communicators, Buckets& buckets) {
   struct Init {
     std::string api;
@@ -962,20 +981,17 @@ void ClassifyStuckInits(const JobView& job, const std::vector<Communicator>& com
     std::set<int> pending;
     double waited_seconds = 0;
     bool stall_reported = false;
-    std::vector<std::pair<const ProcessView*, int>> gone;  // pending processes that died, and their ranks
+    std::vector<std::pair<const ProcessView*, int>> processes;  // every process in it, and its rank
   };
   std::map<std::string, Init> inits;
   for (const ProcessView& process : job.processes) {
-    // A process that died in the initialisation has waited until now, whenever its last status was.
-    const bool gone = !process.exited && IsGone(process, job);
     for (const PendingInitSnapshot& pending : process.snapshot.pending_inits) {
-      const double waited =
-          static_cast<double>((gone ? job.now_ns : process.snapshot.time_ns) - pending.start_ns) / 1e9;
-      if (waited <= job.status_interval_seconds) continue;
       Init& init = inits[pending.comm_id];
-      if (gone) init.gone.emplace_back(&process, pending.rank);
+      init.processes.emplace_back(&process, pending.rank);
       init.api = pending.api;
       init.nranks = std::max(init.nranks, pending.nranks);
+      const double waited = static_cast<double>(process.snapshot.time_ns - pending.start_ns) / 1e9;
+      if (waited <= job.status_interval_seconds) continue;
       init.pending.insert(pending.rank);
       init.waited_seconds = std::max(init.waited_seconds, waited);
       const auto& stall = process.snapshot.stall;
@@ -984,18 +1000,26 @@ void ClassifyStuckInits(const JobView& job, const std::vector<Communicator>& com
   }
   for (const auto& [comm_id, init] : inits) {
     std::set<int> arrived = init.pending;
+    std::vector<const ProcessView*> involved;
+    for (const auto& [process, rank] : init.processes) involved.push_back(process);
     const auto communicator = std::lower_bound(communicators.begin(), communicators.end(), comm_id,
                                                [](const Communicator& c, const std::string& id) { return c.id < id; });
     if (communicator != communicators.end() && communicator->id == comm_id) {
-      for (const Member& member : communicator->members) arrived.insert(member.rank);
+      for (const Member& member : communicator->members) {
+        arrived.insert(member.rank);
+        involved.push_back(member.process);
+      }
     }
-    if (!init.gone.empty()) {
+    if (const auto dead = DiedInInit(job, init.processes, involved); !dead.empty()) {
       // The communicator's stuck operation may have named these ranks already.
       const bool named = std::any_of(buckets[kRankDead].begin(), buckets[kRankDead].end(),
                                      [&](const Verdict& verdict) { return verdict.comm == comm_id; });
-      if (!named) AddDeadInInit(buckets, job, comm_id, init.api, init.nranks, init.gone, arrived);
+      std::set<int> waiting = arrived;
+      for (const auto& [process, rank] : init.processes) waiting.insert(rank);
+      if (!named) AddDeadInInit(buckets, job, comm_id, init.api, init.nranks, dead, waiting);
       continue;
     }
+    if (init.pending.empty()) continue;
     std::vector<int> missing;
     for (int rank = 0; rank < init.nranks; ++rank) {
       if (!arrived.contains(rank)) missing.push_back(rank);

@@ -300,8 +300,8 @@ TEST_CASE("a desync is a mismatch showing both counts", "[mismatch]") {
 }
 
 // The peers exit without dumping: only their last status files show what they issued, through the
-// signatures of their latest 64 operations (#18..#81 here).
-TEST_CASE("a desync is found from status files alone, and the stalled rank is never healthy", "[mismatch]") {
+// signatures of their latest 64 operations (#18..#81 here). Rank 2 stalls in its last AllReduce.
+TEST_CASE("a desync is found from status files alone: the stalled rank is never healthy", "[mismatch]") {
   TemporaryDirectory dump_dir;
   const Job job = RunTrainLoop(dump_dir, {"--ranks", "4", "--steps", "80", "--desync", "2:25", "--timeout", kHungJobSeconds},
                                {{"NCCLGUARD_TIMEOUT", kStallTimeout}});
@@ -314,7 +314,7 @@ TEST_CASE("a desync is found from status files alone, and the stalled rank is ne
   const std::string online = OnlineVerdict(job.result.err, pids.at(2));
   CHECK(online.starts_with("mismatch: rank 2 issued #26 with signature "));
   CHECK(Contains(online, " while ranks 0,1,3 issued #26 with signature "));
-  CHECK(Contains(online, "since then rank 2 waits in AllReduce #81 (float32 × 1024, sum): ranks 0,1,3 completed it "
+  CHECK(Contains(online, "since then rank 2 waits in AllReduce #80 (float32 × 1024, sum): ranks 0,1,3 completed it "
                          "and exited"));
 
   // Afterwards rank 2's stall dump describes its side.

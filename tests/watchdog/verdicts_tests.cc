@@ -736,6 +736,15 @@ TEST_CASE("a rank killed inside ncclCommInitRank is dead, not missing", "[verdic
           "rank 1 (pid 1001 on host node-1) is gone: it died in ncclCommInitRank for communicator 00000000000000aa (4 "
           "ranks); ranks 0,2,3 wait for it — it was killed or crashed (e.g. out of memory), not a network fault");
     CHECK(ActOnTimeout(verdicts));
+
+    // A launcher that ends the hung job stops every rank at once: no rank died on its own.
+    for (ProcessView& process : job.processes) {
+      process.liveness = ProcessView::Liveness::kGone;
+      process.snapshot.time_ns = process.last_seen_ns = kNow - 10 * kSecond;
+      process.snapshot.stall = StallSnapshot{.kind = "init", .comm_id = kComm, .seq = 0, .seconds = 30,
+                                             .message = "", .verdict = "", .verdict_message = ""};
+    }
+    CHECK(Kinds(Classify(job)) == std::vector<std::string>{"stuck_in_init"});
   }
 }
 
