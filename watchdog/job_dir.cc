@@ -22,6 +22,7 @@
 #include "watchdog/dump.h"
 #include "watchdog/dump_reader.h"
 #include "watchdog/log.h"
+#include "watchdog/op_signature.h"
 
 namespace ncclguard {
 namespace {
@@ -70,9 +71,30 @@ void ParseFacts(const nlohmann::json& document, ProcessFacts& facts) {
   if (const auto system = document.find("system"); system != document.end()) ParseSystemFacts(*system, facts);
 }
 
+Json SignaturesJson(const CommSnapshot& comm) {
+  if (comm.signatures.empty()) return nullptr;
+  return Json{{"first_seq", comm.signatures_first_seq}, {"hashes", SignaturesToHex(comm.signatures)}};
+}
+
+// Signatures that cannot be read are left out: they only add evidence.
+void ParseSignatures(const nlohmann::json& entry, CommSnapshot& comm) {
+  const auto signatures = entry.find("signatures");
+  if (signatures == entry.end() || !signatures->is_object()) return;
+  const auto first_seq = signatures->find("first_seq");
+  const auto hashes = signatures->find("hashes");
+  if (first_seq == signatures->end() || !first_seq->is_number_unsigned() || hashes == signatures->end() ||
+      !hashes->is_string()) {
+    return;
+  }
+  if (SignaturesFromHex(hashes->get<std::string>(), comm.signatures)) {
+    comm.signatures_first_seq = first_seq->get<std::uint64_t>();
+  }
+}
+
 Json StatusJson(const ProcessSnapshot& snapshot, const ProcessFacts& facts) {
   Json communicators = Json::array();
   for (const CommSnapshot& comm : snapshot.comms) {
+    const bool signed_here = communicators.size() < kMaxSignedCommunicators;
     Json oldest = nullptr;
     Json last_completed = nullptr;
     for (const OpSnapshot& op : comm.ring) {
@@ -98,7 +120,8 @@ Json StatusJson(const ProcessSnapshot& snapshot, const ProcessFacts& facts) {
                                  {"last_completed", comm.last_completed},
                                  {"async_error", comm.async_error},
                                  {"last_completed_op", std::move(last_completed)},
-                                 {"oldest_outstanding", std::move(oldest)}});
+                                 {"oldest_outstanding", std::move(oldest)},
+                                 {"signatures", signed_here ? SignaturesJson(comm) : Json(nullptr)}});
   }
   Json stall = nullptr;
   if (snapshot.stall) {
@@ -173,6 +196,7 @@ PeerStatus ParseStatus(const std::string& file, const std::string& content) {
     comm.last_started = entry.at("last_started").get<std::uint64_t>();
     comm.last_completed = entry.at("last_completed").get<std::uint64_t>();
     comm.async_error = entry.value("async_error", "");
+    ParseSignatures(entry, comm);  // added to format version 1 later
     // Added to format version 1 later: the last completed operation, for naming it.
     if (const auto last = entry.find("last_completed_op"); last != entry.end() && !last->is_null()) {
       OpSnapshot op;

@@ -41,8 +41,9 @@ inline constexpr double kJobStatusWritesPerSecond = 1000;
 double StatusIntervalSeconds(double configured_seconds, int job_processes);
 
 // Writes status-<host>-<pid>.json: the process's identity, its stall if any, per communicator
-// its progress and oldest outstanding operation (the first unfinished entry of the communicator's
-// ring, when the caller put one there; the rest of the ring is not written), and the facts that
+// its progress, oldest outstanding operation (the first unfinished entry of the communicator's
+// ring, when the caller put one there; the rest of the ring is not written) and the signatures of
+// its latest operations (for the first kMaxSignedCommunicators communicators), and the facts that
 // do not change while it runs (environment, kernel, drivers, GPUs: collected once by the caller,
 // CollectMatchingFacts; memory figures are not written).
 absl::StatusOr<std::string> WriteStatus(const std::string& job_dir, const ProcessSnapshot& snapshot,
@@ -53,8 +54,8 @@ struct PeerStatus {
   std::string host;
   int pid = -1;
   // time_ns, rank, in_nccl_call, stall, pending_inits, exiting, and per communicator id, rank,
-  // nranks, state, progress, async_error and the oldest outstanding operation (as its only ring
-  // entry).
+  // nranks, state, progress, async_error, operation signatures, and the last completed and oldest
+  // outstanding operations (as its only ring entries).
   ProcessSnapshot snapshot;
   // host, pid, environment and the system facts (kernel, drivers, GPUs without memory); left at
   // their defaults when the file was written by an earlier build.

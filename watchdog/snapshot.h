@@ -51,6 +51,10 @@ struct CommSnapshot {
   std::string async_error;      // ncclCommGetAsyncError's answer when not success, else ""
   std::uint64_t dropped = 0;    // operations not recorded (ring full of unfinished ones)
   std::vector<OpSnapshot> ring; // oldest first; empty in status files
+  // Status files only: OperationSignature (op_signature.h) of the latest operations, the first
+  // for #signatures_first_seq, kNoSignature where nothing can be compared.
+  std::uint64_t signatures_first_seq = 0;
+  std::vector<std::uint32_t> signatures;
 };
 
 // What the watchdog found wrong.

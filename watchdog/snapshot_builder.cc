@@ -1,10 +1,13 @@
 #include "watchdog/snapshot_builder.h"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include "shim/libraries.h"
 #include "watchdog/describe.h"
 #include "watchdog/hooks.h"
+#include "watchdog/op_signature.h"
 
 namespace ncclguard {
 namespace {
@@ -32,6 +35,21 @@ OpSnapshot CopyOperation(const OpRecord& op, std::uint64_t seq, std::int64_t to_
   copy.result = op.result.load(std::memory_order_relaxed);
   copy.state = std::string(OpStateName(op.state.load(std::memory_order_acquire)));
   return copy;
+}
+
+// What a status file carries instead of the ring: the signatures of the latest operations, so
+// that a peer can find the first #N at which the ranks' calls differ.
+void SignLatestOperations(const CommState& comm, std::int64_t to_wall, CommSnapshot& copy) {
+  const std::uint64_t last = copy.last_enqueued;
+  if (last == 0) return;
+  const std::uint64_t window = std::min<std::uint64_t>(kSignedOperations, comm.ring_size);
+  copy.signatures_first_seq = last >= window ? last - window + 1 : 1;
+  for (std::uint64_t seq = copy.signatures_first_seq; seq <= last; ++seq) {
+    const OpRecord& op = comm.ring[seq % comm.ring_size];
+    copy.signatures.push_back(op.seq.load(std::memory_order_relaxed) == seq
+                                  ? OperationSignature(CopyOperation(op, seq, to_wall))
+                                  : kNoSignature);
+  }
 }
 
 }  // namespace
@@ -67,6 +85,7 @@ ProcessSnapshot BuildSnapshot(Registry& registry, const std::string& reason, boo
     }
     copy.dropped = comm->dropped.load(std::memory_order_relaxed);
     if (snapshot.rank < 0) snapshot.rank = copy.rank;
+    if (!with_rings) SignLatestOperations(*comm, to_wall, copy);
     // The whole ring, or (for status files) only the last completed and the oldest unfinished
     // operations: peers name a late rank's last operation from it.
     const std::uint64_t last = copy.last_enqueued;

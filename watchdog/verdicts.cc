@@ -20,11 +20,13 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "watchdog/describe.h"
 #include "watchdog/dump.h"
 #include "watchdog/log.h"
 #include "watchdog/dump_reader.h"
 #include "watchdog/job_dir.h"
 #include "watchdog/known_bad.h"
+#include "watchdog/op_signature.h"
 
 namespace ncclguard {
 namespace {
@@ -67,6 +69,8 @@ void MergeNewerStatus(ProcessSnapshot& snapshot, const ProcessSnapshot& status) 
     comm->last_started = fresh.last_started;
     comm->last_completed = fresh.last_completed;
     comm->async_error = fresh.async_error;
+    comm->signatures_first_seq = fresh.signatures_first_seq;
+    comm->signatures = fresh.signatures;
     for (OpSnapshot& op : comm->ring) {
       if (Unfinished(op.state) && op.seq <= fresh.last_completed) op.state = "completed";
       if (op.state == "enqueued" && op.seq <= fresh.last_started) op.state = "started";
@@ -253,10 +257,10 @@ Whereabouts Locate(const ProcessView& process, const JobView& job) {
 // The verdicts, one function per kind
 
 enum KindOrder { kAsyncError, kP2pSuspect, kStuckInInit, kRankDead, kMismatch, kRankNotJoined,
-                 kStuckInsideNccl, kStraggler, kKinds };
+                 kStuckInsideNccl, kFailedCall, kUnexplained, kStraggler, kKinds };
 constexpr std::array<const char*, kKinds> kKindNames{
     "async_error", "p2p_suspect", "stuck_in_init", "rank_dead", "mismatch", "rank_not_joined",
-    "stuck_inside_nccl", "straggler"};
+    "stuck_inside_nccl", "failed_call", "unexplained", "straggler"};
 
 using Buckets = std::array<std::vector<Verdict>, kKinds>;
 
@@ -391,45 +395,102 @@ bool DifferOnlyInCount(const OpSnapshot& a, const OpSnapshot& b) {
          a.reduction == b.reduction && a.count != b.count;
 }
 
+// What one rank is known to have issued as #N: its ring's record (a dump's, or the operations a
+// status file names), else only the signature its status file carries (kNoSignature when none).
+struct KnownCall {
+  std::uint64_t seq;
+  int rank;
+  const OpSnapshot* op;
+  std::uint32_t signature;
+};
+
+std::uint32_t StatusSignature(const CommSnapshot& comm, std::uint64_t seq) {
+  if (seq < comm.signatures_first_seq || seq - comm.signatures_first_seq >= comm.signatures.size()) {
+    return kNoSignature;
+  }
+  return comm.signatures[seq - comm.signatures_first_seq];
+}
+
+std::vector<KnownCall> KnownCalls(const Communicator& communicator) {
+  std::vector<KnownCall> calls;
+  for (const Member& member : communicator.members) {
+    const CommSnapshot& comm = *member.comm;
+    for (const OpSnapshot& op : comm.ring) {
+      const std::uint32_t signature = OperationSignature(op);
+      calls.push_back(KnownCall{op.seq, member.rank, &op,
+                                signature != kNoSignature ? signature : StatusSignature(comm, op.seq)});
+    }
+    for (size_t i = 0; i < comm.signatures.size(); ++i) {
+      const std::uint64_t seq = comm.signatures_first_seq + i;
+      if (comm.signatures[i] != kNoSignature && FindOp(comm, seq) == nullptr) {
+        calls.push_back(KnownCall{seq, member.rank, nullptr, comm.signatures[i]});
+      }
+    }
+  }
+  std::sort(calls.begin(), calls.end(),
+            [](const KnownCall& a, const KnownCall& b) { return a.seq != b.seq ? a.seq < b.seq : a.rank < b.rank; });
+  return calls;
+}
+
+// What is unknown on either side is not compared.
+bool SameKnownCall(const KnownCall& a, const KnownCall& b) {
+  if (a.op != nullptr && b.op != nullptr && !SameCall(*a.op, *b.op)) return false;
+  return a.signature == kNoSignature || b.signature == kNoSignature || a.signature == b.signature;
+}
+
+// How much a known call says: a full record, a status file's size only, a signature only.
+int Detail(const KnownCall& call) {
+  if (call.op == nullptr) return 0;
+  return call.op->dtype.empty() ? 1 : 2;
+}
+
 struct CallGroup {
-  const OpSnapshot* call;  // the most complete description of the group's call
+  KnownCall call;  // the most complete description of the group's call
   std::vector<int> ranks;
 };
 
-// The first seq at which the ranks' calls differ. Point-to-point operations are left out: a Send
-// on one rank legitimately meets a Recv on another under the same seq.
-std::optional<std::uint64_t> ClassifyMismatch(const Communicator& communicator, Buckets& buckets) {
-  struct Entry {
-    std::uint64_t seq;
-    int rank;
-    const OpSnapshot* op;
-  };
-  std::vector<Entry> entries;
-  for (const Member& member : communicator.members) {
-    for (const OpSnapshot& op : member.comm->ring) entries.push_back(Entry{op.seq, member.rank, &op});
+std::string SignatureText(std::uint32_t signature) { return SignaturesToHex({signature}); }
+
+Json SideJson(const CallGroup& group) {
+  return Json{{"ranks", group.ranks},
+              {"call", group.call.op != nullptr ? OpJson(*group.call.op) : Json(nullptr)},
+              {"signature", group.call.signature != kNoSignature ? SignatureText(group.call.signature) : ""}};
+}
+
+// "AllReduce #26 (float32 × 1024, sum)", or "#26 with signature 5e0c1f3a" when only a status
+// file's signature tells.
+std::string DescribeCall(const CallGroup& group, std::uint64_t seq) {
+  if (group.call.op != nullptr) return DescribeOp(group.call.op, seq);
+  return fmt::format("#{} with signature {}", seq, SignatureText(group.call.signature));
+}
+
+// The ranks' calls at one seq, grouped by what they issued; empty when a point-to-point operation
+// is among them (a Send on one rank legitimately meets a Recv on another under the same seq).
+std::vector<CallGroup> GroupCalls(std::vector<KnownCall>::const_iterator begin,
+                                  std::vector<KnownCall>::const_iterator end) {
+  std::vector<CallGroup> groups;
+  for (auto call = begin; call != end; ++call) {
+    if (call->op != nullptr && IsPointToPoint(*call->op)) return {};
+    auto group = std::find_if(groups.begin(), groups.end(),
+                              [&](const CallGroup& known) { return SameKnownCall(known.call, *call); });
+    if (group == groups.end()) {
+      groups.push_back(CallGroup{*call, {call->rank}});
+      continue;
+    }
+    if (group->ranks.back() != call->rank) group->ranks.push_back(call->rank);
+    if (Detail(*call) > Detail(group->call)) group->call = *call;
   }
-  std::sort(entries.begin(), entries.end(),
-            [](const Entry& a, const Entry& b) { return a.seq != b.seq ? a.seq < b.seq : a.rank < b.rank; });
-  for (size_t begin = 0; begin < entries.size();) {
-    size_t end = begin;
-    bool point_to_point = false;
-    while (end < entries.size() && entries[end].seq == entries[begin].seq) {
-      point_to_point = point_to_point || IsPointToPoint(*entries[end].op);
-      ++end;
-    }
-    std::vector<CallGroup> groups;
-    for (size_t i = begin; i < end && !point_to_point; ++i) {
-      const OpSnapshot& op = *entries[i].op;
-      auto group = std::find_if(groups.begin(), groups.end(),
-                                [&](const CallGroup& known) { return SameCall(*known.call, op); });
-      if (group == groups.end()) {
-        groups.push_back(CallGroup{&op, {entries[i].rank}});
-      } else {
-        group->ranks.push_back(entries[i].rank);
-        if (group->call->dtype.empty()) group->call = &op;
-      }
-    }
-    const std::uint64_t seq = entries[begin].seq;
+  return groups;
+}
+
+// The first seq at which the ranks' calls differ, from their rings and, where a rank left no
+// ring, from the operation signatures of its status file.
+std::optional<std::uint64_t> ClassifyMismatch(const Communicator& communicator, Buckets& buckets) {
+  const std::vector<KnownCall> calls = KnownCalls(communicator);
+  for (auto begin = calls.begin(); begin != calls.end();) {
+    auto end = std::find_if(begin, calls.end(), [&](const KnownCall& call) { return call.seq != begin->seq; });
+    std::vector<CallGroup> groups = GroupCalls(begin, end);
+    const std::uint64_t seq = begin->seq;
     begin = end;
     if (groups.size() < 2) continue;
     // The largest group is taken as what the application meant (on a tie, the one of the lowest rank).
@@ -439,24 +500,30 @@ std::optional<std::uint64_t> ClassifyMismatch(const Communicator& communicator, 
     bool counts_only = true;
     std::vector<std::string> clauses;
     std::vector<int> culprits;
-    Json sides = Json::array({Json{{"ranks", majority.ranks}, {"call", OpJson(*majority.call)}}});
+    Json sides = Json::array({SideJson(majority)});
     for (size_t i = 1; i < groups.size(); ++i) {
       const CallGroup& other = groups[i];
-      const bool count_only = DifferOnlyInCount(*other.call, *majority.call);
+      const bool count_only = other.call.op != nullptr && majority.call.op != nullptr &&
+                              DifferOnlyInCount(*other.call.op, *majority.call.op);
       counts_only = counts_only && count_only;
       clauses.push_back(count_only ? fmt::format("{} issued {} with {} {} elements", Ranks(other.ranks),
-                                                 OpName(other.call, seq), other.call->count, other.call->dtype)
-                                   : fmt::format("{} issued {}", Ranks(other.ranks), DescribeOp(other.call, seq)));
+                                                 OpName(other.call.op, seq), other.call.op->count,
+                                                 other.call.op->dtype)
+                                   : fmt::format("{} issued {}", Ranks(other.ranks), DescribeCall(other, seq)));
       culprits.insert(culprits.end(), other.ranks.begin(), other.ranks.end());
-      sides.push_back(Json{{"ranks", other.ranks}, {"call", OpJson(*other.call)}});
+      sides.push_back(SideJson(other));
     }
     const std::string majority_call =
-        counts_only ? absl::StrCat(majority.call->count) : DescribeOp(majority.call, seq);
+        counts_only ? absl::StrCat(majority.call.op->count) : DescribeCall(majority, seq);
+    const bool signatures_only = std::any_of(groups.begin(), groups.end(),
+                                             [](const CallGroup& group) { return group.call.op == nullptr; });
     std::sort(culprits.begin(), culprits.end());
     Add(buckets, kMismatch, communicator.id, seq, culprits,
-        fmt::format("{} while {} issued {} — the ranks' calls are out of step (a desync in the "
+        fmt::format("{} while {} issued {}{} — the ranks' calls are out of step (a desync in the "
                     "application), not a network fault",
-                    absl::StrJoin(clauses, " and "), Ranks(majority.ranks), majority_call),
+                    absl::StrJoin(clauses, " and "), Ranks(majority.ranks), majority_call,
+                    signatures_only ? " (operation signatures from status files: no record of the call itself)"
+                                    : ""),
         Json{{"sides", std::move(sides)}});
     return seq;
   }
@@ -472,6 +539,36 @@ Json LateRankJson(const Member& member, Whereabouts where, const JobView& job) {
               {"where", WhereaboutsName(where)},
               {"in_nccl_call", member.process->snapshot.in_nccl_call},
               {"status_age_seconds", StatusAgeSeconds(*member.process, job)}};
+}
+
+std::string GoneHow(const ProcessView& process, const JobView& job) {
+  if (process.liveness == ProcessView::Liveness::kGone) return "is gone";
+  return fmt::format("stopped updating its status {} ago (presumed gone)", Seconds(StatusAgeSeconds(process, job)));
+}
+
+// The process whose initialisation of this communicator as `rank` had not returned when it last
+// wrote its status: the rank is not a member yet, but it is not unaccounted for either.
+const ProcessView* InitialisingProcess(const JobView& job, const std::string& comm_id, int rank,
+                                       const PendingInitSnapshot** init) {
+  for (const ProcessView& process : job.processes) {
+    for (const PendingInitSnapshot& pending : process.snapshot.pending_inits) {
+      if (pending.comm_id == comm_id && pending.rank == rank) {
+        *init = &pending;
+        return &process;
+      }
+    }
+  }
+  return nullptr;
+}
+
+Json InitialisingJson(const ProcessView& process, const PendingInitSnapshot& init, Whereabouts where,
+                      const JobView& job) {
+  return Json{{"rank", init.rank},
+              {"host", process.host},
+              {"pid", process.pid},
+              {"in_init", init.api},
+              {"where", WhereaboutsName(where)},
+              {"status_age_seconds", StatusAgeSeconds(process, job)}};
 }
 
 // An operation whose result on every rank needs every rank's data: once one rank completed it,
@@ -526,10 +623,72 @@ std::string LastCompleted(const Member& member, const Communicator& communicator
   return fmt::format("completed {} and issued nothing after", OpName(FindOpInCommunicator(communicator, last), last));
 }
 
+// The #N this member's own watchdog reported stalled on this communicator, when the member has
+// not completed it since. Authoritative for that rank, whatever its peers completed: a rank can
+// wait in a collective its peers finished when their calls went out of step.
+std::optional<std::uint64_t> ReportedStall(const Member& member, const Communicator& communicator) {
+  const std::optional<StallSnapshot>& stall = member.process->snapshot.stall;
+  if (!stall || stall->kind == "init" || stall->comm_id != communicator.id) return std::nullopt;
+  if (stall->seq <= member.comm->last_completed || stall->seq > member.comm->last_enqueued) return std::nullopt;
+  return stall->seq;
+}
+
+// The oldest operation this member has not completed.
+std::optional<std::uint64_t> WaitingIn(const Member& member, const Communicator& communicator,
+                                       std::uint64_t done_everywhere) {
+  const std::optional<std::uint64_t> stalled = ReportedStall(member, communicator);
+  const std::optional<std::uint64_t> oldest = OldestUnfinishedAbove(*member.comm, done_everywhere);
+  if (stalled && (!oldest || *stalled < *oldest)) return stalled;
+  return oldest;
+}
+
 std::string JoinClauses(const std::vector<std::string>& clauses) {
   std::vector<std::string> shown(clauses.begin(), clauses.begin() + std::min(clauses.size(), kMaxClauses));
   if (clauses.size() > kMaxClauses) shown.push_back(fmt::format("and {} more", clauses.size() - kMaxClauses));
   return absl::StrJoin(shown, "; ");
+}
+
+// What the ranks that completed the stuck operation did next: "ranks 0,1,3 completed it and
+// exited", "rank 1 completed it and went on to AllReduce #43", ...
+std::string CompletedClause(const std::vector<const Member*>& finished, const Communicator& communicator,
+                            const JobView& job, std::uint64_t done_everywhere) {
+  std::vector<std::pair<std::string, std::vector<int>>> groups;  // what next, by whom; in rank order
+  for (const Member* member : finished) {
+    std::string next;
+    switch (Locate(*member->process, job)) {
+      case Whereabouts::kFinished: next = "exited"; break;
+      case Whereabouts::kGone: next = "then vanished (presumed killed)"; break;
+      default:
+        if (const auto seq = WaitingIn(*member, communicator, done_everywhere)) {
+          next = fmt::format("went on to {}", OpName(FindOpInCommunicator(communicator, *seq), *seq));
+        } else if (!member->process->snapshot.in_nccl_call.empty()) {
+          next = fmt::format("went on to {}", member->process->snapshot.in_nccl_call);
+        } else {
+          next = "went on outside NCCL";
+        }
+    }
+    auto group = std::find_if(groups.begin(), groups.end(), [&](const auto& known) { return known.first == next; });
+    if (group == groups.end()) {
+      groups.emplace_back(next, std::vector<int>{member->rank});
+    } else {
+      group->second.push_back(member->rank);
+    }
+  }
+  std::vector<std::string> clauses;
+  for (const auto& [next, ranks] : groups) clauses.push_back(fmt::format("{} completed it and {}", Ranks(ranks), next));
+  return absl::StrJoin(clauses, ", ");
+}
+
+// A mismatch at an earlier #N explains a stall: its verdict says where the ranks are now.
+void NoteLaterStall(Buckets& buckets, const std::string& comm_id, const std::vector<int>& waiting_ranks,
+                    const std::string& stuck, const std::string& completed) {
+  for (Verdict& verdict : buckets[kMismatch]) {
+    if (verdict.comm != comm_id || waiting_ranks.empty()) continue;
+    verdict.message += fmt::format("; since then {} {} in {}{}", Ranks(waiting_ranks),
+                                   waiting_ranks.size() == 1 ? "waits" : "wait", stuck,
+                                   completed.empty() ? "" : fmt::format(": {}", completed));
+    verdict.evidence["stalled_ranks"] = waiting_ranks;
+  }
 }
 
 // Where the communicator stands on the oldest operation some rank has not completed.
@@ -538,7 +697,7 @@ void ClassifyStuckOperation(const Communicator& communicator, const JobView& job
   const std::uint64_t done_everywhere = HighestCompleted(communicator);
   std::uint64_t stuck_seq = std::numeric_limits<std::uint64_t>::max();
   for (const Member& member : communicator.members) {
-    if (const auto oldest = OldestUnfinishedAbove(*member.comm, done_everywhere)) stuck_seq = std::min(stuck_seq, *oldest);
+    if (const auto oldest = WaitingIn(member, communicator, done_everywhere)) stuck_seq = std::min(stuck_seq, *oldest);
   }
   if (stuck_seq == std::numeric_limits<std::uint64_t>::max()) return;
 
@@ -555,7 +714,7 @@ void ClassifyStuckOperation(const Communicator& communicator, const JobView& job
       late.push_back(&member);
       continue;
     }
-    if (OldestUnfinishedAbove(*member.comm, done_everywhere) != stuck_seq) {
+    if (WaitingIn(member, communicator, done_everywhere) != stuck_seq) {
       finished.push_back(&member);
       continue;
     }
@@ -591,10 +750,7 @@ void ClassifyStuckOperation(const Communicator& communicator, const JobView& job
     const Whereabouts where = Locate(process, job);
     if (where == Whereabouts::kGone) {
       dead_ranks.push_back(member->rank);
-      const std::string how =
-          process.liveness == ProcessView::Liveness::kGone
-              ? "is gone"
-              : fmt::format("stopped updating its status {} ago (presumed gone)", Seconds(StatusAgeSeconds(process, job)));
+      const std::string how = GoneHow(process, job);
       // Its last status may predate its death by a whole interval (or be the one written when its
       // communicator was created): its peers' completed collectives say how far it got.
       const std::uint64_t last = std::max(CompletedUpTo(*member->comm, done_everywhere), done_everywhere);
@@ -621,13 +777,30 @@ void ClassifyStuckOperation(const Communicator& communicator, const JobView& job
   }
   for (const int rank : unreported) {
     all_finished = false;
+    const PendingInitSnapshot* init = nullptr;
+    const ProcessView* initialising = InitialisingProcess(job, communicator.id, rank, &init);
+    if (initialising != nullptr && IsGone(*initialising, job)) {
+      dead_ranks.push_back(rank);
+      dead_clauses.push_back(fmt::format("rank {} (pid {} on host {}) {}: it was still in {} for this communicator "
+                                         "and never entered #{}",
+                                         rank, initialising->pid, initialising->host, GoneHow(*initialising, job),
+                                         init->api, stuck_seq));
+      dead_evidence.push_back(InitialisingJson(*initialising, *init, Whereabouts::kGone, job));
+      continue;
+    }
     not_joined_ranks.push_back(rank);
+    if (initialising != nullptr) {
+      not_joined_clauses.push_back(fmt::format("rank {} is still in {} for this communicator", rank, init->api));
+      not_joined_evidence.push_back(InitialisingJson(*initialising, *init, Locate(*initialising, job), job));
+      continue;
+    }
     not_joined_clauses.push_back(fmt::format("rank {} left no status file or dump", rank));
     not_joined_evidence.push_back(Json{{"rank", rank}, {"where", WhereaboutsName(Whereabouts::kNoReport)}});
   }
 
   const std::vector<int> waiting_ranks = RanksOf(waiting);
   const std::vector<int> finished_ranks = RanksOf(finished);
+  const std::string completed = CompletedClause(finished, communicator, job, done_everywhere);
   Json common{{"op", stuck_op != nullptr ? OpJson(*stuck_op) : Json(nullptr)},
               {"waiting_ranks", waiting_ranks},
               {"completed_ranks", finished_ranks},
@@ -644,23 +817,34 @@ void ClassifyStuckOperation(const Communicator& communicator, const JobView& job
     Json evidence = common;
     evidence["late_ranks"] = std::move(not_joined_evidence);
     std::string others = fmt::format("{} wait in {}", Ranks(waiting_ranks), stuck);
-    if (!finished_ranks.empty()) others += fmt::format(" ({} completed it)", Ranks(finished_ranks));
+    if (!finished_ranks.empty()) others += fmt::format(" ({})", completed);
     Add(buckets, kRankNotJoined, communicator.id, stuck_seq, not_joined_ranks,
         fmt::format("{} while {} — {}not a network fault", JoinClauses(not_joined_clauses), others,
                     all_finished ? "uneven data across ranks, " : ""),
         std::move(evidence));
   }
   // A desync explains the hang better than the transport.
-  if (!late.empty() || !unreported.empty() || (mismatch_seq && *mismatch_seq <= stuck_seq)) return;
+  if (mismatch_seq && *mismatch_seq <= stuck_seq) {
+    if (*mismatch_seq < stuck_seq) NoteLaterStall(buckets, communicator.id, waiting_ranks, stuck, completed);
+    return;
+  }
+  if (!late.empty() || !unreported.empty()) return;
 
   const std::string how_long = fmt::format("waiting {}", Seconds(waited_seconds));
-  const std::string where =
+  std::string where =
       finished.empty()
           ? fmt::format("all {} ranks entered {} and none has completed it ({})", waiting.size(), stuck, how_long)
-          : fmt::format("{} — {} completed it, {} {} not ({})", stuck, Ranks(finished_ranks), Ranks(waiting_ranks),
+          : fmt::format("{} — {}, {} {} not ({})", stuck, completed, Ranks(waiting_ranks),
                         waiting.size() == 1 ? "has" : "have", how_long);
-  Add(buckets, kStuckInsideNccl, communicator.id, stuck_seq, waiting_ranks,
-      where + ": stuck inside NCCL, a transport fault (network, P2P or driver), not the application", common);
+  where += ": stuck inside NCCL, a transport fault (network, P2P or driver), not the application";
+  // A collective that needs every rank's data completed on some ranks only: their transport
+  // failed the others, or the ranks' calls went out of step before anything recorded shows.
+  if (!finished.empty() && Symmetric(stuck_op)) {
+    where += fmt::format(", unless the ranks' calls went out of step (a desync) before the oldest operation "
+                         "recorded: {} cannot complete on some ranks only",
+                         stuck_op->op);
+  }
+  Add(buckets, kStuckInsideNccl, communicator.id, stuck_seq, waiting_ranks, std::move(where), common);
   if (const Json p2p = P2pEvidence(communicator); !p2p.is_null()) {
     AddP2pSuspect(buckets, communicator, stuck_seq, waiting_ranks, "stuck inside NCCL", p2p);
   }
@@ -742,6 +926,56 @@ void ClassifyStraggler(const Communicator& communicator, Buckets& buckets) {
            {"common_ops", common.size()}});
 }
 
+// Ranks whose process died inside a communicator initialisation (its last status still shows it
+// there): dead, whoever else waits for that initialisation.
+void AddDeadInInit(Buckets& buckets, const JobView& job, const std::string& comm_id, const std::string& api,
+                   int nranks, const std::vector<std::pair<const ProcessView*, int>>& gone,
+                   const std::set<int>& arrived) {
+  std::vector<int> dead_ranks;
+  std::vector<std::string> clauses;
+  Json dead = Json::array();
+  for (const auto& [process, rank] : gone) {
+    dead_ranks.push_back(rank);
+    clauses.push_back(fmt::format("rank {} (pid {} on host {}) {}: it died in {} for communicator {} ({} ranks)",
+                                  rank, process->pid, process->host, GoneHow(*process, job), api, comm_id, nranks));
+    dead.push_back(Json{{"rank", rank},
+                        {"host", process->host},
+                        {"pid", process->pid},
+                        {"in_init", api},
+                        {"where", WhereaboutsName(Whereabouts::kGone)},
+                        {"status_age_seconds", StatusAgeSeconds(*process, job)}});
+  }
+  std::vector<int> waiting;
+  for (const int rank : arrived) {
+    if (std::find(dead_ranks.begin(), dead_ranks.end(), rank) == dead_ranks.end()) waiting.push_back(rank);
+  }
+  const std::string others =
+      waiting.empty() ? std::string() : fmt::format("; {} wait for it", Ranks(waiting));
+  Add(buckets, kRankDead, comm_id, 0, dead_ranks,
+      fmt::format("{}{} — {} killed or crashed (e.g. out of memory), not a network fault", JoinClauses(clauses),
+                  others, dead_ranks.size() == 1 ? "it was" : "they were"),
+      Json{{"api", api}, {"nranks", nranks}, {"dead_ranks", std::move(dead)}, {"waiting_ranks", waiting}});
+}
+
+// The processes that died inside an initialisation while another process of it lived on (alive,
+// or writing its status for several intervals more). When all of them stopped together, a
+// launcher ended the whole job: that is no rank's death.
+std::vector<std::pair<const ProcessView*, int>> DiedInInit(const JobView& job,
+                                                           const std::vector<std::pair<const ProcessView*, int>>& pending,
+                                                           const std::vector<const ProcessView*>& involved) {
+  const auto stale_window_ns = static_cast<std::int64_t>(kStaleIntervals * job.status_interval_seconds * 1e9);
+  std::vector<std::pair<const ProcessView*, int>> dead;
+  for (const auto& [process, rank] : pending) {
+    if (process->exited || !IsGone(*process, job)) continue;
+    const bool outlived = std::any_of(involved.begin(), involved.end(), [&](const ProcessView* other) {
+      return other != process && !other->exited &&
+             (!IsGone(*other, job) || other->last_seen_ns > process->last_seen_ns + stale_window_ns);
+    });
+    if (outlived) dead.emplace_back(process, rank);
+  }
+  return dead;
+}
+
 void ClassifyStuckInits(const JobView& job, const std::vector<Communicator>& communicators, Buckets& buckets) {
   struct Init {
     std::string api;
@@ -749,15 +983,17 @@ void ClassifyStuckInits(const JobView& job, const std::vector<Communicator>& com
     std::set<int> pending;
     double waited_seconds = 0;
     bool stall_reported = false;
+    std::vector<std::pair<const ProcessView*, int>> processes;  // every process in it, and its rank
   };
   std::map<std::string, Init> inits;
   for (const ProcessView& process : job.processes) {
     for (const PendingInitSnapshot& pending : process.snapshot.pending_inits) {
-      const double waited = static_cast<double>(process.snapshot.time_ns - pending.start_ns) / 1e9;
-      if (waited <= job.status_interval_seconds) continue;
       Init& init = inits[pending.comm_id];
+      init.processes.emplace_back(&process, pending.rank);
       init.api = pending.api;
       init.nranks = std::max(init.nranks, pending.nranks);
+      const double waited = static_cast<double>(process.snapshot.time_ns - pending.start_ns) / 1e9;
+      if (waited <= job.status_interval_seconds) continue;
       init.pending.insert(pending.rank);
       init.waited_seconds = std::max(init.waited_seconds, waited);
       const auto& stall = process.snapshot.stall;
@@ -766,11 +1002,26 @@ void ClassifyStuckInits(const JobView& job, const std::vector<Communicator>& com
   }
   for (const auto& [comm_id, init] : inits) {
     std::set<int> arrived = init.pending;
+    std::vector<const ProcessView*> involved;
+    for (const auto& [process, rank] : init.processes) involved.push_back(process);
     const auto communicator = std::lower_bound(communicators.begin(), communicators.end(), comm_id,
                                                [](const Communicator& c, const std::string& id) { return c.id < id; });
     if (communicator != communicators.end() && communicator->id == comm_id) {
-      for (const Member& member : communicator->members) arrived.insert(member.rank);
+      for (const Member& member : communicator->members) {
+        arrived.insert(member.rank);
+        involved.push_back(member.process);
+      }
     }
+    if (const auto dead = DiedInInit(job, init.processes, involved); !dead.empty()) {
+      // The communicator's stuck operation may have named these ranks already.
+      const bool named = std::any_of(buckets[kRankDead].begin(), buckets[kRankDead].end(),
+                                     [&](const Verdict& verdict) { return verdict.comm == comm_id; });
+      std::set<int> waiting = arrived;
+      for (const auto& [process, rank] : init.processes) waiting.insert(rank);
+      if (!named) AddDeadInInit(buckets, job, comm_id, init.api, init.nranks, dead, waiting);
+      continue;
+    }
+    if (init.pending.empty()) continue;
     std::vector<int> missing;
     for (int rank = 0; rank < init.nranks; ++rank) {
       if (!arrived.contains(rank)) missing.push_back(rank);
@@ -796,6 +1047,99 @@ void ClassifyStuckInits(const JobView& job, const std::vector<Communicator>& com
              {"missing_ranks", missing},
              {"waited_seconds", init.waited_seconds}});
   }
+}
+
+// Calls that returned an error to the application: the first of each rank.
+void ClassifyFailedCalls(const Communicator& communicator, Buckets& buckets) {
+  std::vector<int> ranks;
+  std::vector<std::string> clauses;
+  Json calls = Json::array();
+  for (const Member& member : communicator.members) {
+    const auto& ring = member.comm->ring;
+    const auto failed = std::find_if(ring.begin(), ring.end(), [](const OpSnapshot& op) { return op.state == "failed"; });
+    if (failed == ring.end()) continue;
+    const std::string result(ResultName(static_cast<ncclResult_t>(failed->result)));
+    ranks.push_back(member.rank);
+    clauses.push_back(fmt::format("rank {}'s {} returned {}", member.rank, DescribeOp(&*failed, failed->seq), result));
+    Json call = OpJson(*failed);
+    call["rank"] = member.rank;
+    call["result"] = result;
+    calls.push_back(std::move(call));
+  }
+  if (ranks.empty()) return;
+  const std::uint64_t first_seq = calls[0]["seq"].get<std::uint64_t>();
+  Add(buckets, kFailedCall, communicator.id, first_seq, ranks,
+      fmt::format("{} on communicator {}: NCCL refused or failed the call, and the application got the error",
+                  JoinClauses(clauses), communicator.id),
+      Json{{"calls", std::move(calls)}});
+}
+
+// A stall the process got over after it was recorded (a dump keeps the stall it was taken for).
+bool StallResolved(const StallSnapshot& stall, const ProcessSnapshot& snapshot) {
+  if (stall.kind == "init") {
+    return std::none_of(snapshot.pending_inits.begin(), snapshot.pending_inits.end(),
+                        [&](const PendingInitSnapshot& init) { return init.comm_id == stall.comm_id; });
+  }
+  return std::any_of(snapshot.comms.begin(), snapshot.comms.end(), [&](const CommSnapshot& comm) {
+    return comm.id == stall.comm_id && comm.last_completed >= stall.seq;
+  });
+}
+
+std::string DescribeStall(const StallSnapshot& stall) {
+  if (stall.kind == "init") return fmt::format("an initialisation of communicator {}", stall.comm_id);
+  return fmt::format("#{} on communicator {} ({}, {})", stall.seq, stall.comm_id,
+                     stall.kind == "not_started" ? "not started on the GPU" : "not completed", Seconds(stall.seconds));
+}
+
+// A stall or an error that a process recorded and that no verdict above explains is still named:
+// a job in which anything went wrong is never healthy.
+void ClassifyUnexplained(const JobView& job, Buckets& buckets) {
+  std::set<std::string> explained_comms;
+  for (size_t kind = 0; kind < kUnexplained; ++kind) {
+    for (const Verdict& verdict : buckets[kind]) explained_comms.insert(verdict.comm);
+  }
+  const bool errors_explained = !buckets[kAsyncError].empty() || !buckets[kFailedCall].empty();
+  for (const ProcessView& process : job.processes) {
+    std::string what;
+    const auto& stall = process.snapshot.stall;
+    if (stall && !explained_comms.contains(stall->comm_id) && !StallResolved(*stall, process.snapshot)) {
+      what = fmt::format("reported a stall of {}", DescribeStall(*stall));
+    } else if (!errors_explained && (process.dump_reason == "async_error" || process.dump_reason == "error_return")) {
+      what = process.dump_reason == "async_error" ? "dumped after an asynchronous NCCL error"
+                                                  : "dumped after an NCCL call returned an error";
+    } else {
+      continue;
+    }
+    Add(buckets, kUnexplained, stall ? stall->comm_id : "", stall ? stall->seq : 0, {process.snapshot.rank},
+        fmt::format("rank {} (pid {} on host {}) {}, and the records in the job directory do not show why{}",
+                    process.snapshot.rank, process.pid, process.host, what,
+                    process.dump_file.empty() ? "" : fmt::format(" (its dump: {})", process.dump_file)),
+        Json{{"rank", process.snapshot.rank},
+             {"host", process.host},
+             {"pid", process.pid},
+             {"dump_reason", process.dump_reason},
+             {"stall", stall ? Json{{"kind", stall->kind}, {"comm_id", stall->comm_id}, {"seq", stall->seq},
+                                    {"seconds", stall->seconds}}
+                             : Json(nullptr)}});
+  }
+}
+
+// Nothing to judge: no process left a file that could be read.
+Verdict Unknown(const JobView& job) {
+  std::string message = "the job directory holds no readable status file or dump";
+  if (!job.problems.empty()) {
+    message += fmt::format(" ({} could not be read; first: {})",
+                           job.problems.size() == 1 ? std::string("1 file") : fmt::format("{} files", job.problems.size()),
+                           job.problems.front());
+  } else {
+    message += ": no process of the job wrote there, or its files could not be written";
+  }
+  return Verdict{.kind = "unknown",
+                 .comm = "",
+                 .seq = 0,
+                 .ranks = {},
+                 .message = std::move(message),
+                 .evidence = Json{{"problems", job.problems.size()}}};
 }
 
 const char* LivenessName(ProcessView::Liveness liveness) {
@@ -883,15 +1227,18 @@ absl::StatusOr<JobView> ReadJobDirectory(const std::string& directory, std::int6
 }
 
 std::vector<Verdict> Classify(const JobView& job) {
+  if (job.processes.empty()) return {Unknown(job)};
   const std::vector<Communicator> communicators = GroupByCommunicator(job);
   Buckets buckets;
   for (const Communicator& communicator : communicators) {
     ClassifyAsyncErrors(communicator, buckets);
+    ClassifyFailedCalls(communicator, buckets);
     const std::optional<std::uint64_t> mismatch_seq = ClassifyMismatch(communicator, buckets);
     ClassifyStuckOperation(communicator, job, mismatch_seq, buckets);
     ClassifyStraggler(communicator, buckets);
   }
   ClassifyStuckInits(job, communicators, buckets);
+  ClassifyUnexplained(job, buckets);
   std::vector<Verdict> verdicts;
   for (std::vector<Verdict>& bucket : buckets) {
     std::move(bucket.begin(), bucket.end(), std::back_inserter(verdicts));

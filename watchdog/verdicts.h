@@ -50,7 +50,7 @@ absl::StatusOr<JobView> ReadJobDirectory(const std::string& directory, std::int6
 
 struct Verdict {
   // Exactly one of: rank_not_joined, rank_dead, stuck_inside_nccl, stuck_in_init, mismatch,
-  // async_error, p2p_suspect, straggler, healthy.
+  // async_error, p2p_suspect, failed_call, unexplained, straggler, healthy, unknown.
   std::string kind;
   std::string comm;             // communicator id, "" for job-wide verdicts
   std::uint64_t seq = 0;        // the operation #N concerned, 0 when none
@@ -59,7 +59,9 @@ struct Verdict {
   nlohmann::json evidence;      // what the verdict rests on (per-rank facts, texts, ...)
 };
 
-// Verdicts, most important first; a single "healthy" verdict when nothing is wrong.
+// Verdicts, most important first; a single "healthy" verdict when nothing is wrong (never when a
+// process recorded a stall, an error or a failed call), a single "unknown" one when the job
+// directory held nothing readable.
 std::vector<Verdict> Classify(const JobView& job);
 
 // {"verdicts": [{"kind", "comm", "seq", "ranks", "message", "evidence"}...], "directory", "time",
@@ -67,7 +69,8 @@ std::vector<Verdict> Classify(const JobView& job);
 nlohmann::json VerdictsToJson(const JobView& job, const std::vector<Verdict>& verdicts);
 
 // Whether NCCLGUARD_TIMEOUT is enough to act on a stall with these verdicts: true for
-// stuck_inside_nccl, p2p_suspect, stuck_in_init and rank_dead; false while the first verdict is a
+// stuck_inside_nccl, p2p_suspect, stuck_in_init, rank_dead and unknown (the timeout alone then
+// decides, as without a job directory); false while the first verdict is a
 // rank_not_joined whose late ranks are alive and busy outside NCCL (then the watchdog warns
 // periodically and acts only after NCCLGUARD_HARD_TIMEOUT).
 bool ActOnTimeout(const std::vector<Verdict>& verdicts);

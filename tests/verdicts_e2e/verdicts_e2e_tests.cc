@@ -299,6 +299,44 @@ TEST_CASE("a desync is a mismatch showing both counts", "[mismatch]") {
   CHECK(sides[1].at("call").at("count") == 1024 + 1048576);
 }
 
+// The peers exit without dumping: only their last status files show what they issued, through the
+// signatures of their latest 64 operations (#18..#81 here). Rank 2 stalls in its last AllReduce.
+TEST_CASE("a desync is found from status files alone: the stalled rank is never healthy", "[mismatch]") {
+  TemporaryDirectory dump_dir;
+  const Job job = RunTrainLoop(dump_dir, {"--ranks", "4", "--steps", "80", "--desync", "2:25", "--timeout", kHungJobSeconds},
+                               {{"NCCLGUARD_TIMEOUT", kStallTimeout}});
+  INFO(job.transcript);
+  REQUIRE_FALSE(job.result.timed_out);
+  const std::map<int, int> pids = RankPids(job.result.out);
+  REQUIRE(pids.size() == 4);
+
+  // At the stall nothing but status files exists: which rank's signature of #26 differs.
+  const std::string online = OnlineVerdict(job.result.err, pids.at(2));
+  CHECK(online.starts_with("mismatch: rank 2 issued #26 with signature "));
+  CHECK(Contains(online, " while ranks 0,1,3 issued #26 with signature "));
+  CHECK(Contains(online, "since then rank 2 waits in AllReduce #80 (float32 × 1024, sum): ranks 0,1,3 completed it "
+                         "and exited"));
+
+  // Afterwards rank 2's stall dump describes its side.
+  const Analysis analysis = Analyze(job.job_dir);
+  INFO(analysis.result.out);
+  CHECK(analysis.result.exit_code == kAnalyzeUnhealthy);
+  CHECK(analysis.document.at("healthy") == false);
+  const Json& verdict = analysis.document.at("verdicts").at(0);
+  REQUIRE(verdict.at("kind") == "mismatch");
+  CHECK(verdict.at("seq") == 26);
+  CHECK(Ranks(verdict) == std::vector<int>{2});
+  CHECK(Contains(verdict.at("message"),
+                 "rank 2 issued AllReduce #26 (float32 × 1049600, sum) while ranks 0,1,3 issued #26 with signature "));
+  const Json& sides = verdict.at("evidence").at("sides");
+  REQUIRE(sides.size() == 2);
+  CHECK(sides[0].at("ranks") == Json({0, 1, 3}));
+  CHECK(sides[0].at("call").is_null());
+  CHECK(sides[1].at("call").at("count") == 1024 + 1048576);
+  CHECK(sides[0].at("signature") != sides[1].at("signature"));
+  CHECK(verdict.at("evidence").at("stalled_ranks") == Json({2}));
+}
+
 // Ranks 0,1,3 destroyed their communicator (which waits for all its work) and exited within
 // milliseconds, before their watchdog had looked at a single operation's events.
 TEST_CASE("operations of a communicator destroyed after its work completed are never stuck",

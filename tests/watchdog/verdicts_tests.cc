@@ -3,16 +3,22 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <functional>
 #include <map>
+#include <optional>
+#include <tuple>
 
 #include <catch2/catch.hpp>
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "tests/support/process.h"
 #include "watchdog/dump.h"
 #include "watchdog/dump_reader.h"
 #include "watchdog/job_dir.h"
+#include "watchdog/op_signature.h"
 #include "watchdog/verdicts.h"
 
 namespace ncclguard {
@@ -213,7 +219,8 @@ TEST_CASE("S3: a broadcast that some ranks finished and one did not", "[verdicts
   CHECK(verdicts[0].seq == 1);
   CHECK(verdicts[0].ranks == std::vector<int>{2});
   CHECK(verdicts[0].message ==
-        "Broadcast #1 (float32 × 253440000, root 0) — ranks 0,1 completed it, rank 2 has not (waiting 60.0 s): "
+        "Broadcast #1 (float32 × 253440000, root 0) — ranks 0,1 completed it and went on to AllReduce #2, rank 2 has "
+        "not (waiting 60.0 s): "
         "stuck inside NCCL, a transport fault (network, P2P or driver), not the application");
   CHECK(ActOnTimeout(verdicts));
 }
@@ -418,7 +425,327 @@ TEST_CASE("the JSON of the verdicts carries every field", "[verdicts]") {
   REQUIRE(document["processes"].size() == 4);
   CHECK(document["processes"][1]["liveness"] == "gone");
   CHECK(document["processes"][1]["pid"] == 1001);
-  CHECK(VerdictsToJson(Job({}), Classify(Job({})))["healthy"] == true);
+  CHECK(VerdictsToJson(Job({}), Classify(Job({})))["healthy"] == false);
+}
+
+// --- a stalled rank, whatever its peers did ---------------------------------------------------
+
+// Ranks `stalled` of a 4-rank job report a stall in #12 (they completed #11); the others are
+// built by `peer`, or left out when it returns nothing.
+JobView StalledJob(const std::vector<int>& stalled, const std::function<std::optional<ProcessView>(int)>& peer) {
+  std::vector<ProcessView> processes;
+  for (int rank = 0; rank < 4; ++rank) {
+    if (std::find(stalled.begin(), stalled.end(), rank) == stalled.end()) {
+      if (std::optional<ProcessView> process = peer(rank)) processes.push_back(*std::move(process));
+      continue;
+    }
+    ProcessView process = Rank(rank, 11, 12);
+    // Enqueued a moment ago: only the watchdog's report makes it stuck.
+    process.snapshot.comms[0].ring.back().enqueue_ns = kNow - kSecond;
+    process.snapshot.stall = StallSnapshot{.kind = "not_completed", .comm_id = kComm, .seq = 12, .seconds = 5,
+                                           .message = "", .verdict = "", .verdict_message = ""};
+    processes.push_back(std::move(process));
+  }
+  return Job(std::move(processes));
+}
+
+TEST_CASE("a stall is never healthy: the stalled ranks and what their peers did", "[verdicts][stall]") {
+  const auto [stalled, stalled_text, peers_text, waits] =
+      GENERATE(std::make_tuple(std::vector<int>{2}, "rank 2", "ranks 0,1,3", "has"),
+               std::make_tuple(std::vector<int>{1, 2}, "ranks 1,2", "ranks 0,3", "have"));
+  INFO(stalled_text);
+  const std::vector<int> peers = stalled.size() == 1 ? std::vector<int>{0, 1, 3} : std::vector<int>{0, 3};
+
+  SECTION("peers completed the operation and went on") {
+    const std::vector<Verdict> verdicts = Classify(StalledJob(stalled, [](int rank) { return Rank(rank, 12, 13); }));
+    REQUIRE(Kinds(verdicts) == std::vector<std::string>{"stuck_inside_nccl"});
+    CHECK(verdicts[0].seq == 12);
+    CHECK(verdicts[0].ranks == stalled);
+    CHECK(verdicts[0].message.starts_with(fmt::format(
+        "AllReduce #12 (float32 × 1024, sum) — {} completed it and went on to AllReduce #13, {} {} not", peers_text,
+        stalled_text, waits)));
+    CHECK(verdicts[0].message.ends_with(
+        "unless the ranks' calls went out of step (a desync) before the oldest operation recorded: AllReduce "
+        "cannot complete on some ranks only"));
+  }
+  SECTION("peers completed the operation and exited") {
+    const std::vector<Verdict> verdicts = Classify(StalledJob(stalled, [](int rank) {
+      ProcessView process = Rank(rank, 12, 12);
+      process.exited = true;
+      process.liveness = ProcessView::Liveness::kGone;
+      return process;
+    }));
+    REQUIRE(Kinds(verdicts) == std::vector<std::string>{"stuck_inside_nccl"});
+    CHECK(verdicts[0].ranks == stalled);
+    CHECK(verdicts[0].message.starts_with(fmt::format("AllReduce #12 (float32 × 1024, sum) — {} completed it and "
+                                                      "exited, {} {} not",
+                                                      peers_text, stalled_text, waits)));
+  }
+  SECTION("peers are alive elsewhere and never issued it") {
+    const std::vector<Verdict> verdicts = Classify(StalledJob(stalled, [](int rank) {
+      ProcessView process = Rank(rank, 11, 11);
+      if (rank == 0) process.snapshot.in_nccl_call = "ncclAllGather";
+      return process;
+    }));
+    REQUIRE(Kinds(verdicts) == std::vector<std::string>{"rank_not_joined"});
+    CHECK(verdicts[0].ranks == peers);
+    CHECK(absl::StrContains(verdicts[0].message,
+                            "rank 0 completed AllReduce #11 and issued nothing after; it is inside ncclAllGather"));
+    CHECK(absl::StrContains(verdicts[0].message, fmt::format("; rank {} completed AllReduce #11 and issued nothing "
+                                                             "after; it is alive and busy outside NCCL",
+                                                             peers.back())));
+    CHECK(absl::StrContains(verdicts[0].message, fmt::format("while {} wait in AllReduce #12", stalled_text)));
+  }
+  SECTION("peers left no record") {
+    const std::vector<Verdict> verdicts =
+        Classify(StalledJob(stalled, [](int) { return std::optional<ProcessView>(); }));
+    REQUIRE(Kinds(verdicts) == std::vector<std::string>{"rank_not_joined"});
+    CHECK(verdicts[0].ranks == peers);
+    CHECK(absl::StrContains(verdicts[0].message, "rank 0 left no status file or dump"));
+    CHECK(absl::StrContains(verdicts[0].message, fmt::format("while {} wait in AllReduce #12", stalled_text)));
+  }
+}
+
+TEST_CASE("a stall with a desync earlier names the desync and where the ranks are now", "[verdicts][stall]") {
+  JobView job = StalledJob({2}, [](int rank) {
+    ProcessView process = Rank(rank, 12, 12);
+    process.exited = true;
+    return process;
+  });
+  OpSnapshot& odd = job.processes[2].snapshot.comms[0].ring[4];
+  odd.count = 2048;
+  odd.bytes = 8192;
+  const std::vector<Verdict> verdicts = Classify(job);
+  REQUIRE(Kinds(verdicts) == std::vector<std::string>{"mismatch"});
+  CHECK(verdicts[0].seq == 5);
+  CHECK(verdicts[0].message ==
+        "rank 2 issued AllReduce #5 with 2048 float32 elements while ranks 0,1,3 issued 1024 — the ranks' calls are "
+        "out of step (a desync in the application), not a network fault; since then rank 2 waits in AllReduce #12 "
+        "(float32 × 1024, sum): ranks 0,1,3 completed it and exited");
+  CHECK(verdicts[0].evidence["stalled_ranks"] == nlohmann::json({2}));
+}
+
+// --- operation signatures in status files --------------------------------------------------------
+
+ProcessFacts Facts(const std::string& host, int pid);
+
+// What a status file shows of a rank: its last completed operation and signatures of the latest
+// ones, no ring.
+void KeepOnlyStatus(ProcessView& process) {
+  CommSnapshot& comm = process.snapshot.comms[0];
+  comm.signatures_first_seq = comm.ring.front().seq;
+  comm.signatures.clear();
+  for (const OpSnapshot& op : comm.ring) comm.signatures.push_back(OperationSignature(op));
+  std::erase_if(comm.ring, [&](const OpSnapshot& op) { return op.seq != comm.last_completed; });
+}
+
+TEST_CASE("a desync is found from the status files' operation signatures alone", "[verdicts][signatures]") {
+  JobView job = Job({Rank(0, 40, 40), Rank(1, 40, 40), Rank(2, 39, 40), Rank(3, 40, 40)});
+  for (ProcessView& process : job.processes) {
+    process.exited = process.snapshot.rank != 2;
+    process.snapshot.comms[0].ring[25].count = process.snapshot.rank == 2 ? 1049600 : 1024;
+  }
+  const std::uint32_t odd = OperationSignature(job.processes[2].snapshot.comms[0].ring[25]);
+  const std::uint32_t usual = OperationSignature(job.processes[0].snapshot.comms[0].ring[25]);
+  REQUIRE(odd != usual);
+
+  SECTION("no ring anywhere: which rank's signature differs") {
+    for (ProcessView& process : job.processes) KeepOnlyStatus(process);
+    const std::vector<Verdict> verdicts = Classify(job);
+    REQUIRE_FALSE(verdicts.empty());
+    CHECK(verdicts[0].kind == "mismatch");
+    CHECK(verdicts[0].seq == 26);
+    CHECK(verdicts[0].ranks == std::vector<int>{2});
+    CHECK(verdicts[0].message.starts_with(
+        fmt::format("rank 2 issued #26 with signature {:08x} while ranks 0,1,3 issued #26 with signature {:08x} "
+                    "(operation signatures from status files: no record of the call itself) — the ranks' calls are "
+                    "out of step",
+                    odd, usual)));
+    CHECK(verdicts[0].evidence["sides"][1]["signature"] == fmt::format("{:08x}", odd));
+  }
+  SECTION("the stalled rank's dump describes its side") {
+    for (ProcessView& process : job.processes) {
+      if (process.snapshot.rank != 2) KeepOnlyStatus(process);
+    }
+    const std::vector<Verdict> verdicts = Classify(job);
+    REQUIRE_FALSE(verdicts.empty());
+    CHECK(verdicts[0].kind == "mismatch");
+    CHECK(verdicts[0].message.starts_with(fmt::format(
+        "rank 2 issued AllReduce #26 (float32 × 1049600, sum) while ranks 0,1,3 issued #26 with signature {:08x} "
+        "(operation signatures",
+        usual)));
+  }
+  SECTION("a status file that carries the operation itself says what differs") {
+    for (ProcessView& process : job.processes) KeepOnlyStatus(process);
+    OpSnapshot described = Op(26, "completed");
+    job.processes[0].snapshot.comms[0].ring.insert(job.processes[0].snapshot.comms[0].ring.begin(), described);
+    described.count = 1049600;
+    job.processes[2].snapshot.comms[0].ring.insert(job.processes[2].snapshot.comms[0].ring.begin(), described);
+    const std::vector<Verdict> verdicts = Classify(job);
+    REQUIRE_FALSE(verdicts.empty());
+    CHECK(verdicts[0].message.starts_with("rank 2 issued AllReduce #26 with 1049600 float32 elements while ranks "
+                                          "0,1,3 issued 1024 — the ranks' calls are out of step"));
+  }
+  SECTION("the same signatures everywhere are no mismatch") {
+    job.processes[2].snapshot.comms[0].ring[25].count = 1024;
+    for (ProcessView& process : job.processes) KeepOnlyStatus(process);
+    for (const Verdict& verdict : Classify(job)) CHECK(verdict.kind != "mismatch");
+  }
+}
+
+TEST_CASE("status files carry the signatures of the latest operations, within a bounded size",
+          "[verdicts][signatures][job_dir]") {
+  TemporaryDirectory temporary;
+  ProcessSnapshot snapshot;
+  snapshot.time_ns = kNow;
+  // Far more communicators than a process holds in practice, each with a full set of signatures.
+  for (int i = 0; i < 100; ++i) {
+    CommSnapshot comm = Rank(0, 100, 100).snapshot.comms[0];
+    comm.id = fmt::format("{:016x}", i);
+    comm.ring.clear();
+    comm.signatures_first_seq = 37;
+    for (std::uint64_t seq = 37; seq <= 100; ++seq) comm.signatures.push_back(OperationSignature(Op(seq, "completed")));
+    comm.signatures[3] = kNoSignature;
+    snapshot.comms.push_back(std::move(comm));
+  }
+  REQUIRE(WriteStatus(temporary.path(), snapshot, Facts("node-1", 5)).ok());
+  const std::string path = temporary.path() + "/status-node-1-5.json";
+  std::ifstream file(path, std::ios::binary | std::ios::ate);
+  CHECK(file.tellg() < 48 * 1024);
+
+  const absl::StatusOr<StatusScan> scan = ReadStatuses(temporary.path());
+  REQUIRE(scan.ok());
+  REQUIRE(scan->statuses.size() == 1);
+  const std::vector<CommSnapshot>& comms = scan->statuses[0].snapshot.comms;
+  REQUIRE(comms.size() == 100);
+  CHECK(comms[0].signatures_first_seq == 37);
+  CHECK(comms[0].signatures == snapshot.comms[0].signatures);
+  CHECK(comms[kMaxSignedCommunicators - 1].signatures.size() == kSignedOperations);
+  CHECK(comms[kMaxSignedCommunicators].signatures.empty());
+}
+
+TEST_CASE("signatures: stable, blind to point-to-point, and read back only when well formed", "[verdicts][signatures]") {
+  OpSnapshot op = Op(1, "completed");
+  const std::uint32_t signature = OperationSignature(op);
+  CHECK(signature != kNoSignature);
+  CHECK(OperationSignature(Op(2, "started")) == signature);  // neither seq nor state nor time is signed
+  op.root = 1;
+  CHECK(OperationSignature(op) != signature);
+  op.op = "Send";
+  CHECK(OperationSignature(op) == kNoSignature);
+  std::vector<std::uint32_t> parsed;
+  CHECK(SignaturesFromHex(SignaturesToHex({signature, 0, 0xdeadbeef}), parsed));
+  CHECK(parsed == std::vector<std::uint32_t>{signature, 0, 0xdeadbeef});
+  CHECK_FALSE(SignaturesFromHex("0123456", parsed));
+  CHECK_FALSE(SignaturesFromHex("0123456g", parsed));
+  CHECK_FALSE(SignaturesFromHex(std::string(8 * (kSignedOperations + 1), '0'), parsed));
+  CHECK(parsed.empty());
+}
+
+// --- nothing healthy about recorded trouble ------------------------------------------------------
+
+TEST_CASE("an empty or unreadable job directory is unknown, not healthy", "[verdicts]") {
+  JobView job = Job({});
+  std::vector<Verdict> verdicts = Classify(job);
+  REQUIRE(Kinds(verdicts) == std::vector<std::string>{"unknown"});
+  CHECK(verdicts[0].message ==
+        "the job directory holds no readable status file or dump: no process of the job wrote there, or its files "
+        "could not be written");
+  job.problems = {"status-a-1.json: not JSON", "dump-b.json: too big"};
+  verdicts = Classify(job);
+  REQUIRE(Kinds(verdicts) == std::vector<std::string>{"unknown"});
+  CHECK(verdicts[0].message ==
+        "the job directory holds no readable status file or dump (2 files could not be read; first: "
+        "status-a-1.json: not JSON)");
+  CHECK(ActOnTimeout(verdicts));
+  CHECK(VerdictsToJson(job, verdicts)["healthy"] == false);
+}
+
+TEST_CASE("a call that returned an error is named", "[verdicts]") {
+  JobView job = Job({Rank(0, 5, 5), Rank(1, 4, 5)});
+  for (ProcessView& process : job.processes) process.snapshot.comms[0].nranks = 2;
+  OpSnapshot& failed = job.processes[1].snapshot.comms[0].ring[4];
+  failed.state = "failed";
+  failed.result = 4;  // ncclInvalidArgument
+  const std::vector<Verdict> verdicts = Classify(job);
+  REQUIRE(Kinds(verdicts) == std::vector<std::string>{"failed_call"});
+  CHECK(verdicts[0].seq == 5);
+  CHECK(verdicts[0].ranks == std::vector<int>{1});
+  CHECK(verdicts[0].message ==
+        "rank 1's AllReduce #5 (float32 × 1024, sum) returned ncclInvalidArgument on communicator 00000000000000aa: "
+        "NCCL refused or failed the call, and the application got the error");
+}
+
+TEST_CASE("a recorded stall or error that no rule explains is still named", "[verdicts]") {
+  JobView job = Job({Rank(0, 5, 5), Rank(1, 5, 5)});
+  for (ProcessView& process : job.processes) process.snapshot.comms[0].nranks = 2;
+  REQUIRE(Kinds(Classify(job)) == std::vector<std::string>{"healthy"});
+
+  SECTION("a stalled initialisation younger than the rules' status interval") {
+    job.processes[1].snapshot.stall = StallSnapshot{.kind = "init", .comm_id = "00000000000000bb", .seq = 0,
+                                                    .seconds = 30, .message = "", .verdict = "", .verdict_message = ""};
+    job.processes[1].snapshot.pending_inits.push_back(PendingInitSnapshot{
+        .comm_id = "00000000000000bb", .api = "ncclCommInitRank", .rank = 1, .nranks = 2, .start_ns = kNow - kSecond});
+    const std::vector<Verdict> verdicts = Classify(job);
+    REQUIRE(Kinds(verdicts) == std::vector<std::string>{"unexplained"});
+    CHECK(verdicts[0].ranks == std::vector<int>{1});
+    CHECK(verdicts[0].message ==
+          "rank 1 (pid 1001 on host node-1) reported a stall of an initialisation of communicator 00000000000000bb, "
+          "and the records in the job directory do not show why");
+  }
+  SECTION("a dump taken for an error") {
+    job.processes[0].dump_reason = "error_return";
+    job.processes[0].dump_file = "/jobs/test/dump-node-1-1000-0-1.json";
+    const std::vector<Verdict> verdicts = Classify(job);
+    REQUIRE(Kinds(verdicts) == std::vector<std::string>{"unexplained"});
+    CHECK(verdicts[0].message ==
+          "rank 0 (pid 1000 on host node-1) dumped after an NCCL call returned an error, and the records in the job "
+          "directory do not show why (its dump: /jobs/test/dump-node-1-1000-0-1.json)");
+  }
+}
+
+// --- a rank killed during its initialisation ------------------------------------------------------
+
+TEST_CASE("a rank killed inside ncclCommInitRank is dead, not missing", "[verdicts]") {
+  ProcessView killed = Initialising(1, kNow - 40 * kSecond);
+  killed.snapshot.pending_inits[0].comm_id = kComm;
+  killed.snapshot.time_ns = kNow - 39 * kSecond;  // its last status, shortly before kill -9
+  killed.last_seen_ns = killed.snapshot.time_ns;
+  killed.liveness = ProcessView::Liveness::kGone;
+
+  SECTION("while the others wait in an operation") {
+    JobView job = Job({Rank(0, 0, 1), killed, Rank(2, 0, 1), Rank(3, 0, 1)});
+    const std::vector<Verdict> verdicts = Classify(job);
+    REQUIRE_FALSE(verdicts.empty());
+    CHECK(verdicts[0].kind == "rank_dead");
+    CHECK(verdicts[0].ranks == std::vector<int>{1});
+    CHECK(verdicts[0].message ==
+          "rank 1 (pid 1001 on host node-1) is gone: it was still in ncclCommInitRank for this communicator and never "
+          "entered #1; the others wait in AllReduce #1 (float32 × 1024, sum) — it was killed or crashed (e.g. out of "
+          "memory), not a network fault");
+    CHECK(verdicts[0].evidence["dead_ranks"][0]["in_init"] == "ncclCommInitRank");
+  }
+  SECTION("while the others wait in the initialisation") {
+    JobView job = Job({Initialising(0, kNow - 40 * kSecond), killed, Initialising(2, kNow - 40 * kSecond),
+                       Initialising(3, kNow - 40 * kSecond)});
+    for (ProcessView& process : job.processes) process.snapshot.pending_inits[0].comm_id = kComm;
+    const std::vector<Verdict> verdicts = Classify(job);
+    REQUIRE(Kinds(verdicts) == std::vector<std::string>{"rank_dead"});
+    CHECK(verdicts[0].ranks == std::vector<int>{1});
+    CHECK(verdicts[0].message ==
+          "rank 1 (pid 1001 on host node-1) is gone: it died in ncclCommInitRank for communicator 00000000000000aa (4 "
+          "ranks); ranks 0,2,3 wait for it — it was killed or crashed (e.g. out of memory), not a network fault");
+    CHECK(ActOnTimeout(verdicts));
+
+    // A launcher that ends the hung job stops every rank at once: no rank died on its own.
+    for (ProcessView& process : job.processes) {
+      process.liveness = ProcessView::Liveness::kGone;
+      process.snapshot.time_ns = process.last_seen_ns = kNow - 10 * kSecond;
+      process.snapshot.stall = StallSnapshot{.kind = "init", .comm_id = kComm, .seq = 0, .seconds = 30,
+                                             .message = "", .verdict = "", .verdict_message = ""};
+    }
+    CHECK(Kinds(Classify(job)) == std::vector<std::string>{"stuck_in_init"});
+  }
 }
 
 // --- the job directory -------------------------------------------------------------------------
