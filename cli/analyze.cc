@@ -22,7 +22,9 @@
 #include "absl/strings/str_join.h"
 #include "cli/commands.h"
 #include "cli/trace.h"
+#include "watchdog/config.h"
 #include "watchdog/dump.h"
+#include "watchdog/escape.h"
 #include "watchdog/job_dir.h"
 #include "watchdog/known_bad.h"
 #include "watchdog/verdicts.h"
@@ -93,7 +95,9 @@ void PrintEvidence(const nlohmann::json& evidence) {
     lines.push_back(EvidenceValue(evidence));
   }
   std::cout << "  evidence:\n";
-  for (std::size_t i = 0; i < lines.size() && i < kMaxEvidenceLines; ++i) std::cout << "    " << lines[i] << '\n';
+  for (std::size_t i = 0; i < lines.size() && i < kMaxEvidenceLines; ++i) {
+    std::cout << "    " << EscapeControlCharacters(lines[i]) << '\n';
+  }
   if (lines.size() > kMaxEvidenceLines) {
     std::cout << "    ... " << lines.size() - kMaxEvidenceLines << " more (--json shows everything)\n";
   }
@@ -101,9 +105,9 @@ void PrintEvidence(const nlohmann::json& evidence) {
 
 void PrintVerdict(const Verdict& verdict) {
   std::cout << Upper(verdict.kind);
-  if (!verdict.comm.empty()) std::cout << "  comm " << verdict.comm;
+  if (!verdict.comm.empty()) std::cout << "  comm " << EscapeControlCharacters(verdict.comm);
   if (verdict.seq != 0) std::cout << " #" << verdict.seq;
-  std::cout << "\n  " << verdict.message << '\n';
+  std::cout << "\n  " << EscapeControlCharacters(verdict.message) << '\n';
   if (!verdict.ranks.empty()) std::cout << "  ranks: " << FormatRanks(verdict.ranks) << '\n';
   PrintEvidence(verdict.evidence);
   std::cout << '\n';
@@ -162,8 +166,9 @@ void PrintRankTable(const JobView& job, const std::vector<Verdict>& verdicts) {
             ? absl::StrFormat("%.1f s ago", static_cast<double>(job.now_ns - process.last_seen_ns) / 1e9)
             : "never";
     std::cout << absl::StrFormat("%-6s %-28s %-7s %-12s %-15s %s\n", rank >= 0 ? absl::StrCat(rank) : "?",
-                                 absl::StrCat(process.host, ":", process.pid), ProcessState(job, process), seen,
-                                 LastCompleted(process), InNccl(process));
+                                 EscapeControlCharacters(absl::StrCat(process.host, ":", process.pid)),
+                                 ProcessState(job, process), seen, EscapeControlCharacters(LastCompleted(process)),
+                                 EscapeControlCharacters(InNccl(process)));
   }
   if (job.processes.size() > shown) {
     std::cout << "... " << job.processes.size() - shown << " other processes not shown (--json lists them all)\n";
@@ -172,7 +177,7 @@ void PrintRankTable(const JobView& job, const std::vector<Verdict>& verdicts) {
 }
 
 void PrintForHumans(const JobView& job, const std::vector<Verdict>& verdicts) {
-  std::cout << "ncclguard analyze " << job.directory << ": " << job.processes.size() << " processes, read at "
+  std::cout << "ncclguard analyze " << EscapeControlCharacters(job.directory) << ": " << job.processes.size() << " processes, read at "
             << IsoTime(job.now_ns) << "\n\n";
   for (const Verdict& verdict : verdicts) PrintVerdict(verdict);
   const bool healthy = verdicts.size() == 1 && verdicts[0].kind == "healthy";
@@ -180,7 +185,7 @@ void PrintForHumans(const JobView& job, const std::vector<Verdict>& verdicts) {
   if (!job.problems.empty()) {
     std::cout << "Problems (" << job.problems.size() << "):\n";
     for (std::size_t i = 0; i < job.problems.size() && i < kMaxProblemLines; ++i) {
-      std::cout << "  " << job.problems[i] << '\n';
+      std::cout << "  " << EscapeControlCharacters(job.problems[i]) << '\n';
     }
     if (job.problems.size() > kMaxProblemLines) std::cout << "  ... " << job.problems.size() - kMaxProblemLines << " more\n";
   }
@@ -202,7 +207,7 @@ int Analyze(const AnalyzeOptions& options) {
   if (job->processes.empty()) {
     std::cerr << "ncclguard analyze: no status file or dump in " << options.directory
               << "; a job directory is NCCLGUARD_DUMP_DIR/<job id>\n";
-    for (const std::string& problem : job->problems) std::cerr << "  " << problem << '\n';
+    for (const std::string& problem : job->problems) std::cerr << "  " << EscapeControlCharacters(problem) << '\n';
     return kExitUsage;
   }
   if (!options.status_interval_seconds) {
@@ -234,6 +239,21 @@ int Analyze(const AnalyzeOptions& options) {
   return healthy ? kExitHealthy : kExitProblemFound;
 }
 
+// The setting's own range; NaN and infinities fail it too (CLI::PositiveNumber lets NaN through).
+CLI::Validator StatusIntervalValidator() {
+  const SettingRange range = *RangeOf("NCCLGUARD_STATUS_INTERVAL");
+  const std::string description = absl::StrCat("seconds between ", range.least, " and ", range.greatest);
+  return CLI::Validator(
+      [range, description](std::string& text) -> std::string {
+        double seconds = 0;
+        if (!CLI::detail::lexical_cast(text, seconds) || !(seconds >= range.least && seconds <= range.greatest)) {
+          return absl::StrCat("--status-interval ", text, " is not a number of ", description);
+        }
+        return {};
+      },
+      description);
+}
+
 }  // namespace
 
 void AddAnalyzeCommand(CLI::App& app, std::function<int()>& run) {
@@ -250,7 +270,7 @@ void AddAnalyzeCommand(CLI::App& app, std::function<int()>& run) {
                       "The job's NCCLGUARD_STATUS_INTERVAL (default: 2, stretched as the job did for its size); "
                       "a status file older than three intervals is stale")
       ->type_name("SECONDS")
-      ->check(CLI::PositiveNumber);
+      ->check(StatusIntervalValidator());
   analyze->callback([options, &run] { run = [options] { return Analyze(*options); }; });
 }
 

@@ -27,6 +27,7 @@
 #include "cli/commands.h"
 #include "shim/libraries.h"
 #include "watchdog/config.h"
+#include "watchdog/escape.h"
 #include "watchdog/facts.h"
 #include "watchdog/job_dir.h"
 #include "watchdog/known_bad.h"
@@ -171,6 +172,9 @@ Json Report() {
   return report;
 }
 
+// A text field of the report, as a terminal may show it (names and values come from outside).
+std::string Text(const Json& field) { return EscapeControlCharacters(field.get<std::string>()); }
+
 void PrintHuman(const Json& report) {
   std::cout << "GPUs: ";
   if (!report["cuda_initialised"].get<bool>()) {
@@ -178,8 +182,7 @@ void PrintHuman(const Json& report) {
   } else {
     std::cout << report["gpu_count"].get<int>() << " visible\n";
     for (const Json& gpu : report["gpus"]) {
-      std::cout << fmt::format("  {}  {}  {}\n", gpu["device"].get<int>(), gpu["name"].get<std::string>(),
-                               gpu["pci_bus_id"].get<std::string>());
+      std::cout << fmt::format("  {}  {}  {}\n", gpu["device"].get<int>(), Text(gpu["name"]), Text(gpu["pci_bus_id"]));
     }
     const auto& access = report["peer_access"];
     if (access.size() >= 2) {
@@ -195,53 +198,51 @@ void PrintHuman(const Json& report) {
       }
     }
   }
-  std::cout << fmt::format("Driver: {} (NVML), CUDA {} (cuDriverGetVersion)\n", report["driver_version"].get<std::string>(),
+  std::cout << fmt::format("Driver: {} (NVML), CUDA {} (cuDriverGetVersion)\n", Text(report["driver_version"]),
                            CudaVersionText(report["cuda_driver_version"].get<int>()));
-  std::cout << fmt::format("Kernel: {}\n", report["kernel_release"].get<std::string>());
+  std::cout << fmt::format("Kernel: {}\n", Text(report["kernel_release"]));
   const Json& nccl = report["nccl"];
-  if (nccl["library"].get<std::string>().empty()) {
-    std::cout << fmt::format("NCCL: none loadable ({})\n", nccl["problem"].get<std::string>());
+  if (Text(nccl["library"]).empty()) {
+    std::cout << fmt::format("NCCL: none loadable ({})\n", Text(nccl["problem"]));
   } else {
-    std::cout << fmt::format("NCCL: {} {}\n", nccl["library"].get<std::string>(),
-                             nccl["version"].get<std::string>().empty() ? "(" + nccl["problem"].get<std::string>() + ")"
-                                                                        : nccl["version"].get<std::string>());
+    std::cout << fmt::format("NCCL: {} {}\n", Text(nccl["library"]),
+                             Text(nccl["version"]).empty() ? "(" + Text(nccl["problem"]) + ")" : Text(nccl["version"]));
   }
   std::cout << "NCCL variables:" << (report["nccl_variables"].empty() ? " none" : "") << '\n';
   for (const auto& [name, value] : report["nccl_variables"].items()) {
-    std::cout << fmt::format("  {}={}\n", name, value.get<std::string>());
+    std::cout << fmt::format("  {}={}\n", EscapeControlCharacters(name), Text(value));
   }
   for (const Json& file : report["nccl_config_files"]) {
-    std::cout << fmt::format("NCCL config file {}:\n", file["path"].get<std::string>());
+    std::cout << fmt::format("NCCL config file {}:\n", Text(file["path"]));
     for (const auto& [name, value] : file["variables"].items()) {
-      std::cout << fmt::format("  {}={}\n", name, value.get<std::string>());
+      std::cout << fmt::format("  {}={}\n", EscapeControlCharacters(name), Text(value));
     }
   }
   if (report["ncclguard_preloaded"].empty()) {
     std::cout << "ncclguard: not preloaded (LD_PRELOAD does not name libncclguard)\n";
   }
   for (const Json& entry : report["ncclguard_preloaded"]) {
-    std::cout << fmt::format("ncclguard: preloaded as {}{}\n", entry["path"].get<std::string>(),
+    std::cout << fmt::format("ncclguard: preloaded as {}{}\n", Text(entry["path"]),
                              entry["exists"].get<bool>() ? "" : " (no such file here)");
   }
-  if (!report["known_bad_problem"].get<std::string>().empty()) {
-    std::cout << fmt::format("Known-bad configurations: not checked: {}\n", report["known_bad_problem"].get<std::string>());
+  if (!Text(report["known_bad_problem"]).empty()) {
+    std::cout << fmt::format("Known-bad configurations: not checked: {}\n", Text(report["known_bad_problem"]));
   } else if (report["known_bad"].empty()) {
-    std::cout << fmt::format("Known-bad configurations ({}): none matches\n", report["known_bad_file"].get<std::string>());
+    std::cout << fmt::format("Known-bad configurations ({}): none matches\n", Text(report["known_bad_file"]));
   } else {
-    std::cout << fmt::format("Known-bad configurations ({}):\n", report["known_bad_file"].get<std::string>());
+    std::cout << fmt::format("Known-bad configurations ({}):\n", Text(report["known_bad_file"]));
     for (const Json& match : report["known_bad"]) {
-      std::cout << fmt::format("  [{}] ({}) {}\n    {}\n    remedy: {}\n    source: {}\n", match["id"].get<std::string>(),
-                               match["action"].get<std::string>(),
-                               absl::StrJoin(match["facts"].get<std::vector<std::string>>(), ", "),
-                               match["summary"].get<std::string>(), match["remedy"].get<std::string>(),
-                               match["source"].get<std::string>());
+      std::cout << fmt::format("  [{}] ({}) {}\n    {}\n    remedy: {}\n    source: {}\n", Text(match["id"]),
+                               Text(match["action"]),
+                               EscapeControlCharacters(absl::StrJoin(match["facts"].get<std::vector<std::string>>(), ", ")),
+                               Text(match["summary"]), Text(match["remedy"]), Text(match["source"]));
     }
   }
   const Json& decision = report["p2p_decision"];
-  std::cout << fmt::format("NCCLGUARD_P2P={}: {}\n", decision["mode"].get<std::string>(),
+  std::cout << fmt::format("NCCLGUARD_P2P={}: {}\n", Text(decision["mode"]),
                            decision["set"].empty() ? "P2P left as it is" : "would set NCCL_P2P_DISABLE=1");
-  for (const Json& line : decision["warnings"]) std::cout << "  " << line.get<std::string>() << '\n';
-  for (const Json& line : decision["infos"]) std::cout << "  " << line.get<std::string>() << '\n';
+  for (const Json& line : decision["warnings"]) std::cout << "  " << Text(line) << '\n';
+  for (const Json& line : decision["infos"]) std::cout << "  " << Text(line) << '\n';
 }
 
 int Doctor(const DoctorOptions& options) {

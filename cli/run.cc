@@ -35,7 +35,9 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "cli/commands.h"
+#include "cli/elf_exports.h"
 #include "watchdog/config.h"
+#include "watchdog/escape.h"
 #include "watchdog/job_dir.h"
 #include "watchdog/log.h"
 #include "watchdog/version.h"
@@ -220,6 +222,13 @@ int Run(const RunOptions& options) {
               << (options.library.empty() ? " (where this ncclguard command expects it; use --library PATH)"
                                           : " (--library)")
               << "; not running the command without it\n";
+    return kExitUsage;
+  }
+  // Anything else in LD_PRELOAD would run the command without ncclguard (ld.so only warns).
+  if (const absl::Status usable = CheckExportsSymbol(library.string(), "ncclGetVersion"); !usable.ok()) {
+    std::cerr << "ncclguard run: " << EscapeControlCharacters(library.string()) << " "
+              << EscapeControlCharacters(std::string(usable.message()))
+              << ": it is not an ncclguard library; not running the command without it\n";
     return kExitUsage;
   }
   const std::string preload = PreloadList(library, std::getenv("LD_PRELOAD"));

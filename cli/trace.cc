@@ -51,6 +51,9 @@ std::int64_t Origin(const JobView& job) {
   return origin;
 }
 
+// A process's track number: rank + 1, which overflows an int for rank 2147483647.
+using TracePid = std::int64_t;
+
 class TraceBuilder {
  public:
   TraceBuilder(const JobView& job, const std::vector<Verdict>& verdicts)
@@ -62,7 +65,7 @@ class TraceBuilder {
 
   double Micros(std::int64_t ns) const { return static_cast<double>(ns - origin_ns_) / 1000.0; }
 
-  void AddProcess(const ProcessView& process, int trace_pid) {
+  void AddProcess(const ProcessView& process, TracePid trace_pid) {
     const ProcessSnapshot& snapshot = process.snapshot;
     Metadata("process_name", trace_pid, 0,
              {{"name", absl::StrCat("rank ", snapshot.rank, " (", process.host, ":", process.pid, ")")}});
@@ -130,7 +133,7 @@ class TraceBuilder {
   }
 
  private:
-  void AddOperation(int trace_pid, int tid, const std::string& comm_id, const OpSnapshot& op) {
+  void AddOperation(TracePid trace_pid, int tid, const std::string& comm_id, const OpSnapshot& op) {
     const std::int64_t begin_ns = op.start_ns > 0 ? op.start_ns : op.enqueue_ns;
     if (begin_ns <= 0) return;  // never reached the GPU nor was timed: nothing to place
     const bool unfinished = op.state == "started" || op.state == "enqueued";
@@ -149,11 +152,11 @@ class TraceBuilder {
           std::move(args));
   }
 
-  void Metadata(const char* name, int trace_pid, int tid, Json args) {
+  void Metadata(const char* name, TracePid trace_pid, int tid, Json args) {
     events_.push_back({{"ph", "M"}, {"name", name}, {"pid", trace_pid}, {"tid", tid}, {"args", std::move(args)}});
   }
 
-  void Slice(int trace_pid, int tid, std::string name, std::int64_t begin_ns, std::int64_t end_ns,
+  void Slice(TracePid trace_pid, int tid, std::string name, std::int64_t begin_ns, std::int64_t end_ns,
              const std::string& colour, Json args) {
     Json event{{"ph", "X"},
                {"cat", "nccl"},
@@ -167,7 +170,7 @@ class TraceBuilder {
     events_.push_back(std::move(event));
   }
 
-  void Instant(int trace_pid, int tid, std::string name, std::int64_t ns, Json args) {
+  void Instant(TracePid trace_pid, int tid, std::string name, std::int64_t ns, Json args) {
     events_.push_back({{"ph", "i"}, {"s", tid == 0 ? "p" : "t"}, {"name", std::move(name)}, {"pid", trace_pid},
                        {"tid", tid}, {"ts", Micros(ns)}, {"args", std::move(args)}});
   }
@@ -190,13 +193,13 @@ Json ChromeTrace(const JobView& job, const std::vector<Verdict>& verdicts) {
 
   // Rank R's track is number R + 1 (0 is left to the job-wide verdicts); a process whose rank is
   // unknown or shared with another (a restarted rank) gets a number past every rank's.
-  int next_spare = 1;
-  for (const ProcessView* process : processes) next_spare = std::max(next_spare, process->snapshot.rank + 2);
-  std::set<int> used;
+  TracePid next_spare = 1;
+  for (const ProcessView* process : processes) next_spare = std::max(next_spare, TracePid{process->snapshot.rank} + 2);
+  std::set<TracePid> used;
   TraceBuilder builder(job, verdicts);
   for (const ProcessView* process : processes) {
-    const int rank = process->snapshot.rank;
-    const int trace_pid = rank >= 0 && used.insert(rank + 1).second ? rank + 1 : next_spare++;
+    const TracePid rank = process->snapshot.rank;
+    const TracePid trace_pid = rank >= 0 && used.insert(rank + 1).second ? rank + 1 : next_spare++;
     builder.AddProcess(*process, trace_pid);
   }
   for (const Verdict& verdict : verdicts) builder.AddVerdict(verdict);

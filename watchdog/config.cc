@@ -1,7 +1,11 @@
 #include "watchdog/config.h"
 
 #include <atomic>
+#include <cmath>
 #include <cstdlib>
+#include <optional>
+#include <tuple>
+#include <type_traits>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/ascii.h"
@@ -49,7 +53,7 @@ absl::StatusOr<P2pMode> ParseValue(std::string_view text, P2pMode*) {
 
 absl::StatusOr<Seconds> ParseValue(std::string_view text, Seconds*) {
   double value = 0;
-  if (!absl::SimpleAtod(std::string(text), &value) || !(value > 0) || value > 1e9) {
+  if (!absl::SimpleAtod(std::string(text), &value) || !(value > 0) || !std::isfinite(value)) {
     return absl::InvalidArgumentError("is not a positive number of seconds");
   }
   return Seconds{value};
@@ -57,28 +61,48 @@ absl::StatusOr<Seconds> ParseValue(std::string_view text, Seconds*) {
 
 absl::StatusOr<Count> ParseValue(std::string_view text, Count*) {
   long value = 0;
-  if (!absl::SimpleAtoi(std::string(text), &value) || value <= 0 || value > (1L << 24)) {
-    return absl::InvalidArgumentError("is not a count between 1 and 16777216");
+  if (!absl::SimpleAtoi(std::string(text), &value) || value <= 0) {
+    return absl::InvalidArgumentError("is not a positive whole number");
   }
   return Count{value};
 }
 
-absl::StatusOr<Signal> ParseValue(std::string_view text, Signal*) {
-  std::string name = absl::AsciiStrToUpper(std::string(text));
-  int number = 0;
-  if (absl::SimpleAtoi(name, &number)) {
-    if (number >= 0 && number < NSIG && number != SIGKILL && number != SIGSTOP) return Signal{number};
-  } else {
-    if (name.rfind("SIG", 0) == 0) name = name.substr(3);
-    for (int candidate = 1; candidate < NSIG; ++candidate) {
-      const char* abbreviation = sigabbrev_np(candidate);
-      if (abbreviation != nullptr && name == abbreviation && candidate != SIGKILL &&
-          candidate != SIGSTOP) {
-        return Signal{candidate};
-      }
-    }
+// A dump signal must not change what the signal otherwise does to the process: its handler
+// replaces the default action, so only signals whose default is to be ignored, or that exist for
+// the user, qualify. SIGTERM would be swallowed, a SIGSEGV handler would return to the fault.
+bool CanBeDumpSignal(int number) {
+  switch (number) {
+    case SIGUSR1: case SIGUSR2: case SIGWINCH: case SIGURG: case SIGCHLD: return true;
+    default: return number >= SIGRTMIN && number <= SIGRTMAX;
   }
-  return absl::InvalidArgumentError("is not a signal that can be caught (e.g. SIGUSR2, or 0 for none)");
+}
+
+// "SIGUSR2", "usr2", "RTMIN+3", "SIGRTMAX-1" or a number; -1 when it names no signal.
+int SignalNumber(std::string name) {
+  int number = 0;
+  if (absl::SimpleAtoi(name, &number)) return number;
+  if (name.rfind("SIG", 0) == 0) name = name.substr(3);
+  for (const auto& [base, sign, value] : {std::tuple{"RTMIN", 1, SIGRTMIN}, std::tuple{"RTMAX", -1, SIGRTMAX}}) {
+    const std::string prefix = base;
+    if (name.rfind(prefix, 0) != 0 || name.size() == prefix.size()) continue;
+    const char expected_sign = sign > 0 ? '+' : '-';
+    int offset = 0;
+    if (name[prefix.size()] != expected_sign || !absl::SimpleAtoi(name.substr(prefix.size() + 1), &offset)) return -1;
+    return value + sign * offset;
+  }
+  for (int candidate = 1; candidate < NSIG; ++candidate) {
+    const char* abbreviation = sigabbrev_np(candidate);
+    if (abbreviation != nullptr && name == abbreviation) return candidate;
+  }
+  return -1;
+}
+
+absl::StatusOr<Signal> ParseValue(std::string_view text, Signal*) {
+  const int number = SignalNumber(absl::AsciiStrToUpper(std::string(text)));
+  if (number == 0 || CanBeDumpSignal(number)) return Signal{number};
+  return absl::InvalidArgumentError(
+      "is not SIGUSR1, SIGUSR2, a real-time signal or a signal ignored by default (SIGWINCH, SIGURG, "
+      "SIGCHLD); 0 turns the dump signal off");
 }
 
 absl::StatusOr<std::string> ParseValue(std::string_view text, std::string*) {
@@ -94,6 +118,14 @@ const char* TypeName(const Seconds*) { return "seconds"; }
 const char* TypeName(const Count*) { return "count"; }
 const char* TypeName(const Signal*) { return "signal"; }
 
+// The README's type column: the type, and the range of a numeric setting.
+template <typename T>
+std::string TypeText(std::string_view variable, const T* field) {
+  const std::optional<SettingRange> range = RangeOf(variable);
+  if (!range) return TypeName(field);
+  return absl::StrCat(TypeName(field), ", ", range->least, " to ", range->greatest);
+}
+
 std::string FormatValue(bool value) { return value ? "1" : "0"; }
 std::string FormatValue(LogLevel value) { return std::string(LogLevelName(value)); }
 std::string FormatValue(const std::string& value) { return value.empty() ? "unset" : value; }
@@ -107,12 +139,27 @@ std::string FormatValue(Signal value) {
   return abbreviation != nullptr ? absl::StrCat("SIG", abbreviation) : absl::StrCat(value.number);
 }
 
+double NumericValue(Seconds value) { return value.value; }
+double NumericValue(Count value) { return static_cast<double>(value.value); }
+
+// A parsed number outside its setting's range becomes a problem like any bad value.
+template <typename T>
+absl::StatusOr<T> InRange(std::string_view variable, absl::StatusOr<T> parsed) {
+  if constexpr (std::is_same_v<T, Seconds> || std::is_same_v<T, Count>) {
+    const std::optional<SettingRange> range = RangeOf(variable);
+    if (parsed.ok() && range && !(NumericValue(*parsed) >= range->least && NumericValue(*parsed) <= range->greatest)) {
+      return absl::InvalidArgumentError(absl::StrCat("is not between ", range->least, " and ", range->greatest));
+    }
+  }
+  return parsed;
+}
+
 template <typename T>
 void ParseOption(const EnvironmentReader& read_environment, const char* name, T* field,
                  Config* config) {
   std::string text;
   if (!read_environment(name, &text)) return;
-  absl::StatusOr<T> parsed = ParseValue(text, field);
+  absl::StatusOr<T> parsed = InRange(name, ParseValue(text, field));
   if (parsed.ok()) {
     *field = *std::move(parsed);
     config->effective_values.push_back(absl::StrCat(name, "=", FormatValue(*field)));
@@ -135,6 +182,14 @@ bool ReadProcessEnvironment(const char* name, std::string* value) {
 std::string_view LogLevelName(LogLevel level) { return kLogLevelNames[static_cast<int>(level)]; }
 std::string_view ActionName(Action action) { return kActionNames[static_cast<int>(action)]; }
 std::string_view P2pModeName(P2pMode mode) { return kP2pModeNames[static_cast<int>(mode)]; }
+
+std::optional<SettingRange> RangeOf(std::string_view variable) {
+#define NCCLGUARD_RANGE_OF(name, least, greatest) \
+  if (variable == "NCCLGUARD_" #name) return SettingRange{least, greatest};
+  NCCLGUARD_FOR_EACH_RANGE(NCCLGUARD_RANGE_OF)
+#undef NCCLGUARD_RANGE_OF
+  return std::nullopt;
+}
 
 Config ParseConfig(const EnvironmentReader& read_environment) {
   Config config;
@@ -167,7 +222,7 @@ std::string OptionsMarkdownTable() {
   std::string table = "| Variable | Type | Default | Meaning |\n|---|---|---|---|\n";
   const Config defaults;
 #define NCCLGUARD_OPTION_ROW(name, field, type, default_value, doc)                 \
-  absl::StrAppend(&table, "| `NCCLGUARD_" #name "` | ", TypeName(&defaults.field), " | `", \
+  absl::StrAppend(&table, "| `NCCLGUARD_" #name "` | ", TypeText("NCCLGUARD_" #name, &defaults.field), " | `", \
                   FormatValue(defaults.field), "` | ", doc, " |\n");
   NCCLGUARD_FOR_EACH_OPTION(NCCLGUARD_OPTION_ROW)
 #undef NCCLGUARD_OPTION_ROW

@@ -3,6 +3,7 @@
 
 #include <csignal>
 #include <functional>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -56,6 +57,14 @@ bool ReadProcessEnvironment(const char* name, std::string* value);
 // life of the process (a forked child keeps its parent's). Never fails: bad values become
 // problems and defaults.
 const Config& GetConfig() noexcept;
+
+// The accepted range of a numeric setting, inclusive (NCCLGUARD_FOR_EACH_RANGE); std::nullopt for
+// a setting that is not a number.
+struct SettingRange {
+  double least;
+  double greatest;
+};
+std::optional<SettingRange> RangeOf(std::string_view variable);
 
 // The README's table of variables, generated from config_table.h.
 std::string OptionsMarkdownTable();

@@ -54,10 +54,24 @@
     "Operations kept per communicator in the flight recorder (preallocated).")                     \
   X(DUMP_SIGNAL, dump_signal, Signal, Signal{SIGUSR2},                                             \
     "Signal that makes a process dump its state (`SIGUSR2`, `USR2` or a number; `0` turns it "    \
-    "off). An application's own handler of that signal is still called.")                          \
+    "off): `SIGUSR1`, `SIGUSR2`, a real-time signal, or one whose default action is to ignore it " \
+    "(`SIGWINCH`, `SIGURG`, `SIGCHLD`). An application's own handler of that signal is still "     \
+    "called. At most one dump per second; further signals are counted.")                          \
   X(DUMP_ON_EXIT, dump_on_exit, bool, false, "`1`: every process dumps its state when it exits.") \
   X(POLL_INTERVAL, poll_interval, Seconds, Seconds{0.1},                                           \
     "How often the watchdog looks at outstanding operations, in seconds.")                        \
   X(STATUS_INTERVAL, status_interval, Seconds, Seconds{2},                                         \
     "How often each process rewrites its status file in the job directory, in seconds.")
 
+// The accepted range of each numeric setting, inclusive: a value outside is reported like any bad
+// value and the default is used (a poll interval of a nanosecond burns a core, a ring of millions
+// of records costs gigabytes per communicator).
+//
+// Row: X(NAME after "NCCLGUARD_", least, greatest)
+#define NCCLGUARD_FOR_EACH_RANGE(X) \
+  X(TIMEOUT, 1, 604800)             \
+  X(HARD_TIMEOUT, 1, 604800)        \
+  X(INIT_TIMEOUT, 1, 604800)        \
+  X(RING_SIZE, 16, 65536)           \
+  X(POLL_INTERVAL, 0.01, 10)        \
+  X(STATUS_INTERVAL, 0.1, 600)

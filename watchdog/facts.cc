@@ -10,11 +10,15 @@
 #include <array>
 #include <cerrno>
 #include <set>
+#include <initializer_list>
 #include <string_view>
+#include <utility>
 
 #include <cuda.h>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "shim/libraries.h"
 
 extern char** environ;
@@ -331,6 +335,43 @@ bool IsAllowlistedVariable(const std::string& name) {
   return name == "LD_PRELOAD" || name == "LD_LIBRARY_PATH";
 }
 
+namespace {
+
+constexpr char kRedacted[] = "<redacted>";
+
+bool ContainsAnyWord(std::string_view text, std::initializer_list<std::string_view> words) {
+  const std::string upper = absl::AsciiStrToUpper(std::string(text));
+  for (const std::string_view word : words) {
+    if (upper.find(word) != std::string::npos) return true;
+  }
+  return false;
+}
+
+bool NamesSecretVariable(std::string_view name) {
+  return ContainsAnyWord(name, {"PASSWORD", "TOKEN", "SECRET", "KEY"});
+}
+
+}  // namespace
+
+std::vector<std::string> RedactCommandLine(std::vector<std::string> arguments) {
+  bool value_follows = false;
+  for (std::string& argument : arguments) {
+    if (std::exchange(value_follows, false) && argument.rfind("--", 0) != 0) {
+      argument = kRedacted;
+      continue;
+    }
+    if (argument.rfind("--", 0) != 0) continue;
+    const size_t equals = argument.find('=');
+    if (!ContainsAnyWord(std::string_view(argument).substr(0, equals), {"KEY", "TOKEN", "PASSWORD"})) continue;
+    if (equals != std::string::npos) {
+      argument = absl::StrCat(argument.substr(0, equals + 1), kRedacted);
+    } else {
+      value_follows = true;  // --api-key VALUE
+    }
+  }
+  return arguments;
+}
+
 bool P2pDisabledBy(const EnvironmentVariables& variables) {
   for (const auto& [name, value] : variables) {
     int number = -1;
@@ -397,7 +438,8 @@ namespace {
 
 void AddMatchingFacts(const FactSources& sources, const std::vector<int>& devices, ProcessFacts& facts) {
   for (auto& [name, value] : Ask(sources.environment, EnvironmentVariables())) {
-    if (IsAllowlistedVariable(name)) facts.environment.emplace_back(std::move(name), std::move(value));
+    if (!IsAllowlistedVariable(name)) continue;
+    facts.environment.emplace_back(name, NamesSecretVariable(name) ? std::string(kRedacted) : std::move(value));
   }
   std::sort(facts.environment.begin(), facts.environment.end());
   facts.kernel_release = KnownOr(Ask(sources.kernel_release, std::string()));
@@ -422,7 +464,7 @@ ProcessFacts CollectProcessFacts(const FactSources& sources, const std::vector<i
                               .value_or(""));
   if (const OptionalText command_line =
           Ask(sources.read_file, OptionalText(), std::string("/proc/self/cmdline"))) {
-    facts.command_line = SplitNulSeparated(*command_line);
+    facts.command_line = RedactCommandLine(SplitNulSeparated(*command_line));
   }
   facts.nccl_version = Ask(sources.nccl_version, 0);
   const OptionalText meminfo = Ask(sources.read_file, OptionalText(), std::string("/proc/meminfo"));

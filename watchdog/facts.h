@@ -95,8 +95,13 @@ ProcessFacts CollectIdentityFacts(const FactSources& sources);
 std::string NcclVersionText(int code);
 
 // True for the variables a dump may show: NCCL_*, CUDA_*, NCCLGUARD_*, LD_PRELOAD and
-// LD_LIBRARY_PATH. Nothing else: secrets live in the environment.
+// LD_LIBRARY_PATH. Nothing else: secrets live in the environment. (The values of those whose name
+// contains PASSWORD, TOKEN, SECRET or KEY are shown as "<redacted>".)
 bool IsAllowlistedVariable(const std::string& name);
+
+// argv with the values of --*key*, --*token* and --*password* options (as `--opt=VALUE` or
+// `--opt VALUE`, any case) replaced by "<redacted>".
+std::vector<std::string> RedactCommandLine(std::vector<std::string> arguments);
 
 // Whether these variables turn NCCL's P2P transport off, as NCCL reads them:
 // NCCL_P2P_DISABLE=1, or NCCL_P2P_LEVEL=LOC (or its legacy number 0).

@@ -7,6 +7,8 @@
 #include <spdlog/sinks/basic_file_sink.h>
 #include <spdlog/sinks/stdout_sinks.h>
 
+#include "watchdog/escape.h"
+
 namespace ncclguard::log {
 namespace {
 
@@ -34,7 +36,7 @@ spdlog::level::level_enum ToSpdlog(LogLevel level) {
 // forked child makes its own logger).
 class NcclStyleFormatter final : public spdlog::formatter {
  public:
-  NcclStyleFormatter() : prefix_(HostOrUnknown() + ":" + std::to_string(getpid()) + ":") {}
+  NcclStyleFormatter() : prefix_(EscapeControlCharacters(HostOrUnknown()) + ":" + std::to_string(getpid()) + ":") {}
 
   void format(const spdlog::details::log_msg& msg, spdlog::memory_buf_t& dest) override {
     dest.append(prefix_.data(), prefix_.data() + prefix_.size());
@@ -43,7 +45,11 @@ class NcclStyleFormatter final : public spdlog::formatter {
       fmt::format_to(std::back_inserter(dest), " [{}]", rank);
     }
     fmt::format_to(std::back_inserter(dest), " ncclguard {} ", LevelName(msg.level));
-    dest.append(msg.payload.data(), msg.payload.data() + msg.payload.size());
+    // Messages carry outside text (setting values, host names, NCCL's warnings): one line each,
+    // with no terminal control sequences, whatever that text holds.
+    escaped_.clear();
+    AppendEscaped(std::string_view(msg.payload.data(), msg.payload.size()), escaped_);
+    dest.append(escaped_.data(), escaped_.data() + escaped_.size());
     dest.push_back('\n');
   }
 
@@ -64,6 +70,7 @@ class NcclStyleFormatter final : public spdlog::formatter {
   }
 
   std::string prefix_;
+  std::string escaped_;  // reused: the logger calls format() under its lock
 };
 
 }  // namespace

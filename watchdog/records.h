@@ -110,9 +110,12 @@ struct CommState {
   int reported_async_error = ncclSuccess;
   bool stall_acted_on = false;         // the action for that stall was taken
   std::int64_t stall_recheck_ns = 0;   // when to look at a stall not acted on again
+  std::int64_t closed_seen_ns = 0;     // when it freed the ring of a closed communicator
 
   const std::size_t ring_size;
-  const std::unique_ptr<OpRecord[]> ring;
+  // Freed (null) by the watchdog thread once the application has closed the communicator and
+  // every operation has its final state; the state itself stays one status interval longer.
+  std::unique_ptr<OpRecord[]> ring;
   std::atomic<std::uint64_t> last_enqueued{0};
   std::atomic<std::uint64_t> last_started{0};
   std::atomic<std::uint64_t> last_completed{0};

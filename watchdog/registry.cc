@@ -45,28 +45,71 @@ CommState* Registry::Add(ncclComm_t handle, int library, std::size_t ring_size,
   auto state = std::make_unique<CommState>(handle, library, ring_size);
   if (initialize) initialize(*state);  // before it is published: its plain fields are then fixed
   std::lock_guard<std::mutex> lock(mutex_);
+  // The handle's own slot when NCCL reused it (the newest wins), else the first free one.
+  std::size_t free_slot = kCapacity;
+  std::size_t slot = kCapacity;
   for (std::size_t probe = 0, i = HashOf(handle) % kCapacity; probe < kCapacity;
        ++probe, i = (i + 1) % kCapacity) {
     const ncclComm_t key = keys_[i].load(std::memory_order_relaxed);
-    if (key == handle || key == nullptr) {
-      values_[i].store(state.get(), std::memory_order_release);
-      keys_[i].store(handle, std::memory_order_release);
-      all_.push_back(state.get());
-      // Kept until the registry goes (never, for the process's own): the watchdog and dumps may
-      // still read it after the communicator is gone, and a process makes few communicators.
-      return state.release();
+    if (key == handle) {
+      slot = i;
+      break;
+    }
+    if (key == Tombstone() && free_slot == kCapacity) free_slot = i;
+    if (key == nullptr) {
+      if (free_slot == kCapacity) free_slot = i;
+      break;
     }
   }
-  static std::atomic<bool> reported{false};
-  if (!reported.exchange(true)) {
-    log::Warn("more than {} communicators: the newest are not watched", kCapacity);
+  if (slot == kCapacity) slot = free_slot;
+  if (slot == kCapacity) {
+    static std::atomic<bool> reported{false};
+    if (!reported.exchange(true)) {
+      log::Warn("more than {} communicators at once: the newest are not watched", kCapacity);
+    }
+    return nullptr;
   }
-  return nullptr;
+  values_[slot].store(state.get(), std::memory_order_release);
+  keys_[slot].store(handle, std::memory_order_release);
+  all_.push_back(state.get());
+  return state.release();
 }
 
 std::vector<CommState*> Registry::All() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return all_;
+}
+
+void Registry::Unlink(CommState* state) noexcept {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::size_t i = HashOf(state->handle) % kCapacity;
+  for (std::size_t probe = 0; probe < kCapacity; ++probe, i = (i + 1) % kCapacity) {
+    const ncclComm_t key = keys_[i].load(std::memory_order_relaxed);
+    if (key == nullptr) return;
+    if (key == state->handle) break;
+  }
+  if (keys_[i].load(std::memory_order_relaxed) != state->handle ||
+      values_[i].load(std::memory_order_relaxed) != state) {
+    return;  // not found, or its handle names a newer communicator now
+  }
+  keys_[i].store(Tombstone(), std::memory_order_release);
+  values_[i].store(nullptr, std::memory_order_release);
+  // Tombstones just before an empty slot end no probe sequence: emptying them keeps lookups of
+  // unknown handles short. (A key past an empty slot never probed through it.)
+  while (keys_[(i + 1) % kCapacity].load(std::memory_order_relaxed) == nullptr &&
+         keys_[i].load(std::memory_order_relaxed) == Tombstone()) {
+    keys_[i].store(nullptr, std::memory_order_release);
+    i = (i + kCapacity - 1) % kCapacity;
+  }
+}
+
+void Registry::Remove(CommState* state) noexcept {
+  Unlink(state);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::erase(all_, state);
+  }
+  delete state;
 }
 
 int Registry::BeginInit(PendingInit init) {

@@ -1,4 +1,10 @@
 // Every communicator ncclguard knows of, and the initialisations under way.
+//
+// Thread contract: the application's threads find states lock-free (Find) and add them under the
+// lock; only the watchdog thread unlinks and frees them, once the application has closed their
+// communicator (see Watchdog::ReleaseClosedCommunicators). A state is therefore valid for the
+// watchdog thread from All() to the end of its round, and for an application thread for as long
+// as it uses the communicator (using one after closing it is undefined in NCCL too).
 #pragma once
 
 #include <nccl.h>
@@ -41,8 +47,14 @@ class Registry {
   CommState* Add(ncclComm_t handle, int library, std::size_t ring_size,
                  const std::function<void(CommState&)>& initialize = {});
 
-  // Every communicator registered, oldest first (a copy: safe to walk while others register).
+  // Every communicator registered and not yet removed, oldest first (a copy: safe to walk while
+  // others register).
   std::vector<CommState*> All() const;
+
+  // Watchdog thread only. Unlink: Find() no longer returns `state` (its handle may already name a
+  // newer communicator, which stays). Remove: also gone from All(), and freed.
+  void Unlink(CommState* state) noexcept;
+  void Remove(CommState* state) noexcept;
 
   int BeginInit(PendingInit init);  // returns a token for EndInit; -1 when none is free
   void EndInit(int token) noexcept;
@@ -54,6 +66,9 @@ class Registry {
 
  private:
   static constexpr std::size_t kCapacity = 8192;
+  // A slot whose communicator was unlinked: probing goes on past it, Add reuses it.
+  static ncclComm_t Tombstone() noexcept { return reinterpret_cast<ncclComm_t>(~std::uintptr_t{0}); }
+
   static constexpr std::size_t kMaxPendingInits = 64;
   std::atomic<ncclComm_t> keys_[kCapacity] = {};
   std::atomic<CommState*> values_[kCapacity] = {};

@@ -88,7 +88,7 @@ ProcessSnapshot BuildSnapshot(Registry& registry, const std::string& reason, boo
     if (!with_rings) SignLatestOperations(*comm, to_wall, copy);
     // The whole ring, or (for status files) only the last completed and the oldest unfinished
     // operations: peers name a late rank's last operation from it.
-    const std::uint64_t last = copy.last_enqueued;
+    const std::uint64_t last = comm->ring != nullptr ? copy.last_enqueued : 0;  // freed once closed
     for (std::uint64_t seq = last >= comm->ring_size ? last - comm->ring_size + 1 : 1; seq <= last;
          ++seq) {
       const OpRecord& op = comm->ring[seq % comm->ring_size];

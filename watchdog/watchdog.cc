@@ -57,21 +57,66 @@ void Watchdog::PollOnce(std::int64_t now_ns) {
   for (CommState* comm : registry_.All()) CheckCommunicator(*comm, now_ns);
   CheckInitializations(now_ns);
 
-  if (const char* reason = pending_dump_reason_.exchange(nullptr)) {
-    const std::string path = Dump(reason, std::nullopt, now_ns);
-    log::Info("dumped state ({}): {}", reason, path.empty() ? "not written" : path);
-  }
+  AnswerDumpRequest(now_ns);
   if (now_ns >= next_status_ns_ && effects_.JobDirectoryKnown()) {
     int job_processes = 0;
     for (CommState* comm : registry_.All()) job_processes = std::max(job_processes, comm->nranks.load());
-    next_status_ns_ = now_ns + static_cast<std::int64_t>(
-                                   StatusIntervalSeconds(config_.status_interval.value, job_processes) * 1e9);
+    status_interval_ns_ =
+        static_cast<std::int64_t>(StatusIntervalSeconds(config_.status_interval.value, job_processes) * 1e9);
+    next_status_ns_ = now_ns + status_interval_ns_;
     {
       Activity activity(*this, "writing the status file");
       WriteStatusNow(now_ns);
     }
     const std::int64_t requested_ns = effects_.TakePeerDumpRequest();
     if (requested_ns != 0) AnswerPeerRequest(requested_ns, now_ns);
+  }
+  ReleaseClosedCommunicators(now_ns);
+}
+
+void Watchdog::AnswerDumpRequest(std::int64_t now_ns) {
+  const char* reason = pending_dump_reason_.load();
+  if (reason == nullptr) return;
+  const bool by_signal = reason == kSignalReason;
+  // A stream of signals must not fill the job directory: the request waits for the second to pass.
+  if (by_signal && signal_dumped_ && now_ns - last_signal_dump_ns_ < kSignalDumpSpacingNs) return;
+  pending_dump_reason_.compare_exchange_strong(reason, nullptr);
+  const std::string path = Dump(reason, std::nullopt, now_ns);
+  log::Info("dumped state ({}): {}", reason, path.empty() ? "not written" : path);
+  if (!by_signal) return;
+  signal_dumped_ = true;
+  last_signal_dump_ns_ = now_ns;
+  const std::uint64_t signals = dump_signals_.exchange(0, std::memory_order_relaxed);
+  if (signals > 1) {
+    log::Warn("{} dump signals since the last signal's dump answered by this one dump (at most one per second)",
+              signals);
+  }
+}
+
+void Watchdog::ReleaseClosedCommunicators(std::int64_t now_ns) {
+  const std::int64_t keep_ns = status_interval_ns_ > 0 ? status_interval_ns_ : ToNs(config_.status_interval);
+  for (CommState* comm : registry_.All()) {
+    const CommLifecycle lifecycle = comm->lifecycle.load(std::memory_order_acquire);
+    // ncclguard's own abort leaves the handle in the application's hands: its calls are answered
+    // from the state, which therefore stays.
+    if ((lifecycle != CommLifecycle::kDestroyed && lifecycle != CommLifecycle::kAborted) ||
+        comm->aborted_by_ncclguard.load(std::memory_order_acquire)) {
+      continue;
+    }
+    if (comm->ring != nullptr) {
+      // The destroy or abort gave every operation its final state before publishing the
+      // lifecycle: no application thread writes the ring any more.
+      comm->closed_seen_ns = now_ns;
+      registry_.Unlink(comm);
+      for (std::size_t slot = 0; slot < comm->ring_size; ++slot) {
+        for (GpuEvent event : {comm->ring[slot].start_event, comm->ring[slot].end_event}) {
+          if (event != nullptr) events_.Destroy(comm->context, event);
+        }
+      }
+      comm->ring.reset();
+    } else if (now_ns - comm->closed_seen_ns >= keep_ns) {
+      registry_.Remove(comm);
+    }
   }
 }
 
@@ -562,7 +607,7 @@ struct sigaction g_previous_dump_action;
 
 void OnDumpSignal(int signal, siginfo_t* info, void* context) {
   // Only an atomic store: the watchdog thread does the work at its next round.
-  if (Runtime* runtime = g_runtime.load(std::memory_order_acquire)) runtime->watchdog.RequestDump("signal");
+  if (Runtime* runtime = g_runtime.load(std::memory_order_acquire)) runtime->watchdog.RequestSignalDump();
   // The application's own handler of the signal still runs.
   if (g_previous_dump_action.sa_flags & SA_SIGINFO) {
     if (g_previous_dump_action.sa_sigaction != nullptr) g_previous_dump_action.sa_sigaction(signal, info, context);

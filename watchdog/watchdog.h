@@ -72,6 +72,12 @@ class Watchdog {
 
   // Requests a dump at the next round (from the signal handler, an exit hook, a failed call).
   void RequestDump(const char* reason) noexcept { pending_dump_reason_.store(reason); }
+  // The dump signal's request (async-signal-safe): at most one such dump per second; the signals
+  // in between are counted and folded into the next dump.
+  void RequestSignalDump() noexcept {
+    dump_signals_.fetch_add(1, std::memory_order_relaxed);
+    pending_dump_reason_.store(kSignalReason);
+  }
 
   std::uint64_t heartbeat() const { return heartbeat_.load(std::memory_order_relaxed); }
   // What the watchdog is calling right now (nullptr when nothing) and since when.
@@ -95,7 +101,15 @@ class Watchdog {
   ProcessSnapshot FinalStatus(std::int64_t steady_now_ns);
 
  private:
+  static constexpr const char* kSignalReason = "signal";
+  static constexpr std::int64_t kSignalDumpSpacingNs = 1'000'000'000;
+
   void CheckCommunicator(CommState& comm, std::int64_t now_ns);
+  // Writes the requested dump, unless it is a signal's and the last one was under a second ago.
+  void AnswerDumpRequest(std::int64_t now_ns);
+  // Frees what the application has closed: at once its ring (and Find() forgets the handle), after
+  // one status interval the state, so that the status files show it closed once.
+  void ReleaseClosedCommunicators(std::int64_t now_ns);
   void CheckInitializations(std::int64_t now_ns);
   void OnStall(CommState* comm, const Stall& stall, std::int64_t now_ns);
   // Acts on a stall when its verdict says to, or once NCCLGUARD_HARD_TIMEOUT has passed; else
@@ -133,6 +147,10 @@ class Watchdog {
   std::int64_t next_status_ns_ = 0;
   // Status files are written by the watchdog thread and at communicator creation.
   std::mutex status_mutex_;
+  std::int64_t status_interval_ns_ = 0;
+  std::atomic<std::uint64_t> dump_signals_{0};
+  std::int64_t last_signal_dump_ns_ = 0;
+  bool signal_dumped_ = false;
   // The stall last reported, carried in every status file until its operation completes: the
   // classifier counts an operation as stuck once some process reported it.
   std::optional<StallSnapshot> reported_stall_;

@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <optional>
 #include <set>
@@ -220,6 +221,49 @@ TEST_CASE("analyze --trace writes a Chrome trace: a track per rank, a slice per 
   }
 }
 
+TEST_CASE("analyze --trace gives rank 2147483647 a track of its own, with no negative number") {
+  Job job(Scenario(SyntheticJob::Scenario::kHealthy));
+  for (const auto& entry : std::filesystem::directory_iterator(job.path)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind("status-", 0) != 0) continue;
+    Json status = ParseJson(ReadFile(entry.path().string()));
+    if (status.at("rank") != 3) continue;
+    status["rank"] = 2147483647;
+    for (Json& comm : status.at("communicators")) comm["rank"] = 2147483647;
+    std::ofstream(entry.path()) << status.dump();
+  }
+  const std::string trace_path = job.directory.path() + "/trace.json";
+  const ProcessResult result = Ncclguard({"analyze", job.path, "--trace", trace_path});
+  INFO(Transcript(result));
+  REQUIRE(std::filesystem::exists(trace_path));
+  const Json trace = ParseJson(ReadFile(trace_path));
+  std::set<std::int64_t> process_tracks;
+  for (const Json& event : trace.at("traceEvents")) {
+    const std::int64_t pid = event.at("pid").get<std::int64_t>();
+    CHECK(pid >= 0);
+    if (event.at("ph") == "M" && event.at("name") == "process_name") CHECK(process_tracks.insert(pid).second);
+  }
+  CHECK(process_tracks.size() == 4);
+}
+
+TEST_CASE("control characters from the job directory are escaped in analyze's text") {
+  Job job(Scenario(SyntheticJob::Scenario::kRankNotJoined, /*late_rank=*/0));
+  for (const auto& entry : std::filesystem::directory_iterator(job.path)) {
+    if (entry.path().filename().string().rfind("status-", 0) != 0) continue;
+    Json status = ParseJson(ReadFile(entry.path().string()));
+    if (status.at("rank") != 1) continue;
+    status["host"] = "node0\x1b[2J";
+    status["in_nccl_call"] = "ncclAllReduce\n7      forged:1     alive";
+    std::ofstream(entry.path()) << status.dump();
+  }
+  const ProcessResult result = Ncclguard({"analyze", job.path});
+  INFO(Transcript(result));
+  CHECK(result.exit_code == kProblemFound);
+  CHECK(result.out.find('\x1b') == std::string::npos);
+  CHECK(result.out.find("\n7      forged") == std::string::npos);
+  CHECK(result.out.find("ncclAllReduce\\n7      forged") != std::string::npos);
+}
+
 TEST_CASE("usage errors and unreadable directories exit 2 with a message") {
   TemporaryDirectory empty;
   SECTION("no command") {
@@ -240,9 +284,11 @@ TEST_CASE("usage errors and unreadable directories exit 2 with a message") {
     CHECK(result.exit_code == kUsageError);
   }
   SECTION("bad status interval") {
-    const ProcessResult result = Ncclguard({"analyze", empty.path(), "--status-interval", "0"});
+    const std::string interval = GENERATE("0", "nan", "inf", "-1", "1e9", "soon");
+    const ProcessResult result = Ncclguard({"analyze", empty.path(), "--status-interval", interval});
     INFO(Transcript(result));
     CHECK(result.exit_code == kUsageError);
+    CHECK(result.err.find("--status-interval") != std::string::npos);
   }
   SECTION("missing directory") {
     const std::string missing = empty.path() + "/no-such-job";

@@ -218,6 +218,18 @@ TEST_CASE("the library can be chosen, and one that does not exist is an error, n
     CHECK(scripts.Attempts() == 0);
     CHECK(CountOccurrences(result.err, "no ncclguard library at " + missing) == 1);
   }
+  SECTION("a file that is not a shared object, or one without NCCL's functions") {
+    const std::string not_elf = scripts.Path("passwd");
+    std::filesystem::copy_file("/etc/passwd", not_elf);
+    for (const auto& [library, why] : {std::pair{not_elf, std::string("is not a 64-bit ELF file")},
+                                       std::pair{std::string(NCCLGUARD_COMMAND), std::string("does not export ncclGetVersion")}}) {
+      const ProcessResult result = NcclguardRun({"--library", library, "--", scripts.Path("restarting.sh"), "0", "0"});
+      INFO(Transcript(result));
+      CHECK(result.exit_code == kUsageError);
+      CHECK(scripts.Attempts() == 0);
+      CHECK(CountOccurrences(result.err, library + " " + why + ": it is not an ncclguard library") == 1);
+    }
+  }
 }
 
 TEST_CASE("every attempt belongs to the same job") {

@@ -43,7 +43,10 @@ class FakeGpuEvents final : public GpuEvents {
     return reached_.count(event) != 0 || reach_everything_ ? EventStatus::kReached : EventStatus::kNotReached;
   }
   float ElapsedMs(GpuContext, GpuEvent, GpuEvent) override { return 1.5f; }
-  void Destroy(GpuContext, GpuEvent) override {}
+  void Destroy(GpuContext, GpuEvent event) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    destroyed_.push_back(event);
+  }
   void PrepareWatchdogThread() override {}
 
   // The GPU reaches `event` (as recorded so far).
@@ -59,6 +62,10 @@ class FakeGpuEvents final : public GpuEvents {
     std::lock_guard<std::mutex> lock(mutex_);
     return queries_[event];
   }
+  std::vector<GpuEvent> Destroyed() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return destroyed_;
+  }
   std::vector<GpuEvent> Recorded() {
     std::lock_guard<std::mutex> lock(mutex_);
     return recorded_;
@@ -69,6 +76,7 @@ class FakeGpuEvents final : public GpuEvents {
   std::uintptr_t next_event_ = 0x1000;
   std::set<GpuEvent> reached_;
   std::vector<GpuEvent> recorded_;
+  std::vector<GpuEvent> destroyed_;
   std::map<GpuEvent, int> queries_;
   bool reach_everything_ = false;
 };

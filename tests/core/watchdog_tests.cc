@@ -509,3 +509,81 @@ TEST_CASE("a peer's request without a fresh P2P verdict (none, or an earlier att
   CHECK(f.effects.aborted.empty());
   CHECK(f.effects.p2p_verdict_reads == (action == Action::kReinit ? 1 : 0));
 }
+
+TEST_CASE("a stream of dump signals makes at most one dump per second", "[watchdog]") {
+  Fixture f;
+  // 30 s of signals, ten per poll interval of 0.1 s.
+  for (std::int64_t round = 0; round < 300; ++round) {
+    for (int signal = 0; signal < 10; ++signal) f.watchdog.RequestSignalDump();
+    f.watchdog.PollOnce(round * kSecond / 10);
+  }
+  CHECK(f.effects.dumps.size() == 30);
+  for (const auto& dump : f.effects.dumps) CHECK(dump.reason == "signal");
+  // A signal within the second of the last dump is answered once that second has passed.
+  f.watchdog.RequestSignalDump();
+  f.watchdog.PollOnce(29 * kSecond + kSecond / 2);
+  CHECK(f.effects.dumps.size() == 30);
+  f.watchdog.PollOnce(30 * kSecond);
+  CHECK(f.effects.dumps.size() == 31);
+  f.watchdog.PollOnce(40 * kSecond);
+  CHECK(f.effects.dumps.size() == 31);
+}
+
+TEST_CASE("a closed communicator's ring is freed at once, the communicator one status interval later",
+          "[watchdog]") {
+  const CommLifecycle closed = GENERATE(CommLifecycle::kDestroyed, CommLifecycle::kAborted);
+  Fixture f;
+  const ncclComm_t handle = f.comm->handle;
+  f.Enqueue(0);
+  f.Enqueue(0);
+  f.events.ReachEverything();
+  f.watchdog.PollOnce(0);
+  f.comm->lifecycle = closed;
+  f.watchdog.PollOnce(kSecond / 10);
+  CHECK(f.comm->ring == nullptr);
+  CHECK(f.events.Destroyed().size() == 4);
+  CHECK(f.registry.Find(handle) == nullptr);
+  f.watchdog.PollOnce(2 * kSecond);  // a status round: the communicator is shown closed
+  REQUIRE(f.effects.statuses.size() == 2);
+  REQUIRE(f.effects.statuses[1].comms.size() == 1);
+  CHECK(f.effects.statuses[1].comms[0].state == std::string(CommLifecycleName(closed)));
+  CHECK(f.effects.statuses[1].comms[0].ring.empty());
+  f.watchdog.PollOnce(2 * kSecond + kSecond / 10);
+  CHECK(f.registry.All().empty());
+  f.watchdog.PollOnce(4 * kSecond);
+  REQUIRE(f.effects.statuses.size() == 3);
+  CHECK(f.effects.statuses[2].comms.empty());
+}
+
+TEST_CASE("a communicator ncclguard aborted keeps its state for the application's later calls", "[watchdog]") {
+  Fixture f;
+  f.effects.Abort(*f.comm);
+  f.watchdog.PollOnce(0);
+  f.watchdog.PollOnce(10 * kSecond);
+  CHECK(f.registry.Find(f.comm->handle) == f.comm);
+  CHECK(f.comm->ring != nullptr);
+}
+
+TEST_CASE("the registry reuses the slots of removed communicators", "[watchdog][registry]") {
+  Registry registry;
+  // Some communicators live throughout, their probe sequences crossed by the removed ones'.
+  std::vector<CommState*> kept;
+  for (std::uintptr_t i = 1; i <= 100; ++i) kept.push_back(registry.Add(reinterpret_cast<ncclComm_t>(i * 4096), 0, 1));
+  for (std::uintptr_t cycle = 0; cycle < 20000; ++cycle) {
+    const auto handle = reinterpret_cast<ncclComm_t>(0x10000000 + cycle * 64);
+    CommState* state = registry.Add(handle, 0, 1);
+    REQUIRE(state != nullptr);
+    REQUIRE(registry.Find(handle) == state);
+    registry.Remove(state);
+    REQUIRE(registry.Find(handle) == nullptr);
+  }
+  for (CommState* state : kept) CHECK(registry.Find(state->handle) == state);
+  CHECK(registry.All().size() == kept.size());
+
+  // A handle NCCL reused names the newest communicator; removing the older one leaves it.
+  const auto reused = reinterpret_cast<ncclComm_t>(0x7000);
+  CommState* older = registry.Add(reused, 0, 1);
+  CommState* newer = registry.Add(reused, 0, 1);
+  registry.Remove(older);
+  CHECK(registry.Find(reused) == newer);
+}

@@ -81,3 +81,42 @@ TEST_CASE("the README's table of variables is the configuration table", "[config
   CHECK(readme.substr(from + begin.size(), to - from - begin.size()) ==
         ncclguard::OptionsMarkdownTable());
 }
+
+TEST_CASE("a dump signal must leave the signal's default action alone", "[config]") {
+  for (const char* fatal : {"SIGTERM", "SEGV", "11", "SIGINT", "SIGABRT", "SIGHUP", "SIGKILL", "SIGALRM"}) {
+    const Config config = Parse({{"NCCLGUARD_DUMP_SIGNAL", fatal}});
+    INFO(fatal);
+    CHECK(config.dump_signal.number == SIGUSR2);
+    REQUIRE(config.problems.size() == 1);
+    CHECK(config.problems[0].find("NCCLGUARD_DUMP_SIGNAL='" + std::string(fatal) + "' is not SIGUSR1") == 0);
+  }
+  CHECK(Parse({{"NCCLGUARD_DUMP_SIGNAL", "usr1"}}).dump_signal.number == SIGUSR1);
+  CHECK(Parse({{"NCCLGUARD_DUMP_SIGNAL", "SIGWINCH"}}).dump_signal.number == SIGWINCH);
+  CHECK(Parse({{"NCCLGUARD_DUMP_SIGNAL", "SIGRTMIN+2"}}).dump_signal.number == SIGRTMIN + 2);
+  CHECK(Parse({{"NCCLGUARD_DUMP_SIGNAL", "rtmax-1"}}).dump_signal.number == SIGRTMAX - 1);
+  CHECK(Parse({{"NCCLGUARD_DUMP_SIGNAL", std::to_string(SIGRTMAX)}}).dump_signal.number == SIGRTMAX);
+  CHECK(Parse({{"NCCLGUARD_DUMP_SIGNAL", "0"}}).dump_signal.number == 0);
+  CHECK(Parse({{"NCCLGUARD_DUMP_SIGNAL", "SIGRTMIN+999"}}).problems.size() == 1);
+}
+
+TEST_CASE("a numeric setting outside its range is reported and the default used", "[config]") {
+  const Config config = Parse({{"NCCLGUARD_POLL_INTERVAL", "1e-9"},
+                               {"NCCLGUARD_RING_SIZE", "16777216"},
+                               {"NCCLGUARD_STATUS_INTERVAL", "nan"},
+                               {"NCCLGUARD_TIMEOUT", "inf"}});
+  CHECK(config.poll_interval.value == 0.1);
+  CHECK(config.ring_size.value == 2048);
+  CHECK(config.status_interval.value == 2);
+  CHECK(config.timeout.value == 120);
+  REQUIRE(config.problems.size() == 4);
+  CHECK(config.problems[0] == "NCCLGUARD_TIMEOUT='inf' is not a positive number of seconds; using the default '120'");
+  CHECK(config.problems[1] == "NCCLGUARD_RING_SIZE='16777216' is not between 16 and 65536; using the default '2048'");
+  CHECK(config.problems[2] == "NCCLGUARD_POLL_INTERVAL='1e-9' is not between 0.01 and 10; using the default '0.1'");
+  CHECK(config.problems[3] ==
+        "NCCLGUARD_STATUS_INTERVAL='nan' is not a positive number of seconds; using the default '2'");
+
+  const Config edges = Parse({{"NCCLGUARD_POLL_INTERVAL", "0.01"}, {"NCCLGUARD_RING_SIZE", "65536"}});
+  CHECK(edges.problems.empty());
+  CHECK(edges.poll_interval.value == 0.01);
+  CHECK(edges.ring_size.value == 65536);
+}

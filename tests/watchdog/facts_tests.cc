@@ -225,5 +225,33 @@ TEST_CASE("the real system's facts", "[facts][real]") {
   CHECK(facts.cuda.gpus.empty());
 }
 
+TEST_CASE("secrets in allowlisted variables and in the command line are redacted", "[facts]") {
+  std::vector<int> unused;
+  FactSources sources = FakeSources(&unused);
+  sources.environment = [] {
+    return EnvironmentVariables{{"NCCL_IB_TOKEN", "t0k"},        {"CUDA_API_KEY", "k3y"},
+                                {"NCCLGUARD_DB_PASSWORD", "pw"}, {"NCCL_SOCKET_secret", "s"},
+                                {"NCCL_DEBUG", "INFO"}};
+  };
+  sources.read_file = [](const std::string& path) -> std::optional<std::string> {
+    if (path != "/proc/self/cmdline") return std::nullopt;
+    const std::vector<std::string> argv{"python3", "train.py",  "--api-key=abc", "--hf-token",    "xyz",
+                                        "--Password", "--epochs", "3",             "--keyfile", "/k",
+                                        "--lr=0.1", "-k", "plain"};
+    std::string text;
+    for (const std::string& argument : argv) text += argument + '\0';
+    return text;
+  };
+  const ProcessFacts facts = CollectProcessFacts(sources);
+  CHECK(Lookup(facts.environment, "NCCL_IB_TOKEN") == "<redacted>");
+  CHECK(Lookup(facts.environment, "CUDA_API_KEY") == "<redacted>");
+  CHECK(Lookup(facts.environment, "NCCLGUARD_DB_PASSWORD") == "<redacted>");
+  CHECK(Lookup(facts.environment, "NCCL_SOCKET_secret") == "<redacted>");
+  CHECK(Lookup(facts.environment, "NCCL_DEBUG") == "INFO");
+  CHECK(facts.command_line == std::vector<std::string>{"python3", "train.py", "--api-key=<redacted>", "--hf-token",
+                                                       "<redacted>", "--Password", "--epochs", "3", "--keyfile",
+                                                       "<redacted>", "--lr=0.1", "-k", "plain"});
+}
+
 }  // namespace
 }  // namespace ncclguard
