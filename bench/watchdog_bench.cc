@@ -43,7 +43,7 @@ void Check(ncclResult_t result, const char* call) {
 }
 
 // glibc's own dlsym: a versioned lookup passes over ncclguard's interposed dlsym, so what it
-// returns for an NCCL name is the emulator's function itself.
+// returns for an NCCL name is libnccl's function itself.
 using DlsymFunction = void* (*)(void*, const char*);
 DlsymFunction GlibcDlsym() {
   for (const char* version : {"GLIBC_2.34", "GLIBC_2.2.5", "GLIBC_2.17"}) {
