@@ -43,7 +43,7 @@ void Check(ncclResult_t result, const char* call) {
 }
 
 // glibc's own dlsym: a versioned lookup passes over ncclguard's interposed dlsym, so what it
-// returns for an NCCL name is the emulator's function itself.
+// returns for an NCCL name is libnccl's function itself.
 using DlsymFunction = void* (*)(void*, const char*);
 DlsymFunction GlibcDlsym() {
   for (const char* version : {"GLIBC_2.34", "GLIBC_2.2.5", "GLIBC_2.17"}) {
@@ -97,7 +97,7 @@ double EnvSeconds(const char* name, double fallback) {
 // What every phase shares: one device, one stream, small buffers, and the two ways into NCCL.
 struct Setup {
   Driver cuda{};
-  NcclFunctions direct{};       // the emulator's functions
+  NcclFunctions direct{};       // libnccl's own functions
   NcclFunctions intercepted{};  // what the application gets from dlsym(): ncclguard's wrappers
   CUstream stream = nullptr;
   CUdeviceptr send = 0;
@@ -110,7 +110,8 @@ struct Setup {
     void* libcuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
     void* libnccl = dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
     if (libcuda == nullptr || libnccl == nullptr) {
-      Fail(std::string("cannot load the emulator (set LD_LIBRARY_PATH=<build>/emulator/lib): ") + dlerror());
+      Fail(std::string("cannot load libcuda.so.1 and libnccl.so.2 (for the emulator, set "
+                       "LD_LIBRARY_PATH=<build>/emulator/lib): ") + dlerror());
     }
     const DlsymFunction glibc = GlibcDlsym();
 #define BENCH_RESOLVE(field, name) \
