@@ -194,6 +194,13 @@ TEST_CASE("an asynchronous error the application sees itself just before it exit
   REQUIRE(statuses.size() == 1);
   REQUIRE(statuses[0].at("communicators").size() == 1);
   CHECK(statuses[0].at("communicators")[0].at("async_error") == "ncclRemoteError");
+
+  ProcessOptions options;
+  options.timeout_seconds = 30;
+  const ProcessResult analysis = RunProcess({NCCLGUARD_CLI, "analyze", run.job_dir, "--json"}, options);
+  INFO("analyze: exit code " << analysis.exit_code << "\n" << analysis.out << analysis.err);
+  CHECK(analysis.exit_code == 1);
+  CHECK(Json::parse(analysis.out).at("verdicts").at(0).at("kind") == "async_error");
 }
 
 TEST_CASE("a failed call just before exit is dumped before the process is gone", "[error][exit]") {
