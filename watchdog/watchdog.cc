@@ -262,6 +262,7 @@ ProcessSnapshot Watchdog::FinalStatus(std::int64_t now_ns) {
     }
   }
   ProcessSnapshot status = BuildSnapshot(registry_, "status", false, now_ns, effects_.WallNowNs());
+  std::lock_guard<std::mutex> lock(status_mutex_);
   status.stall = reported_stall_;
   status.exiting = true;
   return status;

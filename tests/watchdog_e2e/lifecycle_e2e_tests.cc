@@ -159,7 +159,7 @@ TEST_CASE("a hang on communicators created inside a group names their four ranks
   // Rank 1's AllReduce never completes: the program hangs until the test's deadline ends it.
   const Run run = RunOnEmulator(dump_dir, {GROUPED_INIT_PROGRAM, mode},
                                 {{"NCCLEMU_FAULTS", "hang:rank=1,seq=1"}, {"NCCLGUARD_TIMEOUT", "1"}},
-                                /*guarded=*/true, /*timeout_seconds=*/6);
+                                /*guarded=*/true, /*timeout_seconds=*/8);
   INFO(run.transcript);
   REQUIRE(run.result.timed_out);
   ProcessOptions options;
@@ -194,6 +194,13 @@ TEST_CASE("an asynchronous error the application sees itself just before it exit
   REQUIRE(statuses.size() == 1);
   REQUIRE(statuses[0].at("communicators").size() == 1);
   CHECK(statuses[0].at("communicators")[0].at("async_error") == "ncclRemoteError");
+
+  ProcessOptions options;
+  options.timeout_seconds = 30;
+  const ProcessResult analysis = RunProcess({NCCLGUARD_CLI, "analyze", run.job_dir, "--json"}, options);
+  INFO("analyze: exit code " << analysis.exit_code << "\n" << analysis.out << analysis.err);
+  CHECK(analysis.exit_code == 1);
+  CHECK(Json::parse(analysis.out).at("verdicts").at(0).at("kind") == "async_error");
 }
 
 TEST_CASE("a failed call just before exit is dumped before the process is gone", "[error][exit]") {
@@ -214,7 +221,7 @@ TEST_CASE("a rank that dies before its first status interval is named as dead, w
           "[init][rank_dead]") {
   TemporaryDirectory dump_dir;
   const Run run = RunOnEmulator(dump_dir,
-                                {TRAIN_LOOP, "--ranks", "4", "--steps", "50", "--exit", "1:30", "--timeout", "6"},
+                                {TRAIN_LOOP, "--ranks", "4", "--steps", "50", "--exit", "1:30", "--timeout", "7"},
                                 {{"NCCLGUARD_TIMEOUT", "2"}});
   INFO(run.transcript);
   REQUIRE_FALSE(run.result.timed_out);
