@@ -76,7 +76,8 @@ Json SignaturesJson(const CommSnapshot& comm) {
   return Json{{"first_seq", comm.signatures_first_seq}, {"hashes", SignaturesToHex(comm.signatures)}};
 }
 
-// Signatures that cannot be read are left out: they only add evidence.
+// Signatures that cannot be read, or that do not end at #last_enqueued as written, are left out:
+// they only add evidence. Call after reading last_enqueued.
 void ParseSignatures(const nlohmann::json& entry, CommSnapshot& comm) {
   const auto signatures = entry.find("signatures");
   if (signatures == entry.end() || !signatures->is_object()) return;
@@ -86,9 +87,14 @@ void ParseSignatures(const nlohmann::json& entry, CommSnapshot& comm) {
       !hashes->is_string()) {
     return;
   }
-  if (SignaturesFromHex(hashes->get<std::string>(), comm.signatures)) {
-    comm.signatures_first_seq = first_seq->get<std::uint64_t>();
+  const std::uint64_t first = first_seq->get<std::uint64_t>();
+  const bool parsed = SignaturesFromHex(hashes->get<std::string>(), comm.signatures);
+  const std::uint64_t count = comm.signatures.size();
+  if (!parsed || count == 0 || count > comm.last_enqueued || first != comm.last_enqueued - count + 1) {
+    comm.signatures.clear();
+    return;
   }
+  comm.signatures_first_seq = first;
 }
 
 Json StatusJson(const ProcessSnapshot& snapshot, const ProcessFacts& facts) {

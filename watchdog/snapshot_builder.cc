@@ -85,7 +85,8 @@ ProcessSnapshot BuildSnapshot(Registry& registry, const std::string& reason, boo
     }
     copy.dropped = comm->dropped.load(std::memory_order_relaxed);
     if (snapshot.rank < 0) snapshot.rank = copy.rank;
-    if (!with_rings) SignLatestOperations(*comm, to_wall, copy);
+    // Status files sign only the first communicators (job_dir.h): no need to sign the others.
+    if (!with_rings && snapshot.comms.size() < kMaxSignedCommunicators) SignLatestOperations(*comm, to_wall, copy);
     // The whole ring, or (for status files) only the last completed and the oldest unfinished
     // operations: peers name a late rank's last operation from it.
     const std::uint64_t last = comm->ring != nullptr ? copy.last_enqueued : 0;  // freed once closed

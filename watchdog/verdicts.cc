@@ -691,6 +691,91 @@ void NoteLaterStall(Buckets& buckets, const std::string& comm_id, const std::vec
   }
 }
 
+// Ranks that never entered the stuck operation, sorted into the dead and those that did not join.
+struct Absentees {
+  std::vector<int> dead_ranks;
+  std::vector<std::string> dead_clauses;
+  Json dead_evidence = Json::array();
+  std::vector<int> not_joined_ranks;
+  std::vector<std::string> not_joined_clauses;
+  Json not_joined_evidence = Json::array();
+  bool all_finished = true;  // every one that did not join finished its loop
+};
+
+void AddLateMember(const Member& member, const Communicator& communicator, const JobView& job,
+                   std::uint64_t done_everywhere, std::uint64_t stuck_seq, Absentees& absent) {
+  const ProcessView& process = *member.process;
+  const Whereabouts where = Locate(process, job);
+  if (where == Whereabouts::kGone) {
+    absent.dead_ranks.push_back(member.rank);
+    // Its last status may predate its death by a whole interval (or be the one written when its
+    // communicator was created): its peers' completed symmetric collectives say how far it got.
+    const std::uint64_t last = std::max(CompletedUpTo(*member.comm, done_everywhere), done_everywhere);
+    absent.dead_clauses.push_back(fmt::format(
+        "rank {} (pid {} on host {}) {}: it {} and never entered #{}", member.rank, process.pid, process.host,
+        GoneHow(process, job),
+        last == 0 ? std::string("issued nothing on this communicator")
+                  : fmt::format("completed {}", OpName(FindOpInCommunicator(communicator, last), last)),
+        stuck_seq));
+    absent.dead_evidence.push_back(LateRankJson(member, where, job));
+    return;
+  }
+  absent.all_finished = absent.all_finished && where == Whereabouts::kFinished;
+  std::string clause = fmt::format("rank {} {}; ", member.rank, LastCompleted(member, communicator, done_everywhere));
+  switch (where) {
+    case Whereabouts::kFinished: clause += "it finished its loop (exited normally)"; break;
+    case Whereabouts::kInsideNccl:
+      clause += fmt::format("it is inside {} (not in this operation)", process.snapshot.in_nccl_call);
+      break;
+    default: clause += "it is alive and busy outside NCCL (e.g. saving a checkpoint or evaluating)"; break;
+  }
+  absent.not_joined_ranks.push_back(member.rank);
+  absent.not_joined_clauses.push_back(std::move(clause));
+  absent.not_joined_evidence.push_back(LateRankJson(member, where, job));
+}
+
+// A rank with no record on the communicator: still initialising it (alive or dead), or silent.
+void AddUnreportedRank(int rank, const Communicator& communicator, const JobView& job, std::uint64_t stuck_seq,
+                       Absentees& absent) {
+  absent.all_finished = false;
+  const PendingInitSnapshot* init = nullptr;
+  const ProcessView* initialising = InitialisingProcess(job, communicator.id, rank, &init);
+  if (initialising != nullptr && IsGone(*initialising, job)) {
+    absent.dead_ranks.push_back(rank);
+    absent.dead_clauses.push_back(fmt::format("rank {} (pid {} on host {}) {}: it was still in {} for this "
+                                              "communicator and never entered #{}",
+                                              rank, initialising->pid, initialising->host,
+                                              GoneHow(*initialising, job), init->api, stuck_seq));
+    absent.dead_evidence.push_back(InitialisingJson(*initialising, *init, Whereabouts::kGone, job));
+    return;
+  }
+  absent.not_joined_ranks.push_back(rank);
+  if (initialising != nullptr) {
+    absent.not_joined_clauses.push_back(fmt::format("rank {} is still in {} for this communicator", rank, init->api));
+    absent.not_joined_evidence.push_back(InitialisingJson(*initialising, *init, Locate(*initialising, job), job));
+    return;
+  }
+  absent.not_joined_clauses.push_back(fmt::format("rank {} left no status file or dump", rank));
+  absent.not_joined_evidence.push_back(Json{{"rank", rank}, {"where", WhereaboutsName(Whereabouts::kNoReport)}});
+}
+
+void AddStuckInsideNccl(Buckets& buckets, const Communicator& communicator, std::uint64_t stuck_seq,
+                        const OpSnapshot* stuck_op, const std::vector<int>& waiting_ranks, bool some_completed,
+                        std::string where, Json evidence) {
+  where += ": stuck inside NCCL, a transport fault (network, P2P or driver), not the application";
+  // A collective that needs every rank's data completed on some ranks only: their transport
+  // failed the others, or the ranks' calls went out of step before anything recorded shows.
+  if (some_completed && Symmetric(stuck_op)) {
+    where += fmt::format(", unless the ranks' calls went out of step (a desync) before the oldest operation "
+                         "recorded: {} cannot complete on some ranks only",
+                         stuck_op->op);
+  }
+  Add(buckets, kStuckInsideNccl, communicator.id, stuck_seq, waiting_ranks, std::move(where), std::move(evidence));
+  if (const Json p2p = P2pEvidence(communicator); !p2p.is_null()) {
+    AddP2pSuspect(buckets, communicator, stuck_seq, waiting_ranks, "stuck inside NCCL", p2p);
+  }
+}
+
 // Where the communicator stands on the oldest operation some rank has not completed.
 void ClassifyStuckOperation(const Communicator& communicator, const JobView& job,
                             std::optional<std::uint64_t> mismatch_seq, Buckets& buckets) {
@@ -738,65 +823,9 @@ void ClassifyStuckOperation(const Communicator& communicator, const JobView& job
     }
   }
 
-  std::vector<int> dead_ranks;
-  std::vector<std::string> dead_clauses;
-  Json dead_evidence = Json::array();
-  std::vector<int> not_joined_ranks;
-  std::vector<std::string> not_joined_clauses;
-  Json not_joined_evidence = Json::array();
-  bool all_finished = true;
-  for (const Member* member : late) {
-    const ProcessView& process = *member->process;
-    const Whereabouts where = Locate(process, job);
-    if (where == Whereabouts::kGone) {
-      dead_ranks.push_back(member->rank);
-      const std::string how = GoneHow(process, job);
-      // Its last status may predate its death by a whole interval (or be the one written when its
-      // communicator was created): its peers' completed collectives say how far it got.
-      const std::uint64_t last = std::max(CompletedUpTo(*member->comm, done_everywhere), done_everywhere);
-      dead_clauses.push_back(fmt::format(
-          "rank {} (pid {} on host {}) {}: it {} and never entered #{}", member->rank, process.pid, process.host, how,
-          last == 0 ? std::string("issued nothing on this communicator")
-                    : fmt::format("completed {}", OpName(FindOpInCommunicator(communicator, last), last)),
-          stuck_seq));
-      dead_evidence.push_back(LateRankJson(*member, where, job));
-      continue;
-    }
-    all_finished = all_finished && where == Whereabouts::kFinished;
-    std::string clause = fmt::format("rank {} {}; ", member->rank, LastCompleted(*member, communicator, done_everywhere));
-    switch (where) {
-      case Whereabouts::kFinished: clause += "it finished its loop (exited normally)"; break;
-      case Whereabouts::kInsideNccl:
-        clause += fmt::format("it is inside {} (not in this operation)", process.snapshot.in_nccl_call);
-        break;
-      default: clause += "it is alive and busy outside NCCL (e.g. saving a checkpoint or evaluating)"; break;
-    }
-    not_joined_ranks.push_back(member->rank);
-    not_joined_clauses.push_back(std::move(clause));
-    not_joined_evidence.push_back(LateRankJson(*member, where, job));
-  }
-  for (const int rank : unreported) {
-    all_finished = false;
-    const PendingInitSnapshot* init = nullptr;
-    const ProcessView* initialising = InitialisingProcess(job, communicator.id, rank, &init);
-    if (initialising != nullptr && IsGone(*initialising, job)) {
-      dead_ranks.push_back(rank);
-      dead_clauses.push_back(fmt::format("rank {} (pid {} on host {}) {}: it was still in {} for this communicator "
-                                         "and never entered #{}",
-                                         rank, initialising->pid, initialising->host, GoneHow(*initialising, job),
-                                         init->api, stuck_seq));
-      dead_evidence.push_back(InitialisingJson(*initialising, *init, Whereabouts::kGone, job));
-      continue;
-    }
-    not_joined_ranks.push_back(rank);
-    if (initialising != nullptr) {
-      not_joined_clauses.push_back(fmt::format("rank {} is still in {} for this communicator", rank, init->api));
-      not_joined_evidence.push_back(InitialisingJson(*initialising, *init, Locate(*initialising, job), job));
-      continue;
-    }
-    not_joined_clauses.push_back(fmt::format("rank {} left no status file or dump", rank));
-    not_joined_evidence.push_back(Json{{"rank", rank}, {"where", WhereaboutsName(Whereabouts::kNoReport)}});
-  }
+  Absentees absent;
+  for (const Member* member : late) AddLateMember(*member, communicator, job, done_everywhere, stuck_seq, absent);
+  for (const int rank : unreported) AddUnreportedRank(rank, communicator, job, stuck_seq, absent);
 
   const std::vector<int> waiting_ranks = RanksOf(waiting);
   const std::vector<int> finished_ranks = RanksOf(finished);
@@ -805,22 +834,22 @@ void ClassifyStuckOperation(const Communicator& communicator, const JobView& job
               {"waiting_ranks", waiting_ranks},
               {"completed_ranks", finished_ranks},
               {"waited_seconds", waited_seconds}};
-  if (!dead_ranks.empty()) {
+  if (!absent.dead_ranks.empty()) {
     Json evidence = common;
-    evidence["dead_ranks"] = std::move(dead_evidence);
-    Add(buckets, kRankDead, communicator.id, stuck_seq, dead_ranks,
+    evidence["dead_ranks"] = std::move(absent.dead_evidence);
+    Add(buckets, kRankDead, communicator.id, stuck_seq, absent.dead_ranks,
         fmt::format("{}; the others wait in {} — {} killed or crashed (e.g. out of memory), not a network fault",
-                    JoinClauses(dead_clauses), stuck, dead_ranks.size() == 1 ? "it was" : "they were"),
+                    JoinClauses(absent.dead_clauses), stuck, absent.dead_ranks.size() == 1 ? "it was" : "they were"),
         std::move(evidence));
   }
-  if (!not_joined_ranks.empty()) {
+  if (!absent.not_joined_ranks.empty()) {
     Json evidence = common;
-    evidence["late_ranks"] = std::move(not_joined_evidence);
+    evidence["late_ranks"] = std::move(absent.not_joined_evidence);
     std::string others = fmt::format("{} wait in {}", Ranks(waiting_ranks), stuck);
     if (!finished_ranks.empty()) others += fmt::format(" ({})", completed);
-    Add(buckets, kRankNotJoined, communicator.id, stuck_seq, not_joined_ranks,
-        fmt::format("{} while {} — {}not a network fault", JoinClauses(not_joined_clauses), others,
-                    all_finished ? "uneven data across ranks, " : ""),
+    Add(buckets, kRankNotJoined, communicator.id, stuck_seq, absent.not_joined_ranks,
+        fmt::format("{} while {} — {}not a network fault", JoinClauses(absent.not_joined_clauses), others,
+                    absent.all_finished ? "uneven data across ranks, " : ""),
         std::move(evidence));
   }
   // A desync explains the hang better than the transport.
@@ -829,25 +858,12 @@ void ClassifyStuckOperation(const Communicator& communicator, const JobView& job
     return;
   }
   if (!late.empty() || !unreported.empty()) return;
-
-  const std::string how_long = fmt::format("waiting {}", Seconds(waited_seconds));
-  std::string where =
+  const std::string where =
       finished.empty()
-          ? fmt::format("all {} ranks entered {} and none has completed it ({})", waiting.size(), stuck, how_long)
-          : fmt::format("{} — {}, {} {} not ({})", stuck, completed, Ranks(waiting_ranks),
-                        waiting.size() == 1 ? "has" : "have", how_long);
-  where += ": stuck inside NCCL, a transport fault (network, P2P or driver), not the application";
-  // A collective that needs every rank's data completed on some ranks only: their transport
-  // failed the others, or the ranks' calls went out of step before anything recorded shows.
-  if (!finished.empty() && Symmetric(stuck_op)) {
-    where += fmt::format(", unless the ranks' calls went out of step (a desync) before the oldest operation "
-                         "recorded: {} cannot complete on some ranks only",
-                         stuck_op->op);
-  }
-  Add(buckets, kStuckInsideNccl, communicator.id, stuck_seq, waiting_ranks, std::move(where), common);
-  if (const Json p2p = P2pEvidence(communicator); !p2p.is_null()) {
-    AddP2pSuspect(buckets, communicator, stuck_seq, waiting_ranks, "stuck inside NCCL", p2p);
-  }
+          ? fmt::format("all {} ranks entered {} and none has completed it", waiting.size(), stuck)
+          : fmt::format("{} — {}, {} {} not", stuck, completed, Ranks(waiting_ranks), waiting.size() == 1 ? "has" : "have");
+  AddStuckInsideNccl(buckets, communicator, stuck_seq, stuck_op, waiting_ranks, !finished.empty(),
+                     fmt::format("{} (waiting {})", where, Seconds(waited_seconds)), std::move(common));
 }
 
 double Median(std::vector<double> values) {

@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include "tests/core/fakes.h"
+#include "watchdog/op_signature.h"
 #include "watchdog/registry.h"
 #include "watchdog/watchdog.h"
 
@@ -381,6 +382,27 @@ TEST_CASE("the final status asks the GPU once more and says the process is exiti
   CHECK(status.comms[0].last_completed == seq);
   REQUIRE(status.comms[0].ring.size() == 1);  // the last completed, nothing unfinished
   CHECK(status.comms[0].ring[0].state == "completed");
+}
+
+TEST_CASE("status files sign the latest operations the ring still holds", "[watchdog]") {
+  Fixture f;  // a ring of 16
+  for (int i = 0; i < 20; ++i) f.Enqueue(0);
+  f.comm->Slot(10).count = 8192;  // #10 asked for something else
+  const ProcessSnapshot status = f.watchdog.FinalStatus(kSecond);
+  REQUIRE(status.comms.size() == 1);
+  const CommSnapshot& comm = status.comms[0];
+  CHECK(comm.signatures_first_seq == 5);
+  REQUIRE(comm.signatures.size() == 16);
+  for (size_t i = 0; i < comm.signatures.size(); ++i) {
+    INFO("#" << comm.signatures_first_seq + i);
+    CHECK(comm.signatures[i] != kNoSignature);
+    CHECK((comm.signatures[i] == comm.signatures[0]) == (comm.signatures_first_seq + i != 10));
+  }
+  // A dump has the ring itself: no signatures.
+  f.watchdog.RequestDump("signal");
+  f.watchdog.PollOnce(2 * kSecond);
+  REQUIRE(f.effects.dumps.size() == 1);
+  CHECK(f.effects.dumps[0].comms[0].signatures.empty());
 }
 
 namespace {
