@@ -218,7 +218,7 @@ int Run(const RunOptions& options) {
   const std::filesystem::path library =
       options.library.empty() ? DefaultLibrary() : std::filesystem::absolute(options.library);
   if (!std::filesystem::is_regular_file(library, error)) {
-    std::cerr << "ncclguard run: no ncclguard library at " << library.string()
+    std::cerr << "ncclguard run: no ncclguard library at " << EscapeControlCharacters(library.string())
               << (options.library.empty() ? " (where this ncclguard command expects it; use --library PATH)"
                                           : " (--library)")
               << "; not running the command without it\n";
@@ -240,8 +240,9 @@ int Run(const RunOptions& options) {
   int exit_code = 0;
   for (long attempt = 1; attempt <= attempts; ++attempt) {
     if (attempt == 1) {
-      std::cerr << "ncclguard run: attempt 1 of " << attempts << ": " << absl::StrJoin(options.command, " ")
-                << " (job id " << job_id << ", LD_PRELOAD=" << preload << ")\n";
+      std::cerr << "ncclguard run: attempt 1 of " << attempts << ": "
+                << EscapeControlCharacters(absl::StrJoin(options.command, " ")) << " (job id "
+                << EscapeControlCharacters(job_id) << ", LD_PRELOAD=" << EscapeControlCharacters(preload) << ")\n";
     } else {
       std::cerr << "ncclguard run: attempt " << attempt << " of " << attempts << " after exit code "
                 << kRestartExitCode << " (ncclguard restart)\n";

@@ -113,6 +113,26 @@ bool FindLoadedNccl(void** handle_out, const link_map** identity_out) {
   return false;
 }
 
+// The library NCCLGUARD_NCCL_LIBRARY names, when it loads and defines ncclGetVersion itself (not
+// through a dependency, and not ncclguard itself); otherwise nullptr and why, after dlclose().
+void* OpenConfiguredNccl(const std::string& path, std::string* problem) {
+  void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (handle == nullptr) {
+    const char* why = dlerror();
+    *problem = std::string("cannot be loaded (") + (why != nullptr ? why : "unknown error") + ")";
+    return nullptr;
+  }
+  const link_map* map = nullptr;
+  void* get_version = RealDlsym()(handle, "ncclGetVersion");
+  if (get_version != nullptr && dlinfo(handle, RTLD_DI_LINKMAP, &map) == 0 && map != OwnLinkMap() &&
+      LinkMapOf(get_version) == map) {
+    return handle;
+  }
+  dlclose(handle);
+  *problem = "is not an NCCL library (it does not define ncclGetVersion)";
+  return nullptr;
+}
+
 // Finds the process's default NCCL (slot 0). Called with the registry mutex held.
 void ResolveDefaultLibrary() {
   Library& library = g_libraries[0];
@@ -120,7 +140,8 @@ void ResolveDefaultLibrary() {
 
   const std::string& configured = GetConfig().nccl_library;
   if (!configured.empty()) {
-    if (void* handle = dlopen(configured.c_str(), RTLD_NOW | RTLD_LOCAL)) {
+    std::string problem;
+    if (void* handle = OpenConfiguredNccl(configured, &problem)) {
       const link_map* map = nullptr;
       dlinfo(handle, RTLD_DI_LINKMAP, &map);
       Publish(library, handle, map, map != nullptr ? map->l_name : configured.c_str());
@@ -129,9 +150,7 @@ void ResolveDefaultLibrary() {
     // Said once, and only once the log exists (a dlsym() lookup may come before the first call).
     static std::atomic<bool> reported{false};
     if (log::Get() != nullptr && !reported.exchange(true)) {
-      const char* why = dlerror();
-      log::Error("NCCLGUARD_NCCL_LIBRARY='{}' cannot be loaded ({}); looking for the process's own NCCL",
-                 configured, why != nullptr ? why : "unknown error");
+      log::Error("NCCLGUARD_NCCL_LIBRARY='{}' {}; looking for the process's own NCCL", configured, problem);
     }
   }
 

@@ -1,6 +1,23 @@
 #include "watchdog/records.h"
 
+#include <sys/mman.h>
+
+#include <new>
+
 namespace ncclguard {
+
+RingPointer MapRing(std::size_t size) {
+  void* memory = mmap(nullptr, size * sizeof(OpRecord), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (memory == MAP_FAILED) throw std::bad_alloc();
+  auto* ring = static_cast<OpRecord*>(memory);
+  for (std::size_t i = 0; i < size; ++i) new (&ring[i]) OpRecord();
+  return RingPointer(ring, RingUnmapper{size});
+}
+
+void RingUnmapper::operator()(OpRecord* ring) const noexcept {
+  std::destroy_n(ring, size);
+  munmap(ring, size * sizeof(OpRecord));
+}
 
 std::string_view OpStateName(OpState state) {
   static constexpr std::string_view kNames[] = {"free",   "enqueued", "started",  "completed",

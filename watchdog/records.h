@@ -70,9 +70,18 @@ enum class CommLifecycle : std::uint8_t {
 };
 std::string_view CommLifecycleName(CommLifecycle lifecycle);
 
+// A ring is mapped on its own rather than taken from the heap: freed, its memory goes back to the
+// system at once instead of staying in the application's heap (a ring is hundreds of KiB).
+struct RingUnmapper {
+  std::size_t size;
+  void operator()(OpRecord* ring) const noexcept;
+};
+using RingPointer = std::unique_ptr<OpRecord[], RingUnmapper>;
+RingPointer MapRing(std::size_t size);  // throws std::bad_alloc when there is no memory
+
 struct CommState {
   CommState(ncclComm_t handle, int library, std::size_t ring_size)
-      : handle(handle), library(library), ring_size(ring_size), ring(new OpRecord[ring_size]) {}
+      : handle(handle), library(library), ring_size(ring_size), ring(MapRing(ring_size)) {}
 
   const ncclComm_t handle;
   const int library;  // slot of the NCCL library serving it
@@ -115,7 +124,7 @@ struct CommState {
   const std::size_t ring_size;
   // Freed (null) by the watchdog thread once the application has closed the communicator and
   // every operation has its final state; the state itself stays one status interval longer.
-  std::unique_ptr<OpRecord[]> ring;
+  RingPointer ring;
   std::atomic<std::uint64_t> last_enqueued{0};
   std::atomic<std::uint64_t> last_started{0};
   std::atomic<std::uint64_t> last_completed{0};

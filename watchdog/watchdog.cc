@@ -104,16 +104,9 @@ void Watchdog::ReleaseClosedCommunicators(std::int64_t now_ns) {
       continue;
     }
     if (comm->ring != nullptr) {
-      // The destroy or abort gave every operation its final state before publishing the
-      // lifecycle: no application thread writes the ring any more.
       comm->closed_seen_ns = now_ns;
       registry_.Unlink(comm);
-      for (std::size_t slot = 0; slot < comm->ring_size; ++slot) {
-        for (GpuEvent event : {comm->ring[slot].start_event, comm->ring[slot].end_event}) {
-          if (event != nullptr) events_.Destroy(comm->context, event);
-        }
-      }
-      comm->ring.reset();
+      FreeRing(*comm);
     } else if (now_ns - comm->closed_seen_ns >= keep_ns) {
       registry_.Remove(comm);
     }
@@ -143,6 +136,17 @@ void Watchdog::FlushAtExit(std::int64_t now_ns) {
     const std::string path = Dump(reason, std::nullopt, now_ns);
     log::Info("dumped state at exit ({}): {}", reason, path.empty() ? "not written" : path);
   }
+}
+
+void Watchdog::FreeRing(CommState& comm) {
+  // The destroy or abort gave every operation its final state before publishing the lifecycle: no
+  // application thread uses the ring any more, and this thread is the only other reader.
+  for (std::size_t slot = 0; slot < comm.ring_size; ++slot) {
+    for (GpuEvent event : {comm.ring[slot].start_event, comm.ring[slot].end_event}) {
+      if (event != nullptr) events_.Destroy(comm.context, event);
+    }
+  }
+  comm.ring.reset();
 }
 
 void Watchdog::AnswerPeerRequest(std::int64_t requested_ns, std::int64_t now_ns) {

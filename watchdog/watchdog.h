@@ -110,6 +110,7 @@ class Watchdog {
   // Frees what the application has closed: at once its ring (and Find() forgets the handle), after
   // one status interval the state, so that the status files show it closed once.
   void ReleaseClosedCommunicators(std::int64_t now_ns);
+  void FreeRing(CommState& comm);  // its CUDA events too
   void CheckInitializations(std::int64_t now_ns);
   void OnStall(CommState* comm, const Stall& stall, std::int64_t now_ns);
   // Acts on a stall when its verdict says to, or once NCCLGUARD_HARD_TIMEOUT has passed; else

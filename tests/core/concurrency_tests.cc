@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include <atomic>
+#include <chrono>
 #include <thread>
 #include <vector>
 
@@ -86,4 +87,60 @@ TEST_CASE("threads record operations on several communicators while the watchdog
   }
   CHECK(effects.dumps.empty());
   CHECK(short_snapshots.load() == 0);
+}
+
+TEST_CASE("communicators created and destroyed while the watchdog polls are freed by the watchdog",
+          "[concurrency]") {
+  ncclguard::testing::FakeGpuEvents events;
+  events.ReachEverything();
+  ReplaceGpuEventsForTesting(&events);
+  ncclguard::testing::RecordingEffects effects;
+  Config config;
+  config.status_interval = Seconds{0.001};
+  Watchdog watchdog(config, GetRegistry(), events, effects);
+
+  constexpr int kThreads = 4;
+  constexpr int kCycles = 500;
+  constexpr std::uintptr_t kFirstHandle = 0xa0000000;
+  auto ours = [&] {
+    int count = 0;
+    for (CommState* comm : GetRegistry().All()) count += reinterpret_cast<std::uintptr_t>(comm->handle) >= kFirstHandle;
+    return count;
+  };
+  std::atomic<bool> done{false};
+  std::thread watchdog_thread([&] {
+    while (!done.load()) watchdog.PollOnce(SteadyNowNs());
+  });
+  std::vector<std::thread> application;
+  std::atomic<int> not_registered{0};
+  for (int t = 0; t < kThreads; ++t) {
+    application.emplace_back([&, t] {
+      for (int i = 0; i < kCycles; ++i) {
+        const auto handle = reinterpret_cast<ncclComm_t>(kFirstHandle + (t * kCycles + i) * 0x40);
+        CommState* comm = GetRegistry().Add(handle, 0, 16, [](CommState& state) { state.lifecycle = CommLifecycle::kReady; });
+        if (comm == nullptr) {
+          not_registered.fetch_add(1);
+          continue;
+        }
+        for (int op = 0; op < 3; ++op) {
+          OperationArguments arguments;
+          arguments.comm = handle;
+          arguments.count = 16;
+          arguments.datatype = ncclFloat32;
+          AfterOperation(BeforeOperation(Api::ncclAllReduce, 0, arguments), ncclSuccess);
+        }
+        (void)BeforeCommCall(Api::ncclCommDestroy, handle);
+        AfterCommCall(Api::ncclCommDestroy, handle, ncclSuccess);
+      }
+    });
+  }
+  for (std::thread& thread : application) thread.join();
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (ours() != 0 && std::chrono::steady_clock::now() < give_up) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  done = true;
+  watchdog_thread.join();
+  ReplaceGpuEventsForTesting(nullptr);
+  CHECK(not_registered.load() == 0);
+  CHECK(ours() == 0);
+  CHECK(events.Destroyed().size() == 2 * 3 * kThreads * kCycles);
 }

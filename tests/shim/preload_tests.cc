@@ -249,6 +249,30 @@ TEST_CASE("NCCLGUARD_NCCL_LIBRARY names the NCCL to use when the process has non
         std::string::npos);
 }
 
+TEST_CASE("NCCLGUARD_NCCL_LIBRARY naming a library that is not NCCL falls back to the process's NCCL",
+          "[preload]") {
+  const ProcessResult plain = Run({PROBE_LINKED}, {}, false);
+  for (const std::string not_nccl : {std::string("libm.so.6"), std::string(PRELOAD_LIBRARY)}) {
+    const ProcessResult guarded = Run({PROBE_LINKED}, {{"NCCLGUARD_NCCL_LIBRARY", not_nccl}}, true);
+    INFO(not_nccl);
+    CHECK(guarded.exit_code == 0);
+    CHECK(Facts(guarded.out) == Facts(plain.out));
+    CHECK(CountOccurrences(guarded.err, "NCCLGUARD_NCCL_LIBRARY='" + not_nccl +
+                                            "' is not an NCCL library (it does not define ncclGetVersion); "
+                                            "looking for the process's own NCCL") == 1);
+  }
+}
+
+TEST_CASE("control characters in settings never reach the log raw", "[preload]") {
+  const ProcessResult guarded =
+      Run({PROBE_LINKED}, {{"NCCLGUARD_LOG_LEVEL", "loud\n0:0:0 ncclguard ERROR forged\x1b[2J"}}, true);
+  CHECK(guarded.exit_code == 0);
+  CHECK(guarded.err.find('\x1b') == std::string::npos);
+  CHECK(guarded.err.find("\n0:0:0 ncclguard") == std::string::npos);
+  CHECK(CountOccurrences(guarded.err, "NCCLGUARD_LOG_LEVEL='loud\\n0:0:0 ncclguard ERROR forged\\x1b[2J' is not one") ==
+        1);
+}
+
 TEST_CASE("bad settings are reported once and the defaults used", "[preload]") {
   const ProcessResult plain = Run({PROBE_LINKED}, {}, false);
   const ProcessResult guarded = Run(

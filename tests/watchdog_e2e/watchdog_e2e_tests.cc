@@ -603,3 +603,41 @@ TEST_CASE("the log names the NCCL library behind every communicator, on every lo
     }
   }
 }
+
+// The program's resident memory after 1,000 and after 10,000 cycles, in KiB.
+std::pair<long, long> CycleMemory(const Run& run) {
+  INFO(run.transcript);
+  REQUIRE_FALSE(run.result.timed_out);
+  REQUIRE(run.result.exit_code == 0);
+  static const std::regex rss_line(R"(rss_kb after (\d+) cycles: (\d+))");
+  std::map<int, long> rss_kb;
+  for (auto it = std::sregex_iterator(run.result.out.begin(), run.result.out.end(), rss_line);
+       it != std::sregex_iterator(); ++it) {
+    rss_kb[std::stoi((*it)[1])] = std::stol((*it)[2]);
+  }
+  REQUIRE(rss_kb.count(1000) == 1);
+  REQUIRE(rss_kb.count(10000) == 1);
+  return {rss_kb[1000], rss_kb[10000]};
+}
+
+TEST_CASE("destroyed communicators are freed: 10,000 create/destroy cycles keep memory flat", "[resources]") {
+  TemporaryDirectory dump_dir;
+  // Half a millisecond between cycles: still far more communicators a second than any real job
+  // makes. The program measures after a second's pause: more than a poll and a status interval,
+  // after which every closed communicator is released.
+  const std::vector<std::string> program{COMM_CYCLES_PROGRAM, "10000", "500"};
+  const Environment settings{{"NCCLGUARD_STATUS_INTERVAL", "0.2"}, {"NCCLGUARD_POLL_INTERVAL", "0.05"}};
+  const Run guarded = RunOnEmulator(dump_dir, program, settings);
+  const auto [guarded_first, guarded_last] = CycleMemory(guarded);
+  // What the emulated NCCL and CUDA themselves grow by is not ncclguard's.
+  TemporaryDirectory plain_dump_dir;
+  const auto [plain_first, plain_last] = CycleMemory(RunOnEmulator(plain_dump_dir, program, settings, false));
+  INFO(guarded.transcript << "\nwithout ncclguard: " << plain_first << " KiB, then " << plain_last << " KiB");
+  CHECK(guarded_last - guarded_first - std::max(0L, plain_last - plain_first) <= guarded_first / 10);
+  CHECK(guarded.result.err.find("communicators at once") == std::string::npos);
+  // The last status file, written at exit after the pause, lists no closed communicator.
+  for (const JsonFile& file : JobFiles(guarded.job_dir)) {
+    if (file.document.value("format", "") != "ncclguard-status") continue;
+    CHECK(file.document.at("communicators").empty());
+  }
+}
