@@ -77,7 +77,7 @@ void Watchdog::PollOnce(std::int64_t now_ns) {
 void Watchdog::AnswerDumpRequest(std::int64_t now_ns) {
   const char* reason = pending_dump_reason_.load();
   if (reason == nullptr) return;
-  const bool by_signal = reason == kSignalReason;
+  const bool by_signal = std::string_view(reason) == kSignalReason;  // literals may differ by address
   // A stream of signals must not fill the job directory: the request waits for the second to pass.
   if (by_signal && signal_dumped_ && now_ns - last_signal_dump_ns_ < kSignalDumpSpacingNs) return;
   pending_dump_reason_.compare_exchange_strong(reason, nullptr);

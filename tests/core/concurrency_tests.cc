@@ -4,6 +4,8 @@
 
 #include <atomic>
 #include <chrono>
+#include <mutex>
+#include <set>
 #include <thread>
 #include <vector>
 
@@ -102,9 +104,13 @@ TEST_CASE("communicators created and destroyed while the watchdog polls are free
   constexpr int kThreads = 4;
   constexpr int kCycles = 500;
   constexpr std::uintptr_t kFirstHandle = 0xa0000000;
+  // Only the watchdog thread may read a state it could free: the test compares addresses only.
+  std::mutex created_mutex;
+  std::set<CommState*> created;
   auto ours = [&] {
+    std::lock_guard<std::mutex> lock(created_mutex);
     int count = 0;
-    for (CommState* comm : GetRegistry().All()) count += reinterpret_cast<std::uintptr_t>(comm->handle) >= kFirstHandle;
+    for (CommState* comm : GetRegistry().All()) count += created.count(comm) != 0;
     return count;
   };
   std::atomic<bool> done{false};
@@ -121,6 +127,10 @@ TEST_CASE("communicators created and destroyed while the watchdog polls are free
         if (comm == nullptr) {
           not_registered.fetch_add(1);
           continue;
+        }
+        {
+          std::lock_guard<std::mutex> lock(created_mutex);
+          created.insert(comm);
         }
         for (int op = 0; op < 3; ++op) {
           OperationArguments arguments;
