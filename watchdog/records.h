@@ -79,6 +79,8 @@ struct RingUnmapper {
 using RingPointer = std::unique_ptr<OpRecord[], RingUnmapper>;
 RingPointer MapRing(std::size_t size);  // throws std::bad_alloc when there is no memory
 
+struct CommSnapshot;
+
 struct CommState {
   CommState(ncclComm_t handle, int library, std::size_t ring_size)
       : handle(handle), library(library), ring_size(ring_size), ring(MapRing(ring_size)) {}
@@ -125,6 +127,10 @@ struct CommState {
   // Freed (null) by the watchdog thread once the application has closed the communicator and
   // every operation has its final state; the state itself stays one status interval longer.
   RingPointer ring;
+  // What status files keep saying of it once the ring is freed (its last operations' signatures,
+  // its last completed operation): a peer that exits right after destroying its communicators
+  // still lets the others find a desync. Set by the watchdog thread under its status lock.
+  std::shared_ptr<const CommSnapshot> closed_status;
   std::atomic<std::uint64_t> last_enqueued{0};
   std::atomic<std::uint64_t> last_started{0};
   std::atomic<std::uint64_t> last_completed{0};

@@ -2,9 +2,10 @@
 //
 // Thread contract: the application's threads find states lock-free (Find) and add them under the
 // lock; only the watchdog thread unlinks and frees them, once the application has closed their
-// communicator (see Watchdog::ReleaseClosedCommunicators). A state is therefore valid for the
-// watchdog thread from All() to the end of its round, and for an application thread for as long
-// as it uses the communicator (using one after closing it is undefined in NCCL too).
+// communicator (see Watchdog::ReleaseClosedCommunicators), under the watchdog's status lock. A
+// state is therefore valid for the watchdog thread from All() to the end of its round, for a
+// thread holding that lock while it holds it, and for an application thread for as long as it
+// uses the communicator (using one after closing it is undefined in NCCL too).
 #pragma once
 
 #include <nccl.h>

@@ -54,6 +54,56 @@ void SignLatestOperations(const CommState& comm, std::int64_t to_wall, CommSnaps
 
 }  // namespace
 
+CommSnapshot SnapshotOfCommunicator(const CommState& comm, bool with_rings, bool sign, std::int64_t to_wall) {
+  CommSnapshot copy;
+  copy.id = comm.id;
+  copy.handle = reinterpret_cast<std::uint64_t>(comm.handle);
+  copy.rank = comm.rank.load(std::memory_order_relaxed);
+  copy.nranks = comm.nranks.load(std::memory_order_relaxed);
+  copy.device = comm.device.load(std::memory_order_relaxed);
+  copy.created_by = std::string(Describe(comm.created_by).name);
+  copy.parent_id = comm.parent_id;
+  copy.library_path = shim::LibraryPath(comm.library);
+  copy.nccl_version = shim::LibraryVersion(comm.library);
+  copy.state = std::string(CommLifecycleName(comm.lifecycle.load(std::memory_order_acquire)));
+  copy.init_start_ns = comm.init_start_ns + to_wall;
+  const std::int64_t init_end = comm.init_end_ns.load(std::memory_order_acquire);
+  copy.init_end_ns = init_end == 0 ? 0 : init_end + to_wall;
+  copy.last_enqueued = comm.last_enqueued.load(std::memory_order_acquire);
+  copy.last_started = comm.last_started.load(std::memory_order_acquire);
+  copy.last_completed = comm.last_completed.load(std::memory_order_acquire);
+  const int async_error = comm.async_error.load(std::memory_order_relaxed);
+  if (async_error != ncclSuccess && async_error != ncclInProgress) {
+    copy.async_error = std::string(ResultName(static_cast<ncclResult_t>(async_error)));
+  }
+  copy.dropped = comm.dropped.load(std::memory_order_relaxed);
+  if (comm.ring == nullptr) {  // closed and freed: what its last status said of its operations
+    if (comm.closed_status != nullptr) {
+      if (sign) {
+        copy.signatures_first_seq = comm.closed_status->signatures_first_seq;
+        copy.signatures = comm.closed_status->signatures;
+      }
+      copy.ring = comm.closed_status->ring;
+    }
+    return copy;
+  }
+  if (sign) SignLatestOperations(comm, to_wall, copy);
+  // The whole ring, or (for status files) only the last completed and the oldest unfinished
+  // operations: peers name a late rank's last operation from it.
+  const std::uint64_t last = copy.last_enqueued;
+  for (std::uint64_t seq = last >= comm.ring_size ? last - comm.ring_size + 1 : 1; seq <= last; ++seq) {
+    const OpRecord& op = comm.ring[seq % comm.ring_size];
+    if (op.seq.load(std::memory_order_relaxed) != seq) continue;
+    if (with_rings || seq == copy.last_completed) {
+      copy.ring.push_back(CopyOperation(op, seq, to_wall));
+    } else if (!IsFinished(op.state.load(std::memory_order_acquire))) {
+      copy.ring.push_back(CopyOperation(op, seq, to_wall));
+      break;
+    }
+  }
+  return copy;
+}
+
 ProcessSnapshot BuildSnapshot(Registry& registry, const std::string& reason, bool with_rings,
                               std::int64_t steady_now_ns, std::int64_t wall_now_ns) {
   const std::int64_t to_wall = wall_now_ns - steady_now_ns;
@@ -62,46 +112,10 @@ ProcessSnapshot BuildSnapshot(Registry& registry, const std::string& reason, boo
   snapshot.time_ns = wall_now_ns;
   snapshot.in_nccl_call = hooks::CurrentNcclCall();
   for (CommState* comm : registry.All()) {
-    CommSnapshot copy;
-    copy.id = comm->id;
-    copy.handle = reinterpret_cast<std::uint64_t>(comm->handle);
-    copy.rank = comm->rank.load(std::memory_order_relaxed);
-    copy.nranks = comm->nranks.load(std::memory_order_relaxed);
-    copy.device = comm->device.load(std::memory_order_relaxed);
-    copy.created_by = std::string(Describe(comm->created_by).name);
-    copy.parent_id = comm->parent_id;
-    copy.library_path = shim::LibraryPath(comm->library);
-    copy.nccl_version = shim::LibraryVersion(comm->library);
-    copy.state = std::string(CommLifecycleName(comm->lifecycle.load(std::memory_order_acquire)));
-    copy.init_start_ns = comm->init_start_ns + to_wall;
-    const std::int64_t init_end = comm->init_end_ns.load(std::memory_order_acquire);
-    copy.init_end_ns = init_end == 0 ? 0 : init_end + to_wall;
-    copy.last_enqueued = comm->last_enqueued.load(std::memory_order_acquire);
-    copy.last_started = comm->last_started.load(std::memory_order_acquire);
-    copy.last_completed = comm->last_completed.load(std::memory_order_acquire);
-    const int async_error = comm->async_error.load(std::memory_order_relaxed);
-    if (async_error != ncclSuccess && async_error != ncclInProgress) {
-      copy.async_error = std::string(ResultName(static_cast<ncclResult_t>(async_error)));
-    }
-    copy.dropped = comm->dropped.load(std::memory_order_relaxed);
-    if (snapshot.rank < 0) snapshot.rank = copy.rank;
     // Status files sign only the first communicators (job_dir.h): no need to sign the others.
-    if (!with_rings && snapshot.comms.size() < kMaxSignedCommunicators) SignLatestOperations(*comm, to_wall, copy);
-    // The whole ring, or (for status files) only the last completed and the oldest unfinished
-    // operations: peers name a late rank's last operation from it.
-    const std::uint64_t last = comm->ring != nullptr ? copy.last_enqueued : 0;  // freed once closed
-    for (std::uint64_t seq = last >= comm->ring_size ? last - comm->ring_size + 1 : 1; seq <= last;
-         ++seq) {
-      const OpRecord& op = comm->ring[seq % comm->ring_size];
-      if (op.seq.load(std::memory_order_relaxed) != seq) continue;
-      if (with_rings || seq == copy.last_completed) {
-        copy.ring.push_back(CopyOperation(op, seq, to_wall));
-      } else if (!IsFinished(op.state.load(std::memory_order_acquire))) {
-        copy.ring.push_back(CopyOperation(op, seq, to_wall));
-        break;
-      }
-    }
-    snapshot.comms.push_back(std::move(copy));
+    const bool sign = !with_rings && snapshot.comms.size() < kMaxSignedCommunicators;
+    snapshot.comms.push_back(SnapshotOfCommunicator(*comm, with_rings, sign, to_wall));
+    if (snapshot.rank < 0) snapshot.rank = snapshot.comms.back().rank;
   }
   for (const PendingInit& init : registry.PendingInits()) {
     PendingInitSnapshot copy;

@@ -95,6 +95,9 @@ void Watchdog::AnswerDumpRequest(std::int64_t now_ns) {
 
 void Watchdog::ReleaseClosedCommunicators(std::int64_t now_ns) {
   const std::int64_t keep_ns = status_interval_ns_ > 0 ? status_interval_ns_ : ToNs(config_.status_interval);
+  // An application thread writes the status file when a communicator is created (WriteStatusNow):
+  // it must not walk a ring or a state freed here.
+  std::lock_guard<std::mutex> lock(status_mutex_);
   for (CommState* comm : registry_.All()) {
     const CommLifecycle lifecycle = comm->lifecycle.load(std::memory_order_acquire);
     // ncclguard's own abort leaves the handle in the application's hands: its calls are answered
@@ -106,6 +109,8 @@ void Watchdog::ReleaseClosedCommunicators(std::int64_t now_ns) {
     if (comm->ring != nullptr) {
       comm->closed_seen_ns = now_ns;
       registry_.Unlink(comm);
+      comm->closed_status = std::make_shared<const CommSnapshot>(
+          SnapshotOfCommunicator(*comm, false, true, effects_.WallNowNs() - now_ns));
       FreeRing(*comm);
     } else if (now_ns - comm->closed_seen_ns >= keep_ns) {
       registry_.Remove(comm);
@@ -140,7 +145,8 @@ void Watchdog::FlushAtExit(std::int64_t now_ns) {
 
 void Watchdog::FreeRing(CommState& comm) {
   // The destroy or abort gave every operation its final state before publishing the lifecycle: no
-  // application thread uses the ring any more, and this thread is the only other reader.
+  // application thread uses the ring any more, and the other reader (a status written by an
+  // application thread) is held off by the status lock that the caller holds.
   for (std::size_t slot = 0; slot < comm.ring_size; ++slot) {
     for (GpuEvent event : {comm.ring[slot].start_event, comm.ring[slot].end_event}) {
       if (event != nullptr) events_.Destroy(comm.context, event);
