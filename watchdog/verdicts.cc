@@ -815,12 +815,13 @@ absl::StatusOr<int> OpenJobDirectory(const std::string& directory, JobDirectoryO
   return fd;
 }
 
-// The classifier walks every rank of every communicator: the communicators' claimed sizes, each
-// within kMaxRanks, must also stay within kMaxRankSlots together (a 16,384-rank job with 64
-// communicators spanning it takes a million).
+// The classifier walks every rank of every communicator, and its evidence names each rank that
+// left nothing (a few hundred bytes each): the communicators' claimed sizes, each within
+// kMaxRanks, must also stay within kMaxRankSlots together (a 16,384-rank job with 16
+// communicators spanning it).
 class RankSlots {
  public:
-  static constexpr std::int64_t kMaxRankSlots = 1 << 20;
+  static constexpr std::int64_t kMaxRankSlots = 1 << 18;
 
   absl::Status Admit(const ProcessSnapshot& snapshot) {
     std::int64_t added = 0;
