@@ -6,6 +6,7 @@
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -22,6 +23,7 @@
 #include "watchdog/job_dir.h"
 #include "watchdog/known_bad.h"
 #include "watchdog/log.h"
+#include "watchdog/p2p_policy.h"
 #include "watchdog/verdicts.h"
 
 namespace ncclguard {
@@ -117,11 +119,16 @@ TEST_CASE("a device in the job directory is not opened", "[hostile]") {
 TEST_CASE("reading a job directory has a deadline as a whole", "[hostile]") {
   TemporaryDirectory job;
   for (int pid = 1; pid <= 40; ++pid) WriteHonestProcess(job.path(), 0, pid);
-  // A deadline too short for forty files: what was read in time is used, the rest is a problem.
+  // A deadline already passed: either the caller gives up at once, or the reading thread, quicker,
+  // stops before the first file and says so.
   const absl::StatusOr<JobView> read =
       ReadJobDirectory(job.path(), kHonestNow, 2, JobDirectoryOrigin::kNamedByUser, std::chrono::milliseconds(0));
-  CHECK_FALSE(read.ok());
-  CHECK(absl::IsDeadlineExceeded(read.status()));
+  if (read.ok()) {
+    CHECK(read->processes.empty());
+    CHECK(Contains(read->problems, "status files: not read, the deadline passed"));
+  } else {
+    CHECK(absl::IsDeadlineExceeded(read.status()));
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -332,6 +339,26 @@ TEST_CASE("a FIFO, a device or a huge file as the known-bad file is refused prom
     REQUIRE(loaded.has_value());
     CHECK_FALSE(loaded->ok());
     CHECK(loaded->message().find(path) != std::string::npos);
+  }
+}
+
+TEST_CASE("a FIFO or a device as NCCL_CONF_FILE is skipped, not waited for", "[hostile]") {
+  TemporaryDirectory temporary;
+  const std::string fifo = temporary.path() + "/nccl.conf";
+  MakeFifo(fifo);
+  const std::string readable = temporary.path() + "/readable.conf";
+  std::ofstream(readable) << "NCCL_P2P_DISABLE=1\n";
+  for (const std::string& path : {fifo, std::string("/dev/zero"), readable}) {
+    const auto files = WithinSeconds<std::vector<NcclConfigFile>>(kPromptSeconds, [&] {
+      return ReadNcclConfigFiles([&](const char* name, std::string* value) {
+        if (std::string(name) != "NCCL_CONF_FILE") return false;
+        *value = path;
+        return true;
+      });
+    });
+    REQUIRE(files.has_value());
+    const bool read = std::any_of(files->begin(), files->end(), [&](const NcclConfigFile& file) { return file.path == path; });
+    CHECK(read == (path == readable));
   }
 }
 
