@@ -230,7 +230,9 @@ constexpr int kReadFlags = O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC;
 
 absl::Status CheckReadable(const struct stat& entry, std::size_t max_bytes) {
   if (S_ISLNK(entry.st_mode)) return absl::PermissionDeniedError("a symbolic link; not followed");
-  if (!S_ISREG(entry.st_mode)) return absl::PermissionDeniedError("not a regular file (a FIFO, a device or a directory)");
+  if (!S_ISREG(entry.st_mode)) {
+    return absl::PermissionDeniedError("not a regular file (a FIFO, a device or a directory)");
+  }
   if (entry.st_size < 0 || static_cast<std::uint64_t>(entry.st_size) > max_bytes) {
     return absl::OutOfRangeError(absl::StrCat("larger than ", max_bytes, " bytes"));
   }
@@ -366,7 +368,8 @@ absl::StatusOr<int> OpenFileForAppending(const std::string& path) {
   const int error = errno;
   close(directory_fd);
   if (fd < 0) {
-    return ErrnoError(absl::StrCat("cannot open ", path, error == ELOOP ? " (a symbolic link; not followed)" : ""), error);
+    const char* why = error == ELOOP ? " (a symbolic link; not followed)" : "";
+    return ErrnoError(absl::StrCat("cannot open ", path, why), error);
   }
   struct stat status {};
   absl::Status refused = absl::OkStatus();
@@ -375,7 +378,8 @@ absl::StatusOr<int> OpenFileForAppending(const std::string& path) {
   } else if (!S_ISREG(status.st_mode)) {
     refused = absl::PermissionDeniedError(absl::StrCat(path, " is not a regular file"));
   } else if (status.st_uid != geteuid()) {
-    refused = absl::PermissionDeniedError(absl::StrCat(path, " belongs to uid ", status.st_uid, ", not to this process's uid ", geteuid()));
+    refused = absl::PermissionDeniedError(
+        absl::StrCat(path, " belongs to uid ", status.st_uid, ", not to this process's uid ", geteuid()));
   }
   if (!refused.ok()) {
     close(fd);
@@ -526,7 +530,9 @@ absl::StatusOr<std::string> ReadFileAt(int directory_fd, const std::string& name
 
 absl::StatusOr<std::string> ReadOwnFile(const std::string& path, std::size_t max_bytes) {
   const int fd = open(path.c_str(), kReadFlags | O_NOFOLLOW);
-  if (fd < 0 && errno == ELOOP) return absl::PermissionDeniedError(absl::StrCat(path, ": a symbolic link; not followed"));
+  if (fd < 0 && errno == ELOOP) {
+    return absl::PermissionDeniedError(absl::StrCat(path, ": a symbolic link; not followed"));
+  }
   if (fd < 0) {
     const std::string message = absl::StrCat(path, ": ", std::strerror(errno));
     return errno == ENOENT ? absl::NotFoundError(message) : absl::UnavailableError(message);

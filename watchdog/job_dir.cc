@@ -252,7 +252,8 @@ DumpRequest ParseRequest(const std::string& name, const absl::StatusOr<std::stri
 absl::StatusOr<std::vector<DumpRequest>> ListRequestsNow(const std::string& job_dir,
                                                         const std::set<std::string>& already_handled) {
   const std::string requests_directory = absl::StrCat(job_dir, "/", kDumpRequestsDirectory);
-  absl::StatusOr<int> directory_fd = OpenPrivateDirectory(requests_directory, /*create=*/false, /*levels_below_job_directory=*/1);
+  absl::StatusOr<int> directory_fd =
+      OpenPrivateDirectory(requests_directory, /*create=*/false, /*levels_below_job_directory=*/1);
   if (!directory_fd.ok()) {
     struct stat unused {};
     if (lstat(requests_directory.c_str(), &unused) != 0 && errno == ENOENT) {
@@ -408,10 +409,12 @@ absl::StatusOr<std::string> RequestDumps(const std::string& job_dir, const std::
   const std::string directory = absl::StrCat(job_dir, "/", kDumpRequestsDirectory);
   // The request first, then the generation naming it: a process that sees the new generation is
   // sure to find the request in its listing.
-  absl::StatusOr<std::string> written = WriteFileAtomically(directory, name, content + "\n", true, 1);
+  absl::StatusOr<std::string> written = WriteFileAtomically(directory, name, content + "\n", /*durable=*/true,
+                                                            /*levels_below_job_directory=*/1);
   if (!written.ok()) return written.status();
   absl::StatusOr<std::string> generation =
-      WriteFileAtomically(directory, kGenerationFile, name + "\n", /*durable=*/false, 1);
+      WriteFileAtomically(directory, kGenerationFile, name + "\n", /*durable=*/false,
+                          /*levels_below_job_directory=*/1);
   if (!generation.ok()) return generation.status();
   return name;
 }
