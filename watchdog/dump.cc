@@ -18,6 +18,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "watchdog/log.h"
 #include "watchdog/version.h"
 
@@ -29,6 +30,8 @@ using Json = nlohmann::ordered_json;
 // Threads of RunWithDeadline still running, abandoned ones included.
 std::atomic<int> g_unfinished_threads{0};
 constexpr int kMaxUnfinishedThreads = 4;
+// Sixteen times the files of a 16,384-rank job: more is not a job directory.
+constexpr std::size_t kMaxListedNames = 1 << 18;
 
 std::atomic<bool> g_write_failure_logged{false};
 std::atomic<std::uint64_t> g_dump_counter{0};
@@ -131,6 +134,50 @@ absl::Status CreateDirectories(const std::string& directory) {
   }
 }
 
+// How many trailing components of a directory ncclguard writes into are its own: those below the
+// job directory, the job directory, and the default dump directory ncclguard-<uid> above it.
+std::size_t OwnLevels(const std::vector<std::string>& components, int levels_below_job_directory) {
+  const std::size_t job_and_below = static_cast<std::size_t>(std::max(levels_below_job_directory, 0)) + 1;
+  if (components.size() <= job_and_below) return job_and_below;
+  const bool default_base = components[components.size() - job_and_below - 1] == absl::StrCat("ncclguard-", getuid());
+  return job_and_below + (default_base ? 1 : 0);
+}
+
+// Opens (creating it 0700 when asked) the directory `name` in `parent_fd`, one of ncclguard's own
+// levels (`path`, for messages): a real directory owned by this user. Checked on the open
+// descriptor: what is checked is what is written into.
+absl::StatusOr<int> OpenOwnLevel(int parent_fd, const std::string& name, const std::string& path, bool create) {
+  constexpr int kFlags = O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC;
+  int fd = openat(parent_fd, name.c_str(), kFlags);
+  if (fd < 0 && errno == ENOENT && create) {
+    if (mkdirat(parent_fd, name.c_str(), 0700) != 0 && errno != EEXIST) {
+      return ErrnoError(absl::StrCat("cannot create the directory ", path), errno);
+    }
+    fd = openat(parent_fd, name.c_str(), kFlags);
+  }
+  if (fd < 0) {
+    const int error = errno;
+    struct stat link {};
+    if (fstatat(parent_fd, name.c_str(), &link, AT_SYMLINK_NOFOLLOW) == 0 && S_ISLNK(link.st_mode)) {
+      return absl::PermissionDeniedError(
+          absl::StrCat(path, " is a symbolic link; ncclguard writes only into real directories"));
+    }
+    return ErrnoError(absl::StrCat("cannot open the directory ", path), error);
+  }
+  struct stat status {};
+  if (fstat(fd, &status) != 0) {
+    const int error = errno;
+    close(fd);
+    return ErrnoError(absl::StrCat("cannot examine the directory ", path), error);
+  }
+  if (status.st_uid != geteuid()) {
+    close(fd);
+    return absl::PermissionDeniedError(
+        absl::StrCat(path, " belongs to uid ", status.st_uid, ", not to this process's uid ", geteuid()));
+  }
+  return fd;
+}
+
 absl::Status WriteAll(int fd, const std::string& content) {
   size_t written = 0;
   while (written < content.size()) {
@@ -143,8 +190,8 @@ absl::Status WriteAll(int fd, const std::string& content) {
 }
 
 absl::StatusOr<std::string> WriteFileNow(const std::string& directory, const std::string& name,
-                                         const std::string& content, bool durable) {
-  absl::StatusOr<int> directory_fd = OpenPrivateDirectory(directory, /*create=*/true);
+                                         const std::string& content, bool durable, int levels_below_job_directory) {
+  absl::StatusOr<int> directory_fd = OpenPrivateDirectory(directory, /*create=*/true, levels_below_job_directory);
   if (!directory_fd.ok()) return directory_fd.status();
   const std::string temporary = absl::StrCat(".tmp-", name, ".", getpid(), ".",
                                              g_temporary_counter.fetch_add(1));
@@ -176,6 +223,50 @@ absl::StatusOr<std::string> WriteFileNow(const std::string& directory, const std
                         absl::StrCat("cannot write ", directory, "/", name, ": ", status.message()));
   }
   return absl::StrCat(directory, "/", name);
+}
+
+// Never blocks in open(): a FIFO without a writer or a device would hold the reader for ever.
+constexpr int kReadFlags = O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC;
+
+absl::Status CheckReadable(const struct stat& entry, std::size_t max_bytes) {
+  if (S_ISLNK(entry.st_mode)) return absl::PermissionDeniedError("a symbolic link; not followed");
+  if (!S_ISREG(entry.st_mode)) {
+    return absl::PermissionDeniedError("not a regular file (a FIFO, a device or a directory)");
+  }
+  if (entry.st_size < 0 || static_cast<std::uint64_t>(entry.st_size) > max_bytes) {
+    return absl::OutOfRangeError(absl::StrCat("larger than ", max_bytes, " bytes"));
+  }
+  return absl::OkStatus();
+}
+
+// Reads the open `fd` (and closes it): a regular file, the one examined as `examined` when given,
+// at most `max_bytes` even if it grows while being read.
+absl::StatusOr<std::string> ReadOpenFile(int fd, const struct stat* examined, std::size_t max_bytes) {
+  struct stat opened {};
+  absl::Status status = fstat(fd, &opened) == 0 ? CheckReadable(opened, max_bytes) : ErrnoError("fstat", errno);
+  if (status.ok() && examined != nullptr && (opened.st_dev != examined->st_dev || opened.st_ino != examined->st_ino)) {
+    status = absl::UnavailableError("replaced while being opened");
+  }
+  std::string content;
+  if (status.ok()) content.resize(static_cast<std::size_t>(opened.st_size) + 1);
+  std::size_t filled = 0;
+  while (status.ok()) {
+    const ssize_t n = read(fd, content.data() + filled, content.size() - filled);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) status = ErrnoError("read", errno);
+    if (n <= 0) break;
+    filled += static_cast<std::size_t>(n);
+    if (filled < content.size()) continue;
+    if (content.size() > max_bytes) {
+      status = absl::OutOfRangeError(absl::StrCat("larger than ", max_bytes, " bytes"));
+    } else {
+      content.resize(std::min(max_bytes + 1, content.size() * 2));  // it grows while we read
+    }
+  }
+  close(fd);
+  if (!status.ok()) return status;
+  content.resize(filled);
+  return content;
 }
 
 }  // namespace
@@ -231,49 +322,81 @@ std::string IsoTime(std::int64_t epoch_ns) {
   return fmt::format("{}.{:03d}Z", text, static_cast<int>(epoch_ns % 1'000'000'000 / 1'000'000));
 }
 
-absl::StatusOr<int> OpenPrivateDirectory(const std::string& path, bool create) {
+absl::StatusOr<int> OpenPrivateDirectory(const std::string& path, bool create, int levels_below_job_directory) {
   // A trailing slash would make open() follow a symbolic link despite O_NOFOLLOW.
   std::string directory = path;
   while (directory.size() > 1 && directory.back() == '/') directory.pop_back();
   if (directory.empty() || directory[0] != '/') {
     return absl::InvalidArgumentError(absl::StrCat("'", directory, "' is not an absolute path"));
   }
-  constexpr int kFlags = O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC;
-  int fd = open(directory.c_str(), kFlags);
+  const std::vector<std::string> components = absl::StrSplit(directory, '/', absl::SkipEmpty());
+  const std::size_t own = std::min(components.size(), OwnLevels(components, levels_below_job_directory));
+  std::string base = "/";
+  for (std::size_t i = 0; i + own < components.size(); ++i) absl::StrAppend(&base, i > 0 ? "/" : "", components[i]);
+  // The part above ncclguard's own levels is the user's: followed as given, created when missing.
+  int fd = open(base.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0 && errno == ENOENT && create) {
+    if (absl::Status created = CreateDirectories(base); !created.ok()) return created;
+    fd = open(base.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  }
+  if (fd < 0) return ErrnoError(absl::StrCat("cannot open the directory ", directory, ": ", base), errno);
+  std::string opened = base == "/" ? "" : base;
+  for (std::size_t i = components.size() - own; i < components.size(); ++i) {
+    absl::StrAppend(&opened, "/", components[i]);
+    absl::StatusOr<int> next = OpenOwnLevel(fd, components[i], opened, create);
+    close(fd);
+    if (!next.ok()) return next.status();
+    fd = *next;
+  }
+  return fd;
+}
+
+absl::StatusOr<int> OpenFileForAppending(const std::string& path) {
+  const std::size_t slash = path.rfind('/');
+  const std::string directory = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+  const std::string name = slash == std::string::npos ? path : path.substr(slash + 1);
+  if (name.empty()) return absl::InvalidArgumentError(absl::StrCat("'", path, "' names a directory"));
+  int directory_fd = open(directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (directory_fd < 0 && errno == ENOENT) {
     if (absl::Status created = CreateDirectories(directory); !created.ok()) return created;
-    fd = open(directory.c_str(), kFlags);
+    directory_fd = open(directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   }
+  if (directory_fd < 0) return ErrnoError(absl::StrCat("cannot open the directory ", directory), errno);
+  // O_NONBLOCK: a FIFO without a reader fails at once instead of holding the first NCCL call.
+  const int fd = openat(directory_fd, name.c_str(),
+                        O_WRONLY | O_APPEND | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC, 0600);
+  const int error = errno;
+  close(directory_fd);
   if (fd < 0) {
-    const int error = errno;
-    struct stat link {};
-    if (lstat(directory.c_str(), &link) == 0 && S_ISLNK(link.st_mode)) {
-      return absl::PermissionDeniedError(
-          absl::StrCat(directory, " is a symbolic link; ncclguard writes only into real directories"));
-    }
-    return ErrnoError(absl::StrCat("cannot open the directory ", directory), error);
+    const char* why = error == ELOOP ? " (a symbolic link; not followed)" : "";
+    return ErrnoError(absl::StrCat("cannot open ", path, why), error);
   }
-  // Checked on the open descriptor, not the path: what is checked is what is written into.
   struct stat status {};
+  absl::Status refused = absl::OkStatus();
   if (fstat(fd, &status) != 0) {
-    const int error = errno;
-    close(fd);
-    return ErrnoError(absl::StrCat("cannot examine the directory ", directory), error);
+    refused = ErrnoError(absl::StrCat("cannot examine ", path), errno);
+  } else if (!S_ISREG(status.st_mode)) {
+    refused = absl::PermissionDeniedError(absl::StrCat(path, " is not a regular file"));
+  } else if (status.st_uid != geteuid()) {
+    refused = absl::PermissionDeniedError(
+        absl::StrCat(path, " belongs to uid ", status.st_uid, ", not to this process's uid ", geteuid()));
   }
-  if (status.st_uid != geteuid()) {
+  if (!refused.ok()) {
     close(fd);
-    return absl::PermissionDeniedError(absl::StrCat(
-        directory, " belongs to uid ", status.st_uid, ", not to this process's uid ", geteuid()));
+    return refused;
   }
   return fd;
 }
 
 absl::StatusOr<std::string> WriteFileAtomically(const std::string& directory, const std::string& name,
-                                                const std::string& content, bool durable) noexcept {
+                                                const std::string& content, bool durable,
+                                                int levels_below_job_directory) noexcept {
   absl::StatusOr<std::string> result = absl::UnknownError("not written");
   try {
     result = RunWithDeadline<std::string>(
-        [directory, name, content, durable] { return WriteFileNow(directory, name, content, durable); },
+        [directory, name, content, durable, levels_below_job_directory] {
+          return WriteFileNow(directory, name, content, durable, levels_below_job_directory);
+        },
         kWriteDeadline);
     if (absl::IsDeadlineExceeded(result.status())) {
       result = absl::DeadlineExceededError(absl::StrCat(
@@ -376,27 +499,59 @@ DumpResult WriteDump(const std::string& job_dir, const ProcessSnapshot& snapshot
   return WriteFileAtomically(job_dir, name, content, /*durable=*/true);
 }
 
+std::size_t MaxDumpBytes(long ring_size) {
+  // A dumped operation is about 350 bytes of JSON; the facts (environment, command line, GPUs)
+  // a few KiB.
+  constexpr std::size_t kBytesPerOperation = 512;
+  constexpr std::size_t kFactsBytes = 256 << 10;
+  constexpr std::size_t kLargestCap = 256 << 20;
+  const std::size_t ring = static_cast<std::size_t>(std::clamp<long>(ring_size, 1, 1 << 20));
+  return std::min(kLargestCap, kFactsBytes + kMaxDumpedRings * ring * kBytesPerOperation);
+}
+
 absl::StatusOr<std::string> ReadFileAt(int directory_fd, const std::string& name, std::size_t max_bytes) {
-  const int fd = openat(directory_fd, name.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-  if (fd < 0) return absl::NotFoundError(std::strerror(errno));
-  std::string content;
-  char buffer[65536];
-  for (;;) {
-    const ssize_t n = read(fd, buffer, sizeof(buffer));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      const int error = errno;
-      close(fd);
-      return absl::UnavailableError(std::strerror(error));
-    }
-    if (n == 0) break;
-    content.append(buffer, static_cast<size_t>(n));
-    if (content.size() > max_bytes) {
-      close(fd);
-      return absl::OutOfRangeError(absl::StrCat("larger than ", max_bytes, " bytes"));
-    }
+  // Examined before it is opened: opening a device can have effects of its own.
+  struct stat entry {};
+  if (fstatat(directory_fd, name.c_str(), &entry, AT_SYMLINK_NOFOLLOW) != 0) {
+    return absl::NotFoundError(std::strerror(errno));
   }
-  close(fd);
+  if (absl::Status type = CheckReadable(entry, max_bytes); !type.ok()) return type;
+  struct stat directory {};
+  if (fstat(directory_fd, &directory) != 0) return ErrnoError("cannot examine the directory", errno);
+  if (entry.st_uid != geteuid() && entry.st_uid != 0 && entry.st_uid != directory.st_uid) {
+    return absl::PermissionDeniedError(absl::StrCat("belongs to uid ", entry.st_uid, ", neither this user (",
+                                                    geteuid(), "), root nor the directory's owner (",
+                                                    directory.st_uid, ")"));
+  }
+  const int fd = openat(directory_fd, name.c_str(), kReadFlags | O_NOFOLLOW);
+  if (fd < 0) return absl::NotFoundError(std::strerror(errno));
+  return ReadOpenFile(fd, &entry, max_bytes);
+}
+
+absl::StatusOr<std::string> ReadOwnFile(const std::string& path, std::size_t max_bytes) {
+  const int fd = open(path.c_str(), kReadFlags | O_NOFOLLOW);
+  if (fd < 0 && errno == ELOOP) {
+    return absl::PermissionDeniedError(absl::StrCat(path, ": a symbolic link; not followed"));
+  }
+  if (fd < 0) {
+    const std::string message = absl::StrCat(path, ": ", std::strerror(errno));
+    return errno == ENOENT ? absl::NotFoundError(message) : absl::UnavailableError(message);
+  }
+  struct stat opened {};
+  if (fstat(fd, &opened) != 0 || (opened.st_uid != geteuid() && opened.st_uid != 0)) {
+    close(fd);
+    return absl::PermissionDeniedError(absl::StrCat(path, ": belongs to uid ", opened.st_uid, ", not to this user"));
+  }
+  absl::StatusOr<std::string> content = ReadOpenFile(fd, &opened, max_bytes);
+  if (!content.ok()) return absl::Status(content.status().code(), absl::StrCat(path, ": ", content.status().message()));
+  return content;
+}
+
+absl::StatusOr<std::string> ReadRegularFile(const std::string& path, std::size_t max_bytes) {
+  const int fd = open(path.c_str(), kReadFlags);
+  if (fd < 0) return absl::NotFoundError(absl::StrCat(path, ": ", std::strerror(errno)));
+  absl::StatusOr<std::string> content = ReadOpenFile(fd, nullptr, max_bytes);
+  if (!content.ok()) return absl::Status(content.status().code(), absl::StrCat(path, ": ", content.status().message()));
   return content;
 }
 
@@ -409,10 +564,17 @@ absl::StatusOr<std::vector<std::string>> ListNamesAt(int directory_fd, const std
     if (listing_fd >= 0) close(listing_fd);
     return absl::UnavailableError(absl::StrCat("cannot list the directory: ", std::strerror(error)));
   }
+  // The duplicate shares the position of `directory_fd`, which an earlier listing left at the end.
+  rewinddir(directory);
   std::vector<std::string> names;
   while (const dirent* entry = readdir(directory)) {
     const std::string name = entry->d_name;
-    if (absl::StartsWith(name, prefix) && absl::EndsWith(name, suffix)) names.push_back(name);
+    if (!absl::StartsWith(name, prefix) || !absl::EndsWith(name, suffix)) continue;
+    if (names.size() == kMaxListedNames) {
+      closedir(directory);
+      return absl::OutOfRangeError(absl::StrCat("more than ", kMaxListedNames, " files named ", prefix, "*", suffix));
+    }
+    names.push_back(name);
   }
   closedir(directory);
   std::sort(names.begin(), names.end());

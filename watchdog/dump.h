@@ -45,24 +45,59 @@ DumpResult WriteDump(const std::string& job_dir, const ProcessSnapshot& snapshot
                      const ProcessFacts& facts) noexcept;
 
 // Writes `content` as directory/name: a temporary file in the same directory (O_EXCL,
-// O_NOFOLLOW, mode 0600), fsync()ed when `durable`, then renamed over `name`. The directory and
-// its missing parents are created 0700; a directory that is a symbolic link or belongs to another
-// user is refused. Bounded by kWriteDeadline. The first failure in the process is logged.
+// O_NOFOLLOW, mode 0600), fsync()ed when `durable`, then renamed over `name`. `directory` is the
+// job directory or lies `levels_below_job_directory` levels below it; see OpenPrivateDirectory
+// for which levels must be real directories of this user. Bounded by kWriteDeadline. The first
+// failure in the process is logged.
 absl::StatusOr<std::string> WriteFileAtomically(const std::string& directory, const std::string& name,
-                                                const std::string& content, bool durable) noexcept;
+                                                const std::string& content, bool durable,
+                                                int levels_below_job_directory = 0) noexcept;
 
-// Reads `name` in the directory open as `directory_fd` without following a symbolic link, and
-// refuses a file larger than `max_bytes` (not one of ours).
+// Opens `path` (NCCLGUARD_LOG_FILE) for appending the way ncclguard writes every file: missing
+// parent directories are created 0700 and the file 0600, a symbolic link is not followed, the
+// open never blocks (a FIFO), and only a regular file of this user is accepted. Returns the
+// descriptor (the caller closes).
+absl::StatusOr<int> OpenFileForAppending(const std::string& path);
+
+// How long reading one file named by the user, or a whole job directory, may take (a shared
+// file system whose server went away blocks I/O indefinitely).
+inline constexpr std::chrono::milliseconds kReadDeadline{10'000};
+
+// The largest dump ncclguard reads: a whole flight recorder of `ring_size` entries for each of
+// kMaxDumpedRings communicators, plus the facts. Real dumps are well under a MiB at the default
+// ring; anything larger was not written by ncclguard.
+inline constexpr std::size_t kMaxDumpedRings = 8;
+std::size_t MaxDumpBytes(long ring_size);
+
+// Reads `name` in the directory open as `directory_fd`, the one way ncclguard reads a job
+// directory's files: never blocks on the open (a FIFO or a device is refused, not waited for),
+// never follows a symbolic link, reads only a regular file owned by this user, by root or by the
+// directory's owner, and refuses one larger than `max_bytes` before reading it.
 absl::StatusOr<std::string> ReadFileAt(int directory_fd, const std::string& name, std::size_t max_bytes);
+
+// Reads `path` in the process's own job directory with ReadFileAt's rules (a regular file of this
+// user or root, no symbolic link, no blocking, `max_bytes` at most) in a single open(): for the
+// file polled every status interval.
+absl::StatusOr<std::string> ReadOwnFile(const std::string& path, std::size_t max_bytes);
+
+// Reads a file the user named (NCCLGUARD_KNOWN_BAD_FILE): a symbolic link the user made is
+// followed and any owner is accepted, but only a regular file of at most `max_bytes` is read,
+// and the open never blocks.
+absl::StatusOr<std::string> ReadRegularFile(const std::string& path, std::size_t max_bytes);
 
 // Names in the directory open as `directory_fd` that start with `prefix` and end with `suffix`,
 // sorted. Hidden temporary files never match.
 absl::StatusOr<std::vector<std::string>> ListNamesAt(int directory_fd, const std::string& prefix,
                                                      const std::string& suffix);
 
-// Opens `directory` for *at() calls, creating it (and its parents) 0700 when missing; refuses a
-// symbolic link or a directory owned by another user. Returns the descriptor (the caller closes).
-absl::StatusOr<int> OpenPrivateDirectory(const std::string& directory, bool create);
+// Opens `directory` (absolute), the job directory or a directory `levels_below_job_directory`
+// levels below it, for *at() calls. ncclguard's own levels, that is the job directory, those
+// below it and the default dump directory ncclguard-<uid> above it, are opened one by one
+// without following a symbolic link and must belong to this user; the levels above are the
+// user's and are followed as given. Missing directories are created 0700 when `create`. Returns
+// the descriptor (the caller closes).
+absl::StatusOr<int> OpenPrivateDirectory(const std::string& directory, bool create,
+                                         int levels_below_job_directory = 0);
 
 // `text` reduced to [A-Za-z0-9._-] (others become '_'), no leading '.', at most 100 characters;
 // "unknown" when empty.

@@ -64,6 +64,7 @@ CommSnapshot ParseComm(const Json& entry) {
   comm.handle = ParseHex(entry.at("handle"));
   comm.rank = entry.at("rank").get<int>();
   comm.nranks = entry.at("nranks").get<int>();
+  CheckRanks(comm.rank, comm.nranks);
   comm.device = entry.at("device").get<int>();
   comm.created_by = entry.at("created_by").get<std::string>();
   comm.parent_id = entry.at("parent_id").get<std::string>();
@@ -132,6 +133,7 @@ ParsedDump ParseDocument(const Json& document) {
   // Added to format version 1 later: earlier dumps lack them.
   if (const auto inits = document.find("pending_inits"); inits != document.end()) {
     for (const Json& init : *inits) {
+      CheckRanks(init.at("rank").get<int>(), init.at("nranks").get<int>());
       snapshot.pending_inits.push_back(PendingInitSnapshot{.comm_id = init.at("comm_id").get<std::string>(),
                                                            .api = init.at("api").get<std::string>(),
                                                            .rank = init.at("rank").get<int>(),
@@ -143,7 +145,80 @@ ParsedDump ParseDocument(const Json& document) {
   return parsed;
 }
 
+// A SAX handler that measures a document without building it: its depth, and roughly what it
+// would take in memory as a nlohmann::json (a real dump takes about five times its size, an
+// operation's 350 bytes becoming an object of 17 keyed values; a hostile [{},{},...] thirty).
+class JsonBounds final : public nlohmann::json_sax<Json> {
+ public:
+  explicit JsonBounds(std::size_t max_bytes) : max_bytes_(max_bytes) {}
+
+  bool null() override { return Add(kValueBytes); }
+  bool boolean(bool) override { return Add(kValueBytes); }
+  bool number_integer(number_integer_t) override { return Add(kValueBytes); }
+  bool number_unsigned(number_unsigned_t) override { return Add(kValueBytes); }
+  bool number_float(number_float_t, const string_t&) override { return Add(kValueBytes); }
+  bool string(string_t& value) override { return Add(kValueBytes + value.size()); }
+  bool binary(binary_t& value) override { return Add(kValueBytes + value.size()); }
+  bool key(string_t& value) override { return Add(kMemberBytes + value.size()); }
+  bool start_object(std::size_t) override { return Open(kObjectBytes); }
+  bool start_array(std::size_t) override { return Open(kArrayBytes); }
+  bool end_object() override { return Close(); }
+  bool end_array() override { return Close(); }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& error) override {
+    refusal_ = error.what();
+    return false;
+  }
+
+  const std::string& refusal() const { return refusal_; }
+
+ private:
+  static constexpr std::size_t kObjectBytes = 64;
+  static constexpr std::size_t kArrayBytes = 32;
+  static constexpr std::size_t kMemberBytes = 64;
+  static constexpr std::size_t kValueBytes = 16;
+
+  bool Add(std::size_t bytes) {
+    bytes_ += bytes;
+    if (bytes_ <= max_bytes_) return true;
+    refusal_ = absl::StrCat("would take more than ", max_bytes_, " bytes of memory");
+    return false;
+  }
+  bool Open(std::size_t bytes) {
+    if (++depth_ > kMaxJsonDepth) {
+      refusal_ = absl::StrCat("nested deeper than ", kMaxJsonDepth, " levels");
+      return false;
+    }
+    return Add(bytes);
+  }
+  bool Close() {
+    --depth_;
+    return true;
+  }
+
+  std::size_t max_bytes_;
+  std::size_t bytes_ = 0;
+  int depth_ = 0;
+  std::string refusal_;
+};
+
 }  // namespace
+
+nlohmann::json ParseBoundedJson(const std::string& content) {
+  JsonBounds bounds((64 << 10) + kMaxMemoryPerByte * content.size());
+  // A first pass builds nothing: the document is built only once known to be within bounds.
+  if (!Json::sax_parse(content, &bounds)) throw std::runtime_error(bounds.refusal());
+  return Json::parse(content);
+}
+
+void CheckRanks(int rank, int nranks) {
+  if (nranks < 0 || nranks > kMaxRanks) {
+    throw std::runtime_error(absl::StrCat("nranks ", nranks, " is outside 0..", kMaxRanks));
+  }
+  const int rank_limit = nranks > 0 ? nranks : kMaxRanks;
+  if (rank < -1 || rank >= rank_limit) {
+    throw std::runtime_error(absl::StrCat("rank ", rank, " is outside -1..", rank_limit - 1));
+  }
+}
 
 EnvironmentVariables ParseVariables(const nlohmann::json& object) {
   EnvironmentVariables variables;
@@ -173,7 +248,7 @@ void ParseSystemFacts(const nlohmann::json& system, ProcessFacts& facts) {
 
 absl::StatusOr<ParsedDump> ParseDump(const std::string& content) noexcept {
   try {
-    return ParseDocument(Json::parse(content));
+    return ParseDocument(ParseBoundedJson(content));
   } catch (const std::exception& error) {
     return absl::InvalidArgumentError(error.what());
   }

@@ -33,6 +33,7 @@ constexpr char kGenerationFile[] = "generation";
 constexpr char kRequestPrefix[] = "dump-request-";
 constexpr char kStatusPrefix[] = "status-";
 constexpr size_t kMaxReadBytes = 1 << 20;  // a status file is a few KiB; anything bigger is not ours
+constexpr size_t kMaxGenerationBytes = 256;  // one request's name
 
 std::atomic<std::uint64_t> g_request_counter{0};
 
@@ -164,7 +165,7 @@ Json StatusJson(const ProcessSnapshot& snapshot, const ProcessFacts& facts) {
 
 // Throws nlohmann::json's exceptions on a document of the wrong shape.
 PeerStatus ParseStatus(const std::string& file, const std::string& content) {
-  const nlohmann::json document = nlohmann::json::parse(content);
+  const nlohmann::json document = ParseBoundedJson(content);
   if (document.at("format").get<std::string>() != "ncclguard-status") {
     throw std::runtime_error("not an ncclguard status file");
   }
@@ -197,6 +198,7 @@ PeerStatus ParseStatus(const std::string& file, const std::string& content) {
     comm.id = entry.at("id").get<std::string>();
     comm.rank = entry.at("rank").get<int>();
     comm.nranks = entry.at("nranks").get<int>();
+    CheckRanks(comm.rank, comm.nranks);
     comm.state = entry.at("state").get<std::string>();
     comm.last_enqueued = entry.at("last_enqueued").get<std::uint64_t>();
     comm.last_started = entry.at("last_started").get<std::uint64_t>();
@@ -238,6 +240,7 @@ PeerStatus ParseStatus(const std::string& file, const std::string& content) {
   // Added to format version 1 later: files written before may lack them.
   if (const auto inits = document.find("pending_inits"); inits != document.end()) {
     for (const nlohmann::json& entry : *inits) {
+      CheckRanks(entry.at("rank").get<int>(), entry.at("nranks").get<int>());
       snapshot.pending_inits.push_back(PendingInitSnapshot{
           .comm_id = entry.at("comm_id").get<std::string>(),
           .api = entry.at("api").get<std::string>(),
@@ -254,22 +257,7 @@ absl::StatusOr<StatusScan> ReadStatusesNow(const std::string& job_dir) {
   absl::StatusOr<int> directory_fd = OpenPrivateDirectory(job_dir, /*create=*/false);
   if (!directory_fd.ok()) return directory_fd.status();
   const ScopedFd directory(*directory_fd);
-  absl::StatusOr<std::vector<std::string>> names = ListNamesAt(directory.get(), kStatusPrefix, ".json");
-  if (!names.ok()) return names.status();
-  StatusScan scan;
-  for (const std::string& name : *names) {
-    absl::StatusOr<std::string> content = ReadFileAt(directory.get(), name, kMaxReadBytes);
-    if (!content.ok()) {
-      scan.problems.push_back(absl::StrCat(name, ": ", content.status().message()));
-      continue;
-    }
-    try {
-      scan.statuses.push_back(ParseStatus(name, *content));
-    } catch (const std::exception& error) {
-      scan.problems.push_back(absl::StrCat(name, ": ", error.what()));
-    }
-  }
-  return scan;
+  return ReadStatusesAt(directory.get(), std::chrono::steady_clock::now() + kReadDeadline);
 }
 
 DumpRequest ParseRequest(const std::string& name, const absl::StatusOr<std::string>& content) {
@@ -277,10 +265,10 @@ DumpRequest ParseRequest(const std::string& name, const absl::StatusOr<std::stri
   request.name = name;
   request.requester = "unknown";
   if (!content.ok()) return request;
-  const Json document = Json::parse(*content, nullptr, /*allow_exceptions=*/false);
-  if (!document.is_object()) return request;
   // A request that cannot be read is still a request: the fields only describe it.
   try {
+    const nlohmann::json document = ParseBoundedJson(*content);
+    if (!document.is_object()) return request;
     request.requester = document.value("requester", "unknown");
     request.host = document.value("host", "");
     request.pid = document.value("pid", -1);
@@ -294,7 +282,8 @@ DumpRequest ParseRequest(const std::string& name, const absl::StatusOr<std::stri
 absl::StatusOr<std::vector<DumpRequest>> ListRequestsNow(const std::string& job_dir,
                                                         const std::set<std::string>& already_handled) {
   const std::string requests_directory = absl::StrCat(job_dir, "/", kDumpRequestsDirectory);
-  absl::StatusOr<int> directory_fd = OpenPrivateDirectory(requests_directory, /*create=*/false);
+  absl::StatusOr<int> directory_fd =
+      OpenPrivateDirectory(requests_directory, /*create=*/false, /*levels_below_job_directory=*/1);
   if (!directory_fd.ok()) {
     struct stat unused {};
     if (lstat(requests_directory.c_str(), &unused) != 0 && errno == ENOENT) {
@@ -315,19 +304,10 @@ absl::StatusOr<std::vector<DumpRequest>> ListRequestsNow(const std::string& job_
 
 absl::StatusOr<std::string> ReadGeneration(const std::string& job_dir) {
   const std::string path = absl::StrCat(job_dir, "/", kDumpRequestsDirectory, "/", kGenerationFile);
-  const int fd = open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-  if (fd < 0) {
-    if (errno == ENOENT) return std::string();  // nobody has asked yet
-    return absl::UnavailableError(absl::StrCat("cannot read ", path, ": ", std::strerror(errno)));
-  }
-  char buffer[256];
-  ssize_t n;
-  do {
-    n = read(fd, buffer, sizeof(buffer));
-  } while (n < 0 && errno == EINTR);
-  close(fd);
-  if (n < 0) return absl::UnavailableError(absl::StrCat("cannot read ", path));
-  return std::string(absl::StripAsciiWhitespace(std::string(buffer, static_cast<size_t>(n))));
+  absl::StatusOr<std::string> content = ReadOwnFile(path, kMaxGenerationBytes);
+  if (absl::IsNotFound(content.status())) return std::string();  // nobody has asked yet
+  if (!content.ok()) return absl::UnavailableError(absl::StrCat("cannot read ", content.status().message()));
+  return std::string(absl::StripAsciiWhitespace(*content));
 }
 
 struct PollOutcome {
@@ -402,9 +382,35 @@ absl::StatusOr<std::string> WriteStatus(const std::string& job_dir, const Proces
       content + "\n", /*durable=*/false);
 }
 
+StatusScan ReadStatusesAt(int directory_fd, std::chrono::steady_clock::time_point deadline) {
+  StatusScan scan;
+  absl::StatusOr<std::vector<std::string>> names = ListNamesAt(directory_fd, kStatusPrefix, ".json");
+  if (!names.ok()) {
+    scan.problems.push_back(absl::StrCat("status files: ", names.status().message()));
+    return scan;
+  }
+  for (const std::string& name : *names) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      scan.problems.push_back(absl::StrCat(name, " and later status files: not read, the deadline passed"));
+      break;
+    }
+    absl::StatusOr<std::string> content = ReadFileAt(directory_fd, name, kMaxReadBytes);
+    if (!content.ok()) {
+      scan.problems.push_back(absl::StrCat(name, ": ", content.status().message()));
+      continue;
+    }
+    try {
+      scan.statuses.push_back(ParseStatus(name, *content));
+    } catch (const std::exception& error) {
+      scan.problems.push_back(absl::StrCat(name, ": ", error.what()));
+    }
+  }
+  return scan;
+}
+
 absl::StatusOr<StatusScan> ReadStatuses(const std::string& job_dir) noexcept {
   try {
-    return RunWithDeadline<StatusScan>([job_dir] { return ReadStatusesNow(job_dir); }, kWriteDeadline);
+    return RunWithDeadline<StatusScan>([job_dir] { return ReadStatusesNow(job_dir); }, kReadDeadline);
   } catch (...) {
     return absl::ResourceExhaustedError("cannot read the status files");
   }
@@ -433,10 +439,12 @@ absl::StatusOr<std::string> RequestDumps(const std::string& job_dir, const std::
   const std::string directory = absl::StrCat(job_dir, "/", kDumpRequestsDirectory);
   // The request first, then the generation naming it: a process that sees the new generation is
   // sure to find the request in its listing.
-  absl::StatusOr<std::string> written = WriteFileAtomically(directory, name, content + "\n", true);
+  absl::StatusOr<std::string> written = WriteFileAtomically(directory, name, content + "\n", /*durable=*/true,
+                                                            /*levels_below_job_directory=*/1);
   if (!written.ok()) return written.status();
   absl::StatusOr<std::string> generation =
-      WriteFileAtomically(directory, kGenerationFile, name + "\n", /*durable=*/false);
+      WriteFileAtomically(directory, kGenerationFile, name + "\n", /*durable=*/false,
+                          /*levels_below_job_directory=*/1);
   if (!generation.ok()) return generation.status();
   return name;
 }
@@ -446,7 +454,7 @@ absl::StatusOr<std::vector<DumpRequest>> PendingDumpRequests(
   try {
     return RunWithDeadline<std::vector<DumpRequest>>(
         [job_dir, already_handled] { return ListRequestsNow(job_dir, already_handled); },
-        kWriteDeadline);
+        kReadDeadline);
   } catch (...) {
     return absl::ResourceExhaustedError("cannot list the dump requests");
   }
@@ -473,7 +481,7 @@ absl::StatusOr<std::vector<DumpRequest>> DumpRequestWatcher::Poll() noexcept {
           outcome.fresh = *std::move(fresh);
           return outcome;
         },
-        kWriteDeadline);
+        kReadDeadline);
     if (!outcome.ok()) return outcome.status();
     std::vector<DumpRequest> reported;
     for (DumpRequest& request : outcome->fresh) {

@@ -5,6 +5,7 @@
 // docs/dump-format.md.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <optional>
 #include <set>
@@ -71,6 +72,10 @@ struct StatusScan {
 // evidence, and nobody removes them). Lists the directory and reads every file: meant for the one
 // process that analyses a stall, not for every process at every interval.
 absl::StatusOr<StatusScan> ReadStatuses(const std::string& job_dir) noexcept;
+
+// The same in the directory open as `directory_fd`, with ReadFileAt's rules; the files not read
+// by `deadline` are problems.
+StatusScan ReadStatusesAt(int directory_fd, std::chrono::steady_clock::time_point deadline);
 
 struct DumpRequest {
   std::string name;  // dump-request-<host>-<pid>-<n>

@@ -17,6 +17,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "watchdog/dump.h"
+#include "watchdog/dump_reader.h"
 #include "watchdog/log.h"
 #include "watchdog/version.h"
 
@@ -24,6 +26,9 @@ namespace ncclguard {
 namespace {
 
 using Json = nlohmann::json;
+
+// The shipped list is a few KiB; a file a thousand times larger is not a list of entries.
+constexpr std::size_t kMaxKnownBadBytes = 4 << 20;
 
 constexpr const char* kActionNames[] = {"warn", "disable"};
 
@@ -214,8 +219,8 @@ Json KnownBadEntryJson(const KnownBadEntry& entry) {
 absl::StatusOr<std::vector<KnownBadEntry>> ParseKnownBad(const std::string& content, const std::string& file) {
   Json document;
   try {
-    document = Json::parse(content);
-  } catch (const Json::exception& error) {
+    document = ParseBoundedJson(content);
+  } catch (const std::exception& error) {
     return absl::InvalidArgumentError(fmt::format("{}: not JSON: {}", file, error.what()));
   }
   std::string where = file;
@@ -249,8 +254,8 @@ absl::StatusOr<std::vector<KnownBadEntry>> ParseKnownBad(const std::string& cont
 }
 
 absl::StatusOr<std::vector<KnownBadEntry>> LoadKnownBad(const std::string& path) {
-  const std::optional<std::string> content = ReadWholeFile(path);
-  if (!content) return absl::NotFoundError(fmt::format("cannot read {}: {}", path, std::strerror(errno)));
+  const absl::StatusOr<std::string> content = ReadRegularFile(path, kMaxKnownBadBytes);
+  if (!content.ok()) return absl::Status(content.status().code(), fmt::format("cannot read {}", std::string(content.status().message())));
   return ParseKnownBad(*content, path);
 }
 

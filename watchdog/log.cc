@@ -2,11 +2,15 @@
 
 #include <unistd.h>
 
+#include <cerrno>
+#include <mutex>
+
 #include <memory>
 
-#include <spdlog/sinks/basic_file_sink.h>
+#include <spdlog/sinks/base_sink.h>
 #include <spdlog/sinks/stdout_sinks.h>
 
+#include "watchdog/dump.h"
 #include "watchdog/escape.h"
 
 namespace ncclguard::log {
@@ -73,6 +77,30 @@ class NcclStyleFormatter final : public spdlog::formatter {
   std::string escaped_;  // reused: the logger calls format() under its lock
 };
 
+// Appends each line to a file descriptor opened by OpenFileForAppending (spdlog's file sink opens
+// by name: through symbolic links, blocking on a FIFO, 0644).
+class FileDescriptorSink final : public spdlog::sinks::base_sink<std::mutex> {
+ public:
+  explicit FileDescriptorSink(int fd) : fd_(fd) {}
+  ~FileDescriptorSink() override { close(fd_); }
+
+ protected:
+  void sink_it_(const spdlog::details::log_msg& msg) override {
+    spdlog::memory_buf_t line;
+    formatter_->format(msg, line);
+    for (size_t written = 0; written < line.size();) {
+      const ssize_t n = write(fd_, line.data() + written, line.size() - written);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) return;  // a full disk loses the line, never the application's time
+      written += static_cast<size_t>(n);
+    }
+  }
+  void flush_() override {}
+
+ private:
+  int fd_;
+};
+
 }  // namespace
 
 std::string HostName() {
@@ -105,11 +133,11 @@ void Start(const Config& config) {
   std::string file_problem;
   if (!config.log_file.empty()) {
     const std::string path = ExpandPathPattern(config.log_file);
-    try {
-      sink = std::make_shared<spdlog::sinks::basic_file_sink_mt>(path, /*truncate=*/false);
-    } catch (const std::exception& error) {
-      file_problem = "cannot write the log file NCCLGUARD_LOG_FILE='" + config.log_file + "' (" +
-                     path + "): " + error.what() + "; logging to stderr instead";
+    if (const absl::StatusOr<int> fd = OpenFileForAppending(path); fd.ok()) {
+      sink = std::make_shared<FileDescriptorSink>(*fd);
+    } else {
+      file_problem = "cannot write the log file NCCLGUARD_LOG_FILE='" + config.log_file + "' (" + path +
+                     "): " + std::string(fd.status().message()) + "; logging to stderr instead";
     }
   }
   if (sink == nullptr) sink = std::make_shared<spdlog::sinks::stderr_sink_mt>();

@@ -17,6 +17,8 @@ namespace {
 // Collecting facts normally takes milliseconds; a driver that does not answer in this long is
 // wedged, and the application's first NCCL call must not wait on it.
 constexpr std::chrono::milliseconds kFactsDeadline{3000};
+// An nccl.conf is a few lines.
+constexpr std::size_t kMaxNcclConfigBytes = 1 << 20;
 
 // "NCCL_P2P_DISABLE=0 in the environment, NCCL_P2P_LEVEL=NVL in /etc/nccl.conf": the user's own
 // P2P settings, where NCCL will take them from; "" when there are none.
@@ -72,7 +74,10 @@ std::vector<NcclConfigFile> ReadNcclConfigFiles(const EnvironmentReader& read_en
   paths.push_back("/etc/nccl.conf");
   std::vector<NcclConfigFile> files;
   for (const std::string& path : paths) {
-    if (std::optional<std::string> content = ReadWholeFile(path)) files.push_back({path, std::move(*content)});
+    // Never blocks on a FIFO or reads a device without end at the first NCCL call.
+    if (absl::StatusOr<std::string> content = ReadRegularFile(path, kMaxNcclConfigBytes); content.ok()) {
+      files.push_back({path, *std::move(content)});
+    }
   }
   return files;
 }

@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "watchdog/dump.h"
+#include "watchdog/dump_reader.h"
 
 namespace ncclguard {
 namespace {
@@ -23,7 +24,7 @@ constexpr std::size_t kMaxRecordBytes = 64 << 10;
 
 // Throws nlohmann::json's exceptions (or std::runtime_error) on a document that is not a record.
 P2pVerdictRecord ParseRecord(const std::string& content) {
-  const Json document = Json::parse(content);
+  const nlohmann::json document = ParseBoundedJson(content);
   if (!document.is_object() || document.value("format", "") != kFormat) {
     throw std::runtime_error(absl::StrCat("not an ncclguard P2P verdict (\"format\" is not \"", kFormat, "\")"));
   }

@@ -20,6 +20,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "watchdog/config.h"
 #include "watchdog/describe.h"
 #include "watchdog/dump.h"
 #include "watchdog/log.h"
@@ -36,7 +37,6 @@ using Json = nlohmann::json;
 // A status that has not been rewritten for this many intervals belongs to a process that ended
 // or hangs outside the watchdog's reach.
 constexpr double kStaleIntervals = 3;
-constexpr size_t kMaxDumpBytes = 256 << 20;
 // Per-rank clauses in one message; the evidence lists every rank.
 constexpr size_t kMaxClauses = 3;
 
@@ -1167,24 +1167,57 @@ const char* LivenessName(ProcessView::Liveness liveness) {
   return "unknown";
 }
 
-}  // namespace
+// The user names the directory to analyse: a relative path or a symbolic link is theirs to
+// give, and its owner may be another user (root analysing a user's job). The process's own job
+// directory must be what it writes into: a real directory of this user.
+absl::StatusOr<int> OpenJobDirectory(const std::string& directory, JobDirectoryOrigin origin) {
+  if (origin == JobDirectoryOrigin::kOwn) return OpenPrivateDirectory(directory, /*create=*/false);
+  const int fd = open(directory.c_str(), O_RDONLY | O_DIRECTORY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return absl::NotFoundError(absl::StrCat("cannot open ", directory, ": ", std::strerror(errno)));
+  return fd;
+}
 
-absl::StatusOr<JobView> ReadJobDirectory(const std::string& directory, std::int64_t now_ns,
-                                         double status_interval_seconds) {
+// The classifier walks every rank of every communicator, and its evidence names each rank that
+// left nothing (a few hundred bytes each): the communicators' claimed sizes, each within
+// kMaxRanks, must also stay within kMaxRankSlots together (a 16,384-rank job with 16
+// communicators spanning it).
+class RankSlots {
+ public:
+  static constexpr std::int64_t kMaxRankSlots = 1 << 18;
+
+  absl::Status Admit(const ProcessSnapshot& snapshot) {
+    std::int64_t added = 0;
+    std::vector<std::pair<const std::string*, int>> grown;
+    auto claim = [&](const std::string& id, int nranks) {
+      const auto known = nranks_.find(id);
+      const int before = known == nranks_.end() ? 0 : known->second;
+      if (nranks > before) {
+        added += nranks - before;
+        grown.emplace_back(&id, nranks);
+      }
+    };
+    for (const CommSnapshot& comm : snapshot.comms) claim(comm.id, comm.nranks);
+    for (const PendingInitSnapshot& init : snapshot.pending_inits) claim(init.comm_id, init.nranks);
+    if (total_ + added > kMaxRankSlots) {
+      return absl::OutOfRangeError(absl::StrCat("its communicators would take the job past ", kMaxRankSlots,
+                                                " ranks in all; not read"));
+    }
+    total_ += added;
+    for (const auto& [id, nranks] : grown) nranks_[*id] = std::max(nranks_[*id], nranks);
+    return absl::OkStatus();
+  }
+
+ private:
+  std::unordered_map<std::string, int> nranks_;
+  std::int64_t total_ = 0;
+};
+
+// Every dump and status file of the directory open as `directory_fd` that can be read before
+// `stop_reading`; the others become problems.
+JobView ReadOpenJobDirectory(int directory_fd, const std::string& directory,
+                             std::chrono::steady_clock::time_point stop_reading) {
   JobView job;
   job.directory = directory;
-  job.now_ns = now_ns;
-  job.status_interval_seconds = status_interval_seconds;
-  const int directory_fd = open(directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (directory_fd < 0) {
-    return absl::NotFoundError(absl::StrCat("cannot open ", directory, ": ", std::strerror(errno)));
-  }
-  absl::StatusOr<std::vector<std::string>> dump_names = ListNamesAt(directory_fd, "dump-", ".json");
-  if (!dump_names.ok()) {
-    close(directory_fd);
-    return absl::Status(dump_names.status().code(), absl::StrCat(directory, ": ", dump_names.status().message()));
-  }
-
   std::unordered_map<std::string, size_t> by_process;
   auto view_of = [&](const std::string& host, int pid) -> ProcessView& {
     auto [found, inserted] = by_process.try_emplace(ProcessKey(host, pid), job.processes.size());
@@ -1195,10 +1228,22 @@ absl::StatusOr<JobView> ReadJobDirectory(const std::string& directory, std::int6
     }
     return job.processes[found->second];
   };
+  absl::StatusOr<std::vector<std::string>> dump_names = ListNamesAt(directory_fd, "dump-", ".json");
+  if (!dump_names.ok()) job.problems.push_back(absl::StrCat("dumps: ", dump_names.status().message()));
+  // Dumps written with the default ring are read in full whatever this process's ring.
+  const std::size_t max_dump_bytes = MaxDumpBytes(std::max(GetConfig().ring_size.value, Config{}.ring_size.value));
+  RankSlots slots;
   // A process keeps its dump with the latest time.
-  for (const std::string& name : *dump_names) {
-    absl::StatusOr<std::string> content = ReadFileAt(directory_fd, name, kMaxDumpBytes);
+  for (const std::string& name : dump_names.ok() ? *dump_names : std::vector<std::string>()) {
+    if (std::chrono::steady_clock::now() > stop_reading) {
+      job.problems.push_back(absl::StrCat(name, " and later dumps: not read, the deadline passed"));
+      break;
+    }
+    absl::StatusOr<std::string> content = ReadFileAt(directory_fd, name, max_dump_bytes);
     absl::StatusOr<ParsedDump> dump = content.ok() ? ParseDump(*content) : absl::StatusOr<ParsedDump>(content.status());
+    if (absl::Status admitted = dump.ok() ? slots.Admit(dump->snapshot) : absl::OkStatus(); !admitted.ok()) {
+      dump = admitted;
+    }
     if (!dump.ok()) {
       job.problems.push_back(absl::StrCat(name, ": ", dump.status().message()));
       continue;
@@ -1210,23 +1255,22 @@ absl::StatusOr<JobView> ReadJobDirectory(const std::string& directory, std::int6
     view.snapshot = std::move(dump->snapshot);
     view.facts = std::move(dump->facts);
   }
-  close(directory_fd);
 
-  absl::StatusOr<StatusScan> statuses = ReadStatuses(directory);
-  if (!statuses.ok()) {
-    job.problems.push_back(absl::StrCat("status files: ", statuses.status().message()));
-  } else {
-    job.problems.insert(job.problems.end(), statuses->problems.begin(), statuses->problems.end());
-    for (PeerStatus& status : statuses->statuses) {
-      ProcessView& view = view_of(status.host, status.pid);
-      view.status_file = absl::StrCat(directory, "/", status.file);
-      if (view.dump_file.empty()) {
-        view.snapshot = std::move(status.snapshot);
-        // A dump's facts are the fuller ones; without a dump, the status file's are what there is.
-        view.facts = std::move(status.facts);
-      } else if (status.snapshot.time_ns > view.snapshot.time_ns) {
-        MergeNewerStatus(view.snapshot, status.snapshot);
-      }
+  StatusScan statuses = ReadStatusesAt(directory_fd, stop_reading);
+  job.problems.insert(job.problems.end(), statuses.problems.begin(), statuses.problems.end());
+  for (PeerStatus& status : statuses.statuses) {
+    if (absl::Status admitted = slots.Admit(status.snapshot); !admitted.ok()) {
+      job.problems.push_back(absl::StrCat(status.file, ": ", admitted.message()));
+      continue;
+    }
+    ProcessView& view = view_of(status.host, status.pid);
+    view.status_file = absl::StrCat(directory, "/", status.file);
+    if (view.dump_file.empty()) {
+      view.snapshot = std::move(status.snapshot);
+      // A dump's facts are the fuller ones; without a dump, the status file's are what there is.
+      view.facts = std::move(status.facts);
+    } else if (status.snapshot.time_ns > view.snapshot.time_ns) {
+      MergeNewerStatus(view.snapshot, status.snapshot);
     }
   }
 
@@ -1240,6 +1284,36 @@ absl::StatusOr<JobView> ReadJobDirectory(const std::string& directory, std::int6
     return std::tie(a.snapshot.rank, a.host, a.pid) < std::tie(b.snapshot.rank, b.host, b.pid);
   });
   return job;
+}
+
+}  // namespace
+
+absl::StatusOr<JobView> ReadJobDirectory(const std::string& directory, std::int64_t now_ns,
+                                         double status_interval_seconds, JobDirectoryOrigin origin,
+                                         std::chrono::milliseconds deadline) noexcept {
+  try {
+    // The reading thread stops a little before the caller gives up on it, so that what was read
+    // in time is still used.
+    const auto stop_reading = std::chrono::steady_clock::now() + deadline * 4 / 5;
+    absl::StatusOr<JobView> job = RunWithDeadline<JobView>(
+        [=]() -> absl::StatusOr<JobView> {
+          absl::StatusOr<int> directory_fd = OpenJobDirectory(directory, origin);
+          if (!directory_fd.ok()) return directory_fd.status();
+          JobView job = ReadOpenJobDirectory(*directory_fd, directory, stop_reading);
+          close(*directory_fd);
+          job.now_ns = now_ns;
+          job.status_interval_seconds = status_interval_seconds;
+          return job;
+        },
+        deadline);
+    if (absl::IsDeadlineExceeded(job.status())) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("reading ", directory, " took longer than ", deadline.count(), " ms; given up"));
+    }
+    return job;
+  } catch (...) {
+    return absl::ResourceExhaustedError(absl::StrCat("cannot read ", directory));
+  }
 }
 
 std::vector<Verdict> Classify(const JobView& job) {

@@ -3,6 +3,7 @@
 // watchdog at the moment of a stall and offline in `ncclguard analyze`.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -11,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/status/statusor.h"
+#include "watchdog/dump.h"
 #include "watchdog/facts.h"
 #include "watchdog/snapshot.h"
 
@@ -43,10 +45,18 @@ struct JobView {
   std::vector<std::string> problems;   // files that could not be read, and why
 };
 
-// Reads every dump and status file of a job directory. Never throws; unreadable files become
-// problems.
+// Whose job directory is read. kNamedByUser (`ncclguard analyze`): a relative path or a symbolic
+// link is followed and the directory may belong to another user. kOwn (the watchdog): it must be
+// a real directory of this user, as for writing. Either way, its files are read with ReadFileAt's
+// rules (dump.h).
+enum class JobDirectoryOrigin { kNamedByUser, kOwn };
+
+// Reads every dump and status file of a job directory, within `deadline` as a whole (files not
+// reached in time become problems). Never throws; unreadable files become problems.
 absl::StatusOr<JobView> ReadJobDirectory(const std::string& directory, std::int64_t now_ns,
-                                         double status_interval_seconds);
+                                         double status_interval_seconds,
+                                         JobDirectoryOrigin origin = JobDirectoryOrigin::kNamedByUser,
+                                         std::chrono::milliseconds deadline = kReadDeadline) noexcept;
 
 struct Verdict {
   // Exactly one of: rank_not_joined, rank_dead, stuck_inside_nccl, stuck_in_init, mismatch,

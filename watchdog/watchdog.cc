@@ -487,7 +487,7 @@ class SystemEffects final : public WatchdogEffects {
     if (JobDir().empty()) return {};
     WriteStatus(own_status);  // the others' files are as fresh as their last interval; ours is now
     const double interval = StatusIntervalSeconds(GetConfig().status_interval.value, 0);
-    const absl::StatusOr<JobView> job = ReadJobDirectory(JobDir(), WallNow(), interval);
+    const absl::StatusOr<JobView> job = ReadJobDirectory(JobDir(), WallNow(), interval, JobDirectoryOrigin::kOwn);
     if (!job.ok()) return {};
     return ncclguard::Classify(*job);
   }

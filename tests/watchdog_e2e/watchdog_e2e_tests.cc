@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include <signal.h>
+#include <sys/stat.h>
 
 #include <chrono>
 #include <filesystem>
@@ -272,6 +273,37 @@ TEST_CASE("NCCLGUARD_ACTION=exit ends every rank with the restart exit code", "[
                               std::to_string(kRestartExitCode)) != std::string::npos);
   }
   // Dumped before exiting.
+  std::set<int> dumped;
+  for (const JsonFile& file : StallDumps(run.job_dir)) dumped.insert(file.document.at("pid").get<int>());
+  CHECK(dumped == Values(pids));
+}
+
+// Another local user plants FIFOs under the names the watchdog reads at a stall: the ranks still
+// report, dump and act, and the FIFOs cost no thread (more than four would stop every write).
+TEST_CASE("FIFOs planted in the job directory neither block the watchdog nor stop its writes", "[stall][hostile]") {
+  TemporaryDirectory dump_dir;
+  const std::string job_dir = dump_dir.path() + "/" + kJobId;
+  REQUIRE(mkdir(job_dir.c_str(), 0700) == 0);
+  for (int i = 0; i < 6; ++i) {
+    for (const char* prefix : {"dump-planted-", "status-planted-"}) {
+      const std::string fifo = job_dir + "/" + prefix + std::to_string(i) + "-0-1.json";
+      REQUIRE(mkfifo(fifo.c_str(), 0600) == 0);
+    }
+  }
+  const Run run = RunOnEmulator(dump_dir, TrainLoop({"--ranks", "4", "--steps", "50", "--timeout", "40"}),
+                                {{"NCCLEMU_FAULTS", "hang:rank=2,seq=20"},
+                                 {"NCCLGUARD_TIMEOUT", "3"},
+                                 {"NCCLGUARD_ACTION", "exit"}});
+  INFO(run.transcript);
+  REQUIRE_FALSE(run.result.timed_out);
+  CHECK(ReportsAnyStall(run.result.err));
+  const std::map<int, int> pids = RankPids(run.result.out);
+  REQUIRE(pids.size() == kRanks);
+  for (const auto& [rank, pid] : pids) {
+    INFO("rank " << rank);
+    CHECK(run.result.out.find("train_loop: rank " + std::to_string(rank) + " failed: exit code " +
+                              std::to_string(kRestartExitCode)) != std::string::npos);
+  }
   std::set<int> dumped;
   for (const JsonFile& file : StallDumps(run.job_dir)) dumped.insert(file.document.at("pid").get<int>());
   CHECK(dumped == Values(pids));
