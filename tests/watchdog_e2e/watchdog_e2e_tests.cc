@@ -132,6 +132,21 @@ bool ReportsAnyStall(const std::string& err) {
   return err.find("has not completed") != std::string::npos || err.find("has not started") != std::string::npos;
 }
 
+// Every rank of a job under NCCLGUARD_ACTION=exit dumped its stall and exited with the restart code.
+void CheckEveryRankDumpedAndExitedForRestart(const Run& run) {
+  const std::map<int, int> pids = RankPids(run.result.out);
+  REQUIRE(pids.size() == kRanks);
+  for (const auto& [rank, pid] : pids) {
+    INFO("rank " << rank);
+    CHECK(run.result.out.find("train_loop: rank " + std::to_string(rank) + " failed: exit code " +
+                              std::to_string(kRestartExitCode)) != std::string::npos);
+  }
+  std::set<int> dumped;
+  for (const JsonFile& file : StallDumps(run.job_dir)) dumped.insert(file.document.at("pid").get<int>());
+  CHECK(dumped == Values(pids));
+}
+
+
 // The pid in a file name of the job directory: dump-HOST-PID-RANK-N.json, status-HOST-PID.json,
 // dump-request-HOST-PID-N. Host names may contain dashes, so it is counted from the end.
 int PidInFileName(const std::string& path) {
@@ -265,17 +280,7 @@ TEST_CASE("NCCLGUARD_ACTION=exit ends every rank with the restart exit code", "[
   INFO(run.transcript);
   REQUIRE_FALSE(run.result.timed_out);
   CHECK(run.seconds < kTimeoutSeconds + 10);
-  const std::map<int, int> pids = RankPids(run.result.out);
-  REQUIRE(pids.size() == kRanks);
-  for (const auto& [rank, pid] : pids) {
-    INFO("rank " << rank);
-    CHECK(run.result.out.find("train_loop: rank " + std::to_string(rank) + " failed: exit code " +
-                              std::to_string(kRestartExitCode)) != std::string::npos);
-  }
-  // Dumped before exiting.
-  std::set<int> dumped;
-  for (const JsonFile& file : StallDumps(run.job_dir)) dumped.insert(file.document.at("pid").get<int>());
-  CHECK(dumped == Values(pids));
+  CheckEveryRankDumpedAndExitedForRestart(run);
 }
 
 // Another local user plants FIFOs under the names the watchdog reads at a stall: the ranks still
@@ -297,16 +302,7 @@ TEST_CASE("FIFOs planted in the job directory neither block the watchdog nor sto
   INFO(run.transcript);
   REQUIRE_FALSE(run.result.timed_out);
   CHECK(ReportsAnyStall(run.result.err));
-  const std::map<int, int> pids = RankPids(run.result.out);
-  REQUIRE(pids.size() == kRanks);
-  for (const auto& [rank, pid] : pids) {
-    INFO("rank " << rank);
-    CHECK(run.result.out.find("train_loop: rank " + std::to_string(rank) + " failed: exit code " +
-                              std::to_string(kRestartExitCode)) != std::string::npos);
-  }
-  std::set<int> dumped;
-  for (const JsonFile& file : StallDumps(run.job_dir)) dumped.insert(file.document.at("pid").get<int>());
-  CHECK(dumped == Values(pids));
+  CheckEveryRankDumpedAndExitedForRestart(run);
 }
 
 TEST_CASE("slow collectives well within the timeout are not stalls", "[stall]") {
