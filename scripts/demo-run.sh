@@ -97,3 +97,14 @@ print(f"python: NCCL {version.value}, ncclCommInitRank returned {result}: "
       f"{nccl.ncclGetLastError(None).decode()}")
 PY
 fi
+
+program="$build/tests/cudart_e2e/cudart_nccl_program"
+if [[ -x "$program" ]]; then
+  say "7. A program written the way NCCL's own benchmarks and JAX are: built by nvcc against the CUDA" \
+      "   runtime, one process driving four GPUs, their communicators created inside one group." \
+      "   It runs on the emulator's libcudart; rank 2's fourth AllReduce hangs (injected). ncclguard" \
+      "   describes each communicator once NCCL has created it, so the stall names all four ranks:"
+  watched env NCCLEMU_DEVICES=4 NCCLEMU_FAULTS="hang:rank=2,seq=4" NCCLGUARD_JOB_ID=grouped NCCLGUARD_TIMEOUT=2 \
+    "$program" group --timeout 6 2>&1 | grep -E 'devices|ncclguard WARN' | sed -E 's/ — verdict: ([a-z_]+).*/ — verdict: \1/' || true
+  "$build/bin/ncclguard" analyze "$jobs/grouped" | grep -E '^[A-Z_]+  comm|^  ranks:' || true
+fi
