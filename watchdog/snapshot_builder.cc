@@ -1,6 +1,8 @@
 #include "watchdog/snapshot_builder.h"
 
 #include <algorithm>
+#include <map>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -52,31 +54,9 @@ void SignLatestOperations(const CommState& comm, std::int64_t to_wall, CommSnaps
   }
 }
 
-}  // namespace
-
-CommSnapshot SnapshotOfCommunicator(const CommState& comm, bool with_rings, bool sign, std::int64_t to_wall) {
-  CommSnapshot copy;
-  copy.id = comm.id;
-  copy.handle = reinterpret_cast<std::uint64_t>(comm.handle);
-  copy.rank = comm.rank.load(std::memory_order_relaxed);
-  copy.nranks = comm.nranks.load(std::memory_order_relaxed);
-  copy.device = comm.device.load(std::memory_order_relaxed);
-  copy.created_by = std::string(Describe(comm.created_by).name);
-  copy.parent_id = comm.parent_id;
-  copy.library_path = shim::LibraryPath(comm.library);
-  copy.nccl_version = shim::LibraryVersion(comm.library);
-  copy.state = std::string(CommLifecycleName(comm.lifecycle.load(std::memory_order_acquire)));
-  copy.init_start_ns = comm.init_start_ns + to_wall;
-  const std::int64_t init_end = comm.init_end_ns.load(std::memory_order_acquire);
-  copy.init_end_ns = init_end == 0 ? 0 : init_end + to_wall;
-  copy.last_enqueued = comm.last_enqueued.load(std::memory_order_acquire);
-  copy.last_started = comm.last_started.load(std::memory_order_acquire);
-  copy.last_completed = comm.last_completed.load(std::memory_order_acquire);
-  const int async_error = comm.async_error.load(std::memory_order_relaxed);
-  if (async_error != ncclSuccess && async_error != ncclInProgress) {
-    copy.async_error = std::string(ResultName(static_cast<ncclResult_t>(async_error)));
-  }
-  copy.dropped = comm.dropped.load(std::memory_order_relaxed);
+// The operations' part of a communicator's copy (the ring, or its status form, and the signatures),
+// from `copy.last_enqueued` and `copy.last_completed`.
+void CopyOperations(const CommState& comm, bool with_rings, bool sign, std::int64_t to_wall, CommSnapshot& copy) {
   if (comm.ring == nullptr) {  // closed and freed: what its last status said of its operations
     if (comm.closed_status != nullptr) {
       if (sign) {
@@ -85,7 +65,7 @@ CommSnapshot SnapshotOfCommunicator(const CommState& comm, bool with_rings, bool
       }
       copy.ring = comm.closed_status->ring;
     }
-    return copy;
+    return;
   }
   if (sign) SignLatestOperations(comm, to_wall, copy);
   // The whole ring, or (for status files) only the last completed and the oldest unfinished
@@ -101,6 +81,41 @@ CommSnapshot SnapshotOfCommunicator(const CommState& comm, bool with_rings, bool
       break;
     }
   }
+}
+
+// One communicator, less its library (path and version), which BuildSnapshot adds.
+CommSnapshot SnapshotOfCommunicator(const CommState& comm, bool with_rings, bool sign, std::int64_t to_wall) {
+  CommSnapshot copy;
+  copy.id = comm.id;
+  copy.handle = reinterpret_cast<std::uint64_t>(comm.handle);
+  copy.rank = comm.rank.load(std::memory_order_relaxed);
+  copy.nranks = comm.nranks.load(std::memory_order_relaxed);
+  copy.device = comm.device.load(std::memory_order_relaxed);
+  copy.created_by = std::string(Describe(comm.created_by).name);
+  copy.parent_id = comm.parent_id;
+  copy.state = std::string(CommLifecycleName(comm.lifecycle.load(std::memory_order_acquire)));
+  copy.init_start_ns = comm.init_start_ns + to_wall;
+  const std::int64_t init_end = comm.init_end_ns.load(std::memory_order_acquire);
+  copy.init_end_ns = init_end == 0 ? 0 : init_end + to_wall;
+  copy.last_enqueued = comm.last_enqueued.load(std::memory_order_acquire);
+  copy.last_started = comm.last_started.load(std::memory_order_acquire);
+  copy.last_completed = comm.last_completed.load(std::memory_order_acquire);
+  const int async_error = comm.async_error.load(std::memory_order_relaxed);
+  if (async_error != ncclSuccess && async_error != ncclInProgress) {
+    copy.async_error = std::string(ResultName(static_cast<ncclResult_t>(async_error)));
+  }
+  copy.dropped = comm.dropped.load(std::memory_order_relaxed);
+  CopyOperations(comm, with_rings, sign, to_wall, copy);
+  return copy;
+}
+
+}  // namespace
+
+CommSnapshot ClosedStatusOf(const CommState& comm, std::int64_t to_wall) {
+  CommSnapshot copy;
+  copy.last_enqueued = comm.last_enqueued.load(std::memory_order_acquire);
+  copy.last_completed = comm.last_completed.load(std::memory_order_acquire);
+  CopyOperations(comm, false, true, to_wall, copy);
   return copy;
 }
 
@@ -111,11 +126,17 @@ ProcessSnapshot BuildSnapshot(Registry& registry, const std::string& reason, boo
   snapshot.reason = reason;
   snapshot.time_ns = wall_now_ns;
   snapshot.in_nccl_call = hooks::CurrentNcclCall();
+  // Asked once per library, not per communicator: finding the library may walk the loaded objects.
+  std::map<int, std::pair<std::string, int>> libraries;
   for (CommState* comm : registry.All()) {
     // Status files sign only the first communicators (job_dir.h): no need to sign the others.
     const bool sign = !with_rings && snapshot.comms.size() < kMaxSignedCommunicators;
-    snapshot.comms.push_back(SnapshotOfCommunicator(*comm, with_rings, sign, to_wall));
-    if (snapshot.rank < 0) snapshot.rank = snapshot.comms.back().rank;
+    CommSnapshot& copy = snapshot.comms.emplace_back(SnapshotOfCommunicator(*comm, with_rings, sign, to_wall));
+    auto [library, added] = libraries.try_emplace(comm->library);
+    if (added) library->second = {shim::LibraryPath(comm->library), shim::LibraryVersion(comm->library)};
+    copy.library_path = library->second.first;
+    copy.nccl_version = library->second.second;
+    if (snapshot.rank < 0) snapshot.rank = copy.rank;
   }
   for (const PendingInit& init : registry.PendingInits()) {
     PendingInitSnapshot copy;

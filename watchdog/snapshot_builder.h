@@ -11,13 +11,13 @@ namespace ncclguard {
 
 // Copies the registry's communicators (with their rings when `with_rings`) into a snapshot. Steady
 // clock times are converted to wall clock with the offset between the two `now`s. Safe on any
-// thread: it reads atomics only.
+// thread holding the watchdog's status lock (see registry.h): it reads atomics only.
 ProcessSnapshot BuildSnapshot(Registry& registry, const std::string& reason, bool with_rings,
                               std::int64_t steady_now_ns, std::int64_t wall_now_ns);
 
-// One communicator as BuildSnapshot copies it; `sign`: with the signatures of its latest
-// operations (status files). A closed communicator whose ring was freed shows its `closed_status`.
-CommSnapshot SnapshotOfCommunicator(const CommState& comm, bool with_rings, bool sign, std::int64_t to_wall);
+// What a status file says of the operations of a communicator about to lose its ring: kept as its
+// `closed_status`. Cheap: no library queries, on the watchdog thread.
+CommSnapshot ClosedStatusOf(const CommState& comm, std::int64_t to_wall);
 
 StallSnapshot ToSnapshot(const Stall& stall, const std::string& message);
 

@@ -110,7 +110,7 @@ void Watchdog::ReleaseClosedCommunicators(std::int64_t now_ns) {
       comm->closed_seen_ns = now_ns;
       registry_.Unlink(comm);
       comm->closed_status = std::make_shared<const CommSnapshot>(
-          SnapshotOfCommunicator(*comm, false, true, effects_.WallNowNs() - now_ns));
+          ClosedStatusOf(*comm, effects_.WallNowNs() - now_ns));
       FreeRing(*comm);
     } else if (now_ns - comm->closed_seen_ns >= keep_ns) {
       registry_.Remove(comm);
