@@ -375,7 +375,7 @@ void AfterAsyncErrorQuery(ncclComm_t handle, const ncclResult_t* async_error, nc
   if (result != ncclSuccess || async_error == nullptr) return;
   CommState* comm = GetRegistry().Find(handle);
   if (comm == nullptr) return;
-  RecordAsyncError(*comm, *async_error);
+  if (RecordAsyncError(*comm, *async_error)) ReportBeforeReturning();
   // NCCL just told the application that a non-blocking initialisation is complete: asking NCCL
   // about the communicator is safe now, and it is described before the application can close it.
   if (*async_error == ncclSuccess && !comm->awaiting_group_end.load(std::memory_order_acquire) &&

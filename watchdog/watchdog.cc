@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <cstdlib>
 #include <optional>
 #include <cstring>
@@ -190,10 +191,12 @@ bool CompleteRegistrationUnlessClosing(CommState& comm) {
 
 }  // namespace
 
-void RecordAsyncError(CommState& comm, ncclResult_t error) noexcept {
+bool RecordAsyncError(CommState& comm, ncclResult_t error) noexcept {
   int known = comm.async_error.load(std::memory_order_acquire);
-  while (!IsError(known) && !comm.async_error.compare_exchange_weak(known, error, std::memory_order_acq_rel)) {
+  while (!IsError(known)) {
+    if (comm.async_error.compare_exchange_weak(known, error, std::memory_order_acq_rel)) return IsError(error);
   }
+  return false;
 }
 
 bool Watchdog::ReportNewAsyncError(CommState& comm, std::int64_t now_ns, bool act) {
@@ -604,15 +607,56 @@ class SystemEffects final : public WatchdogEffects {
   std::optional<DumpRequestWatcher> request_watcher_;
 };
 
+// Counts the watchdog's rounds, so that an application thread that has just met an error can have
+// the next round begin at once and wait until it is over: the error is logged and dumped before
+// the application can abort() or be killed. Part of the runtime, which a forked child makes anew.
+class RoundClock {
+ public:
+  void BeginRound() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    ++started_;
+    round_wanted_ = false;
+  }
+  void EndRound() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      ++finished_;
+    }
+    changed_.notify_all();
+  }
+  // The pause between rounds, cut short when a round is wanted.
+  void Pause(std::chrono::duration<double> interval) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    changed_.wait_for(lock, interval, [this] { return round_wanted_; });
+  }
+  // Waits for a whole round that begins after this call, at most `deadline`.
+  void RunRoundAndWait(std::chrono::milliseconds deadline) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    const std::uint64_t round = started_ + 1;
+    round_wanted_ = true;
+    changed_.notify_all();
+    changed_.wait_for(lock, deadline, [this, round] { return finished_ >= round; });
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::uint64_t started_ = 0;
+  std::uint64_t finished_ = 0;
+  bool round_wanted_ = false;
+};
+
 struct Runtime {
   SystemEffects effects;
   Watchdog watchdog{GetConfig(), GetRegistry(), DriverEvents(), effects};
+  RoundClock rounds;
 };
 
 std::atomic<Runtime*> g_runtime{nullptr};
 // At exit the CUDA driver and NCCL are being torn down: the watchdog stops calling them.
 std::atomic<bool> g_exiting{false};
 std::atomic<bool> g_in_round{false};
+thread_local bool t_watchdog_thread = false;
 std::mutex g_start_mutex;
 struct sigaction g_previous_dump_action;
 
@@ -647,6 +691,7 @@ void DumpAtExit() {
 
 void RunWatchdog(Runtime* runtime) {
   pthread_setname_np(pthread_self(), "ncclguard-wd");
+  t_watchdog_thread = true;
   DriverEvents().PrepareWatchdogThread();
   const auto interval = std::chrono::duration<double>(GetConfig().poll_interval.value);
   bool facts_collected = false;
@@ -656,6 +701,7 @@ void RunWatchdog(Runtime* runtime) {
       g_in_round.store(false, std::memory_order_seq_cst);
       return;
     }
+    runtime->rounds.BeginRound();
     try {
       // Within a round: the exit hook waits for it before the driver goes away.
       if (!std::exchange(facts_collected, true)) runtime->effects.CollectFacts();
@@ -664,7 +710,8 @@ void RunWatchdog(Runtime* runtime) {
       log::Error("watchdog round failed: {}", error.what());
     }
     g_in_round.store(false, std::memory_order_seq_cst);
-    std::this_thread::sleep_for(interval);
+    runtime->rounds.EndRound();
+    runtime->rounds.Pause(interval);
   }
 }
 
@@ -787,6 +834,19 @@ void NoteFailedCall(Api api, CommState* comm, ncclResult_t result) noexcept {
   std::atomic<bool>& dumped = comm != nullptr ? comm->failure_dumped : dumped_without_comm;
   if (dumped.exchange(true)) return;
   if (Runtime* runtime = g_runtime.load(std::memory_order_acquire)) runtime->watchdog.RequestDump("error_return");
+  ReportBeforeReturning();
+}
+
+void ReportBeforeReturning() noexcept {
+  Runtime* runtime = g_runtime.load(std::memory_order_acquire);
+  if (runtime == nullptr || t_watchdog_thread || g_exiting.load(std::memory_order_seq_cst)) return;
+  // Bounded: a watchdog stuck in a CUDA call must not hold the application.
+  constexpr std::chrono::milliseconds kDeadline{5000};
+  try {
+    runtime->rounds.RunRoundAndWait(kDeadline);
+  } catch (const std::exception& error) {
+    log::Error("cannot wait for the watchdog to report an error: {}", error.what());
+  }
 }
 
 bool CompleteRegistration(CommState& comm) noexcept {

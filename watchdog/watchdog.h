@@ -183,8 +183,14 @@ void NoteFailedCall(Api api, CommState* comm, ncclResult_t result) noexcept;
 
 // What ncclCommGetAsyncError said of the communicator, whoever asked. An error is kept once known
 // (the application may abort the communicator right after its own call saw it, and the watchdog
-// asks no more then) and reported once by the watchdog, at its next round or at exit.
-void RecordAsyncError(CommState& comm, ncclResult_t error) noexcept;
+// asks no more then) and reported once by the watchdog, at its next round or at exit. True when
+// this call recorded the communicator's first error.
+bool RecordAsyncError(CommState& comm, ncclResult_t error) noexcept;
+
+// For an application thread that has just been told of an error: the watchdog's next round begins
+// at once, and the thread waits for it (5 s at most), so that the error is logged and dumped before
+// the application can act on it (abort(), a fatal signal). Nothing on the watchdog's own thread.
+void ReportBeforeReturning() noexcept;
 
 // Called at the start of every intercepted call: waits for ever once the watchdog is exiting the
 // process (NCCLGUARD_ACTION=exit).

@@ -6,6 +6,9 @@
 // With --invalid-call it makes one AllReduce with an invalid datatype instead, and exits at once
 // when NCCL refuses it (exit code 4).
 //
+// With --abort it ends with abort() instead of exit() (as an uncaught exception does): no atexit
+// handler runs.
+//
 // Prints "step N ok" per AllReduce and "asynchronous error E at step N" when it stops.
 #include <cstdio>
 #include <cstdlib>
@@ -19,6 +22,20 @@ constexpr size_t kCount = 1024;
 constexpr int kSteps = 20;
 constexpr int kErrorExitCode = 3;
 constexpr int kFailedCallExitCode = 4;
+bool g_abort = false;
+
+[[noreturn]] void Stop(int exit_code) {
+  std::fflush(stdout);
+  if (g_abort) std::abort();
+  std::exit(exit_code);
+}
+
+bool HasFlag(int argc, char** argv, const char* flag) {
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], flag) == 0) return true;
+  }
+  return false;
+}
 
 // ncclSuccess once the stream is done, else the asynchronous error NCCL reported meanwhile.
 ncclResult_t WaitForStep(const e2e::Gpu& gpu) {
@@ -38,19 +55,19 @@ int main(int argc, char** argv) {
   const e2e::Gpu gpu = e2e::StartOneRank();
   const CUdeviceptr buffer = e2e::AllocateFloats(kCount);
   void* data = reinterpret_cast<void*>(buffer);
-  if (argc == 2 && std::strcmp(argv[1], "--invalid-call") == 0) {
+  g_abort = HasFlag(argc, argv, "--abort");
+  if (HasFlag(argc, argv, "--invalid-call")) {
     const auto invalid = static_cast<ncclDataType_t>(255);
     const ncclResult_t result = ncclAllReduce(data, data, kCount, invalid, ncclSum, gpu.comm, gpu.stream);
     std::printf("AllReduce with an invalid datatype: %s\n", ncclGetErrorString(result));
-    std::exit(result == ncclSuccess ? 0 : kFailedCallExitCode);
+    Stop(result == ncclSuccess ? 0 : kFailedCallExitCode);
   }
   for (int step = 1; step <= kSteps; ++step) {
     e2e::CheckNccl(ncclAllReduce(data, data, kCount, ncclFloat32, ncclSum, gpu.comm, gpu.stream), "ncclAllReduce");
     if (const ncclResult_t error = WaitForStep(gpu); error != ncclSuccess) {
       std::printf("asynchronous error %s at step %d\n", ncclGetErrorString(error), step);
-      std::fflush(stdout);
       ncclCommAbort(gpu.comm);
-      std::exit(kErrorExitCode);
+      Stop(kErrorExitCode);
     }
     std::printf("step %d ok\n", step);
   }

@@ -5,6 +5,7 @@
 // program's own output, the log, the job directory and `ncclguard analyze`.
 #include <catch2/catch.hpp>
 
+#include <csignal>
 #include <filesystem>
 #include <map>
 #include <optional>
@@ -210,6 +211,40 @@ TEST_CASE("a failed call just before exit is dumped before the process is gone",
                                 {{"NCCLGUARD_POLL_INTERVAL", "10"}});
   INFO(run.transcript);
   REQUIRE(run.result.exit_code == 4);
+  const std::vector<Json> dumps = JobDocuments(run.job_dir, "dump-");
+  REQUIRE(dumps.size() == 1);
+  CHECK(dumps[0].at("reason") == "error_return");
+}
+
+// abort() runs no atexit handler: what the application was told must be on disk before it returns.
+TEST_CASE("an asynchronous error the application sees itself just before it calls abort() is logged and dumped",
+          "[error][exit]") {
+  TemporaryDirectory dump_dir;
+  const Run run = RunOnEmulator(dump_dir, {ASYNC_ERROR_EXIT_PROGRAM, "--abort"},
+                                {{"NCCLEMU_FAULTS", "async_error:rank=0,seq=3,code=ncclRemoteError"},
+                                 {"NCCLGUARD_POLL_INTERVAL", "10"}});
+  INFO(run.transcript);
+  REQUIRE(run.result.signal == SIGABRT);
+  REQUIRE(Contains(run.result.out, "asynchronous error"));
+  CHECK(Contains(run.result.err, "NCCL reports an asynchronous error: ncclRemoteError"));
+  const std::vector<Json> dumps = JobDocuments(run.job_dir, "dump-");
+  REQUIRE(dumps.size() == 1);
+  CHECK(dumps[0].at("reason") == "async_error");
+
+  ProcessOptions options;
+  options.timeout_seconds = 30;
+  const ProcessResult analysis = RunProcess({NCCLGUARD_CLI, "analyze", run.job_dir, "--json"}, options);
+  INFO("analyze: exit code " << analysis.exit_code << "\n" << analysis.out << analysis.err);
+  CHECK(analysis.exit_code == 1);
+  CHECK(Json::parse(analysis.out).at("verdicts").at(0).at("kind") == "async_error");
+}
+
+TEST_CASE("a failed call just before abort() is dumped before the process is gone", "[error][exit]") {
+  TemporaryDirectory dump_dir;
+  const Run run = RunOnEmulator(dump_dir, {ASYNC_ERROR_EXIT_PROGRAM, "--invalid-call", "--abort"},
+                                {{"NCCLGUARD_POLL_INTERVAL", "10"}});
+  INFO(run.transcript);
+  REQUIRE(run.result.signal == SIGABRT);
   const std::vector<Json> dumps = JobDocuments(run.job_dir, "dump-");
   REQUIRE(dumps.size() == 1);
   CHECK(dumps[0].at("reason") == "error_return");
