@@ -722,6 +722,11 @@ void AddLateMember(const Member& member, const Communicator& communicator, const
   }
   absent.all_finished = absent.all_finished && where == Whereabouts::kFinished;
   std::string clause = fmt::format("rank {} {}; ", member.rank, LastCompleted(member, communicator, done_everywhere));
+  // Its peers wait in a communicator that it closed: it will never issue #N there.
+  const std::string& state = member.comm->state;
+  if (state == "destroyed" || state == "aborted" || state == "finalized" || state == "revoked") {
+    clause += fmt::format("its communicator is {} (the application closed it); ", state);
+  }
   switch (where) {
     case Whereabouts::kFinished: clause += "it finished its loop (exited normally)"; break;
     case Whereabouts::kInsideNccl:

@@ -103,6 +103,17 @@ TEST_CASE("S4: a rank that finished its loop early is named as not joined", "[ve
   CHECK(ActOnTimeout(verdicts));
 }
 
+TEST_CASE("a rank that destroyed the communicator its peers wait in is named with it", "[verdicts]") {
+  JobView job = Job({Rank(0, 30, 31), Rank(1, 30, 30), Rank(2, 30, 31), Rank(3, 30, 31)});
+  job.processes[1].snapshot.comms[0].state = "destroyed";
+  const std::vector<Verdict> verdicts = Classify(job);
+  REQUIRE(Kinds(verdicts) == std::vector<std::string>{"rank_not_joined"});
+  CHECK(verdicts[0].ranks == std::vector<int>{1});
+  CHECK(verdicts[0].message.starts_with(
+      "rank 1 completed AllReduce #30 and issued nothing after; its communicator is destroyed (the application "
+      "closed it); it is alive"));
+}
+
 TEST_CASE("S5: a rank busy outside NCCL (a slow save) delays the action to the hard timeout", "[verdicts]") {
   JobView job = Job({Rank(0, 30, 30), Rank(1, 30, 31), Rank(2, 30, 31), Rank(3, 30, 31)});
   std::vector<Verdict> verdicts = Classify(job);
