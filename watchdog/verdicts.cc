@@ -760,7 +760,12 @@ void AddUnreportedRank(int rank, const Communicator& communicator, const JobView
     absent.not_joined_evidence.push_back(InitialisingJson(*initialising, *init, Locate(*initialising, job), job));
     return;
   }
-  absent.not_joined_clauses.push_back(fmt::format("rank {} left no status file or dump", rank));
+  // A closed communicator leaves its process's status file after one interval: the process may well
+  // be alive, so "no status file" would be false.
+  absent.not_joined_clauses.push_back(fmt::format(
+      "rank {} left no record of this communicator (no status file or dump names it: its process left no "
+      "trace, never created the communicator, or closed it)",
+      rank));
   absent.not_joined_evidence.push_back(Json{{"rank", rank}, {"where", WhereaboutsName(Whereabouts::kNoReport)}});
 }
 

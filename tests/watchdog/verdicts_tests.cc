@@ -512,7 +512,8 @@ TEST_CASE("a stall is never healthy: the stalled ranks and what their peers did"
         Classify(StalledJob(stalled, [](int) { return std::optional<ProcessView>(); }));
     REQUIRE(Kinds(verdicts) == std::vector<std::string>{"rank_not_joined"});
     CHECK(verdicts[0].ranks == peers);
-    CHECK(absl::StrContains(verdicts[0].message, "rank 0 left no status file or dump"));
+    CHECK(absl::StrContains(verdicts[0].message, "rank 0 left no record of this communicator"));
+    CHECK(absl::StrContains(verdicts[0].message, "never created the communicator, or closed it"));
     CHECK(absl::StrContains(verdicts[0].message, fmt::format("while {} wait in AllReduce #12", stalled_text)));
   }
 }
