@@ -855,7 +855,8 @@ void ClassifyStuckOperation(const Communicator& communicator, const JobView& job
   if (!absent.not_joined_ranks.empty()) {
     Json evidence = common;
     evidence["late_ranks"] = std::move(absent.not_joined_evidence);
-    std::string others = fmt::format("{} wait in {}", Ranks(waiting_ranks), stuck);
+    std::string others =
+        fmt::format("{} {} in {}", Ranks(waiting_ranks), waiting_ranks.size() == 1 ? "waits" : "wait", stuck);
     if (!finished_ranks.empty()) others += fmt::format(" ({})", completed);
     Add(buckets, kRankNotJoined, communicator.id, stuck_seq, absent.not_joined_ranks,
         fmt::format("{} while {} — {}not a network fault", JoinClauses(absent.not_joined_clauses), others,

@@ -505,7 +505,8 @@ TEST_CASE("a stall is never healthy: the stalled ranks and what their peers did"
     CHECK(absl::StrContains(verdicts[0].message, fmt::format("; rank {} completed AllReduce #11 and issued nothing "
                                                              "after; it is alive and busy outside NCCL",
                                                              peers.back())));
-    CHECK(absl::StrContains(verdicts[0].message, fmt::format("while {} wait in AllReduce #12", stalled_text)));
+    CHECK(absl::StrContains(verdicts[0].message, fmt::format("while {} {} in AllReduce #12", stalled_text,
+                                                             stalled.size() == 1 ? "waits" : "wait")));
   }
   SECTION("peers left no record") {
     const std::vector<Verdict> verdicts =
@@ -514,7 +515,8 @@ TEST_CASE("a stall is never healthy: the stalled ranks and what their peers did"
     CHECK(verdicts[0].ranks == peers);
     CHECK(absl::StrContains(verdicts[0].message, "rank 0 left no record of this communicator"));
     CHECK(absl::StrContains(verdicts[0].message, "never created the communicator, or closed it"));
-    CHECK(absl::StrContains(verdicts[0].message, fmt::format("while {} wait in AllReduce #12", stalled_text)));
+    CHECK(absl::StrContains(verdicts[0].message, fmt::format("while {} {} in AllReduce #12", stalled_text,
+                                                             stalled.size() == 1 ? "waits" : "wait")));
   }
 }
 
