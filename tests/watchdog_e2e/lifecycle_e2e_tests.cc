@@ -91,6 +91,16 @@ std::vector<std::string> RankLines(const std::string& out) {
   return lines;
 }
 
+// The first verdict of `ncclguard analyze --json` on the job directory, which must say "not healthy".
+Json FirstVerdict(const std::string& job_dir) {
+  ProcessOptions options;
+  options.timeout_seconds = 30;
+  const ProcessResult analysis = RunProcess({NCCLGUARD_CLI, "analyze", job_dir, "--json"}, options);
+  INFO("analyze: exit code " << analysis.exit_code << "\n" << analysis.out << analysis.err);
+  REQUIRE(analysis.exit_code == 1);
+  return Json::parse(analysis.out).at("verdicts").at(0);
+}
+
 }  // namespace
 
 TEST_CASE("communicators created inside a group are described once NCCL has created them, and NCCL never "
@@ -163,12 +173,7 @@ TEST_CASE("a hang on communicators created inside a group names their four ranks
                                 /*guarded=*/true, /*timeout_seconds=*/8);
   INFO(run.transcript);
   REQUIRE(run.result.timed_out);
-  ProcessOptions options;
-  options.timeout_seconds = 30;
-  const ProcessResult analysis = RunProcess({NCCLGUARD_CLI, "analyze", run.job_dir, "--json"}, options);
-  INFO("analyze: exit code " << analysis.exit_code << "\n" << analysis.out << analysis.err);
-  REQUIRE(analysis.exit_code == 1);
-  const Json verdict = Json::parse(analysis.out).at("verdicts").at(0);
+  const Json verdict = FirstVerdict(run.job_dir);
   CHECK(verdict.at("kind") == "stuck_inside_nccl");
   CHECK(verdict.at("ranks") == Json({0, 1, 2, 3}));
   CHECK(Contains(verdict.at("message").get<std::string>(), "all 4 ranks entered AllReduce #1"));
@@ -196,12 +201,7 @@ TEST_CASE("an asynchronous error the application sees itself just before it exit
   REQUIRE(statuses[0].at("communicators").size() == 1);
   CHECK(statuses[0].at("communicators")[0].at("async_error") == "ncclRemoteError");
 
-  ProcessOptions options;
-  options.timeout_seconds = 30;
-  const ProcessResult analysis = RunProcess({NCCLGUARD_CLI, "analyze", run.job_dir, "--json"}, options);
-  INFO("analyze: exit code " << analysis.exit_code << "\n" << analysis.out << analysis.err);
-  CHECK(analysis.exit_code == 1);
-  CHECK(Json::parse(analysis.out).at("verdicts").at(0).at("kind") == "async_error");
+  CHECK(FirstVerdict(run.job_dir).at("kind") == "async_error");
 }
 
 TEST_CASE("a failed call just before exit is dumped before the process is gone", "[error][exit]") {
@@ -231,12 +231,7 @@ TEST_CASE("an asynchronous error the application sees itself just before it call
   REQUIRE(dumps.size() == 1);
   CHECK(dumps[0].at("reason") == "async_error");
 
-  ProcessOptions options;
-  options.timeout_seconds = 30;
-  const ProcessResult analysis = RunProcess({NCCLGUARD_CLI, "analyze", run.job_dir, "--json"}, options);
-  INFO("analyze: exit code " << analysis.exit_code << "\n" << analysis.out << analysis.err);
-  CHECK(analysis.exit_code == 1);
-  CHECK(Json::parse(analysis.out).at("verdicts").at(0).at("kind") == "async_error");
+  CHECK(FirstVerdict(run.job_dir).at("kind") == "async_error");
 }
 
 TEST_CASE("a failed call just before abort() is dumped before the process is gone", "[error][exit]") {
@@ -264,14 +259,7 @@ TEST_CASE("a rank that dies before its first status interval is named as dead, w
   const std::map<int, int> pids = RankPids(run.result.out);
   REQUIRE(pids.size() == 4);
 
-  ProcessOptions options;
-  options.timeout_seconds = 30;
-  const ProcessResult analysis =
-      RunProcess({NCCLGUARD_CLI, "analyze", run.job_dir, "--json"}, options);
-  INFO("analyze: exit code " << analysis.exit_code << "\n" << analysis.out << analysis.err);
-  REQUIRE(analysis.exit_code == 1);
-  const Json document = Json::parse(analysis.out);
-  const Json& verdict = document.at("verdicts").at(0);
+  const Json verdict = FirstVerdict(run.job_dir);
   REQUIRE(verdict.at("kind") == "rank_dead");
   CHECK(verdict.at("ranks") == Json({1}));
   // Step 30 is AllReduce #31 (the broadcast is #1): rank 1 completed it, its peers wait in #32.
