@@ -177,8 +177,9 @@ void PrintRankTable(const JobView& job, const std::vector<Verdict>& verdicts) {
 }
 
 void PrintForHumans(const JobView& job, const std::vector<Verdict>& verdicts) {
-  std::cout << "ncclguard analyze " << EscapeControlCharacters(job.directory) << ": " << job.processes.size() << " processes, read at "
-            << IsoTime(job.now_ns) << "\n\n";
+  const std::size_t processes = job.processes.size();
+  std::cout << "ncclguard analyze " << EscapeControlCharacters(job.directory) << ": " << processes
+            << (processes == 1 ? " process" : " processes") << ", read at " << IsoTime(job.now_ns) << "\n\n";
   for (const Verdict& verdict : verdicts) PrintVerdict(verdict);
   const bool healthy = verdicts.size() == 1 && verdicts[0].kind == "healthy";
   if (!healthy) PrintRankTable(job, verdicts);

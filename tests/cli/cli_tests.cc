@@ -83,6 +83,15 @@ TEST_CASE("a healthy job exits 0 and says so") {
   CHECK(result.out.find("4 processes") != std::string::npos);
 }
 
+TEST_CASE("a one-process job is counted in the singular") {
+  SyntheticJob options = Scenario(SyntheticJob::Scenario::kHealthy);
+  options.ranks = 1;
+  Job job(options);
+  const ProcessResult result = Ncclguard({"analyze", job.path});
+  INFO(Transcript(result));
+  CHECK(result.out.find(": 1 process, read at") != std::string::npos);
+}
+
 TEST_CASE("the shipped known-bad file is found beside the command, and a missing one is said") {
   Job job(Scenario(SyntheticJob::Scenario::kHealthy));
   const ProcessResult shipped = Ncclguard({"analyze", job.path}, {{"NCCLGUARD_KNOWN_BAD_FILE", std::nullopt}});
