@@ -6,8 +6,8 @@
 #include <cstdio>
 #include <iostream>
 
-#include "watchdog/operations.h"
-#include "watchdog/registry.h"
+#include "watchdog/record/hooks.h"
+#include "watchdog/state/registry.h"
 
 namespace {
 

@@ -25,7 +25,7 @@
 #include <thread>
 #include <vector>
 
-#include "watchdog/records.h"
+#include "watchdog/state/records.h"
 
 namespace {
 

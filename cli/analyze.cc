@@ -22,12 +22,12 @@
 #include "absl/strings/str_join.h"
 #include "cli/commands.h"
 #include "cli/trace.h"
-#include "watchdog/config.h"
-#include "watchdog/dump.h"
-#include "watchdog/escape.h"
-#include "watchdog/job_dir.h"
-#include "watchdog/known_bad.h"
-#include "watchdog/verdicts.h"
+#include "watchdog/common/config.h"
+#include "watchdog/report/dump.h"
+#include "watchdog/common/escape.h"
+#include "watchdog/report/job_dir.h"
+#include "watchdog/diagnose/known_bad.h"
+#include "watchdog/diagnose/verdicts.h"
 
 namespace ncclguard {
 namespace {

@@ -14,7 +14,7 @@
 
 #include "absl/strings/str_join.h"
 #include "cli/synthetic_job.h"
-#include "watchdog/verdicts.h"
+#include "watchdog/diagnose/verdicts.h"
 
 namespace {
 

@@ -26,12 +26,12 @@
 #include "absl/strings/str_split.h"
 #include "cli/commands.h"
 #include "shim/libraries.h"
-#include "watchdog/config.h"
-#include "watchdog/escape.h"
-#include "watchdog/facts.h"
-#include "watchdog/job_dir.h"
-#include "watchdog/known_bad.h"
-#include "watchdog/p2p_policy.h"
+#include "watchdog/common/config.h"
+#include "watchdog/common/escape.h"
+#include "watchdog/report/facts.h"
+#include "watchdog/report/job_dir.h"
+#include "watchdog/diagnose/known_bad.h"
+#include "watchdog/recover/p2p_policy.h"
 
 namespace ncclguard {
 namespace {

@@ -36,11 +36,11 @@
 #include "absl/strings/str_split.h"
 #include "cli/commands.h"
 #include "cli/elf_exports.h"
-#include "watchdog/config.h"
-#include "watchdog/escape.h"
-#include "watchdog/job_dir.h"
-#include "watchdog/log.h"
-#include "watchdog/version.h"
+#include "watchdog/common/config.h"
+#include "watchdog/common/escape.h"
+#include "watchdog/report/job_dir.h"
+#include "watchdog/common/log.h"
+#include "watchdog/common/version.h"
 
 namespace ncclguard {
 namespace {

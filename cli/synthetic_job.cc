@@ -3,10 +3,10 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
-#include "watchdog/dump.h"
-#include "watchdog/facts.h"
-#include "watchdog/job_dir.h"
-#include "watchdog/snapshot.h"
+#include "watchdog/report/dump.h"
+#include "watchdog/report/facts.h"
+#include "watchdog/report/job_dir.h"
+#include "watchdog/report/snapshot.h"
 
 namespace ncclguard {
 namespace {

@@ -9,7 +9,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "watchdog/dump.h"
+#include "watchdog/report/dump.h"
 
 namespace ncclguard {
 namespace {

@@ -9,7 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/status/status.h"
-#include "watchdog/verdicts.h"
+#include "watchdog/diagnose/verdicts.h"
 
 namespace ncclguard {
 

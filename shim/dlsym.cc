@@ -10,9 +10,9 @@
 #include <dlfcn.h>
 
 #include "shim/libraries.h"
-#include "shim/nccl_api.h"
+#include "watchdog/common/nccl_api.h"
 #include "shim/wrappers.h"
-#include "watchdog/hooks.h"
+#include "watchdog/record/hooks.h"
 
 #define NCCLGUARD_UNINSTRUMENTED no_sanitize("address", "undefined", "thread")
 

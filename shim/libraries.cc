@@ -9,8 +9,8 @@
 #include <mutex>
 #include <vector>
 
-#include "watchdog/config.h"
-#include "watchdog/log.h"
+#include "watchdog/common/config.h"
+#include "watchdog/common/log.h"
 
 #define NCCLGUARD_UNINSTRUMENTED no_sanitize("address", "undefined", "thread")
 // glibc's dlsym, found on first use; dlsym.cc's trampoline jumps through it.
@@ -246,5 +246,22 @@ int LibraryVersion(int slot) noexcept {
   }
   return 0;
 }
+
+namespace {
+
+class ShimLibraries final : public RealLibraries {
+ public:
+  void* Function(int slot, Api api) noexcept override { return RealFunction(slot, api); }
+  std::string Path(int slot) override { return LibraryPath(slot); }
+  int Version(int slot) noexcept override { return LibraryVersion(slot); }
+  void* Symbol(void* handle, const char* name) noexcept override { return RealDlsym()(handle, name); }
+};
+
+// Constant-initialised: no constructor runs when the library is loaded.
+constinit ShimLibraries g_shim_libraries;
+
+}  // namespace
+
+RealLibraries& Libraries() noexcept { return g_shim_libraries; }
 
 }  // namespace ncclguard::shim

@@ -10,7 +10,8 @@
 
 #include <string>
 
-#include "shim/nccl_api.h"
+#include "watchdog/common/libraries.h"
+#include "watchdog/common/nccl_api.h"
 
 namespace ncclguard::shim {
 
@@ -33,5 +34,8 @@ int SlotForLookup(void* handle, Api api, void* real_function) noexcept;
 // Path of the library in `slot` ("" while unknown) and its NCCL version code (0 while unknown).
 std::string LibraryPath(int slot);
 int LibraryVersion(int slot) noexcept;
+
+// The functions above, as the core's way to the real libraries (handed to it at its start).
+RealLibraries& Libraries() noexcept;
 
 }  // namespace ncclguard::shim

@@ -2,10 +2,10 @@
 // straight through, report the call, return the real result. Nothing here decides anything.
 #include <type_traits>
 
+#include "shim/calls.h"
 #include "shim/libraries.h"
-#include "shim/nccl_api.h"
 #include "shim/wrappers.h"
-#include "watchdog/hooks.h"
+#include "watchdog/common/nccl_api.h"
 
 // ncclResetDebugInit is declared deprecated in nccl.h, yet applications may still call it.
 #pragma GCC diagnostic ignored "-Wdeprecated-declarations"
@@ -63,7 +63,7 @@ typename Signature<A>::Result Forward(Args... args) noexcept {
   const bool nested = t_calls.depth > 0;
   const int library = nested ? t_calls.outer_library : Library;
   // Started before the real function is looked up, so that what the lookup says is logged.
-  const bool active = !nested && hooks::Active();
+  const bool active = !nested && hooks::Active(Libraries());
   const auto real = reinterpret_cast<Function>(RealFunction(library, A));
   if (real == nullptr) {
     if (active) hooks::ReportMissingFunction(A, library);
@@ -75,16 +75,16 @@ typename Signature<A>::Result Forward(Args... args) noexcept {
   }
   if (!active) return real(args...);
   CallScope scope(A, library);
-  const Ticket ticket = hooks::BeforeCall<A, Result>(library, args...);
+  const Ticket ticket = BeforeCall<A, Result>(library, args...);
   if constexpr (std::is_void_v<Result>) {
     real(args...);
-    hooks::AfterVoidCall<A>(ticket, library, args...);
+    AfterVoidCall<A>(ticket, library, args...);
   } else {
     if constexpr (std::is_same_v<Result, ncclResult_t>) {
       if (!ticket.forward) return ticket.result;
     }
     const Result result = real(args...);
-    hooks::AfterCall<A>(ticket, library, result, args...);
+    AfterCall<A>(ticket, library, result, args...);
     return result;
   }
 }

@@ -1,6 +1,6 @@
 #pragma once
 
-#include "shim/nccl_api.h"
+#include "watchdog/common/nccl_api.h"
 
 namespace ncclguard::shim {
 

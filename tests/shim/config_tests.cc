@@ -3,7 +3,7 @@
 #include <map>
 
 #include "tests/support/process.h"
-#include "watchdog/config.h"
+#include "watchdog/common/config.h"
 
 using ncclguard::Config;
 using ncclguard::LogLevel;

@@ -5,7 +5,7 @@
 #include <set>
 #include <sstream>
 
-#include "shim/nccl_api.h"
+#include "watchdog/common/nccl_api.h"
 #include "tests/support/process.h"
 
 namespace {

@@ -2,6 +2,6 @@
 //   build/tests/shim/print_settings_table  (paste between the settings-table markers)
 #include <cstdio>
 
-#include "watchdog/config.h"
+#include "watchdog/common/config.h"
 
 int main() { std::fputs(ncclguard::OptionsMarkdownTable().c_str(), stdout); }

@@ -1,0 +1,162 @@
+// What a wrapper tells the core about its call, sorted by the call's kind and its arguments' types
+// at compile time. Only the sorting is here; every decision is behind the core's door,
+// watchdog/record/hooks.h.
+#pragma once
+
+#include <tuple>
+#include <type_traits>
+
+#include "watchdog/common/describe.h"
+#include "watchdog/common/nccl_api.h"
+#include "watchdog/record/hooks.h"
+
+namespace ncclguard::shim {
+
+// An operation's arguments, found by type: every collective and point-to-point call has exactly
+// one count, datatype and communicator, at most one reduction and at most one int (root or peer).
+template <typename... Args>
+OperationArguments SortOperationArguments(const Args&... args) {
+  OperationArguments sorted;
+  auto take = [&sorted](const auto& value) {
+    using T = std::decay_t<decltype(value)>;
+    if constexpr (std::is_same_v<T, ncclComm_t>) sorted.comm = value;
+    else if constexpr (std::is_same_v<T, cudaStream_t>) sorted.stream = value;
+    else if constexpr (std::is_same_v<T, std::size_t>) sorted.count = value;
+    else if constexpr (std::is_same_v<T, ncclDataType_t>) sorted.datatype = value;
+    else if constexpr (std::is_same_v<T, ncclRedOp_t>) sorted.reduction = value;
+    else if constexpr (std::is_same_v<T, int>) sorted.root_or_peer = value;
+  };
+  (take(args), ...);
+  return sorted;
+}
+
+// The communicator a non-operation call is about (its first ncclComm_t argument), if any.
+template <typename... Args>
+ncclComm_t FirstCommunicator(const Args&... args) {
+  ncclComm_t comm = nullptr;
+  auto take = [&comm](const auto& value) {
+    if constexpr (std::is_same_v<std::decay_t<decltype(value)>, ncclComm_t>) {
+      if (comm == nullptr) comm = value;
+    }
+  };
+  (take(args), ...);
+  return comm;
+}
+
+namespace detail {
+
+// How a communicator creation call names the communicator it makes.
+template <Api A, typename... Args>
+CreationArguments CreationArgumentsOf(const Args&... args) {
+  const auto arguments = std::forward_as_tuple(args...);
+  CreationArguments creation;
+  if constexpr (A == Api::ncclCommInitRank || A == Api::ncclCommInitRankConfig) {
+    // (comm*, nranks, commId, rank[, config])
+    creation.unique_id = &std::get<2>(arguments);
+    creation.nranks = std::get<1>(arguments);
+    creation.rank = std::get<3>(arguments);
+  } else if constexpr (A == Api::ncclCommInitAll) {  // (comm*, ndev, devlist)
+    creation.nranks = std::get<1>(arguments);
+  } else if constexpr (A == Api::ncclCommSplit) {  // (comm, color, key, newcomm*, config)
+    creation.parent = std::get<0>(arguments);
+    creation.color = std::get<1>(arguments);
+  } else if constexpr (A == Api::ncclCommShrink) {  // (comm, excludeRanks, count, newcomm*, ...)
+    creation.parent = std::get<0>(arguments);
+  } else {  // ncclCommInitRankScalable: (newcomm*, nranks, myrank, nId, commIds, config)
+    creation.unique_id = std::get<4>(arguments);
+    creation.nranks = std::get<1>(arguments);
+    creation.rank = std::get<2>(arguments);
+  }
+  return creation;
+}
+
+template <Api A, typename... Args>
+void FinishCreation(const Ticket& ticket, int library, ncclResult_t result, const Args&... args) {
+  if constexpr (A == Api::ncclCommInitAll) {
+    const auto [comms, ndev, devlist] = std::forward_as_tuple(args...);
+    AfterCreation(ticket, A, library, result, comms, ndev);
+  } else {
+    const ncclComm_t* created = nullptr;
+    auto take = [&created](const auto& value) {
+      if constexpr (std::is_same_v<std::decay_t<decltype(value)>, ncclComm_t*>) created = value;
+    };
+    (take(args), ...);
+    AfterCreation(ticket, A, library, result, created, 1);
+  }
+}
+
+// `returned` is nullptr for a function that returns nothing.
+template <Api A, typename Result, typename... Args>
+void LogCall(const Result* returned, const Args&... args) {
+  const hooks::CallDetail detail = hooks::LoggedCallDetail();
+  if (detail == hooks::CallDetail::kNone) return;
+  fmt::memory_buffer value;
+  if (returned != nullptr) {
+    AppendValue(value, *returned);
+  } else {
+    fmt::format_to(std::back_inserter(value), "void");
+  }
+  hooks::LogCall(detail == hooks::CallDetail::kArguments ? DescribeCall(A, args...)
+                                                         : std::string(Describe(A).name),
+                 fmt::to_string(value));
+}
+
+}  // namespace detail
+
+// Before the real call of `A` (returning `Result`) served by the library in slot `library`:
+// records what the call means. The ticket may say not to call NCCL at all (only for functions
+// that return an ncclResult_t to say so with).
+template <Api A, typename Result, typename... Args>
+Ticket BeforeCall(int library, const Args&... args) noexcept {
+  constexpr ApiKind kind = Describe(A).kind;
+  hooks::WaitIfExiting();
+  Ticket ticket;
+  if constexpr (kind == ApiKind::Collective || kind == ApiKind::PointToPoint) {
+    ticket = BeforeOperation(A, library, SortOperationArguments(args...));
+  } else if constexpr (kind == ApiKind::CommCreate) {
+    ticket = BeforeCreation(A, detail::CreationArgumentsOf<A>(args...));
+  } else if constexpr (kind == ApiKind::Group) {
+    ticket = BeforeGroupCall(A);
+  } else if constexpr (std::is_same_v<Result, ncclResult_t>) {
+    ticket = BeforeCommCall(A, FirstCommunicator(args...));
+  }
+  if (ticket.forward) hooks::EnterNccl(A);
+  return ticket;
+}
+
+// After the real call: `result` is what it returned.
+template <Api A, typename Result, typename... Args>
+void AfterCall(const Ticket& ticket, int library, const Result& result, const Args&... args) noexcept {
+  hooks::LeaveNccl();
+  try {
+    if constexpr (std::is_same_v<Result, ncclResult_t>) {
+      constexpr ApiKind kind = Describe(A).kind;
+      if constexpr (kind == ApiKind::Collective || kind == ApiKind::PointToPoint) {
+        AfterOperation(ticket, result);
+      } else if constexpr (kind == ApiKind::CommCreate) {
+        detail::FinishCreation<A>(ticket, library, result, args...);
+      } else if constexpr (kind == ApiKind::Group) {
+        AfterGroupCall(A, result);
+      } else if constexpr (A == Api::ncclCommGetAsyncError) {  // (comm, asyncError*)
+        const auto [comm, async_error] = std::forward_as_tuple(args...);
+        AfterAsyncErrorQuery(comm, async_error, result);
+      } else {
+        AfterCommCall(A, FirstCommunicator(args...), result);
+      }
+    }
+    detail::LogCall<A>(&result, args...);
+  } catch (...) {
+  }
+}
+
+// The same for the functions that return nothing.
+template <Api A, typename... Args>
+void AfterVoidCall(const Ticket&, int, const Args&... args) noexcept {
+  hooks::LeaveNccl();
+  try {
+    detail::LogCall<A, int>(nullptr, args...);
+  } catch (...) {
+  }
+}
+
+}  // namespace ncclguard::shim

@@ -1,0 +1,930 @@
+// The classifier: one case per verdict kind, from the field case it serves, with the message a
+// user reads; the job directory reader (dumps and status files merged per process).
+#include <unistd.h>
+
+#include <fstream>
+#include <functional>
+#include <map>
+#include <optional>
+#include <tuple>
+
+#include <catch2/catch.hpp>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "tests/support/process.h"
+#include "watchdog/report/dump.h"
+#include "watchdog/report/dump_reader.h"
+#include "watchdog/report/job_dir.h"
+#include "watchdog/report/op_signature.h"
+#include "watchdog/diagnose/verdicts.h"
+
+namespace ncclguard {
+namespace {
+
+using testing::TemporaryDirectory;
+
+constexpr std::int64_t kSecond = 1'000'000'000;
+constexpr std::int64_t kMillisecond = 1'000'000;
+constexpr std::int64_t kNow = 1'700'000'000 * kSecond;
+const std::string kComm = "00000000000000aa";
+
+OpSnapshot Op(std::uint64_t seq, const std::string& state) {
+  OpSnapshot op;
+  op.seq = seq;
+  op.op = "AllReduce";
+  op.dtype = "float32";
+  op.count = 1024;
+  op.bytes = 4096;
+  op.reduction = "sum";
+  // Every operation was enqueued a minute ago, give or take: whatever is unfinished is stuck.
+  op.enqueue_ns = kNow - 60 * kSecond + static_cast<std::int64_t>(seq) * kMillisecond;
+  op.state = state;
+  return op;
+}
+
+// A rank of a 4-rank job on host node-1 that completed #1..#last_completed and enqueued up to
+// #last_enqueued, seen just now and alive.
+ProcessView Rank(int rank, std::uint64_t last_completed, std::uint64_t last_enqueued, int nranks = 4) {
+  ProcessView process;
+  process.host = "node-1";
+  process.pid = 1000 + rank;
+  process.liveness = ProcessView::Liveness::kAlive;
+  process.last_seen_ns = kNow;
+  process.snapshot.time_ns = kNow;
+  process.snapshot.rank = rank;
+  CommSnapshot comm;
+  comm.id = kComm;
+  comm.rank = rank;
+  comm.nranks = nranks;
+  comm.state = "ready";
+  comm.last_enqueued = last_enqueued;
+  comm.last_started = last_enqueued;
+  comm.last_completed = last_completed;
+  for (std::uint64_t seq = 1; seq <= last_enqueued; ++seq) {
+    comm.ring.push_back(Op(seq, seq <= last_completed ? "completed" : "started"));
+  }
+  process.snapshot.comms.push_back(std::move(comm));
+  return process;
+}
+
+JobView Job(std::vector<ProcessView> processes) {
+  JobView job;
+  job.directory = "/jobs/test";
+  job.now_ns = kNow;
+  job.status_interval_seconds = 2;
+  job.processes = std::move(processes);
+  return job;
+}
+
+std::vector<std::string> Kinds(const std::vector<Verdict>& verdicts) {
+  std::vector<std::string> kinds;
+  for (const Verdict& verdict : verdicts) kinds.push_back(verdict.kind);
+  return kinds;
+}
+
+TEST_CASE("S4: a rank that finished its loop early is named as not joined", "[verdicts]") {
+  JobView job = Job({Rank(0, 41, 42), Rank(1, 41, 42), Rank(2, 41, 42), Rank(3, 41, 41)});
+  job.processes[3].exited = true;
+  job.processes[3].liveness = ProcessView::Liveness::kGone;
+  const std::vector<Verdict> verdicts = Classify(job);
+  REQUIRE(Kinds(verdicts) == std::vector<std::string>{"rank_not_joined"});
+  CHECK(verdicts[0].comm == kComm);
+  CHECK(verdicts[0].seq == 42);
+  CHECK(verdicts[0].ranks == std::vector<int>{3});
+  CHECK(verdicts[0].message ==
+        "rank 3 completed AllReduce #41 and issued nothing after; it finished its loop (exited normally) "
+        "while ranks 0,1,2 wait in AllReduce #42 (float32 × 1024, sum) — uneven data across ranks, not a "
+        "network fault");
+  CHECK(verdicts[0].evidence["late_ranks"][0]["where"] == "finished");
+  // It will never come: waiting for the hard timeout would only delay the restart.
+  CHECK(ActOnTimeout(verdicts));
+}
+
+TEST_CASE("a rank that destroyed the communicator its peers wait in is named with it", "[verdicts]") {
+  JobView job = Job({Rank(0, 30, 31), Rank(1, 30, 30), Rank(2, 30, 31), Rank(3, 30, 31)});
+  job.processes[1].snapshot.comms[0].state = "destroyed";
+  const std::vector<Verdict> verdicts = Classify(job);
+  REQUIRE(Kinds(verdicts) == std::vector<std::string>{"rank_not_joined"});
+  CHECK(verdicts[0].ranks == std::vector<int>{1});
+  CHECK(verdicts[0].message.starts_with(
+      "rank 1 completed AllReduce #30 and issued nothing after; its communicator is destroyed (the application "
+      "closed it); it is alive"));
+}
+
+TEST_CASE("S5: a rank busy outside NCCL (a slow save) delays the action to the hard timeout", "[verdicts]") {
+  JobView job = Job({Rank(0, 30, 30), Rank(1, 30, 31), Rank(2, 30, 31), Rank(3, 30, 31)});
+  std::vector<Verdict> verdicts = Classify(job);
+  REQUIRE(Kinds(verdicts) == std::vector<std::string>{"rank_not_joined"});
+  CHECK(verdicts[0].ranks == std::vector<int>{0});
+  CHECK(verdicts[0].message ==
+        "rank 0 completed AllReduce #30 and issued nothing after; it is alive and busy outside NCCL (e.g. "
+        "saving a checkpoint or evaluating) while ranks 1,2,3 wait in AllReduce #31 (float32 × 1024, sum) — "
+        "not a network fault");
+  CHECK_FALSE(ActOnTimeout(verdicts));
+
+  SECTION("inside another NCCL call it is no longer just busy") {
+    job.processes[0].snapshot.in_nccl_call = "ncclAllGather";
+    verdicts = Classify(job);
+    REQUIRE(Kinds(verdicts) == std::vector<std::string>{"rank_not_joined"});
+    CHECK(verdicts[0].message ==
+          "rank 0 completed AllReduce #30 and issued nothing after; it is inside ncclAllGather (not in this "
+          "operation) while ranks 1,2,3 wait in AllReduce #31 (float32 × 1024, sum) — not a network fault");
+    CHECK(ActOnTimeout(verdicts));
+  }
+}
+
+TEST_CASE("S5: a killed rank is named as dead with its last completed operation", "[verdicts]") {
+  JobView job = Job({Rank(0, 31, 32), Rank(1, 31, 31), Rank(2, 31, 32), Rank(3, 31, 32)});
+  job.processes[1].liveness = ProcessView::Liveness::kGone;
+  const std::vector<Verdict> verdicts = Classify(job);
+  REQUIRE(Kinds(verdicts) == std::vector<std::string>{"rank_dead"});
+  CHECK(verdicts[0].seq == 32);
+  CHECK(verdicts[0].ranks == std::vector<int>{1});
+  CHECK(verdicts[0].message ==
+        "rank 1 (pid 1001 on host node-1) is gone: it completed AllReduce #31 and never entered #32; the "
+        "others wait in AllReduce #32 (float32 × 1024, sum) — it was killed or crashed (e.g. out of memory), "
+        "not a network fault");
+  CHECK(ActOnTimeout(verdicts));
+}
+
+TEST_CASE("on another host, a stale status file means the process is gone", "[verdicts]") {
+  JobView job = Job({Rank(0, 31, 32), Rank(1, 31, 31)});
+  for (ProcessView& process : job.processes) process.snapshot.comms[0].nranks = 2;
+  job.processes[1].liveness = ProcessView::Liveness::kUnknown;
+  job.processes[1].host = "node-2";
+
+  SECTION("stale: older than three status intervals") {
+    job.processes[1].last_seen_ns = kNow - 20 * kSecond;
+    const std::vector<Verdict> verdicts = Classify(job);
+    REQUIRE(Kinds(verdicts) == std::vector<std::string>{"rank_dead"});
+    CHECK(verdicts[0].message ==
+          "rank 1 (pid 1001 on host node-2) stopped updating its status 20.0 s ago (presumed gone): it "
+          "completed AllReduce #31 and never entered #32; the others wait in AllReduce #32 (float32 × 1024, "
+          "sum) — it was killed or crashed (e.g. out of memory), not a network fault");
+  }
+  SECTION("fresh: taken as alive") {
+    job.processes[1].last_seen_ns = kNow - 5 * kSecond;
+    const std::vector<Verdict> verdicts = Classify(job);
+    REQUIRE(Kinds(verdicts) == std::vector<std::string>{"rank_not_joined"});
+    CHECK(verdicts[0].evidence["late_ranks"][0]["where"] == "busy_outside_nccl");
+  }
+}
+
+TEST_CASE("a desync: the same seq with different counts shows both sides", "[verdicts]") {
+  JobView job = Job({Rank(0, 25, 26), Rank(1, 25, 26), Rank(2, 25, 26), Rank(3, 25, 26)});
+  OpSnapshot& odd = job.processes[2].snapshot.comms[0].ring.back();
+  odd.count = 1049600;
+  odd.bytes = 4 * 1049600;
+  const std::vector<Verdict> verdicts = Classify(job);
+  // Not also stuck_inside_nccl: the desync, not the transport, is why #26 never completes.
+  REQUIRE(Kinds(verdicts) == std::vector<std::string>{"mismatch"});
+  CHECK(verdicts[0].seq == 26);
+  CHECK(verdicts[0].ranks == std::vector<int>{2});
+  CHECK(verdicts[0].message ==
+        "rank 2 issued AllReduce #26 with 1049600 float32 elements while ranks 0,1,3 issued 1024 — the ranks' "
+        "calls are out of step (a desync in the application), not a network fault");
+  CHECK(verdicts[0].evidence["sides"].size() == 2);
+
+  SECTION("a different operation is described in full") {
+    odd.count = 1024;
+    odd.bytes = 4096;
+    odd.op = "Broadcast";
+    odd.reduction = "";
+    odd.root = 1;
+    const std::vector<Verdict> different = Classify(job);
+    REQUIRE(Kinds(different) == std::vector<std::string>{"mismatch"});
+    CHECK(different[0].message ==
+          "rank 2 issued Broadcast #26 (float32 × 1024, root 1) while ranks 0,1,3 issued AllReduce #26 "
+          "(float32 × 1024, sum) — the ranks' calls are out of step (a desync in the application), not a "
+          "network fault");
+  }
+  SECTION("Send and Recv under one seq are not a desync") {
+    job = Job({Rank(0, 1, 1, 2), Rank(1, 1, 1, 2)});
+    job.processes[0].snapshot.comms[0].ring[0].op = "Send";
+    job.processes[1].snapshot.comms[0].ring[0].op = "Recv";
+    CHECK(Kinds(Classify(job)) == std::vector<std::string>{"healthy"});
+  }
+}
+
+OpSnapshot BigBroadcast(std::uint64_t seq, const std::string& state) {
+  OpSnapshot op = Op(seq, state);
+  op.op = "Broadcast";
+  op.count = 253440000;
+  op.bytes = 4 * op.count;
+  op.reduction = "";
+  op.root = 0;
+  return op;
+}
+
+TEST_CASE("S3: a broadcast that some ranks finished and one did not", "[verdicts]") {
+  JobView job = Job({Rank(0, 1, 2, 3), Rank(1, 1, 2, 3), Rank(2, 0, 1, 3)});
+  for (ProcessView& process : job.processes) {
+    auto& ring = process.snapshot.comms[0].ring;
+    ring[0] = BigBroadcast(1, ring[0].state);
+  }
+  const std::vector<Verdict> verdicts = Classify(job);
+  REQUIRE(Kinds(verdicts) == std::vector<std::string>{"stuck_inside_nccl"});
+  CHECK(verdicts[0].seq == 1);
+  CHECK(verdicts[0].ranks == std::vector<int>{2});
+  CHECK(verdicts[0].message ==
+        "Broadcast #1 (float32 × 253440000, root 0) — ranks 0,1 completed it and went on to AllReduce #2, rank 2 has "
+        "not (waiting 60.0 s): "
+        "stuck inside NCCL, a transport fault (network, P2P or driver), not the application");
+  CHECK(ActOnTimeout(verdicts));
+}
+
+JobView EveryRankInside() {
+  return Job({Rank(0, 11, 12), Rank(1, 11, 12), Rank(2, 11, 12), Rank(3, 11, 12)});
+}
+
+TEST_CASE("every rank entered and none completed: stuck inside NCCL", "[verdicts]") {
+  const std::vector<Verdict> verdicts = Classify(EveryRankInside());
+  REQUIRE(Kinds(verdicts) == std::vector<std::string>{"stuck_inside_nccl"});
+  CHECK(verdicts[0].ranks == std::vector<int>{0, 1, 2, 3});
+  CHECK(verdicts[0].message ==
+        "all 4 ranks entered AllReduce #12 (float32 × 1024, sum) and none has completed it (waiting 60.0 s): "
+        "stuck inside NCCL, a transport fault (network, P2P or driver), not the application");
+  CHECK(ActOnTimeout(verdicts));
+}
+
+TEST_CASE("an operation in flight for a moment is not stuck", "[verdicts]") {
+  JobView job = EveryRankInside();
+  for (ProcessView& process : job.processes) process.snapshot.comms[0].ring.back().enqueue_ns = kNow - kSecond;
+  CHECK(Kinds(Classify(job)) == std::vector<std::string>{"healthy"});
+  SECTION("unless a watchdog reported it stalled") {
+    job.processes[0].snapshot.stall = StallSnapshot{};
+    job.processes[0].snapshot.stall->comm_id = kComm;
+    CHECK(Kinds(Classify(job)) == std::vector<std::string>{"stuck_inside_nccl"});
+  }
+}
+
+void GiveFacts(JobView& job, const std::string& gpu, const std::string& driver) {
+  for (ProcessView& process : job.processes) {
+    process.facts.driver_version = driver;
+    process.facts.cuda.gpus.push_back(GpuFacts{.device = 0, .name = gpu, .pci_bus_id = "0000:01:00.0",
+                                               .memory_free_bytes = -1, .memory_total_bytes = -1});
+  }
+}
+
+TEST_CASE("S1/S2: stuck inside NCCL on GeForce GPUs with a known-bad driver is P2P-suspect", "[verdicts]") {
+  JobView job = EveryRankInside();
+  GiveFacts(job, "NVIDIA GeForce RTX 4090", "545.23.08");
+  std::vector<Verdict> verdicts = Classify(job);
+  REQUIRE(Kinds(verdicts) == std::vector<std::string>{"p2p_suspect", "stuck_inside_nccl"});
+  CHECK(verdicts[0].seq == 12);
+  CHECK(verdicts[0].message ==
+        "stuck inside NCCL with P2P in use on NVIDIA GeForce RTX 4090 GPUs with driver 545.23.08: P2P transfers "
+        "are the likely cause; NCCL_P2P_DISABLE=1 avoids them");
+  CHECK(ActOnTimeout(verdicts));
+
+  SECTION("a P2P warning from NCCL is evidence on data-centre GPUs too") {
+    job = EveryRankInside();
+    GiveFacts(job, "NVIDIA A100-SXM4-80GB", "550.54.15");
+    job.processes[2].snapshot.last_nccl_warning = "transport/p2p.cc:274 NCCL WARN failed to peer map";
+    verdicts = Classify(job);
+    REQUIRE(Kinds(verdicts) == std::vector<std::string>{"p2p_suspect", "stuck_inside_nccl"});
+    CHECK(verdicts[0].message ==
+          "stuck inside NCCL with P2P in use (NCCL warned: \"transport/p2p.cc:274 NCCL WARN failed to peer "
+          "map\"): P2P transfers are the likely cause; NCCL_P2P_DISABLE=1 avoids them");
+  }
+  SECTION("no suspicion with P2P disabled, on workstation cards, or across hosts") {
+    job.processes[1].facts.environment = {{"NCCL_P2P_DISABLE", "1"}};
+    CHECK(Kinds(Classify(job)) == std::vector<std::string>{"stuck_inside_nccl"});
+    job = EveryRankInside();
+    GiveFacts(job, "NVIDIA RTX 4000 Ada Generation", "550.54.15");
+    CHECK(Kinds(Classify(job)) == std::vector<std::string>{"stuck_inside_nccl"});
+    job = EveryRankInside();
+    GiveFacts(job, "NVIDIA GeForce RTX 3090", "550.54.15");
+    for (ProcessView& process : job.processes) process.host = absl::StrCat("node-", process.pid);
+    CHECK(Kinds(Classify(job)) == std::vector<std::string>{"stuck_inside_nccl"});
+  }
+}
+
+TEST_CASE("an asynchronous error names the rank and NCCL's warning", "[verdicts]") {
+  JobView job = Job({Rank(0, 5, 5), Rank(1, 5, 5)});
+  job.processes[1].snapshot.comms[0].async_error = "ncclRemoteError";
+  job.processes[1].snapshot.last_nccl_warning = "NET/IB : Got completion from peer 10.0.0.2 with status=12";
+  const std::vector<Verdict> verdicts = Classify(job);
+  REQUIRE(Kinds(verdicts) == std::vector<std::string>{"async_error"});
+  CHECK(verdicts[0].ranks == std::vector<int>{1});
+  CHECK(verdicts[0].message ==
+        "rank 1 reported an asynchronous NCCL error on communicator 00000000000000aa: ncclRemoteError; NCCL's "
+        "last warning: \"NET/IB : Got completion from peer 10.0.0.2 with status=12\"");
+  CHECK(verdicts[0].evidence["ranks"][0]["last_nccl_warning"] ==
+        "NET/IB : Got completion from peer 10.0.0.2 with status=12");
+  CHECK(ActOnTimeout(verdicts));
+}
+
+ProcessView Initialising(int rank, std::int64_t since_ns) {
+  ProcessView process = Rank(rank, 0, 0);
+  process.snapshot.comms.clear();
+  process.snapshot.pending_inits.push_back(PendingInitSnapshot{
+      .comm_id = "00000000000000bb", .api = "ncclCommInitRank", .rank = rank, .nranks = 4, .start_ns = since_ns});
+  return process;
+}
+
+TEST_CASE("an initialisation that some ranks never joined", "[verdicts]") {
+  JobView job = Job({Initialising(0, kNow - 30 * kSecond), Initialising(1, kNow - 30 * kSecond),
+                     Initialising(2, kNow - 29 * kSecond)});
+  std::vector<Verdict> verdicts = Classify(job);
+  REQUIRE(Kinds(verdicts) == std::vector<std::string>{"stuck_in_init"});
+  CHECK(verdicts[0].comm == "00000000000000bb");
+  CHECK(verdicts[0].ranks == std::vector<int>{3});
+  CHECK(verdicts[0].message ==
+        "the initialisation of communicator 00000000000000bb (ncclCommInitRank, 4 ranks) has waited 30.0 s: "
+        "ranks 0,1,2 arrived, rank 3 did not — that rank never called ncclCommInitRank for it (not started, "
+        "crashed before, or given another unique id)");
+  CHECK(ActOnTimeout(verdicts));
+
+  SECTION("shorter than a status interval: still starting") {
+    for (ProcessView& process : job.processes) process.snapshot.pending_inits[0].start_ns = kNow - kSecond;
+    CHECK(Kinds(Classify(job)) == std::vector<std::string>{"healthy"});
+  }
+  SECTION("all arrived: stuck only once a watchdog reported it") {
+    job.processes.push_back(Initialising(3, kNow - 30 * kSecond));
+    CHECK(Kinds(Classify(job)) == std::vector<std::string>{"healthy"});
+    job.processes[0].snapshot.stall = StallSnapshot{};
+    job.processes[0].snapshot.stall->kind = "init";
+    job.processes[0].snapshot.stall->comm_id = "00000000000000bb";
+    verdicts = Classify(job);
+    REQUIRE(Kinds(verdicts) == std::vector<std::string>{"stuck_in_init"});
+    CHECK(verdicts[0].ranks == std::vector<int>{0, 1, 2, 3});
+    CHECK(verdicts[0].message ==
+          "the initialisation of communicator 00000000000000bb (ncclCommInitRank, 4 ranks) has waited 30.0 s "
+          "although all 4 ranks arrived: stuck inside NCCL's bootstrap or transport setup (network interfaces, "
+          "firewall, NCCL_SOCKET_IFNAME)");
+  }
+}
+
+TEST_CASE("a rank consistently late into collectives is a straggler", "[verdicts]") {
+  JobView job = Job({Rank(0, 20, 20), Rank(1, 20, 20), Rank(2, 20, 20), Rank(3, 20, 20)});
+  for (ProcessView& process : job.processes) {
+    const int rank = process.snapshot.rank;
+    for (OpSnapshot& op : process.snapshot.comms[0].ring) {
+      const std::int64_t base = kNow - 100 * kSecond + static_cast<std::int64_t>(op.seq) * kSecond;
+      const bool late = rank == 2 && op.seq != 20;
+      op.enqueue_ns = base + (late ? 210 * kMillisecond : rank * kMillisecond);
+    }
+  }
+  std::vector<Verdict> verdicts = Classify(job);
+  REQUIRE(Kinds(verdicts) == std::vector<std::string>{"straggler"});
+  CHECK(verdicts[0].ranks == std::vector<int>{2});
+  CHECK(verdicts[0].message ==
+        "rank 2 enters collectives a median 210 ms after the others (latest in 19 of 20): it is slow outside "
+        "NCCL (data loading, compute)");
+  SECTION("not below 50 ms") {
+    for (ProcessView& process : job.processes) {
+      for (OpSnapshot& op : process.snapshot.comms[0].ring) {
+        if (process.snapshot.rank == 2 && op.seq != 20) op.enqueue_ns -= 170 * kMillisecond;
+      }
+    }
+    CHECK(Kinds(Classify(job)) == std::vector<std::string>{"healthy"});
+  }
+  SECTION("not from fewer than 10 operations") {
+    for (ProcessView& process : job.processes) process.snapshot.comms[0].ring.resize(9);
+    CHECK(Kinds(Classify(job)) == std::vector<std::string>{"healthy"});
+  }
+}
+
+TEST_CASE("a job where everything completed is healthy", "[verdicts]") {
+  const std::vector<Verdict> verdicts = Classify(Job({Rank(0, 50, 50), Rank(1, 50, 50)}));
+  REQUIRE(Kinds(verdicts) == std::vector<std::string>{"healthy"});
+  CHECK(verdicts[0].ranks.empty());
+  CHECK(verdicts[0].message == "nothing wrong found in 2 processes");
+}
+
+TEST_CASE("verdicts come most important first", "[verdicts]") {
+  // Communicator aa: rank 3 finished early. Communicator cc: a desync and an async error.
+  JobView job = Job({Rank(0, 41, 42), Rank(1, 41, 42), Rank(2, 41, 42), Rank(3, 41, 41)});
+  job.processes[3].exited = true;
+  for (ProcessView& process : job.processes) {
+    CommSnapshot other = Rank(process.snapshot.rank, 7, 8).snapshot.comms[0];
+    other.id = "00000000000000cc";
+    if (process.snapshot.rank == 1) other.ring.back().dtype = "bfloat16";
+    if (process.snapshot.rank == 0) other.async_error = "ncclSystemError";
+    process.snapshot.comms.push_back(std::move(other));
+  }
+  const std::vector<Verdict> verdicts = Classify(job);
+  CHECK(Kinds(verdicts) == std::vector<std::string>{"async_error", "mismatch", "rank_not_joined"});
+  CHECK(verdicts[1].comm == "00000000000000cc");
+  CHECK(verdicts[2].comm == kComm);
+}
+
+TEST_CASE("the JSON of the verdicts carries every field", "[verdicts]") {
+  JobView job = Job({Rank(0, 31, 32), Rank(1, 31, 31), Rank(2, 31, 32), Rank(3, 31, 32)});
+  job.processes[1].liveness = ProcessView::Liveness::kGone;
+  job.problems.push_back("dump-x.json: not JSON");
+  const std::vector<Verdict> verdicts = Classify(job);
+  const nlohmann::json document = nlohmann::json::parse(VerdictsToJson(job, verdicts).dump());
+  REQUIRE(document["verdicts"].size() == verdicts.size());
+  for (size_t i = 0; i < verdicts.size(); ++i) {
+    const nlohmann::json& verdict = document["verdicts"][i];
+    CHECK(verdict["kind"] == verdicts[i].kind);
+    CHECK(verdict["comm"] == verdicts[i].comm);
+    CHECK(verdict["seq"].get<std::uint64_t>() == verdicts[i].seq);
+    CHECK(verdict["ranks"].get<std::vector<int>>() == verdicts[i].ranks);
+    CHECK(verdict["message"] == verdicts[i].message);
+    CHECK(verdict["evidence"] == verdicts[i].evidence);
+  }
+  CHECK(document["healthy"] == false);
+  CHECK(document["directory"] == "/jobs/test");
+  CHECK(document["time_ns"].get<std::int64_t>() == kNow);
+  CHECK(document["problems"] == nlohmann::json::array({"dump-x.json: not JSON"}));
+  REQUIRE(document["processes"].size() == 4);
+  CHECK(document["processes"][1]["liveness"] == "gone");
+  CHECK(document["processes"][1]["pid"] == 1001);
+  CHECK(VerdictsToJson(Job({}), Classify(Job({})))["healthy"] == false);
+}
+
+// --- a stalled rank, whatever its peers did ---------------------------------------------------
+
+// Ranks `stalled` of a 4-rank job report a stall in #12 (they completed #11); the others are
+// built by `peer`, or left out when it returns nothing.
+JobView StalledJob(const std::vector<int>& stalled, const std::function<std::optional<ProcessView>(int)>& peer) {
+  std::vector<ProcessView> processes;
+  for (int rank = 0; rank < 4; ++rank) {
+    if (std::find(stalled.begin(), stalled.end(), rank) == stalled.end()) {
+      if (std::optional<ProcessView> process = peer(rank)) processes.push_back(*std::move(process));
+      continue;
+    }
+    ProcessView process = Rank(rank, 11, 12);
+    // Enqueued a moment ago: only the watchdog's report makes it stuck.
+    process.snapshot.comms[0].ring.back().enqueue_ns = kNow - kSecond;
+    process.snapshot.stall = StallSnapshot{.kind = "not_completed", .comm_id = kComm, .seq = 12, .seconds = 5,
+                                           .message = "", .verdict = "", .verdict_message = ""};
+    processes.push_back(std::move(process));
+  }
+  return Job(std::move(processes));
+}
+
+TEST_CASE("a stall is never healthy: the stalled ranks and what their peers did", "[verdicts][stall]") {
+  const auto [stalled, stalled_text, peers_text, waits] =
+      GENERATE(std::make_tuple(std::vector<int>{2}, "rank 2", "ranks 0,1,3", "has"),
+               std::make_tuple(std::vector<int>{1, 2}, "ranks 1,2", "ranks 0,3", "have"));
+  INFO(stalled_text);
+  const std::vector<int> peers = stalled.size() == 1 ? std::vector<int>{0, 1, 3} : std::vector<int>{0, 3};
+
+  SECTION("peers completed the operation and went on") {
+    const std::vector<Verdict> verdicts = Classify(StalledJob(stalled, [](int rank) { return Rank(rank, 12, 13); }));
+    REQUIRE(Kinds(verdicts) == std::vector<std::string>{"stuck_inside_nccl"});
+    CHECK(verdicts[0].seq == 12);
+    CHECK(verdicts[0].ranks == stalled);
+    CHECK(verdicts[0].message.starts_with(fmt::format(
+        "AllReduce #12 (float32 × 1024, sum) — {} completed it and went on to AllReduce #13, {} {} not", peers_text,
+        stalled_text, waits)));
+    CHECK(verdicts[0].message.ends_with(
+        "unless the ranks' calls went out of step (a desync) before the oldest operation recorded: AllReduce "
+        "cannot complete on some ranks only"));
+  }
+  SECTION("peers completed the operation and exited") {
+    const std::vector<Verdict> verdicts = Classify(StalledJob(stalled, [](int rank) {
+      ProcessView process = Rank(rank, 12, 12);
+      process.exited = true;
+      process.liveness = ProcessView::Liveness::kGone;
+      return process;
+    }));
+    REQUIRE(Kinds(verdicts) == std::vector<std::string>{"stuck_inside_nccl"});
+    CHECK(verdicts[0].ranks == stalled);
+    CHECK(verdicts[0].message.starts_with(fmt::format("AllReduce #12 (float32 × 1024, sum) — {} completed it and "
+                                                      "exited, {} {} not",
+                                                      peers_text, stalled_text, waits)));
+  }
+  SECTION("peers are alive elsewhere and never issued it") {
+    const std::vector<Verdict> verdicts = Classify(StalledJob(stalled, [](int rank) {
+      ProcessView process = Rank(rank, 11, 11);
+      if (rank == 0) process.snapshot.in_nccl_call = "ncclAllGather";
+      return process;
+    }));
+    REQUIRE(Kinds(verdicts) == std::vector<std::string>{"rank_not_joined"});
+    CHECK(verdicts[0].ranks == peers);
+    CHECK(absl::StrContains(verdicts[0].message,
+                            "rank 0 completed AllReduce #11 and issued nothing after; it is inside ncclAllGather"));
+    CHECK(absl::StrContains(verdicts[0].message, fmt::format("; rank {} completed AllReduce #11 and issued nothing "
+                                                             "after; it is alive and busy outside NCCL",
+                                                             peers.back())));
+    CHECK(absl::StrContains(verdicts[0].message, fmt::format("while {} {} in AllReduce #12", stalled_text,
+                                                             stalled.size() == 1 ? "waits" : "wait")));
+  }
+  SECTION("peers left no record") {
+    const std::vector<Verdict> verdicts =
+        Classify(StalledJob(stalled, [](int) { return std::optional<ProcessView>(); }));
+    REQUIRE(Kinds(verdicts) == std::vector<std::string>{"rank_not_joined"});
+    CHECK(verdicts[0].ranks == peers);
+    CHECK(absl::StrContains(verdicts[0].message, "rank 0 left no record of this communicator"));
+    CHECK(absl::StrContains(verdicts[0].message, "never created the communicator, or closed it"));
+    CHECK(absl::StrContains(verdicts[0].message, fmt::format("while {} {} in AllReduce #12", stalled_text,
+                                                             stalled.size() == 1 ? "waits" : "wait")));
+  }
+}
+
+TEST_CASE("a stall with a desync earlier names the desync and where the ranks are now", "[verdicts][stall]") {
+  JobView job = StalledJob({2}, [](int rank) {
+    ProcessView process = Rank(rank, 12, 12);
+    process.exited = true;
+    return process;
+  });
+  OpSnapshot& odd = job.processes[2].snapshot.comms[0].ring[4];
+  odd.count = 2048;
+  odd.bytes = 8192;
+  const std::vector<Verdict> verdicts = Classify(job);
+  REQUIRE(Kinds(verdicts) == std::vector<std::string>{"mismatch"});
+  CHECK(verdicts[0].seq == 5);
+  CHECK(verdicts[0].message ==
+        "rank 2 issued AllReduce #5 with 2048 float32 elements while ranks 0,1,3 issued 1024 — the ranks' calls are "
+        "out of step (a desync in the application), not a network fault; since then rank 2 waits in AllReduce #12 "
+        "(float32 × 1024, sum): ranks 0,1,3 completed it and exited");
+  CHECK(verdicts[0].evidence["stalled_ranks"] == nlohmann::json({2}));
+}
+
+// --- operation signatures in status files --------------------------------------------------------
+
+ProcessFacts Facts(const std::string& host, int pid);
+
+// What a status file shows of a rank: its last completed operation and signatures of the latest
+// ones, no ring.
+void KeepOnlyStatus(ProcessView& process) {
+  CommSnapshot& comm = process.snapshot.comms[0];
+  comm.signatures_first_seq = comm.ring.front().seq;
+  comm.signatures.clear();
+  for (const OpSnapshot& op : comm.ring) comm.signatures.push_back(OperationSignature(op));
+  std::erase_if(comm.ring, [&](const OpSnapshot& op) { return op.seq != comm.last_completed; });
+}
+
+TEST_CASE("a desync is found from the status files' operation signatures alone", "[verdicts][signatures]") {
+  JobView job = Job({Rank(0, 40, 40), Rank(1, 40, 40), Rank(2, 39, 40), Rank(3, 40, 40)});
+  for (ProcessView& process : job.processes) {
+    process.exited = process.snapshot.rank != 2;
+    process.snapshot.comms[0].ring[25].count = process.snapshot.rank == 2 ? 1049600 : 1024;
+  }
+  const std::uint32_t odd = OperationSignature(job.processes[2].snapshot.comms[0].ring[25]);
+  const std::uint32_t usual = OperationSignature(job.processes[0].snapshot.comms[0].ring[25]);
+  REQUIRE(odd != usual);
+
+  SECTION("no ring anywhere: which rank's signature differs") {
+    for (ProcessView& process : job.processes) KeepOnlyStatus(process);
+    const std::vector<Verdict> verdicts = Classify(job);
+    REQUIRE_FALSE(verdicts.empty());
+    CHECK(verdicts[0].kind == "mismatch");
+    CHECK(verdicts[0].seq == 26);
+    CHECK(verdicts[0].ranks == std::vector<int>{2});
+    CHECK(verdicts[0].message.starts_with(
+        fmt::format("rank 2 issued #26 with signature {:08x} while ranks 0,1,3 issued #26 with signature {:08x} "
+                    "(operation signatures from status files: no record of the call itself) — the ranks' calls are "
+                    "out of step",
+                    odd, usual)));
+    CHECK(verdicts[0].evidence["sides"][1]["signature"] == fmt::format("{:08x}", odd));
+  }
+  SECTION("the stalled rank's dump describes its side") {
+    for (ProcessView& process : job.processes) {
+      if (process.snapshot.rank != 2) KeepOnlyStatus(process);
+    }
+    const std::vector<Verdict> verdicts = Classify(job);
+    REQUIRE_FALSE(verdicts.empty());
+    CHECK(verdicts[0].kind == "mismatch");
+    CHECK(verdicts[0].message.starts_with(fmt::format(
+        "rank 2 issued AllReduce #26 (float32 × 1049600, sum) while ranks 0,1,3 issued #26 with signature {:08x} "
+        "(operation signatures",
+        usual)));
+  }
+  SECTION("a status file that carries the operation itself says what differs") {
+    for (ProcessView& process : job.processes) KeepOnlyStatus(process);
+    OpSnapshot described = Op(26, "completed");
+    job.processes[0].snapshot.comms[0].ring.insert(job.processes[0].snapshot.comms[0].ring.begin(), described);
+    described.count = 1049600;
+    job.processes[2].snapshot.comms[0].ring.insert(job.processes[2].snapshot.comms[0].ring.begin(), described);
+    const std::vector<Verdict> verdicts = Classify(job);
+    REQUIRE_FALSE(verdicts.empty());
+    CHECK(verdicts[0].message.starts_with("rank 2 issued AllReduce #26 with 1049600 float32 elements while ranks "
+                                          "0,1,3 issued 1024 — the ranks' calls are out of step"));
+  }
+  SECTION("the same signatures everywhere are no mismatch") {
+    job.processes[2].snapshot.comms[0].ring[25].count = 1024;
+    for (ProcessView& process : job.processes) KeepOnlyStatus(process);
+    for (const Verdict& verdict : Classify(job)) CHECK(verdict.kind != "mismatch");
+  }
+}
+
+TEST_CASE("status files carry the signatures of the latest operations, within a bounded size",
+          "[verdicts][signatures][job_dir]") {
+  TemporaryDirectory temporary;
+  ProcessSnapshot snapshot;
+  snapshot.time_ns = kNow;
+  // Far more communicators than a process holds in practice, each with a full set of signatures.
+  for (int i = 0; i < 100; ++i) {
+    CommSnapshot comm = Rank(0, 100, 100).snapshot.comms[0];
+    comm.id = fmt::format("{:016x}", i);
+    comm.ring.clear();
+    comm.signatures_first_seq = 37;
+    for (std::uint64_t seq = 37; seq <= 100; ++seq) comm.signatures.push_back(OperationSignature(Op(seq, "completed")));
+    comm.signatures[3] = kNoSignature;
+    snapshot.comms.push_back(std::move(comm));
+  }
+  snapshot.comms[1].signatures_first_seq = 36;  // not ending at #last_enqueued: not what a writer writes
+  REQUIRE(WriteStatus(temporary.path(), snapshot, Facts("node-1", 5)).ok());
+  const std::string path = temporary.path() + "/status-node-1-5.json";
+  std::ifstream file(path, std::ios::binary | std::ios::ate);
+  CHECK(file.tellg() < 48 * 1024);
+
+  const absl::StatusOr<StatusScan> scan = ReadStatuses(temporary.path());
+  REQUIRE(scan.ok());
+  REQUIRE(scan->statuses.size() == 1);
+  const std::vector<CommSnapshot>& comms = scan->statuses[0].snapshot.comms;
+  REQUIRE(comms.size() == 100);
+  CHECK(comms[0].signatures_first_seq == 37);
+  CHECK(comms[0].signatures == snapshot.comms[0].signatures);
+  CHECK(comms[1].signatures.empty());
+  CHECK(comms[kMaxSignedCommunicators - 1].signatures.size() == kSignedOperations);
+  CHECK(comms[kMaxSignedCommunicators].signatures.empty());
+}
+
+TEST_CASE("signatures: stable, blind to point-to-point, and read back only when well formed", "[verdicts][signatures]") {
+  OpSnapshot op = Op(1, "completed");
+  const std::uint32_t signature = OperationSignature(op);
+  // FNV-1a of "AllReduce/float32/1024/-1/sum", as docs/dump-format.md says: every build agrees.
+  CHECK(signature == 0x6e5627eb);
+  CHECK(OperationSignature(Op(2, "started")) == signature);  // neither seq nor state nor time is signed
+  op.root = 1;
+  CHECK(OperationSignature(op) != signature);
+  op.op = "Send";
+  CHECK(OperationSignature(op) == kNoSignature);
+  std::vector<std::uint32_t> parsed;
+  CHECK(SignaturesFromHex(SignaturesToHex({signature, 0, 0xdeadbeef}), parsed));
+  CHECK(parsed == std::vector<std::uint32_t>{signature, 0, 0xdeadbeef});
+  CHECK_FALSE(SignaturesFromHex("0123456", parsed));
+  CHECK_FALSE(SignaturesFromHex("0123456g", parsed));
+  CHECK_FALSE(SignaturesFromHex(std::string(8 * (kSignedOperations + 1), '0'), parsed));
+  CHECK(parsed.empty());
+}
+
+// --- nothing healthy about recorded trouble ------------------------------------------------------
+
+TEST_CASE("an empty or unreadable job directory is unknown, not healthy", "[verdicts]") {
+  JobView job = Job({});
+  std::vector<Verdict> verdicts = Classify(job);
+  REQUIRE(Kinds(verdicts) == std::vector<std::string>{"unknown"});
+  CHECK(verdicts[0].message ==
+        "the job directory holds no readable status file or dump: no process of the job wrote there, or its files "
+        "could not be written");
+  job.problems = {"status-a-1.json: not JSON", "dump-b.json: too big"};
+  verdicts = Classify(job);
+  REQUIRE(Kinds(verdicts) == std::vector<std::string>{"unknown"});
+  CHECK(verdicts[0].message ==
+        "the job directory holds no readable status file or dump (2 files could not be read; first: "
+        "status-a-1.json: not JSON)");
+  CHECK(ActOnTimeout(verdicts));
+  CHECK(VerdictsToJson(job, verdicts)["healthy"] == false);
+}
+
+TEST_CASE("a call that returned an error is named", "[verdicts]") {
+  JobView job = Job({Rank(0, 5, 5), Rank(1, 4, 5)});
+  for (ProcessView& process : job.processes) process.snapshot.comms[0].nranks = 2;
+  OpSnapshot& failed = job.processes[1].snapshot.comms[0].ring[4];
+  failed.state = "failed";
+  failed.result = 4;  // ncclInvalidArgument
+  const std::vector<Verdict> verdicts = Classify(job);
+  REQUIRE(Kinds(verdicts) == std::vector<std::string>{"failed_call"});
+  CHECK(verdicts[0].seq == 5);
+  CHECK(verdicts[0].ranks == std::vector<int>{1});
+  CHECK(verdicts[0].message ==
+        "rank 1's AllReduce #5 (float32 × 1024, sum) returned ncclInvalidArgument on communicator 00000000000000aa: "
+        "NCCL refused or failed the call, and the application got the error");
+}
+
+TEST_CASE("a recorded stall or error that no rule explains is still named", "[verdicts]") {
+  JobView job = Job({Rank(0, 5, 5), Rank(1, 5, 5)});
+  for (ProcessView& process : job.processes) process.snapshot.comms[0].nranks = 2;
+  REQUIRE(Kinds(Classify(job)) == std::vector<std::string>{"healthy"});
+
+  SECTION("a stalled initialisation younger than the rules' status interval") {
+    job.processes[1].snapshot.stall = StallSnapshot{.kind = "init", .comm_id = "00000000000000bb", .seq = 0,
+                                                    .seconds = 30, .message = "", .verdict = "", .verdict_message = ""};
+    job.processes[1].snapshot.pending_inits.push_back(PendingInitSnapshot{
+        .comm_id = "00000000000000bb", .api = "ncclCommInitRank", .rank = 1, .nranks = 2, .start_ns = kNow - kSecond});
+    const std::vector<Verdict> verdicts = Classify(job);
+    REQUIRE(Kinds(verdicts) == std::vector<std::string>{"unexplained"});
+    CHECK(verdicts[0].ranks == std::vector<int>{1});
+    CHECK(verdicts[0].message ==
+          "rank 1 (pid 1001 on host node-1) reported a stall of an initialisation of communicator 00000000000000bb, "
+          "and the records in the job directory do not show why");
+  }
+  SECTION("a dump taken for an error") {
+    job.processes[0].dump_reason = "error_return";
+    job.processes[0].dump_file = "/jobs/test/dump-node-1-1000-0-1.json";
+    const std::vector<Verdict> verdicts = Classify(job);
+    REQUIRE(Kinds(verdicts) == std::vector<std::string>{"unexplained"});
+    CHECK(verdicts[0].message ==
+          "rank 0 (pid 1000 on host node-1) dumped after an NCCL call returned an error, and the records in the job "
+          "directory do not show why (its dump: /jobs/test/dump-node-1-1000-0-1.json)");
+  }
+}
+
+// --- a rank killed during its initialisation ------------------------------------------------------
+
+TEST_CASE("a rank killed inside ncclCommInitRank is dead, not missing", "[verdicts]") {
+  ProcessView killed = Initialising(1, kNow - 40 * kSecond);
+  killed.snapshot.pending_inits[0].comm_id = kComm;
+  killed.snapshot.time_ns = kNow - 39 * kSecond;  // its last status, shortly before kill -9
+  killed.last_seen_ns = killed.snapshot.time_ns;
+  killed.liveness = ProcessView::Liveness::kGone;
+
+  SECTION("while the others wait in an operation") {
+    JobView job = Job({Rank(0, 0, 1), killed, Rank(2, 0, 1), Rank(3, 0, 1)});
+    const std::vector<Verdict> verdicts = Classify(job);
+    REQUIRE_FALSE(verdicts.empty());
+    CHECK(verdicts[0].kind == "rank_dead");
+    CHECK(verdicts[0].ranks == std::vector<int>{1});
+    CHECK(verdicts[0].message ==
+          "rank 1 (pid 1001 on host node-1) is gone: it was still in ncclCommInitRank for this communicator and never "
+          "entered #1; the others wait in AllReduce #1 (float32 × 1024, sum) — it was killed or crashed (e.g. out of "
+          "memory), not a network fault");
+    CHECK(verdicts[0].evidence["dead_ranks"][0]["in_init"] == "ncclCommInitRank");
+  }
+  SECTION("while the others wait in the initialisation") {
+    JobView job = Job({Initialising(0, kNow - 40 * kSecond), killed, Initialising(2, kNow - 40 * kSecond),
+                       Initialising(3, kNow - 40 * kSecond)});
+    for (ProcessView& process : job.processes) process.snapshot.pending_inits[0].comm_id = kComm;
+    const std::vector<Verdict> verdicts = Classify(job);
+    REQUIRE(Kinds(verdicts) == std::vector<std::string>{"rank_dead"});
+    CHECK(verdicts[0].ranks == std::vector<int>{1});
+    CHECK(verdicts[0].message ==
+          "rank 1 (pid 1001 on host node-1) is gone: it died in ncclCommInitRank for communicator 00000000000000aa (4 "
+          "ranks); ranks 0,2,3 wait for it — it was killed or crashed (e.g. out of memory), not a network fault");
+    CHECK(ActOnTimeout(verdicts));
+
+    // A launcher that ends the hung job stops every rank at once: no rank died on its own.
+    for (ProcessView& process : job.processes) {
+      process.liveness = ProcessView::Liveness::kGone;
+      process.snapshot.time_ns = process.last_seen_ns = kNow - 10 * kSecond;
+      process.snapshot.stall = StallSnapshot{.kind = "init", .comm_id = kComm, .seq = 0, .seconds = 30,
+                                             .message = "", .verdict = "", .verdict_message = ""};
+    }
+    CHECK(Kinds(Classify(job)) == std::vector<std::string>{"stuck_in_init"});
+  }
+}
+
+// --- the job directory -------------------------------------------------------------------------
+
+std::string OwnHost() {
+  char host[256] = {};
+  REQUIRE(gethostname(host, sizeof(host) - 1) == 0);
+  return host;
+}
+
+ProcessFacts Facts(const std::string& host, int pid) {
+  ProcessFacts facts;
+  facts.host = host;
+  facts.pid = pid;
+  facts.driver_version = "545.23.08";
+  facts.cuda.gpus.push_back(GpuFacts{.device = 0, .name = "NVIDIA GeForce RTX 4090", .pci_bus_id = "0000:01:00.0",
+                                     .memory_free_bytes = 1 << 30, .memory_total_bytes = 2 << 30});
+  facts.environment = {{"NCCL_DEBUG", "INFO"}};
+  return facts;
+}
+
+TEST_CASE("a dump reads back as the snapshot and facts it was written from", "[verdicts][job_dir]") {
+  ProcessSnapshot snapshot = Rank(2, 4, 5).snapshot;
+  snapshot.reason = "stall";
+  snapshot.comms[0].handle = 0xdeadbeef00ULL;
+  snapshot.comms[0].ring[4].stream = 0x7f0000001234ULL;
+  snapshot.comms[0].nccl_version = 22809;
+  snapshot.stall = StallSnapshot{};
+  snapshot.stall->kind = "not_completed";
+  snapshot.stall->comm_id = kComm;
+  snapshot.stall->seq = 5;
+  snapshot.stall->message = "stalled";
+  snapshot.pending_inits.push_back(PendingInitSnapshot{
+      .comm_id = "00000000000000bb", .api = "ncclCommSplit", .rank = 1, .nranks = 2, .start_ns = kNow - kSecond});
+  snapshot.exiting = true;
+  snapshot.last_nccl_warning = "warned";
+  const absl::StatusOr<ParsedDump> parsed = ParseDump(FormatDump(snapshot, Facts("node-7", 77)));
+  REQUIRE(parsed.ok());
+  CHECK(parsed->facts.host == "node-7");
+  CHECK(parsed->facts.pid == 77);
+  CHECK(parsed->facts.driver_version == "545.23.08");
+  REQUIRE(parsed->facts.cuda.gpus.size() == 1);
+  CHECK(parsed->facts.cuda.gpus[0].name == "NVIDIA GeForce RTX 4090");
+  CHECK(parsed->facts.environment == EnvironmentVariables{{"NCCL_DEBUG", "INFO"}});
+  const ProcessSnapshot& read = parsed->snapshot;
+  CHECK(read.reason == "stall");
+  CHECK(read.time_ns == kNow);
+  CHECK(read.rank == 2);
+  REQUIRE(read.comms.size() == 1);
+  CHECK(read.comms[0].handle == 0xdeadbeef00ULL);
+  CHECK(read.comms[0].nccl_version == 22809);
+  CHECK(read.comms[0].last_enqueued == 5);
+  CHECK(read.comms[0].last_started == 5);
+  CHECK(read.comms[0].last_completed == 4);
+  REQUIRE(read.comms[0].ring.size() == 5);
+  CHECK(read.comms[0].ring[4].stream == 0x7f0000001234ULL);
+  CHECK(read.comms[0].ring[4].count == 1024);
+  CHECK(read.comms[0].ring[4].state == "started");
+  REQUIRE(read.stall.has_value());
+  CHECK(read.stall->message == "stalled");
+  REQUIRE(read.pending_inits.size() == 1);
+  CHECK(read.pending_inits[0].api == "ncclCommSplit");
+  CHECK(read.pending_inits[0].start_ns == kNow - kSecond);
+  CHECK(read.exiting);
+  CHECK(read.last_nccl_warning == "warned");
+  CHECK_FALSE(ParseDump("{\"format\": \"something else\"}").ok());
+  CHECK_FALSE(ParseDump("not json").ok());
+}
+
+TEST_CASE("status files carry pending initialisations and the exit mark", "[verdicts][job_dir]") {
+  TemporaryDirectory temporary;
+  ProcessSnapshot snapshot;
+  snapshot.time_ns = kNow;
+  snapshot.pending_inits.push_back(PendingInitSnapshot{
+      .comm_id = "00000000000000bb", .api = "ncclCommInitRank", .rank = 3, .nranks = 4, .start_ns = kNow - kSecond});
+  snapshot.exiting = true;
+  REQUIRE(WriteStatus(temporary.path(), snapshot, Facts("node-1", 5)).ok());
+  const absl::StatusOr<StatusScan> scan = ReadStatuses(temporary.path());
+  REQUIRE(scan.ok());
+  REQUIRE(scan->statuses.size() == 1);
+  const ProcessSnapshot& read = scan->statuses[0].snapshot;
+  REQUIRE(read.pending_inits.size() == 1);
+  CHECK(read.pending_inits[0].comm_id == "00000000000000bb");
+  CHECK(read.pending_inits[0].rank == 3);
+  CHECK(read.pending_inits[0].nranks == 4);
+  CHECK(read.exiting);
+}
+
+TEST_CASE("reading a job directory merges each process's newest dump with its newer status", "[verdicts][job_dir]") {
+  TemporaryDirectory temporary;
+  const std::string host = OwnHost();
+  const int own_pid = static_cast<int>(getpid());
+  ProcessSnapshot older = Rank(0, 3, 4).snapshot;
+  older.reason = "stall";
+  older.time_ns = kNow - 20 * kSecond;
+  ProcessSnapshot newer = Rank(0, 4, 5).snapshot;
+  newer.reason = "peer_request";
+  newer.time_ns = kNow - 10 * kSecond;
+  REQUIRE(WriteDump(temporary.path(), newer, Facts(host, own_pid)).ok());
+  REQUIRE(WriteDump(temporary.path(), older, Facts(host, own_pid)).ok());
+  // Later, the status says #5 completed and #6 is under way.
+  ProcessSnapshot status = Rank(0, 5, 6).snapshot;
+  status.time_ns = kNow;
+  status.in_nccl_call = "ncclAllReduce";
+  REQUIRE(WriteStatus(temporary.path(), status, Facts(host, own_pid)).ok());
+
+  const absl::StatusOr<JobView> job = ReadJobDirectory(temporary.path(), kNow, 2);
+  REQUIRE(job.ok());
+  CHECK(job->problems.empty());
+  REQUIRE(job->processes.size() == 1);
+  const ProcessView& process = job->processes[0];
+  CHECK(process.host == host);
+  CHECK(process.pid == own_pid);
+  CHECK(process.dump_reason == "peer_request");
+  CHECK(process.dump_file.find(temporary.path() + "/dump-") == 0);
+  CHECK(process.status_file == temporary.path() + "/status-" + SafeFileName(host) + "-" + std::to_string(own_pid) + ".json");
+  CHECK(process.last_seen_ns == kNow);
+  CHECK(process.liveness == ProcessView::Liveness::kAlive);
+  CHECK_FALSE(process.exited);
+  CHECK(process.facts.cuda.gpus.at(0).name == "NVIDIA GeForce RTX 4090");
+  CHECK(process.snapshot.in_nccl_call == "ncclAllReduce");
+  const CommSnapshot& comm = process.snapshot.comms.at(0);
+  CHECK(comm.last_completed == 5);
+  CHECK(comm.last_enqueued == 6);
+  REQUIRE(comm.ring.size() == 6);  // the dump's five and the status's oldest unfinished
+  CHECK(comm.ring[4].state == "completed");
+  CHECK(comm.ring[4].count == 1024);  // the dump's full record is kept
+  CHECK(comm.ring[5].seq == 6);
+  CHECK(comm.ring[5].state == "started");
+}
+
+TEST_CASE("reading a job directory: liveness, exit marks and unreadable files", "[verdicts][job_dir]") {
+  TemporaryDirectory temporary;
+  const std::string host = OwnHost();
+  // Above any pid_max Linux allows (2^22): no such process.
+  const int absent_pid = (1 << 22) + 17;
+  ProcessSnapshot snapshot = Rank(0, 1, 1).snapshot;
+  REQUIRE(WriteStatus(temporary.path(), snapshot, Facts(host, static_cast<int>(getpid()))).ok());
+  REQUIRE(WriteStatus(temporary.path(), snapshot, Facts(host, absent_pid)).ok());
+  REQUIRE(WriteStatus(temporary.path(), snapshot, Facts("elsewhere", 12)).ok());
+  ProcessSnapshot leaving = snapshot;
+  leaving.reason = "exit";
+  REQUIRE(WriteDump(temporary.path(), leaving, Facts("elsewhere", 13)).ok());
+  std::ofstream(temporary.path() + "/dump-broken-1-0-1.json") << "{not json";
+  std::ofstream(temporary.path() + "/status-broken-2.json") << "[]";
+
+  const absl::StatusOr<JobView> job = ReadJobDirectory(temporary.path(), kNow, 2);
+  REQUIRE(job.ok());
+  std::map<int, const ProcessView*> by_pid;
+  for (const ProcessView& process : job->processes) by_pid[process.pid] = &process;
+  REQUIRE(by_pid.size() == 4);
+  CHECK(by_pid.at(static_cast<int>(getpid()))->liveness == ProcessView::Liveness::kAlive);
+  CHECK(by_pid.at(absent_pid)->liveness == ProcessView::Liveness::kGone);
+  CHECK(by_pid.at(12)->liveness == ProcessView::Liveness::kUnknown);
+  CHECK_FALSE(by_pid.at(12)->exited);
+  CHECK(by_pid.at(13)->exited);
+  REQUIRE(job->problems.size() == 2);
+  CHECK(job->problems[0].find("dump-broken-1-0-1.json: ") == 0);
+  CHECK(job->problems[1].find("status-broken-2.json: ") == 0);
+
+  CHECK_FALSE(ReadJobDirectory(temporary.path() + "/missing", kNow, 2).ok());
+}
+
+}  // namespace
+}  // namespace ncclguard

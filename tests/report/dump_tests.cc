@@ -1,0 +1,402 @@
+// Dumps: the document (parsed back), and how it is written: atomically, privately, never through
+// a symbolic link, never for longer than a deadline, failing quietly.
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <thread>
+
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+
+#include "tests/support/process.h"
+#include "watchdog/common/config.h"
+#include "watchdog/report/dump.h"
+#include "watchdog/common/log.h"
+#include "watchdog/common/version.h"
+
+namespace ncclguard {
+namespace {
+
+namespace fs = std::filesystem;
+using Json = nlohmann::ordered_json;
+using testing::TemporaryDirectory;
+
+ProcessSnapshot StalledSnapshot() {
+  ProcessSnapshot snapshot;
+  snapshot.reason = "stall";
+  snapshot.time_ns = 1'700'000'000'123'456'789;
+  snapshot.rank = 2;
+  snapshot.in_nccl_call = "ncclAllReduce";
+  snapshot.last_nccl_warning = "NCCL WARN peer 3 closed the connection";
+  CommSnapshot comm;
+  comm.id = "9f3a000000000001";
+  comm.handle = 0x55d0c0de;
+  comm.rank = 2;
+  comm.nranks = 4;
+  comm.device = 1;
+  comm.created_by = "ncclCommInitRank";
+  comm.library_path = "/usr/lib/libnccl.so.2";
+  comm.nccl_version = 22809;
+  comm.state = "ready";
+  comm.last_enqueued = 20;
+  comm.last_started = 20;
+  comm.last_completed = 19;
+  for (std::uint64_t seq = 19; seq <= 20; ++seq) {
+    OpSnapshot op;
+    op.seq = seq;
+    op.op = "AllReduce";
+    op.dtype = "float32";
+    op.count = 1048576;
+    op.bytes = 4 * op.count;
+    op.reduction = "sum";
+    op.stream = 0x7f00aa;
+    op.enqueue_ns = 1'700'000'000'000'000'000 + static_cast<std::int64_t>(seq);
+    op.state = seq == 19 ? "completed" : "started";
+    comm.ring.push_back(op);
+  }
+  snapshot.comms.push_back(comm);
+  CommSnapshot child = comm;
+  child.id = "77aa000000000002";
+  child.parent_id = comm.id;
+  child.created_by = "ncclCommSplit";
+  child.ring.clear();
+  child.last_enqueued = child.last_started = child.last_completed = 0;
+  snapshot.comms.push_back(child);
+  snapshot.stall = StallSnapshot{.kind = "not_completed",
+                                 .comm_id = comm.id,
+                                 .seq = 20,
+                                 .seconds = 15.0,
+                                 .message = "rank 2 comm 9f3a…: AllReduce #20 started 15.0 s ago",
+                                 .verdict = "stuck_inside_nccl",
+                                 .verdict_message = "every rank entered AllReduce #20"};
+  return snapshot;
+}
+
+ProcessFacts SomeFacts() {
+  ProcessFacts facts;
+  facts.host = "node17";
+  facts.pid = 4242;
+  facts.ppid = 1;
+  facts.program = "/usr/bin/python3";
+  facts.command_line = {"python3", "train.py"};
+  facts.launcher = {{"RANK", "2"}, {"WORLD_SIZE", "4"}};
+  facts.environment = {{"NCCL_DEBUG", "WARN"}};
+  facts.kernel_release = "6.1.0";
+  facts.driver_version = "580.65.06";
+  facts.cuda.driver_version = 13000;
+  facts.cuda.gpus.push_back(GpuFacts{.device = 1,
+                                     .name = "NVIDIA H100",
+                                     .pci_bus_id = "0000:19:00.0",
+                                     .memory_free_bytes = 10,
+                                     .memory_total_bytes = 80});
+  facts.host_memory_available_bytes = 123;
+  facts.rss_bytes = 456;
+  return facts;
+}
+
+mode_t Mode(const std::string& path) {
+  struct stat status {};
+  REQUIRE(lstat(path.c_str(), &status) == 0);
+  return status.st_mode & 07777;
+}
+
+std::vector<std::string> Names(const std::string& directory) {
+  std::vector<std::string> names;
+  for (const auto& entry : fs::directory_iterator(directory)) names.push_back(entry.path().filename());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+// n of dump-node17-4242-2-<n>.json, the name SomeFacts() and StalledSnapshot() give; -1 otherwise.
+int DumpNumber(const std::string& name) {
+  const std::string prefix = "dump-node17-4242-2-";
+  const std::string suffix = ".json";
+  if (name.size() <= prefix.size() + suffix.size() || name.rfind(prefix, 0) != 0 ||
+      name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0) {
+    return -1;
+  }
+  const std::string digits = name.substr(prefix.size(), name.size() - prefix.size() - suffix.size());
+  if (digits.find_first_not_of("0123456789") != std::string::npos) return -1;
+  return std::stoi(digits);
+}
+
+// Threads left over from earlier tests finish on their own; waited for, bounded.
+void WaitForBoundedThreadsToFinish() {
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (detail::UnfinishedThreads() != 0 && std::chrono::steady_clock::now() < give_up) {
+    std::this_thread::yield();
+  }
+  REQUIRE(detail::UnfinishedThreads() == 0);
+}
+
+TEST_CASE("the dump parses back, format and version first", "[dump]") {
+  const std::string text = FormatDump(StalledSnapshot(), SomeFacts());
+  REQUIRE(text.back() == '\n');
+  const Json document = Json::parse(text);
+  std::vector<std::string> keys;
+  for (const auto& item : document.items()) keys.push_back(item.key());
+  const std::vector<std::string> first_keys{"format", "format_version", "ncclguard_version",
+                                            "nccl_version", "host", "pid", "rank", "reason",
+                                            "time", "time_ns"};
+  REQUIRE(keys.size() > first_keys.size());
+  CHECK(std::vector<std::string>(keys.begin(), keys.begin() + first_keys.size()) == first_keys);
+  CHECK(document["format"] == "ncclguard-dump");
+  CHECK(document["format_version"] == 1);
+  CHECK(document["ncclguard_version"] == kVersion);
+  CHECK(document["nccl_version"] == "2.28.9");
+  CHECK(document["host"] == "node17");
+  CHECK(document["pid"] == 4242);
+  CHECK(document["rank"] == 2);
+  CHECK(document["reason"] == "stall");
+  CHECK(document["time"] == "2023-11-14T22:13:20.123Z");
+  CHECK(document["time_ns"] == 1'700'000'000'123'456'789);
+
+  CHECK(document["process"]["launcher"]["WORLD_SIZE"] == "4");
+  CHECK(document["process"]["environment"]["NCCL_DEBUG"] == "WARN");
+  CHECK(document["process"]["command_line"][1] == "train.py");
+  CHECK(document["process"]["rss_bytes"] == 456);
+  CHECK(document["system"]["driver_version"] == "580.65.06");
+  CHECK(document["system"]["cuda_driver_version"] == 13000);
+  CHECK(document["system"]["gpus"][0]["pci_bus_id"] == "0000:19:00.0");
+  CHECK(document["system"]["gpus"][0]["memory_free_bytes"] == 10);
+  CHECK(document["system"]["host_memory_total_bytes"] == -1);
+
+  const Json& comms = document["communicators"];
+  REQUIRE(comms.size() == 2);
+  CHECK(comms[0]["id"] == "9f3a000000000001");
+  CHECK(comms[0]["handle"] == "0x55d0c0de");
+  CHECK(comms[0]["nranks"] == 4);
+  CHECK(comms[1]["parent_id"] == "9f3a000000000001");
+  CHECK(comms[1]["created_by"] == "ncclCommSplit");
+  CHECK(comms[1]["ops"].empty());
+  const Json& stuck = comms[0]["ops"][1];
+  CHECK(stuck["seq"] == 20);
+  CHECK(stuck["op"] == "AllReduce");
+  CHECK(stuck["dtype"] == "float32");
+  CHECK(stuck["count"] == 1048576);
+  CHECK(stuck["bytes"] == 4194304);
+  CHECK(stuck["reduction"] == "sum");
+  CHECK(stuck["stream"] == "0x7f00aa");
+  CHECK(stuck["root"] == -1);
+  CHECK(stuck["state"] == "started");
+  CHECK(stuck["enqueue_ns"] == 1'700'000'000'000'000'020);
+
+  CHECK(document["stall"]["kind"] == "not_completed");
+  CHECK(document["stall"]["seq"] == 20);
+  CHECK(document["stall"]["seconds"] == 15.0);
+  CHECK(document["watchdog"]["in_nccl_call"] == "ncclAllReduce");
+  CHECK(document["watchdog"]["progress"][0]["last_completed"] == 19);
+  CHECK(document["watchdog"]["progress"][0]["last_started"] == 20);
+  CHECK(document["last_nccl_warning"] == "NCCL WARN peer 3 closed the connection");
+}
+
+TEST_CASE("a dump without communicators, stall or rank is still complete", "[dump]") {
+  ProcessSnapshot snapshot;
+  snapshot.reason = "signal";
+  ProcessFacts facts;
+  facts.launcher = {{"SLURM_PROCID", "7"}};
+  const Json document = Json::parse(FormatDump(snapshot, facts));
+  CHECK(document["rank"] == 7);  // the launcher's, when no communicator gave one
+  CHECK(document["nccl_version"] == "unknown");
+  CHECK(document["stall"].is_null());
+  CHECK(document["communicators"].empty());
+  CHECK(document["time"] == "1970-01-01T00:00:00.000Z");
+}
+
+TEST_CASE("invalid UTF-8 from NCCL does not break the dump", "[dump]") {
+  ProcessSnapshot snapshot = StalledSnapshot();
+  snapshot.last_nccl_warning = "bad \xff\xfe bytes";
+  std::string text;
+  REQUIRE_NOTHROW(text = FormatDump(snapshot, SomeFacts()));
+  CHECK(Json::parse(text)["last_nccl_warning"].get<std::string>().find("bad") == 0);
+}
+
+TEST_CASE("a dump is written atomically, 0600, in 0700 directories created as needed", "[dump]") {
+  TemporaryDirectory temporary;
+  const std::string job_dir = temporary.path() + "/dumps/job-1";
+  const DumpResult first = WriteDump(job_dir, StalledSnapshot(), SomeFacts());
+  REQUIRE(first.ok());
+  const DumpResult second = WriteDump(job_dir, StalledSnapshot(), SomeFacts());
+  REQUIRE(second.ok());
+  CHECK(*first != *second);
+  const std::string first_name = fs::path(*first).filename();
+  const std::string second_name = fs::path(*second).filename();
+  CHECK(DumpNumber(first_name) > 0);
+  CHECK(DumpNumber(second_name) == DumpNumber(first_name) + 1);
+  CHECK(fs::path(*first).parent_path() == job_dir);
+
+  CHECK(Names(job_dir) == std::vector<std::string>{std::min(first_name, second_name),
+                                                   std::max(first_name, second_name)});
+  CHECK(Mode(*first) == 0600);
+  CHECK(Mode(job_dir) == 0700);
+  CHECK(Mode(temporary.path() + "/dumps") == 0700);
+  CHECK(Json::parse(testing::ReadFile(*first)) == Json::parse(FormatDump(StalledSnapshot(), SomeFacts())));
+}
+
+TEST_CASE("the umask does not change a dump's mode", "[dump]") {
+  TemporaryDirectory temporary;
+  const mode_t previous = umask(0);
+  const DumpResult written = WriteDump(temporary.path() + "/job", StalledSnapshot(), SomeFacts());
+  umask(previous);
+  REQUIRE(written.ok());
+  CHECK(Mode(*written) == 0600);
+  CHECK(Mode(temporary.path() + "/job") == 0700);
+}
+
+TEST_CASE("a job directory that is a symbolic link is refused", "[dump]") {
+  TemporaryDirectory temporary;
+  const std::string elsewhere = temporary.path() + "/elsewhere";
+  fs::create_directory(elsewhere);
+  const std::string job_dir = temporary.path() + "/job";
+  fs::create_directory_symlink(elsewhere, job_dir);
+  for (const std::string& path : {job_dir, job_dir + "/"}) {
+    const DumpResult written = WriteDump(path, StalledSnapshot(), SomeFacts());
+    REQUIRE_FALSE(written.ok());
+    CHECK(written.status().message().find("symbolic link") != std::string::npos);
+  }
+  CHECK(fs::is_empty(elsewhere));
+}
+
+TEST_CASE("a job directory that belongs to another user is refused", "[dump]") {
+  TemporaryDirectory temporary;
+  const std::string job_dir = temporary.path() + "/job";
+  REQUIRE(mkdir(job_dir.c_str(), 0700) == 0);
+  if (geteuid() != 0) {
+    WARN("not root: cannot give a directory to another user; part of this test skipped");
+    return;
+  }
+  REQUIRE(chown(job_dir.c_str(), 12345, 12345) == 0);
+  const DumpResult written = WriteDump(job_dir, StalledSnapshot(), SomeFacts());
+  REQUIRE_FALSE(written.ok());
+  CHECK(written.status().message().find("belongs to uid 12345") != std::string::npos);
+  CHECK(fs::is_empty(job_dir));
+}
+
+TEST_CASE("an unwritable job directory is an error, not an exception", "[dump]") {
+  TemporaryDirectory temporary;
+  const std::string file = temporary.path() + "/a-file";
+  std::ofstream(file) << "x";
+  DumpResult written = absl::UnknownError("not run");
+  REQUIRE_NOTHROW(written = WriteDump(file + "/job", StalledSnapshot(), SomeFacts()));
+  REQUIRE_FALSE(written.ok());
+  CHECK(written.status().message().find(file) != std::string::npos);
+  REQUIRE_NOTHROW(written = WriteDump("relative/job", StalledSnapshot(), SomeFacts()));
+  CHECK_FALSE(written.ok());
+}
+
+TEST_CASE("a full disk fails the write and leaves no temporary file", "[dump]") {
+  TemporaryDirectory temporary;
+  const std::string job_dir = temporary.path() + "/job";
+  REQUIRE(mkdir(job_dir.c_str(), 0700) == 0);
+  // The file size limit makes write() fail with EFBIG part way, as ENOSPC would.
+  struct sigaction ignore {};
+  ignore.sa_handler = SIG_IGN;
+  struct sigaction previous_action {};
+  REQUIRE(sigaction(SIGXFSZ, &ignore, &previous_action) == 0);
+  rlimit previous_limit{};
+  REQUIRE(getrlimit(RLIMIT_FSIZE, &previous_limit) == 0);
+  rlimit small = previous_limit;
+  small.rlim_cur = 100;
+  REQUIRE(setrlimit(RLIMIT_FSIZE, &small) == 0);
+  const DumpResult written = WriteDump(job_dir, StalledSnapshot(), SomeFacts());
+  setrlimit(RLIMIT_FSIZE, &previous_limit);
+  sigaction(SIGXFSZ, &previous_action, nullptr);
+  REQUIRE_FALSE(written.ok());
+  CHECK(written.status().message().find("write") != std::string::npos);
+  CHECK(fs::is_empty(job_dir));
+}
+
+TEST_CASE("an existing file of the same name is replaced, a symbolic link is not followed", "[dump]") {
+  TemporaryDirectory temporary;
+  const std::string job_dir = temporary.path() + "/job";
+  const std::string target = temporary.path() + "/precious";
+  std::ofstream(target) << "keep me";
+  REQUIRE(mkdir(job_dir.c_str(), 0700) == 0);
+  fs::create_symlink(target, job_dir + "/status.json");
+  const absl::StatusOr<std::string> written = WriteFileAtomically(job_dir, "status.json", "{}\n", false);
+  REQUIRE(written.ok());
+  CHECK(testing::ReadFile(target) == "keep me");
+  CHECK_FALSE(fs::is_symlink(job_dir + "/status.json"));
+  CHECK(testing::ReadFile(job_dir + "/status.json") == "{}\n");
+  REQUIRE(WriteFileAtomically(job_dir, "status.json", "[]\n", false).ok());
+  CHECK(testing::ReadFile(job_dir + "/status.json") == "[]\n");
+  CHECK(Names(job_dir) == std::vector<std::string>{"status.json"});
+}
+
+TEST_CASE("work that hangs is abandoned at the deadline", "[dump]") {
+  WaitForBoundedThreadsToFinish();
+  std::promise<void> release;
+  std::shared_future<void> released = release.get_future().share();
+  std::atomic<int> finished{0};
+  auto hanging = [released, &finished]() -> absl::StatusOr<int> {
+    released.wait();
+    finished.fetch_add(1);
+    return 1;
+  };
+  const auto start = std::chrono::steady_clock::now();
+  const absl::StatusOr<int> result = RunWithDeadline<int>(hanging, std::chrono::milliseconds(50));
+  const auto waited = std::chrono::steady_clock::now() - start;
+  CHECK(absl::IsDeadlineExceeded(result.status()));
+  CHECK(waited >= std::chrono::milliseconds(50));
+  CHECK(waited < std::chrono::seconds(5));
+
+  // Abandoned work still occupies its thread: past a few, nothing more is started.
+  int refused_after = 0;
+  for (int attempt = 1; attempt <= 10 && refused_after == 0; ++attempt) {
+    const absl::StatusOr<int> more = RunWithDeadline<int>(hanging, std::chrono::milliseconds(1));
+    if (absl::IsUnavailable(more.status())) refused_after = attempt;
+  }
+  CHECK(refused_after == 4);  // the first hung one plus three more fill the four threads
+
+  release.set_value();
+  WaitForBoundedThreadsToFinish();
+  CHECK(finished.load() == 4);
+  const absl::StatusOr<int> quick =
+      RunWithDeadline<int>([]() -> absl::StatusOr<int> { return 7; }, std::chrono::seconds(5));
+  REQUIRE(quick.ok());
+  CHECK(*quick == 7);
+}
+
+TEST_CASE("the bounded thread runs with every signal blocked", "[dump]") {
+  const absl::StatusOr<bool> blocked = RunWithDeadline<bool>(
+      []() -> absl::StatusOr<bool> {
+        sigset_t mask;
+        pthread_sigmask(SIG_SETMASK, nullptr, &mask);
+        return sigismember(&mask, SIGUSR2) == 1 && sigismember(&mask, SIGTERM) == 1;
+      },
+      std::chrono::seconds(5));
+  REQUIRE(blocked.ok());
+  CHECK(*blocked);
+  sigset_t mine;
+  pthread_sigmask(SIG_SETMASK, nullptr, &mine);
+  CHECK(sigismember(&mine, SIGUSR2) == 0);  // the caller's mask is restored
+}
+
+// Run as a test program of its own (ctest watchdog.dump.log_once): "once per process" needs a
+// process in which nothing failed before.
+TEST_CASE("failures are logged once per process", "[own-process]") {
+  TemporaryDirectory temporary;
+  Config config;
+  config.log_file = temporary.path() + "/log";
+  log::Start(config);
+  const std::string file = temporary.path() + "/a-file";
+  std::ofstream(file) << "x";
+  const DumpResult first = WriteDump(file + "/job-one", StalledSnapshot(), SomeFacts());
+  const DumpResult second = WriteDump(file + "/job-two", StalledSnapshot(), SomeFacts());
+  CHECK_FALSE(first.ok());
+  CHECK_FALSE(second.ok());
+  const std::string logged = testing::ReadFile(config.log_file);
+  CHECK(testing::CountOccurrences(logged, " WARN ") == 1);
+  CHECK(testing::CountOccurrences(logged, "job-one") == 1);
+  CHECK(testing::CountOccurrences(logged, "job-two") == 0);
+  CHECK(testing::CountOccurrences(logged, "NCCLGUARD_DUMP_DIR") == 1);
+}
+
+}  // namespace
+}  // namespace ncclguard

@@ -1,0 +1,451 @@
+// The job's coordination directory: job ids, status files, dump requests.
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+#include <catch2/catch.hpp>
+
+#include <limits>
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_join.h"
+#include "tests/support/process.h"
+#include "watchdog/report/dump.h"
+#include "watchdog/report/job_dir.h"
+#include "watchdog/diagnose/verdicts.h"
+
+namespace ncclguard {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::TemporaryDirectory;
+
+EnvironmentReader FakeEnvironment(std::map<std::string, std::string> variables) {
+  return [variables = std::move(variables)](const char* name, std::string* value) {
+    const auto found = variables.find(name);
+    if (found == variables.end()) return false;
+    *value = found->second;
+    return true;
+  };
+}
+
+std::string OwnHost() {
+  char host[256] = {};
+  REQUIRE(gethostname(host, sizeof(host) - 1) == 0);
+  return host;
+}
+
+TEST_CASE("the job id: NCCLGUARD_JOB_ID, then the launcher's, then the communicator's", "[job_dir]") {
+  const std::map<std::string, std::string> everything{
+      {"NCCLGUARD_JOB_ID", "my-run"},   {"SLURM_JOB_ID", "4242"},
+      {"SLURM_STEP_ID", "3"},           {"TORCHELASTIC_RUN_ID", "abc"},
+      {"PADDLE_JOB_ID", "p1"},          {"OMPI_MCA_ess_base_jobid", "77"},
+      {"PMIX_NAMESPACE", "prterun-x"},  {"LSB_JOBID", "5"},
+      {"PBS_JOBID", "6.server"},        {"FLUX_JOB_ID", "f7"}};
+  // {the id expected, the variable then removed}: each time the next launcher decides.
+  const std::vector<std::pair<std::string, std::string>> expected_in_order{
+      {"my-run", "NCCLGUARD_JOB_ID"},
+      {"slurm-4242.3", "SLURM_JOB_ID"},
+      {"torchelastic-abc", "TORCHELASTIC_RUN_ID"},  // SLURM_STEP_ID alone means nothing
+      {"paddle-p1", "PADDLE_JOB_ID"},
+      {"ompi-77", "OMPI_MCA_ess_base_jobid"},
+      {"pmix-prterun-x", "PMIX_NAMESPACE"},
+      {"lsf-5", "LSB_JOBID"},
+      {"pbs-6.server", "PBS_JOBID"},
+      {"flux-f7", "FLUX_JOB_ID"},
+      {"nccl-0123abcd", ""}};
+  std::map<std::string, std::string> remaining = everything;
+  for (const auto& [expected, removed_after] : expected_in_order) {
+    INFO("deciding: " << expected);
+    CHECK(JobId(FakeEnvironment(remaining), "0123abcd") == expected);
+    remaining.erase(removed_after);
+  }
+  CHECK(JobId(FakeEnvironment({{"SLURM_JOB_ID", "4242"}}), "ff") == "slurm-4242");
+  CHECK(JobId(FakeEnvironment({{"TORCHELASTIC_RUN_ID", "none"}}), "ff") == "nccl-ff");
+  CHECK(JobId(FakeEnvironment({{"PADDLE_JOB_ID", "default"}}), "ff") == "nccl-ff");
+  // Only the first communicator could name these jobs: there is no name before it exists.
+  CHECK(NamedJobId(FakeEnvironment({{"TORCHELASTIC_RUN_ID", "none"}, {"PADDLE_JOB_ID", "default"}})) == std::nullopt);
+  CHECK(NamedJobId(FakeEnvironment({{"PBS_JOBID", "6.server"}})) == "pbs-6.server");
+  CHECK(JobId(FakeEnvironment({}), "") == "nccl-unknown");
+  CHECK(JobId(nullptr, "ee") == "nccl-ee");
+}
+
+TEST_CASE("the job id is a safe file name", "[job_dir]") {
+  CHECK(JobId(FakeEnvironment({{"NCCLGUARD_JOB_ID", "../../etc"}}), "") == "_._.._etc");
+  CHECK(JobId(FakeEnvironment({{"NCCLGUARD_JOB_ID", " a b/c\n"}}), "") == "a_b_c");
+  CHECK(JobId(FakeEnvironment({{"NCCLGUARD_JOB_ID", ".."}}), "") == "_.");
+  CHECK(JobId(FakeEnvironment({{"NCCLGUARD_JOB_ID", std::string(300, 'x')}}), "").size() == 100);
+  CHECK(JobId(FakeEnvironment({}), std::string(64, 'a')) == "nccl-" + std::string(32, 'a'));
+}
+
+TEST_CASE("the job directory", "[job_dir]") {
+  Config config;
+  config.dump_dir = "/shared/guard//";
+  CHECK(JobDirectory(config, "slurm-1.0") == "/shared/guard/slurm-1.0");
+  CHECK(JobDirectory(config, "a/b") == "/shared/guard/a_b");
+  config.dump_dir = "";
+  const char* previous = std::getenv("TMPDIR");
+  const std::string saved = previous != nullptr ? previous : "";
+  const std::string uid = std::to_string(getuid());
+  setenv("TMPDIR", "/scratch/me", 1);
+  CHECK(JobDirectory(config, "j") == "/scratch/me/ncclguard-" + uid + "/j");
+  unsetenv("TMPDIR");
+  CHECK(JobDirectory(config, "j") == "/tmp/ncclguard-" + uid + "/j");
+  if (previous != nullptr) setenv("TMPDIR", saved.c_str(), 1);
+}
+
+TEST_CASE("the status interval stretches with the job's size", "[job_dir]") {
+  CHECK(StatusIntervalSeconds(2, 8) == 2);
+  CHECK(StatusIntervalSeconds(2, 2000) == 2);
+  CHECK(StatusIntervalSeconds(2, 10000) == 10);
+  CHECK(StatusIntervalSeconds(30, 10000) == 30);
+}
+
+ProcessSnapshot BusySnapshot(int communicators) {
+  ProcessSnapshot snapshot;
+  snapshot.time_ns = 1'700'000'000'000'000'000;
+  snapshot.rank = 3;
+  snapshot.in_nccl_call = "ncclAllReduce";
+  for (int i = 0; i < communicators; ++i) {
+    CommSnapshot comm;
+    comm.id = "9f3a00000000000" + std::to_string(i);
+    comm.rank = 3;
+    comm.nranks = 10000;
+    comm.state = "ready";
+    comm.last_enqueued = 1000000 + i;
+    comm.last_started = 999999;
+    comm.last_completed = 999998;
+    OpSnapshot done;
+    done.seq = 999998;
+    done.op = "AllReduce";
+    done.state = "completed";
+    OpSnapshot outstanding;
+    outstanding.seq = 999999;
+    outstanding.op = "ReduceScatter";
+    outstanding.state = "started";
+    outstanding.bytes = 1 << 30;
+    outstanding.enqueue_ns = 1'699'999'999'000'000'000;
+    outstanding.start_ns = 1'699'999'999'500'000'000;
+    comm.ring = {done, outstanding, outstanding};
+    snapshot.comms.push_back(comm);
+  }
+  snapshot.stall = StallSnapshot{.kind = "not_completed",
+                                 .comm_id = snapshot.comms.empty() ? "" : snapshot.comms[0].id,
+                                 .seq = 999999,
+                                 .seconds = 12.5,
+                                 .message = "not written to status files",
+                                 .verdict = "rank_not_joined",
+                                 .verdict_message = "not written to status files either"};
+  return snapshot;
+}
+
+ProcessFacts Identity(const std::string& host, int pid) {
+  ProcessFacts identity;
+  identity.host = host;
+  identity.pid = pid;
+  return identity;
+}
+
+TEST_CASE("status files are small, and read back", "[job_dir]") {
+  TemporaryDirectory temporary;
+  const std::string job_dir = temporary.path() + "/job";
+  const absl::StatusOr<std::string> busy = WriteStatus(job_dir, BusySnapshot(4), Identity("gpu-node-1", 100));
+  REQUIRE(busy.ok());
+  CHECK(fs::path(*busy).filename() == "status-gpu-node-1-100.json");
+  CHECK(fs::file_size(*busy) < 4096);
+  ProcessSnapshot idle;
+  idle.time_ns = 5'000'000'000;
+  ProcessFacts launched = Identity("gpu-node-2", 200);
+  launched.launcher = {{"RANK", "9"}};
+  REQUIRE(WriteStatus(job_dir, idle, launched).ok());
+  // Rewriting replaces: still one file per process.
+  REQUIRE(WriteStatus(job_dir, BusySnapshot(4), Identity("gpu-node-1", 100)).ok());
+
+  const absl::StatusOr<StatusScan> scan = ReadStatuses(job_dir);
+  REQUIRE(scan.ok());
+  CHECK(scan->problems.empty());
+  REQUIRE(scan->statuses.size() == 2);
+  const PeerStatus& first = scan->statuses[0];
+  CHECK(first.file == "status-gpu-node-1-100.json");
+  CHECK(first.host == "gpu-node-1");
+  CHECK(first.pid == 100);
+  CHECK(first.snapshot.rank == 3);
+  CHECK(first.snapshot.time_ns == 1'700'000'000'000'000'000);
+  CHECK(first.snapshot.in_nccl_call == "ncclAllReduce");
+  REQUIRE(first.snapshot.stall.has_value());
+  CHECK(first.snapshot.stall->seq == 999999);
+  CHECK(first.snapshot.stall->seconds == 12.5);
+  REQUIRE(first.snapshot.comms.size() == 4);
+  const CommSnapshot& comm = first.snapshot.comms[2];
+  CHECK(comm.id == "9f3a000000000002");
+  CHECK(comm.nranks == 10000);
+  CHECK(comm.last_enqueued == 1000002);
+  CHECK(comm.last_completed == 999998);
+  // Only the last completed and the oldest outstanding operations.
+  REQUIRE(comm.ring.size() == 2);
+  CHECK(comm.ring[0].seq == 999998);
+  CHECK(comm.ring[0].state == "completed");
+  CHECK(comm.ring[1].seq == 999999);
+  CHECK(comm.ring[1].op == "ReduceScatter");
+  CHECK(comm.ring[1].state == "started");
+  CHECK(comm.ring[1].start_ns == 1'699'999'999'500'000'000);
+
+  const PeerStatus& second = scan->statuses[1];
+  CHECK(second.host == "gpu-node-2");
+  CHECK(second.snapshot.rank == 9);  // the launcher's, when no communicator gave one
+  CHECK(second.snapshot.time_ns == 5'000'000'000);
+  CHECK_FALSE(second.snapshot.stall.has_value());
+  CHECK(second.snapshot.comms.empty());
+}
+
+// What the P2P evidence and the known-bad entries match on, for a process that has not dumped.
+ProcessFacts FactsOfAGeForceNode(const std::string& host, int pid) {
+  ProcessFacts facts = Identity(host, pid);
+  facts.environment = {{"NCCL_P2P_LEVEL", "SYS"}, {"NCCLGUARD_ACTION", "reinit"}};
+  facts.kernel_release = "5.4.0-150-generic";
+  facts.driver_version = "545.23.08";
+  facts.cuda.driver_version = 12030;
+  facts.cuda.device_count = 8;
+  facts.cuda.peer_access.assign(8, std::vector<int>(8, 1));
+  for (int device = 0; device < 8; ++device) {
+    facts.cuda.peer_access[device][device] = 0;
+    facts.cuda.gpus.push_back(GpuFacts{.device = device,
+                                       .name = "NVIDIA GeForce RTX 4090",
+                                       .pci_bus_id = "0000:1" + std::to_string(device) + ":00.0",
+                                       .memory_free_bytes = 1 << 30,
+                                       .memory_total_bytes = 1 << 30});
+  }
+  return facts;
+}
+
+TEST_CASE("status files carry the facts that do not change, and the job view uses them without a dump",
+          "[job_dir]") {
+  TemporaryDirectory temporary;
+  const std::string job_dir = temporary.path() + "/job";
+  const ProcessFacts written = FactsOfAGeForceNode("gpu-node-1", 100);
+  const absl::StatusOr<std::string> path = WriteStatus(job_dir, BusySnapshot(4), written);
+  REQUIRE(path.ok());
+  CHECK(fs::file_size(*path) < 4096);
+  // Memory changes while the process runs: a status file does not pretend to know it.
+  CHECK(testing::ReadFile(*path).find("memory") == std::string::npos);
+
+  const absl::StatusOr<StatusScan> scan = ReadStatuses(job_dir);
+  REQUIRE(scan.ok());
+  REQUIRE(scan->statuses.size() == 1);
+  const ProcessFacts& read = scan->statuses[0].facts;
+  CHECK(read.host == "gpu-node-1");
+  CHECK(read.pid == 100);
+  EnvironmentVariables sorted_environment = written.environment;  // as collected facts are
+  std::sort(sorted_environment.begin(), sorted_environment.end());
+  CHECK(read.environment == sorted_environment);
+  CHECK(read.kernel_release == "5.4.0-150-generic");
+  CHECK(read.driver_version == "545.23.08");
+  CHECK(read.cuda.driver_version == 12030);
+  CHECK(read.cuda.device_count == 8);
+  CHECK(read.cuda.peer_access == written.cuda.peer_access);
+  REQUIRE(read.cuda.gpus.size() == 8);
+  CHECK(read.cuda.gpus[7].device == 7);
+  CHECK(read.cuda.gpus[7].name == "NVIDIA GeForce RTX 4090");
+  CHECK(read.cuda.gpus[7].pci_bus_id == "0000:17:00.0");
+  CHECK(read.cuda.gpus[7].memory_total_bytes == -1);
+
+  const absl::StatusOr<JobView> job = ReadJobDirectory(job_dir, 1'700'000'001'000'000'000, 2);
+  REQUIRE(job.ok());
+  REQUIRE(job->processes.size() == 1);
+  CHECK(job->processes[0].dump_file.empty());
+  CHECK(job->processes[0].facts.driver_version == "545.23.08");
+  REQUIRE(job->processes[0].facts.cuda.gpus.size() == 8);
+  CHECK(job->processes[0].facts.cuda.gpus[0].name == "NVIDIA GeForce RTX 4090");
+}
+
+TEST_CASE("a status file of an earlier build, without facts, reads with unknown facts", "[job_dir]") {
+  TemporaryDirectory temporary;
+  const std::string job_dir = temporary.path() + "/job";
+  REQUIRE(fs::create_directory(job_dir));
+  std::ofstream(job_dir + "/status-old-9.json")
+      << R"({"format": "ncclguard-status", "format_version": 1, "host": "old", "pid": 9, "rank": 2,)"
+      << R"( "time_ns": 5, "in_nccl_call": "", "stall": null, "communicators": []})";
+  const absl::StatusOr<StatusScan> scan = ReadStatuses(job_dir);
+  REQUIRE(scan.ok());
+  INFO(absl::StrJoin(scan->problems, "\n"));
+  REQUIRE(scan->statuses.size() == 1);
+  const ProcessFacts& facts = scan->statuses[0].facts;
+  CHECK(facts.host == "old");
+  CHECK(facts.environment.empty());
+  CHECK(facts.driver_version == "unknown");
+  CHECK(facts.cuda.device_count == -1);
+  CHECK(facts.cuda.gpus.empty());
+}
+
+TEST_CASE("unreadable status files are reported and skipped", "[job_dir]") {
+  TemporaryDirectory temporary;
+  const std::string job_dir = temporary.path() + "/job";
+  REQUIRE(WriteStatus(job_dir, ProcessSnapshot{}, Identity("a", 1)).ok());
+  std::ofstream(job_dir + "/status-broken-2.json") << "{\"format\": \"ncclguard-status\", ";
+  std::ofstream(job_dir + "/status-wrong-3.json") << R"({"format": "something-else"})";
+  std::ofstream(job_dir + "/status-future-4.json")
+      << R"({"format": "ncclguard-status", "format_version": 2})";
+  std::ofstream(job_dir + "/status-shape-5.json")
+      << R"({"format": "ncclguard-status", "format_version": 1, "host": 5})";
+  std::ofstream(job_dir + "/.tmp-status-c-6.json.6.0") << "partial";
+  std::ofstream(temporary.path() + "/outside.json") << "{}";
+  fs::create_symlink(temporary.path() + "/outside.json", job_dir + "/status-link-7.json");
+
+  const absl::StatusOr<StatusScan> scan = ReadStatuses(job_dir);
+  REQUIRE(scan.ok());
+  REQUIRE(scan->statuses.size() == 1);
+  CHECK(scan->statuses[0].host == "a");
+  REQUIRE(scan->problems.size() == 5);
+  const std::string problems = absl::StrJoin(scan->problems, "\n");
+  for (const char* file : {"status-broken-2.json", "status-wrong-3.json", "status-future-4.json",
+                           "status-shape-5.json", "status-link-7.json"}) {
+    CHECK(problems.find(file) != std::string::npos);
+  }
+  CHECK(problems.find("version 2") != std::string::npos);
+  CHECK_FALSE(ReadStatuses(temporary.path() + "/missing").ok());
+}
+
+TEST_CASE("a status file is written through no symbolic link", "[job_dir]") {
+  TemporaryDirectory temporary;
+  const std::string job_dir = temporary.path() + "/job";
+  REQUIRE(mkdir(job_dir.c_str(), 0700) == 0);
+  const std::string target = temporary.path() + "/precious";
+  std::ofstream(target) << "keep me";
+  fs::create_symlink(target, job_dir + "/status-a-1.json");
+  REQUIRE(WriteStatus(job_dir, ProcessSnapshot{}, Identity("a", 1)).ok());
+  CHECK(testing::ReadFile(target) == "keep me");
+  CHECK_FALSE(fs::is_symlink(job_dir + "/status-a-1.json"));
+}
+
+// Requests already there at a watcher's first look are all old.
+constexpr std::int64_t kNoFreshRequests = std::numeric_limits<std::int64_t>::max();
+
+void WriteRawRequest(const std::string& job_dir, const std::string& name, const std::string& host,
+                     int pid, std::int64_t time_ns = 1) {
+  const std::string content =
+      nlohmann::json{{"requester", "by hand"}, {"host", host}, {"pid", pid}, {"time_ns", time_ns}}.dump();
+  REQUIRE(WriteFileAtomically(job_dir + "/" + kDumpRequestsDirectory, name, content, false).ok());
+}
+
+void SetGeneration(const std::string& job_dir, const std::string& name) {
+  REQUIRE(WriteFileAtomically(job_dir + "/" + kDumpRequestsDirectory, "generation", name + "\n", false)
+              .ok());
+}
+
+std::vector<std::string> RequestNames(const std::vector<DumpRequest>& requests) {
+  std::vector<std::string> names;
+  for (const DumpRequest& request : requests) names.push_back(request.name);
+  return names;
+}
+
+TEST_CASE("dump requests are seen once by every other process", "[job_dir]") {
+  TemporaryDirectory temporary;
+  const std::string job_dir = temporary.path() + "/job";
+  DumpRequestWatcher other(job_dir, "some-other-host", 77, kNoFreshRequests);
+  DumpRequestWatcher self(job_dir, OwnHost(), static_cast<int>(getpid()), kNoFreshRequests);
+
+  // A request left by an earlier launch with the same job id is not acted on.
+  const absl::StatusOr<std::string> stale = RequestDumps(job_dir, "an earlier launch");
+  REQUIRE(stale.ok());
+  REQUIRE(other.Poll().ok());
+  REQUIRE(self.Poll().ok());
+  CHECK(other.Poll()->empty());
+
+  const absl::StatusOr<std::string> request = RequestDumps(job_dir, "rank 2: AllReduce #20 stalled");
+  REQUIRE(request.ok());
+  CHECK(request->rfind("dump-request-", 0) == 0);
+  CHECK(*request != *stale);
+  const absl::StatusOr<std::vector<DumpRequest>> seen = other.Poll();
+  REQUIRE(seen.ok());
+  REQUIRE(seen->size() == 1);
+  CHECK((*seen)[0].name == *request);
+  CHECK((*seen)[0].requester == "rank 2: AllReduce #20 stalled");
+  CHECK((*seen)[0].host == OwnHost());
+  CHECK((*seen)[0].pid == getpid());
+  CHECK((*seen)[0].time_ns > 0);
+  CHECK(other.Poll()->empty());  // not seen again
+  CHECK(self.Poll()->empty());   // a process does not answer its own request
+
+  const absl::StatusOr<std::vector<DumpRequest>> pending = PendingDumpRequests(job_dir, {*stale});
+  REQUIRE(pending.ok());
+  CHECK(RequestNames(*pending) == std::vector<std::string>{*request});
+  CHECK(PendingDumpRequests(job_dir, {*stale, *request})->empty());
+  CHECK(PendingDumpRequests(temporary.path() + "/no-job", {})->empty());
+}
+
+TEST_CASE("a quiet job costs no directory listing, a new generation does", "[job_dir]") {
+  TemporaryDirectory temporary;
+  const std::string job_dir = temporary.path() + "/job";
+  DumpRequestWatcher watcher(job_dir, "me", 1, kNoFreshRequests);
+  REQUIRE(watcher.Poll()->empty());  // nothing there yet: the baseline is empty
+  // A request whose generation was not announced is not found: the directory is not listed.
+  WriteRawRequest(job_dir, "dump-request-x-5-1", "x", 5);
+  SetGeneration(job_dir, "");
+  CHECK(watcher.Poll()->empty());
+  SetGeneration(job_dir, "dump-request-x-5-1");
+  CHECK(RequestNames(*watcher.Poll()) == std::vector<std::string>{"dump-request-x-5-1"});
+  CHECK(watcher.Poll()->empty());
+}
+
+TEST_CASE("at the first look, only requests made since this process started are new", "[job_dir]") {
+  TemporaryDirectory temporary;
+  const std::string job_dir = temporary.path() + "/job";
+  WriteRawRequest(job_dir, "dump-request-old-3-1", "old", 3, 100);     // an earlier launch's
+  WriteRawRequest(job_dir, "dump-request-peer-4-1", "peer", 4, 2000);  // made after we started
+  SetGeneration(job_dir, "dump-request-peer-4-1");
+  DumpRequestWatcher watcher(job_dir, "me", 1, /*fresh_since_ns=*/1000);
+  CHECK(RequestNames(*watcher.Poll()) == std::vector<std::string>{"dump-request-peer-4-1"});
+  CHECK(watcher.Poll()->empty());
+}
+
+TEST_CASE("a listing older than the generation is listed again", "[job_dir]") {
+  TemporaryDirectory temporary;
+  const std::string job_dir = temporary.path() + "/job";
+  DumpRequestWatcher watcher(job_dir, "me", 1, kNoFreshRequests);
+  REQUIRE(watcher.Poll()->empty());
+  // As a shared file system's cached directory would show: the generation names a request that
+  // the listing does not hold yet.
+  SetGeneration(job_dir, "dump-request-late-9-1");
+  CHECK(watcher.Poll()->empty());
+  WriteRawRequest(job_dir, "dump-request-late-9-1", "late", 9);
+  CHECK(RequestNames(*watcher.Poll()) == std::vector<std::string>{"dump-request-late-9-1"});
+  CHECK(watcher.Poll()->empty());
+}
+
+TEST_CASE("an unreadable request still asks for a dump", "[job_dir]") {
+  TemporaryDirectory temporary;
+  const std::string job_dir = temporary.path() + "/job";
+  DumpRequestWatcher watcher(job_dir, "me", 1, kNoFreshRequests);
+  REQUIRE(watcher.Poll()->empty());
+  REQUIRE(WriteFileAtomically(job_dir + "/" + kDumpRequestsDirectory, "dump-request-odd-1-1",
+                              "not json", false)
+              .ok());
+  SetGeneration(job_dir, "dump-request-odd-1-1");
+  const absl::StatusOr<std::vector<DumpRequest>> seen = watcher.Poll();
+  REQUIRE(seen.ok());
+  REQUIRE(seen->size() == 1);
+  CHECK((*seen)[0].requester == "unknown");
+}
+
+TEST_CASE("the coordination files are private", "[job_dir]") {
+  TemporaryDirectory temporary;
+  const std::string job_dir = temporary.path() + "/job";
+  REQUIRE(RequestDumps(job_dir, "test").ok());
+  REQUIRE(WriteStatus(job_dir, ProcessSnapshot{}, Identity("h", 1)).ok());
+  for (const auto& entry : fs::recursive_directory_iterator(temporary.path())) {
+    INFO(entry.path());
+    const fs::perms permissions = fs::symlink_status(entry.path()).permissions();
+    const fs::perms expected = entry.is_directory() ? fs::perms::owner_all
+                                                    : fs::perms::owner_read | fs::perms::owner_write;
+    CHECK(permissions == expected);
+    CHECK(entry.path().filename().string().rfind(".tmp-", 0) == std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace ncclguard

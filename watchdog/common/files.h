@@ -1,0 +1,125 @@
+// The one way ncclguard reads and writes files: privately, atomically, never through a symbolic
+// link it did not expect, never blocking on a FIFO or a device, never for longer than a deadline.
+// Every file in a job directory may have been written by a stranger or cut off by a crash.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace ncclguard {
+
+// How long a write into the job directory may take before the caller gives up on it (a shared
+// file system whose server went away blocks I/O indefinitely).
+inline constexpr std::chrono::milliseconds kWriteDeadline{10'000};
+
+// Writes `content` as directory/name: a temporary file in the same directory (O_EXCL,
+// O_NOFOLLOW, mode 0600), fsync()ed when `durable`, then renamed over `name`. `directory` is the
+// job directory or lies `levels_below_job_directory` levels below it; see OpenPrivateDirectory
+// for which levels must be real directories of this user. Bounded by kWriteDeadline. The first
+// failure in the process is logged.
+absl::StatusOr<std::string> WriteFileAtomically(const std::string& directory, const std::string& name,
+                                                const std::string& content, bool durable,
+                                                int levels_below_job_directory = 0) noexcept;
+
+// Opens `path` (NCCLGUARD_LOG_FILE) for appending the way ncclguard writes every file: missing
+// parent directories are created 0700 and the file 0600, a symbolic link is not followed, the
+// open never blocks (a FIFO), and only a regular file of this user is accepted. Returns the
+// descriptor (the caller closes).
+absl::StatusOr<int> OpenFileForAppending(const std::string& path);
+
+// How long reading one file named by the user, or a whole job directory, may take (a shared
+// file system whose server went away blocks I/O indefinitely).
+inline constexpr std::chrono::milliseconds kReadDeadline{10'000};
+
+// Reads `name` in the directory open as `directory_fd`, the one way ncclguard reads a job
+// directory's files: never blocks on the open (a FIFO or a device is refused, not waited for),
+// never follows a symbolic link, reads only a regular file owned by this user, by root or by the
+// directory's owner, and refuses one larger than `max_bytes` before reading it.
+absl::StatusOr<std::string> ReadFileAt(int directory_fd, const std::string& name, std::size_t max_bytes);
+
+// Reads `path` in the process's own job directory with ReadFileAt's rules (a regular file of this
+// user or root, no symbolic link, no blocking, `max_bytes` at most) in a single open(): for the
+// file polled every status interval.
+absl::StatusOr<std::string> ReadOwnFile(const std::string& path, std::size_t max_bytes);
+
+// Reads a file the user named (NCCLGUARD_KNOWN_BAD_FILE): a symbolic link the user made is
+// followed and any owner is accepted, but only a regular file of at most `max_bytes` is read,
+// and the open never blocks.
+absl::StatusOr<std::string> ReadRegularFile(const std::string& path, std::size_t max_bytes);
+
+// Names in the directory open as `directory_fd` that start with `prefix` and end with `suffix`,
+// sorted. Hidden temporary files never match.
+absl::StatusOr<std::vector<std::string>> ListNamesAt(int directory_fd, const std::string& prefix,
+                                                     const std::string& suffix);
+
+// Opens `directory` (absolute), the job directory or a directory `levels_below_job_directory`
+// levels below it, for *at() calls. ncclguard's own levels, that is the job directory, those
+// below it and the default dump directory ncclguard-<uid> above it, are opened one by one
+// without following a symbolic link and must belong to this user; the levels above are the
+// user's and are followed as given. Missing directories are created 0700 when `create`. Returns
+// the descriptor (the caller closes).
+absl::StatusOr<int> OpenPrivateDirectory(const std::string& directory, bool create,
+                                         int levels_below_job_directory = 0);
+
+// `text` reduced to [A-Za-z0-9._-] (others become '_'), no leading '.', at most 100 characters;
+// "unknown" when empty.
+std::string SafeFileName(const std::string& text);
+
+// An ISO 8601 UTC time with milliseconds: 2025-01-31T12:34:56.789Z.
+std::string IsoTime(std::int64_t epoch_ns);
+
+namespace detail {
+// Starts `body` on a detached thread with every signal blocked. False (and nothing started) when
+// too many earlier bodies are still running: a hung file system then costs a bounded number of
+// threads.
+bool StartBoundedThread(std::function<void()> body);
+// Threads started by StartBoundedThread that have not finished, abandoned ones included.
+int UnfinishedThreads() noexcept;
+}  // namespace detail
+
+// Runs `work` on a short-lived thread and waits for it at most `deadline`: a file system that
+// hangs costs a thread, never the caller. Past the deadline the work is abandoned (it finishes
+// whenever the system lets it) and DeadlineExceeded is returned.
+template <typename T>
+absl::StatusOr<T> RunWithDeadline(std::function<absl::StatusOr<T>()> work,
+                                  std::chrono::milliseconds deadline) {
+  struct Shared {
+    std::mutex mutex;
+    std::condition_variable finished;
+    std::optional<absl::StatusOr<T>> result;
+  };
+  auto shared = std::make_shared<Shared>();
+  const bool started = detail::StartBoundedThread([shared, work = std::move(work)]() mutable {
+    absl::StatusOr<T> result = absl::UnknownError("the work threw an exception");
+    try {
+      result = work();
+    } catch (...) {
+    }
+    std::lock_guard<std::mutex> lock(shared->mutex);
+    shared->result = std::move(result);
+    shared->finished.notify_all();
+  });
+  if (!started) {
+    return absl::UnavailableError("earlier file system operations are still hanging; not starting another");
+  }
+  std::unique_lock<std::mutex> lock(shared->mutex);
+  if (!shared->finished.wait_for(lock, deadline, [&] { return shared->result.has_value(); })) {
+    return absl::DeadlineExceededError("the file system did not answer in time");
+  }
+  return std::move(*shared->result);
+}
+
+// Logs the first failure to write into the job directory in this process; later ones are not.
+void LogFirstWriteFailure(const std::string& message);
+
+}  // namespace ncclguard

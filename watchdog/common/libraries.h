@@ -1,0 +1,31 @@
+// How the core reaches the real NCCL and CUDA functions. The shim owns the NCCL libraries (which
+// instance serves which wrapper, how a function is found) and installs them here when it is
+// loaded; the core asks through this interface and never includes shim/.
+#pragma once
+
+#include <string>
+
+#include "watchdog/common/nccl_api.h"
+
+namespace ncclguard {
+
+class RealLibraries {
+ public:
+  virtual ~RealLibraries() = default;
+  // The real function of `api` in the NCCL library of `slot`; nullptr when that library lacks it
+  // or no library can be found.
+  virtual void* Function(int slot, Api api) noexcept = 0;
+  // Path of the library in `slot` ("" while unknown) and its NCCL version code (0 while unknown).
+  virtual std::string Path(int slot) = 0;
+  virtual int Version(int slot) noexcept = 0;
+  // glibc's dlsym(), for CUDA and NVML lookups: a lookup by name from inside libncclguard would
+  // reach ncclguard's own interposed dlsym().
+  virtual void* Symbol(void* handle, const char* name) noexcept = 0;
+};
+
+// Called by the shim before any call reaches the core. A program that links the core without the
+// shim (a test, the command line tool) has no NCCL functions, and looks symbols up with dlsym().
+void InstallRealLibraries(RealLibraries* libraries) noexcept;
+RealLibraries& Real() noexcept;
+
+}  // namespace ncclguard

@@ -1,0 +1,212 @@
+// The watchdog: a thread that follows every communicator's operations on the GPU, notices stalls,
+// asynchronous errors and failed calls, dumps, and acts as NCCLGUARD_ACTION says. A monitor thread
+// watches the watchdog's heartbeat.
+#pragma once
+
+#include <nccl.h>
+
+#include <atomic>
+#include <cstdint>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+
+#include "watchdog/common/config.h"
+#include "watchdog/report/facts.h"
+#include "watchdog/state/gpu_events.h"
+#include "watchdog/recover/p2p_verdict.h"
+#include "watchdog/detect/progress.h"
+#include "watchdog/state/registry.h"
+#include "watchdog/report/snapshot.h"
+#include "watchdog/diagnose/verdicts.h"
+
+namespace ncclguard {
+
+// Everything the watchdog does to the outside world, behind one interface so that a test can
+// run the watchdog's rounds with a fake clock, fake events and recorded effects.
+class WatchdogEffects {
+ public:
+  virtual ~WatchdogEffects() = default;
+  // Writes this process's dump; returns its path, or "" when it could not be written. At exit,
+  // facts that need the CUDA driver are left out: the driver may already be shutting down.
+  virtual std::string WriteDump(const ProcessSnapshot& snapshot) = 0;
+  // False until the job directory is known (it is named after the first communicator): status
+  // files and dump requests wait for it.
+  virtual bool JobDirectoryKnown() = 0;
+  virtual void WriteStatus(const ProcessSnapshot& snapshot) = 0;
+  virtual void RequestPeerDumps(const std::string& why) = 0;
+  // The cross-rank verdicts from the job directory, this process's own state brought up to date
+  // first; empty when the job directory cannot be read.
+  virtual std::vector<Verdict> Classify(const ProcessSnapshot& own_status) = 0;
+  // The time (epoch ns) of the newest dump request from another process of the job since the
+  // previous call; 0 when there is none.
+  virtual std::int64_t TakePeerDumpRequest() = 0;
+  // The facts of this process that do not change while it runs (environment, kernel, drivers,
+  // GPUs), collected once when the watchdog started; identity facts only until then.
+  virtual const ProcessFacts& Facts() = 0;
+  // Writes the record that this attempt of the job found P2P at fault (its job id filled in);
+  // returns the file's path, or why it could not be written.
+  virtual absl::StatusOr<std::string> RecordP2pVerdict(P2pVerdictRecord record) = 0;
+  // The job directory's P2P verdict record when one was written after this process started (by
+  // this attempt of the job, not an earlier one); std::nullopt otherwise.
+  virtual std::optional<P2pVerdictRecord> FreshP2pVerdict() = 0;
+  // ncclCommGetAsyncError of the communicator (ncclSuccess when it cannot be asked).
+  virtual ncclResult_t AsyncError(CommState& comm) = 0;
+  virtual std::string LastNcclError() = 0;
+  virtual void Abort(CommState& comm) = 0;
+  // From now on, application threads that call NCCL wait: the process is about to exit, and an
+  // aborted communicator would otherwise let the application exit first with its own code.
+  virtual void HoldApplicationCalls() = 0;
+  [[noreturn]] virtual void Exit(int code) = 0;
+  virtual std::int64_t WallNowNs() = 0;
+};
+
+class Watchdog {
+ public:
+  Watchdog(const Config& config, Registry& registry, GpuEvents& events, WatchdogEffects& effects)
+      : config_(config), registry_(registry), events_(events), effects_(effects) {}
+
+  // One round: progress, stalls, errors, dump requests, status. `steady_now_ns` is the time now.
+  void PollOnce(std::int64_t steady_now_ns);
+
+  // Requests a dump at the next round (from the signal handler, an exit hook, a failed call).
+  void RequestDump(const char* reason) noexcept { pending_dump_reason_.store(reason); }
+  // The dump signal's request (async-signal-safe): at most one such dump per second; the signals
+  // in between are counted and folded into the next dump.
+  void RequestSignalDump() noexcept {
+    dump_signals_.fetch_add(1, std::memory_order_relaxed);
+    pending_dump_reason_.store(kSignalReason);
+  }
+
+  std::uint64_t heartbeat() const { return heartbeat_.load(std::memory_order_relaxed); }
+  // What the watchdog is calling right now (nullptr when nothing) and since when.
+  const char* activity() const { return activity_.load(std::memory_order_relaxed); }
+  std::int64_t activity_since_ns() const { return activity_since_ns_.load(std::memory_order_relaxed); }
+
+  std::string Dump(const std::string& reason, const std::optional<StallSnapshot>& stall,
+                   std::int64_t steady_now_ns);
+
+  // Writes this process's status file now (once the job directory is known), from any thread:
+  // a communicator's initialisation completed, and the process must be on record before it can
+  // die.
+  void WriteStatusNow(std::int64_t steady_now_ns);
+
+  // At exit, once the watchdog thread has stopped: reports the asynchronous errors the
+  // application saw but the watchdog did not yet, and writes the dump a failed call asked for.
+  void FlushAtExit(std::int64_t steady_now_ns);
+
+  // The last status of a process that ends normally: the GPU is asked once more how far every
+  // communicator got (the watchdog thread has stopped), and the status says it is exiting.
+  ProcessSnapshot FinalStatus(std::int64_t steady_now_ns);
+
+ private:
+  static constexpr const char* kSignalReason = "signal";
+  static constexpr std::int64_t kSignalDumpSpacingNs = 1'000'000'000;
+
+  void CheckCommunicator(CommState& comm, std::int64_t now_ns);
+  // Writes the requested dump, unless it is a signal's and the last one was under a second ago.
+  void AnswerDumpRequest(std::int64_t now_ns);
+  // Frees what the application has closed: at once its ring (and Find() forgets the handle), after
+  // one status interval the state, so that the status files show it closed once.
+  void ReleaseClosedCommunicators(std::int64_t now_ns);
+  void FreeRing(CommState& comm);  // its CUDA events too
+  void CheckInitializations(std::int64_t now_ns);
+  void OnStall(CommState* comm, const Stall& stall, std::int64_t now_ns);
+  // Acts on a stall when its verdict says to, or once NCCLGUARD_HARD_TIMEOUT has passed; else
+  // says why it waits and when it will look again.
+  void DecideOnStall(CommState* comm, const Stall& stall, const std::vector<Verdict>& verdicts,
+                     std::int64_t now_ns);
+  std::vector<Verdict> CurrentVerdicts(const StallSnapshot& stall, std::int64_t now_ns);
+  // Reports the communicator's asynchronous error unless reported already; acts on it when `act`
+  // (not for a communicator already closed, nor at exit). True when it reported one.
+  bool ReportNewAsyncError(CommState& comm, std::int64_t now_ns, bool act);
+  void OnAsyncError(CommState& comm, ncclResult_t error, std::int64_t now_ns, bool act);
+  // Dumps for another process's request (unless a dump of our own answers it) and, under
+  // NCCLGUARD_ACTION=reinit, follows a P2P verdict that this attempt of the job recorded.
+  void AnswerPeerRequest(std::int64_t requested_ns, std::int64_t now_ns);
+  // `verdicts`: the cross-rank verdicts behind the action, empty when there are none.
+  void Act(CommState* culprit, const char* what, const std::vector<Verdict>& verdicts);
+  // NCCLGUARD_ACTION=reinit with a p2p_suspect verdict: records it for the next attempt and asks
+  // every process of the job to follow. Returns the record's path; std::nullopt when nothing was
+  // recorded (the user set P2P explicitly, or the record could not be written), which is logged.
+  std::optional<std::string> RecordP2pVerdict(CommState* culprit, const Verdict& verdict);
+  // Holds the application's NCCL calls, aborts every communicator, logs `why` and exits with
+  // kRestartExitCode (returns only where a test's effects do).
+  void ExitForRestart(const std::string& why);
+
+  class Activity;
+
+  const Config& config_;
+  Registry& registry_;
+  GpuEvents& events_;
+  WatchdogEffects& effects_;
+  std::atomic<const char*> pending_dump_reason_{nullptr};
+  std::atomic<std::uint64_t> heartbeat_{0};
+  std::atomic<const char*> activity_{nullptr};
+  std::atomic<std::int64_t> activity_since_ns_{0};
+  std::int64_t next_status_ns_ = 0;
+  // Status files are written by the watchdog thread and at communicator creation.
+  std::mutex status_mutex_;
+  std::int64_t status_interval_ns_ = 0;
+  std::atomic<std::uint64_t> dump_signals_{0};
+  std::int64_t last_signal_dump_ns_ = 0;
+  bool signal_dumped_ = false;
+  // The stall last reported, carried in every status file until its operation completes: the
+  // classifier counts an operation as stuck once some process reported it.
+  std::optional<StallSnapshot> reported_stall_;
+  std::int64_t last_dump_wall_ns_ = 0;
+  std::set<std::string> reported_inits_;
+};
+
+// Decides, from the watchdog's heartbeat, when the watchdog itself is stuck: once per episode,
+// after `stuck_after_ns` without a new round.
+class HeartbeatMonitor {
+ public:
+  explicit HeartbeatMonitor(std::int64_t stuck_after_ns) : stuck_after_ns_(stuck_after_ns) {}
+  // The message to log now, if any.
+  std::optional<std::string> Check(std::uint64_t heartbeat, const char* activity, std::int64_t now_ns);
+
+ private:
+  std::int64_t stuck_after_ns_;
+  std::uint64_t last_heartbeat_ = 0;
+  std::int64_t last_change_ns_ = -1;
+  bool reported_ = false;
+};
+
+// Starts the watchdog and monitor threads (once per process, and once per forked child that uses
+// NCCL itself). Called at the first communicator initialisation.
+void EnsureWatchdogStarted() noexcept;
+
+// A call that returned an error: logged once per communicator and dumped.
+void NoteFailedCall(Api api, CommState* comm, ncclResult_t result) noexcept;
+
+// What ncclCommGetAsyncError said of the communicator, whoever asked. An error is kept once known
+// (the application may abort the communicator right after its own call saw it, and the watchdog
+// asks no more then) and reported once by the watchdog, at its next round or at exit. True when
+// this call recorded the communicator's first error.
+bool RecordAsyncError(CommState& comm, ncclResult_t error) noexcept;
+
+// For an application thread that has just been told of an error: the watchdog's next round begins
+// at once, and the thread waits for it (5 s at most), so that the error is logged and dumped before
+// the application can act on it (abort(), a fatal signal). Nothing on the watchdog's own thread.
+void ReportBeforeReturning() noexcept;
+
+// Called at the start of every intercepted call: waits for ever once the watchdog is exiting the
+// process (NCCLGUARD_ACTION=exit).
+void WaitIfExiting() noexcept;
+
+// Fills in a new communicator's rank, size and device from NCCL and logs its creation. Only
+// once NCCL has completed its initialisation. True for the call that did it (once per
+// communicator).
+bool CompleteRegistration(CommState& comm) noexcept;
+
+// Puts this process on record in the job directory now (its status file), from the thread that
+// completed a communicator's initialisation: a process that dies before the watchdog's next status
+// interval is then known to have been part of the job.
+void WriteStatusAtInit() noexcept;
+
+// Steady clock, as used for every recorded time.
+std::int64_t SteadyNowNs() noexcept;
+
+}  // namespace ncclguard

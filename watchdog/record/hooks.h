@@ -1,0 +1,106 @@
+// The core's door: everything the shim calls, and nothing else. Plain functions, no templates;
+// sorting a call's arguments by type is the shim's (shim/calls.h).
+//
+// The shim decides nothing: whether ncclguard is on, what is logged and what a call means are
+// settled behind these functions.
+#pragma once
+
+#include <nccl.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "watchdog/common/nccl_api.h"
+
+namespace ncclguard {
+
+class RealLibraries;
+struct CommState;
+
+// What the shim must do with a call, and what the After hook needs to know.
+struct Ticket {
+  bool forward = true;  // false: do not call NCCL, return `result` (the communicator is gone)
+  Api api{};
+  ncclResult_t result = ncclSuccess;
+  CommState* comm = nullptr;
+  std::uint64_t seq = 0;  // the operation recorded, 0 when none
+  int init_token = -1;
+  std::int64_t start_ns = 0;
+  char comm_id[17] = {};  // of the communicator being created
+};
+
+// An operation's arguments, found by type: every collective and point-to-point call has exactly
+// one count, datatype and communicator, at most one reduction and at most one int (root or peer).
+struct OperationArguments {
+  ncclComm_t comm = nullptr;
+  void* stream = nullptr;
+  std::size_t count = 0;
+  int datatype = -1;
+  int reduction = -1;
+  int root_or_peer = -1;
+};
+
+// How a communicator creation call identifies the new communicator.
+struct CreationArguments {
+  const ncclUniqueId* unique_id = nullptr;  // InitRank, InitRankConfig, InitRankScalable
+  ncclComm_t parent = nullptr;              // Split, Shrink
+  int color = 0;                            // Split
+  int rank = -1;
+  int nranks = 0;
+};
+
+Ticket BeforeOperation(Api api, int library, const OperationArguments& arguments) noexcept;
+void AfterOperation(const Ticket& ticket, ncclResult_t result) noexcept;
+
+Ticket BeforeCreation(Api api, const CreationArguments& arguments) noexcept;
+// `comms` are the communicators the call returned (several for ncclCommInitAll).
+void AfterCreation(const Ticket& ticket, Api api, int library, ncclResult_t result,
+                   const ncclComm_t* comms, int count) noexcept;
+
+Ticket BeforeGroupCall(Api api) noexcept;
+void AfterGroupCall(Api api, ncclResult_t result) noexcept;
+
+// Any other call that names a communicator: refused when ncclguard aborted it.
+Ticket BeforeCommCall(Api api, ncclComm_t comm) noexcept;
+void AfterCommCall(Api api, ncclComm_t comm, ncclResult_t result) noexcept;
+// The application's own ncclCommGetAsyncError: an error it returns is recorded as if the watchdog
+// had found it.
+void AfterAsyncErrorQuery(ncclComm_t comm, const ncclResult_t* async_error, ncclResult_t result) noexcept;
+
+
+namespace hooks {
+
+// True when NCCLGUARD_DISABLE asks for pure pass-through. Parses the configuration on first use
+// and starts nothing.
+bool Disabled() noexcept;
+
+// Starts ncclguard on the first call (configuration, log), with `libraries` as the way to the real
+// NCCL and CUDA functions, and says whether calls are to be reported. False when disabled, or when
+// ncclguard could not start: it then said so once and every call is forwarded unchanged.
+bool Active(RealLibraries& libraries) noexcept;
+
+// A call made by NCCL itself while serving `outer` on this thread: forwarded, not reported as a
+// call of its own (ncclBcast calling ncclBroadcast is one operation). Visible at trace level.
+void NestedCall(Api api, Api outer) noexcept;
+
+// Logs, once per function, that the library in slot `library` lacks it.
+void ReportMissingFunction(Api api, int library) noexcept;
+
+// Called at the start of every reported call: waits for ever once the watchdog is exiting the
+// process (NCCLGUARD_ACTION=exit).
+void WaitIfExiting() noexcept;
+
+// Around the real call: how many threads are inside NCCL, and in which function.
+void EnterNccl(Api api) noexcept;
+void LeaveNccl() noexcept;
+
+// How much of each call the log wants: nothing, its name and result (debug), or its arguments too
+// (trace).
+enum class CallDetail { kNone, kName, kArguments };
+CallDetail LoggedCallDetail() noexcept;
+// `call` is the name, or "name(arguments)" when the detail asks for them.
+void LogCall(const std::string& call, const std::string& returned) noexcept;
+
+}  // namespace hooks
+}  // namespace ncclguard

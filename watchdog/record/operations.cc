@@ -1,0 +1,387 @@
+#include "watchdog/record/hooks.h"
+
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "watchdog/common/libraries.h"
+#include "watchdog/common/config.h"
+#include "watchdog/common/describe.h"
+#include "watchdog/common/log.h"
+#include "watchdog/state/registry.h"
+#include "watchdog/detect/watchdog.h"
+
+namespace ncclguard {
+namespace {
+
+thread_local std::int64_t t_thread_id = 0;  // plain data: no TLS constructor
+std::int64_t ThreadId() {
+  if (t_thread_id == 0) t_thread_id = syscall(SYS_gettid);
+  return t_thread_id;
+}
+
+// ncclGroupStart/End nest per thread; operations issued inside wait for the outermost end.
+struct GroupedOperation {
+  CommState* comm;
+  std::uint64_t seq;
+};
+thread_local int t_group_depth = 0;
+thread_local std::uint64_t t_group_id = 0;
+// Touched only by grouped calls; freed when the thread ends.
+thread_local std::vector<GroupedOperation> t_grouped;
+// Communicators created inside the group: NCCL creates them at its outermost end.
+struct GroupedCreation {
+  CommState* comm;
+  int init_token;
+};
+thread_local std::vector<GroupedCreation> t_grouped_creations;
+std::atomic<std::uint64_t> g_next_group_id{1};
+
+bool Launched(ncclResult_t result) { return result == ncclSuccess || result == ncclInProgress; }
+
+void RecordStart(OpRecord& op) {
+  op.start_recorded.store(
+      DriverEvents().Record(op.start_event, reinterpret_cast<GpuStream>(op.stream.load(std::memory_order_relaxed))),
+      std::memory_order_release);
+}
+
+void RecordEnd(OpRecord& op) {
+  op.end_recorded.store(
+      DriverEvents().Record(op.end_event, reinterpret_cast<GpuStream>(op.stream.load(std::memory_order_relaxed))),
+      std::memory_order_release);
+}
+
+// After NCCL took (or refused) the launch of an operation.
+void FinishLaunch(CommState& comm, std::uint64_t seq, ncclResult_t result) {
+  OpRecord& op = comm.Slot(seq);
+  if (op.seq.load(std::memory_order_relaxed) != seq) return;
+  op.result.store(result, std::memory_order_relaxed);
+  const OpState state = op.state.load(std::memory_order_acquire);
+  if (!Launched(result)) {
+    op.state.store(OpState::kFailed, std::memory_order_release);
+    NoteFailedCall(op.api.load(std::memory_order_relaxed), &comm, result);
+    return;
+  }
+  // The watchdog may already have seen the GPU reach the start event (kStarted) while NCCL was
+  // still returning: the end event is owed in both states. Captured or untimed: nothing to record.
+  if (state != OpState::kEnqueued && state != OpState::kStarted) return;
+  if (result == ncclInProgress) {
+    // Until the watchdog hears otherwise from ncclCommGetAsyncError, the launch is in progress.
+    RecordAsyncError(comm, ncclInProgress);
+    op.launch_pending.store(true, std::memory_order_release);
+  } else {
+    RecordEnd(op);
+  }
+}
+
+// The ring wrapped onto an operation the watchdog has not seen finish yet (it polls only every
+// NCCLGUARD_POLL_INTERVAL): ask the GPU directly, so a fast loop of collectives is not limited
+// to a ring per poll interval. The watchdog's own transitions are compare-and-swaps too.
+void ReclaimIfFinished(CommState& comm, OpRecord& op) {
+  OpState state = op.state.load(std::memory_order_acquire);
+  if (state != OpState::kEnqueued && state != OpState::kStarted) return;
+  if (!op.end_recorded.load(std::memory_order_acquire) ||
+      DriverEvents().Query(comm.context, op.end_event) != EventStatus::kReached) {
+    return;
+  }
+  const std::int64_t now = SteadyNowNs();
+  if (op.start_ns.load(std::memory_order_relaxed) == 0) op.start_ns.store(now, std::memory_order_relaxed);
+  op.end_ns.store(now, std::memory_order_relaxed);
+  if (op.state.compare_exchange_strong(state, OpState::kCompleted, std::memory_order_acq_rel)) {
+    const std::uint64_t seq = op.seq.load(std::memory_order_relaxed);
+    std::uint64_t completed = comm.last_completed.load(std::memory_order_relaxed);
+    while (completed < seq &&
+           !comm.last_completed.compare_exchange_weak(completed, seq, std::memory_order_release)) {
+    }
+  }
+}
+
+// Gives every unfinished operation of the communicator its final state: `aborted` after an
+// abort; `completed` after a successful ncclCommDestroy or ncclCommFinalize, which wait for all of
+// them (the watchdog may not have looked yet: a fast job destroys its communicator within
+// milliseconds of its last collective).
+void FinishUnfinished(CommState& comm, OpState final_state) {
+  const std::uint64_t last = comm.last_enqueued.load(std::memory_order_acquire);
+  const std::uint64_t first = last >= comm.ring_size ? last - comm.ring_size + 1 : 1;
+  const std::int64_t now = SteadyNowNs();
+  for (std::uint64_t seq = first; seq <= last; ++seq) {
+    OpRecord& op = comm.Slot(seq);
+    OpState state = op.state.load(std::memory_order_acquire);
+    if (op.seq.load(std::memory_order_relaxed) != seq || IsFinished(state)) continue;
+    if (final_state == OpState::kCompleted) op.end_ns.store(now, std::memory_order_relaxed);
+    op.state.compare_exchange_strong(state, final_state, std::memory_order_acq_rel);
+  }
+  if (final_state == OpState::kCompleted) {
+    comm.last_started.store(last, std::memory_order_release);
+    comm.last_completed.store(last, std::memory_order_release);
+  }
+}
+
+// At the outermost end of a group: the communicators created in it exist now (ncclSuccess), are
+// still being made (ncclInProgress, or a simulated end: completed once ncclCommGetAsyncError says
+// so), or failed.
+void FinishGroupedCreations(Api api, ncclResult_t result) {
+  if (t_grouped_creations.empty()) return;
+  bool completed = false;
+  for (const GroupedCreation& creation : t_grouped_creations) {
+    GetRegistry().EndInit(creation.init_token);
+    creation.comm->awaiting_group_end.store(false, std::memory_order_release);
+    if (result == ncclSuccess && api == Api::ncclGroupEnd) {
+      completed = CompleteRegistration(*creation.comm) || completed;
+    } else if (!Launched(result)) {
+      NoteFailedCall(api, creation.comm, result);
+    }
+  }
+  t_grouped_creations.clear();
+  if (completed) WriteStatusAtInit();
+}
+
+}  // namespace
+
+Ticket BeforeOperation(Api api, int library, const OperationArguments& arguments) noexcept {
+  (void)library;
+  Ticket ticket;
+  ticket.api = api;
+  CommState* comm = GetRegistry().Find(arguments.comm);
+  if (comm == nullptr) return ticket;
+  ticket.comm = comm;
+  if (comm->aborted_by_ncclguard.load(std::memory_order_acquire)) {
+    ticket.forward = false;
+    ticket.result = ncclInvalidUsage;
+    log::Debug("{} on comm {} refused: ncclguard aborted the communicator", Describe(api).name, comm->id);
+    return ticket;
+  }
+  // Every operation gets a number, recorded or not, so numbers agree across ranks.
+  const std::uint64_t seq = comm->last_enqueued.load(std::memory_order_relaxed) + 1;
+  OpRecord& op = comm->Slot(seq);
+  if (!IsFinished(op.state.load(std::memory_order_acquire))) ReclaimIfFinished(*comm, op);
+  if (!IsFinished(op.state.load(std::memory_order_acquire))) {
+    // A whole ring of unfinished operations: the oldest is still being watched, keep it.
+    comm->dropped.fetch_add(1, std::memory_order_relaxed);
+    comm->last_enqueued.store(seq, std::memory_order_release);
+    return ticket;
+  }
+  op.api.store(api, std::memory_order_relaxed);
+  op.datatype.store(arguments.datatype, std::memory_order_relaxed);
+  op.reduction.store(arguments.reduction, std::memory_order_relaxed);
+  op.root_or_peer.store(arguments.root_or_peer, std::memory_order_relaxed);
+  op.count.store(arguments.count, std::memory_order_relaxed);
+  op.stream.store(reinterpret_cast<std::uint64_t>(arguments.stream), std::memory_order_relaxed);
+  op.group.store(t_group_depth > 0 ? t_group_id : 0, std::memory_order_relaxed);
+  op.host_thread.store(ThreadId(), std::memory_order_relaxed);
+  op.enqueue_ns.store(SteadyNowNs(), std::memory_order_relaxed);
+  op.start_ns.store(0, std::memory_order_relaxed);
+  op.end_ns.store(0, std::memory_order_relaxed);
+  op.gpu_ms.store(-1, std::memory_order_relaxed);
+  op.result.store(ncclSuccess, std::memory_order_relaxed);
+  op.start_recorded.store(false, std::memory_order_relaxed);
+  op.end_recorded.store(false, std::memory_order_relaxed);
+  op.launch_pending.store(false, std::memory_order_relaxed);
+
+  GpuEvents& events = DriverEvents();
+  OpState initial = OpState::kEnqueued;
+  if (!events.Available()) {
+    initial = OpState::kUntimed;
+  } else if (events.IsCapturing(arguments.stream)) {
+    initial = OpState::kCaptured;  // an event record would be captured into the graph
+  } else {
+    if (op.start_event == nullptr) op.start_event = events.Create();
+    if (op.end_event == nullptr) op.end_event = events.Create();
+    if (op.start_event == nullptr || op.end_event == nullptr) initial = OpState::kUntimed;
+  }
+  const bool grouped = t_group_depth > 0;
+  if (initial == OpState::kEnqueued && !grouped) RecordStart(op);
+  op.seq.store(seq, std::memory_order_relaxed);
+  op.state.store(initial, std::memory_order_release);
+  comm->last_enqueued.store(seq, std::memory_order_release);
+  if (grouped) t_grouped.push_back({comm, seq});
+  ticket.seq = seq;
+  return ticket;
+}
+
+void AfterOperation(const Ticket& ticket, ncclResult_t result) noexcept {
+  if (ticket.comm == nullptr || ticket.seq == 0) {
+    if (ticket.comm != nullptr && !Launched(result)) NoteFailedCall(ticket.api, ticket.comm, result);
+    return;
+  }
+  if (t_group_depth > 0 && Launched(result)) return;  // launched at the outermost ncclGroupEnd
+  FinishLaunch(*ticket.comm, ticket.seq, result);
+}
+
+Ticket BeforeGroupCall(Api api) noexcept {
+  if (api == Api::ncclGroupStart) {
+    if (t_group_depth++ == 0) t_group_id = g_next_group_id.fetch_add(1, std::memory_order_relaxed);
+  } else if (t_group_depth == 1) {
+    // Events recorded now land before the group's kernels: nothing was launched yet.
+    for (const GroupedOperation& grouped : t_grouped) {
+      OpRecord& op = grouped.comm->Slot(grouped.seq);
+      if (op.seq.load(std::memory_order_relaxed) == grouped.seq &&
+          op.state.load(std::memory_order_acquire) == OpState::kEnqueued && api == Api::ncclGroupEnd) {
+        RecordStart(op);
+      }
+    }
+  }
+  return {};
+}
+
+void AfterGroupCall(Api api, ncclResult_t result) noexcept {
+  if (api == Api::ncclGroupStart) {
+    if (result != ncclSuccess && t_group_depth > 0) --t_group_depth;
+    return;
+  }
+  if (t_group_depth == 0 || --t_group_depth > 0) return;
+  FinishGroupedCreations(api, result);
+  for (const GroupedOperation& grouped : t_grouped) {
+    if (api == Api::ncclGroupEnd) {
+      FinishLaunch(*grouped.comm, grouped.seq, result);
+    } else {  // ncclGroupSimulateEnd: the operations are estimated, never run
+      OpRecord& op = grouped.comm->Slot(grouped.seq);
+      op.state.store(OpState::kUntimed, std::memory_order_release);
+    }
+  }
+  t_grouped.clear();
+}
+
+Ticket BeforeCreation(Api api, const CreationArguments& arguments) noexcept {
+  Ticket ticket;
+  try {
+    EnsureWatchdogStarted();
+    PendingInit init;
+    init.api = api;
+    init.rank = arguments.rank;
+    init.nranks = arguments.nranks;
+    init.start_ns = SteadyNowNs();
+    init.thread = ThreadId();
+    if (arguments.unique_id != nullptr) {
+      init.comm_id = CommIdFromUniqueId(*arguments.unique_id);
+    } else if (CommState* parent = GetRegistry().Find(arguments.parent)) {
+      ticket.comm = parent;
+      const std::uint32_t ordinal = parent->children.fetch_add(1, std::memory_order_relaxed);
+      init.comm_id = ChildCommId(parent->id, api == Api::ncclCommSplit ? "split" : "shrink", ordinal,
+                                 arguments.color);
+    } else {  // ncclCommInitAll: one process holds every rank
+      static std::atomic<std::uint32_t> init_all_calls{0};
+      init.comm_id = ChildCommId(std::to_string(getpid()), "initall",
+                                 init_all_calls.fetch_add(1, std::memory_order_relaxed), 0);
+    }
+    std::snprintf(ticket.comm_id, sizeof(ticket.comm_id), "%s", init.comm_id.c_str());
+    ticket.start_ns = init.start_ns;
+    ticket.init_token = GetRegistry().BeginInit(std::move(init));
+  } catch (...) {
+  }
+  return ticket;
+}
+
+void AfterCreation(const Ticket& ticket, Api api, int library, ncclResult_t result,
+                   const ncclComm_t* comms, int count) noexcept {
+  try {
+    Registry& registry = GetRegistry();
+    // Inside a group NCCL only records the initialisation: it runs at the outermost ncclGroupEnd.
+    const bool grouped = t_group_depth > 0 && Launched(result) && comms != nullptr;
+    int init_token = ticket.init_token;  // ended with the first communicator registered
+    if (!grouped) registry.EndInit(std::exchange(init_token, -1));
+    if (!Launched(result) || comms == nullptr) {
+      NoteFailedCall(api, ticket.comm, result);
+      return;
+    }
+    const std::int64_t now = SteadyNowNs();
+    bool completed = false;
+    for (int i = 0; i < count; ++i) {
+      if (comms[i] == nullptr) continue;  // e.g. ncclCommSplit with NCCL_SPLIT_NOCOLOR
+      CommState* comm = registry.Add(
+          comms[i], library, static_cast<std::size_t>(GetConfig().ring_size.value), [&](CommState& state) {
+            std::memcpy(state.id, ticket.comm_id, sizeof(state.id));
+            if (ticket.comm != nullptr) std::memcpy(state.parent_id, ticket.comm->id, sizeof(state.parent_id));
+            state.created_by = api;
+            state.init_start_ns = ticket.start_ns;
+            state.context = DriverEvents().CurrentContext();
+            state.awaiting_group_end.store(grouped, std::memory_order_relaxed);
+            if (result == ncclSuccess && !grouped) state.init_end_ns.store(now, std::memory_order_relaxed);
+          });
+      if (grouped && comm != nullptr) {
+        t_grouped_creations.push_back({comm, std::exchange(init_token, -1)});
+        continue;
+      }
+      // A non-blocking initialisation (ncclInProgress) is completed by the watchdog, once
+      // ncclCommGetAsyncError says it is done.
+      if (comm != nullptr && result == ncclSuccess) completed = CompleteRegistration(*comm) || completed;
+    }
+    registry.EndInit(init_token);  // none registered for it
+    if (completed) WriteStatusAtInit();
+  } catch (...) {
+  }
+}
+
+Ticket BeforeCommCall(Api api, ncclComm_t handle) noexcept {
+  Ticket ticket;
+  CommState* comm = GetRegistry().Find(handle);
+  if (comm == nullptr) return ticket;
+  ticket.comm = comm;
+  if (comm->aborted_by_ncclguard.load(std::memory_order_acquire)) {
+    // ncclguard aborted it, so NCCL has freed it: nothing may reach NCCL with this handle. The
+    // application's own clean-up succeeds; anything else is told the communicator is unusable.
+    ticket.forward = false;
+    ticket.result = (api == Api::ncclCommDestroy || api == Api::ncclCommAbort) ? ncclSuccess
+                                                                                : ncclInvalidUsage;
+    log::Debug("{} on comm {} answered {} without NCCL: ncclguard aborted it", Describe(api).name,
+               comm->id, ResultName(ticket.result));
+    return ticket;
+  }
+  if (api == Api::ncclCommDestroy || api == Api::ncclCommAbort || api == Api::ncclCommFinalize) {
+    comm->closing.store(true, std::memory_order_seq_cst);
+    while (comm->watchdog_in_call.load(std::memory_order_seq_cst)) std::this_thread::yield();
+  }
+  return ticket;
+}
+
+void AfterCommCall(Api api, ncclComm_t handle, ncclResult_t result) noexcept {
+  CommState* comm = GetRegistry().Find(handle);
+  if (!Launched(result)) {
+    NoteFailedCall(api, comm, result);
+    return;
+  }
+  if (comm == nullptr) return;
+  switch (api) {
+    case Api::ncclCommAbort:
+      FinishUnfinished(*comm, OpState::kAborted);
+      comm->lifecycle.store(CommLifecycle::kAborted, std::memory_order_release);
+      break;
+    case Api::ncclCommDestroy:
+      FinishUnfinished(*comm, OpState::kCompleted);
+      comm->lifecycle.store(CommLifecycle::kDestroyed, std::memory_order_release);
+      break;
+    case Api::ncclCommFinalize:
+      if (result == ncclSuccess) FinishUnfinished(*comm, OpState::kCompleted);  // not when in progress
+      comm->lifecycle.store(CommLifecycle::kFinalized, std::memory_order_release);
+      break;
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 7)
+    case Api::ncclCommRevoke:
+      comm->lifecycle.store(CommLifecycle::kRevoked, std::memory_order_release);
+      break;
+#endif
+    default:
+      break;
+  }
+}
+
+void AfterAsyncErrorQuery(ncclComm_t handle, const ncclResult_t* async_error, ncclResult_t result) noexcept {
+  AfterCommCall(Api::ncclCommGetAsyncError, handle, result);
+  if (result != ncclSuccess || async_error == nullptr) return;
+  CommState* comm = GetRegistry().Find(handle);
+  if (comm == nullptr) return;
+  if (RecordAsyncError(*comm, *async_error)) ReportBeforeReturning();
+  // NCCL just told the application that a non-blocking initialisation is complete: asking NCCL
+  // about the communicator is safe now, and it is described before the application can close it.
+  if (*async_error == ncclSuccess && !comm->awaiting_group_end.load(std::memory_order_acquire) &&
+      comm->lifecycle.load(std::memory_order_acquire) == CommLifecycle::kInitializing && CompleteRegistration(*comm)) {
+    WriteStatusAtInit();
+  }
+}
+
+}  // namespace ncclguard

@@ -1,0 +1,179 @@
+#include "watchdog/recover/p2p_policy.h"
+
+#include <algorithm>
+#include <cstdlib>
+
+#include <fmt/format.h>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_join.h"
+#include "watchdog/report/dump.h"
+#include "watchdog/report/job_dir.h"
+#include "watchdog/common/log.h"
+
+namespace ncclguard {
+namespace {
+
+// Collecting facts normally takes milliseconds; a driver that does not answer in this long is
+// wedged, and the application's first NCCL call must not wait on it.
+constexpr std::chrono::milliseconds kFactsDeadline{3000};
+// An nccl.conf is a few lines.
+constexpr std::size_t kMaxNcclConfigBytes = 1 << 20;
+
+// "NCCL_P2P_DISABLE=0 in the environment, NCCL_P2P_LEVEL=NVL in /etc/nccl.conf": the user's own
+// P2P settings, where NCCL will take them from; "" when there are none.
+std::string UserP2pSettings(const P2pPolicyInputs& inputs, EnvironmentVariables* from_files) {
+  std::vector<std::string> settings;
+  for (const char* name : kNcclP2pVariables) {
+    std::string value;
+    if (inputs.read_environment && inputs.read_environment(name, &value) && !value.empty()) {
+      settings.push_back(fmt::format("{}={} in the environment", name, value));
+      continue;
+    }
+    for (const NcclConfigFile& file : inputs.config_files) {
+      const EnvironmentVariables variables = ParseNcclConfigFile(file.content);
+      const auto found = std::find_if(variables.begin(), variables.end(),
+                                      [&](const auto& variable) { return variable.first == name; });
+      if (found != variables.end() && !found->second.empty()) {
+        settings.push_back(fmt::format("{}={} in {}", name, found->second, file.path));
+        from_files->push_back(*found);
+        break;
+      }
+    }
+  }
+  return absl::StrJoin(settings, ", ");
+}
+
+}  // namespace
+
+EnvironmentVariables ParseNcclConfigFile(const std::string& content) {
+  EnvironmentVariables variables;
+  size_t start = 0;
+  while (start < content.size()) {
+    size_t end = content.find('\n', start);
+    if (end == std::string::npos) end = content.size();
+    const std::string line = content.substr(start, end - start);
+    start = end + 1;
+    const size_t equals = line.find('=');
+    if (line.empty() || line[0] == '#' || equals == std::string::npos || equals == 0) continue;
+    std::string value = line.substr(equals + 1);
+    absl::StripTrailingAsciiWhitespace(&value);
+    variables.emplace_back(line.substr(0, equals), std::move(value));
+  }
+  return variables;
+}
+
+std::vector<NcclConfigFile> ReadNcclConfigFiles(const EnvironmentReader& read_environment) {
+  std::vector<std::string> paths;
+  std::string value;
+  if (read_environment("NCCL_CONF_FILE", &value) && !value.empty()) {
+    paths.push_back(value);
+  } else if (read_environment("HOME", &value) && !value.empty()) {
+    paths.push_back(value + "/.nccl.conf");
+  }
+  paths.push_back("/etc/nccl.conf");
+  std::vector<NcclConfigFile> files;
+  for (const std::string& path : paths) {
+    // Never blocks on a FIFO or reads a device without end at the first NCCL call.
+    if (absl::StatusOr<std::string> content = ReadRegularFile(path, kMaxNcclConfigBytes); content.ok()) {
+      files.push_back({path, *std::move(content)});
+    }
+  }
+  return files;
+}
+
+void ReadEarlierVerdict(const Config& config, P2pPolicyInputs& inputs) {
+  const std::optional<std::string> job_id = NamedJobId(inputs.read_environment);
+  inputs.job_id_known = job_id.has_value();
+  if (inputs.mode == P2pMode::kAuto && job_id) inputs.verdict = ReadP2pVerdict(JobDirectory(config, *job_id), *job_id);
+}
+
+P2pDecision DecideP2p(const P2pPolicyInputs& inputs) {
+  P2pDecision decision;
+  EnvironmentVariables from_files;
+  const std::string user_settings = UserP2pSettings(inputs, &from_files);
+
+  // Matched as NCCL will see the process: with the config files' P2P variables loaded.
+  ProcessFacts facts = inputs.facts;
+  facts.environment.insert(facts.environment.end(), from_files.begin(), from_files.end());
+  const std::vector<KnownBadMatch> matches = MatchKnownBad(inputs.known_bad, facts);
+  if (!matches.empty()) {
+    std::vector<std::string> described;
+    for (const KnownBadMatch& match : matches) {
+      described.push_back(fmt::format("{} — {}", DescribeMatch(match), match.entry->remedy));
+    }
+    decision.known_bad_report = fmt::format("known-bad configuration{}: {}", matches.size() > 1 ? "s" : "",
+                                            absl::StrJoin(described, " | "));
+  }
+
+  std::vector<std::string> reasons;
+  if (inputs.mode == P2pMode::kOff) reasons.push_back("NCCLGUARD_P2P=off");
+  if (inputs.mode == P2pMode::kAuto) {
+    if (!inputs.job_id_known) {
+      decision.infos.push_back(
+          "no job id before the first communicator (neither NCCLGUARD_JOB_ID nor a launcher's job id is set): no "
+          "P2P verdict of an earlier attempt can be found");
+    } else if (inputs.verdict && inputs.verdict->ok()) {
+      const P2pVerdictRecord& record = **inputs.verdict;
+      reasons.push_back(fmt::format("an earlier attempt of job {} found P2P at fault ({}: {}, recorded by rank {} "
+                                    "on {}, pid {})",
+                                    record.job_id, record.comm, record.message, record.rank, record.host, record.pid));
+    } else if (inputs.verdict && !absl::IsNotFound(inputs.verdict->status())) {
+      decision.warnings.push_back(
+          fmt::format("P2P verdict of an earlier attempt not used: {}", std::string(inputs.verdict->status().message())));
+    }
+    for (const KnownBadMatch& match : matches) {
+      if (match.entry->action == KnownBadAction::kDisable) {
+        reasons.push_back(fmt::format("known-bad configuration {}", match.entry->id));
+      }
+    }
+  }
+
+  if (!user_settings.empty()) {
+    if (reasons.empty()) {
+      decision.infos.push_back(fmt::format("P2P left as the user set it: {}", user_settings));
+    } else {
+      decision.warnings.push_back(fmt::format("P2P left as the user set it ({}) although {}", user_settings,
+                                              absl::StrJoin(reasons, "; ")));
+    }
+  } else if (!reasons.empty()) {
+    decision.set_environment.emplace_back("NCCL_P2P_DISABLE", "1");
+    // The matches describe the process as it was: say that it no longer is.
+    if (!decision.known_bad_report.empty()) decision.known_bad_report += " (now moot: P2P is turned off, see below)";
+    decision.warnings.push_back(fmt::format("NCCL_P2P_DISABLE=1 set before the first communicator: {}",
+                                            absl::StrJoin(reasons, "; ")));
+  }
+  return decision;
+}
+
+void ApplyP2pPolicy(const Config& config) noexcept {
+  try {
+    P2pPolicyInputs inputs;
+    inputs.mode = config.p2p;
+    inputs.read_environment = ReadProcessEnvironment;
+    // NCCL reads its config files at its first init, unbounded: reading them first is no worse.
+    inputs.config_files = ReadNcclConfigFiles(ReadProcessEnvironment);
+    absl::StatusOr<ProcessFacts> facts = RunWithDeadline<ProcessFacts>(
+        [] { return absl::StatusOr<ProcessFacts>(CollectMatchingFacts(RealFactSources())); }, kFactsDeadline);
+    if (facts.ok()) {
+      inputs.facts = std::move(*facts);
+    } else {
+      log::Warn("known-bad configurations not checked: the facts they need were not collected ({})",
+                std::string(facts.status().message()));
+    }
+    ReadEarlierVerdict(config, inputs);
+    inputs.known_bad = ProcessKnownBad().entries;
+
+    const P2pDecision decision = DecideP2p(inputs);
+    for (const auto& [name, value] : decision.set_environment) setenv(name.c_str(), value.c_str(), 1);
+    if (!decision.known_bad_report.empty()) log::Warn("{}", decision.known_bad_report);
+    for (const std::string& line : decision.warnings) log::Warn("{}", line);
+    for (const std::string& line : decision.infos) log::Info("{}", line);
+  } catch (const std::exception& error) {
+    log::Warn("no P2P decision made: {}", error.what());
+  } catch (...) {
+    log::Warn("no P2P decision made");
+  }
+}
+
+}  // namespace ncclguard

@@ -1,0 +1,508 @@
+#include "watchdog/report/job_dir.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <tuple>
+#include <utility>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "watchdog/report/dump.h"
+#include "watchdog/report/dump_reader.h"
+#include "watchdog/common/log.h"
+#include "watchdog/report/op_signature.h"
+
+namespace ncclguard {
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+constexpr char kGenerationFile[] = "generation";
+constexpr char kRequestPrefix[] = "dump-request-";
+constexpr char kStatusPrefix[] = "status-";
+constexpr size_t kMaxReadBytes = 1 << 20;  // a status file is a few KiB; anything bigger is not ours
+constexpr size_t kMaxGenerationBytes = 256;  // one request's name
+
+std::atomic<std::uint64_t> g_request_counter{0};
+
+std::int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+std::string HostName() {
+  const std::string host = log::HostName();
+  return host.empty() ? "unknown" : host;
+}
+
+
+class ScopedFd {
+ public:
+  explicit ScopedFd(int fd) : fd_(fd) {}
+  ~ScopedFd() {
+    if (fd_ >= 0) close(fd_);
+  }
+  ScopedFd(const ScopedFd&) = delete;
+  ScopedFd& operator=(const ScopedFd&) = delete;
+  int get() const { return fd_; }
+
+ private:
+  int fd_;
+};
+
+// What a process that has not dumped shows of itself: the facts that the classifier's P2P
+// evidence and the known-bad entries match on (memory figures are not collected for it).
+void ParseFacts(const nlohmann::json& document, ProcessFacts& facts) {
+  if (const auto environment = document.find("environment"); environment != document.end()) {
+    facts.environment = ParseVariables(*environment);
+  }
+  if (const auto system = document.find("system"); system != document.end()) ParseSystemFacts(*system, facts);
+}
+
+Json SignaturesJson(const CommSnapshot& comm) {
+  if (comm.signatures.empty()) return nullptr;
+  return Json{{"first_seq", comm.signatures_first_seq}, {"hashes", SignaturesToHex(comm.signatures)}};
+}
+
+// Signatures that cannot be read, or that do not end at #last_enqueued as written, are left out:
+// they only add evidence. Call after reading last_enqueued.
+void ParseSignatures(const nlohmann::json& entry, CommSnapshot& comm) {
+  const auto signatures = entry.find("signatures");
+  if (signatures == entry.end() || !signatures->is_object()) return;
+  const auto first_seq = signatures->find("first_seq");
+  const auto hashes = signatures->find("hashes");
+  if (first_seq == signatures->end() || !first_seq->is_number_unsigned() || hashes == signatures->end() ||
+      !hashes->is_string()) {
+    return;
+  }
+  const std::uint64_t first = first_seq->get<std::uint64_t>();
+  const bool parsed = SignaturesFromHex(hashes->get<std::string>(), comm.signatures);
+  const std::uint64_t count = comm.signatures.size();
+  if (!parsed || count == 0 || count > comm.last_enqueued || first != comm.last_enqueued - count + 1) {
+    comm.signatures.clear();
+    return;
+  }
+  comm.signatures_first_seq = first;
+}
+
+Json StatusJson(const ProcessSnapshot& snapshot, const ProcessFacts& facts) {
+  Json communicators = Json::array();
+  for (const CommSnapshot& comm : snapshot.comms) {
+    const bool signed_here = communicators.size() < kMaxSignedCommunicators;
+    Json oldest = nullptr;
+    Json last_completed = nullptr;
+    for (const OpSnapshot& op : comm.ring) {
+      if (op.seq == comm.last_completed && op.state == "completed") {
+        last_completed = Json{{"seq", op.seq}, {"op", op.op}, {"dtype", op.dtype}, {"count", op.count},
+                              {"bytes", op.bytes}, {"root", op.root}, {"peer", op.peer},
+                              {"reduction", op.reduction}};
+      }
+      if (op.state == "enqueued" || op.state == "started") {
+        oldest = Json{{"seq", op.seq},         {"op", op.op},           {"state", op.state},
+                      {"bytes", op.bytes},     {"dtype", op.dtype},     {"count", op.count},
+                      {"root", op.root},       {"peer", op.peer},       {"reduction", op.reduction},
+                      {"enqueue_ns", op.enqueue_ns}, {"start_ns", op.start_ns}};
+        break;
+      }
+    }
+    communicators.push_back(Json{{"id", comm.id},
+                                 {"rank", comm.rank},
+                                 {"nranks", comm.nranks},
+                                 {"state", comm.state},
+                                 {"last_enqueued", comm.last_enqueued},
+                                 {"last_started", comm.last_started},
+                                 {"last_completed", comm.last_completed},
+                                 {"async_error", comm.async_error},
+                                 {"last_completed_op", std::move(last_completed)},
+                                 {"oldest_outstanding", std::move(oldest)},
+                                 {"signatures", signed_here ? SignaturesJson(comm) : Json(nullptr)}});
+  }
+  Json stall = nullptr;
+  if (snapshot.stall) {
+    stall = Json{{"kind", snapshot.stall->kind},
+                 {"comm_id", snapshot.stall->comm_id},
+                 {"seq", snapshot.stall->seq},
+                 {"seconds", snapshot.stall->seconds},
+                 {"verdict", snapshot.stall->verdict}};
+  }
+  Json pending_inits = Json::array();
+  for (const PendingInitSnapshot& init : snapshot.pending_inits) {
+    pending_inits.push_back(Json{{"comm_id", init.comm_id},
+                                 {"api", init.api},
+                                 {"rank", init.rank},
+                                 {"nranks", init.nranks},
+                                 {"start_ns", init.start_ns}});
+  }
+  const std::int64_t time_ns = snapshot.time_ns != 0 ? snapshot.time_ns : NowNs();
+  return Json{{"format", "ncclguard-status"},
+              {"format_version", kStatusFormatVersion},
+              {"host", facts.host},
+              {"pid", facts.pid},
+              {"rank", snapshot.rank >= 0 ? snapshot.rank : LauncherRank(facts)},
+              {"time", IsoTime(time_ns)},
+              {"time_ns", time_ns},
+              {"in_nccl_call", snapshot.in_nccl_call},
+              {"stall", std::move(stall)},
+              {"communicators", std::move(communicators)},
+              {"pending_inits", std::move(pending_inits)},
+              {"exiting", snapshot.exiting},
+              {"environment", VariablesJson(facts.environment)},
+              {"system", SystemFactsJson(facts, /*with_memory=*/false)}};
+}
+
+// Throws nlohmann::json's exceptions on a document of the wrong shape.
+PeerStatus ParseStatus(const std::string& file, const std::string& content) {
+  const nlohmann::json document = ParseBoundedJson(content);
+  if (document.at("format").get<std::string>() != "ncclguard-status") {
+    throw std::runtime_error("not an ncclguard status file");
+  }
+  if (const int version = document.at("format_version").get<int>(); version != kStatusFormatVersion) {
+    throw std::runtime_error(absl::StrCat("status format version ", version, " is not ",
+                                          kStatusFormatVersion));
+  }
+  PeerStatus status;
+  status.file = file;
+  status.host = document.at("host").get<std::string>();
+  status.pid = document.at("pid").get<int>();
+  status.facts.host = status.host;
+  status.facts.pid = status.pid;
+  // Added to format version 1 later: files written before lack them.
+  ParseFacts(document, status.facts);
+  ProcessSnapshot& snapshot = status.snapshot;
+  snapshot.rank = document.at("rank").get<int>();
+  snapshot.time_ns = document.at("time_ns").get<std::int64_t>();
+  snapshot.in_nccl_call = document.value("in_nccl_call", "");
+  if (const nlohmann::json& stall = document.at("stall"); !stall.is_null()) {
+    StallSnapshot& copy = snapshot.stall.emplace();
+    copy.kind = stall.at("kind").get<std::string>();
+    copy.comm_id = stall.at("comm_id").get<std::string>();
+    copy.seq = stall.at("seq").get<std::uint64_t>();
+    copy.seconds = stall.at("seconds").get<double>();
+    copy.verdict = stall.value("verdict", "");
+  }
+  for (const nlohmann::json& entry : document.at("communicators")) {
+    CommSnapshot comm;
+    comm.id = entry.at("id").get<std::string>();
+    comm.rank = entry.at("rank").get<int>();
+    comm.nranks = entry.at("nranks").get<int>();
+    CheckRanks(comm.rank, comm.nranks);
+    comm.state = entry.at("state").get<std::string>();
+    comm.last_enqueued = entry.at("last_enqueued").get<std::uint64_t>();
+    comm.last_started = entry.at("last_started").get<std::uint64_t>();
+    comm.last_completed = entry.at("last_completed").get<std::uint64_t>();
+    comm.async_error = entry.value("async_error", "");
+    ParseSignatures(entry, comm);  // added to format version 1 later
+    // Added to format version 1 later: the last completed operation, for naming it.
+    if (const auto last = entry.find("last_completed_op"); last != entry.end() && !last->is_null()) {
+      OpSnapshot op;
+      op.seq = last->at("seq").get<std::uint64_t>();
+      op.op = last->at("op").get<std::string>();
+      op.state = "completed";
+      op.dtype = last->value("dtype", "");
+      op.count = last->value("count", std::uint64_t{0});
+      op.bytes = last->value("bytes", std::uint64_t{0});
+      op.root = last->value("root", -1);
+      op.peer = last->value("peer", -1);
+      op.reduction = last->value("reduction", "");
+      comm.ring.push_back(std::move(op));
+    }
+    if (const nlohmann::json& oldest = entry.at("oldest_outstanding"); !oldest.is_null()) {
+      OpSnapshot op;
+      op.seq = oldest.at("seq").get<std::uint64_t>();
+      op.op = oldest.at("op").get<std::string>();
+      op.state = oldest.at("state").get<std::string>();
+      op.bytes = oldest.at("bytes").get<std::uint64_t>();
+      // Added to format version 1 later: files written before lack them.
+      op.dtype = oldest.value("dtype", "");
+      op.count = oldest.value("count", std::uint64_t{0});
+      op.root = oldest.value("root", -1);
+      op.peer = oldest.value("peer", -1);
+      op.reduction = oldest.value("reduction", "");
+      op.enqueue_ns = oldest.at("enqueue_ns").get<std::int64_t>();
+      op.start_ns = oldest.at("start_ns").get<std::int64_t>();
+      comm.ring.push_back(std::move(op));
+    }
+    snapshot.comms.push_back(std::move(comm));
+  }
+  // Added to format version 1 later: files written before may lack them.
+  if (const auto inits = document.find("pending_inits"); inits != document.end()) {
+    for (const nlohmann::json& entry : *inits) {
+      CheckRanks(entry.at("rank").get<int>(), entry.at("nranks").get<int>());
+      snapshot.pending_inits.push_back(PendingInitSnapshot{
+          .comm_id = entry.at("comm_id").get<std::string>(),
+          .api = entry.at("api").get<std::string>(),
+          .rank = entry.at("rank").get<int>(),
+          .nranks = entry.at("nranks").get<int>(),
+          .start_ns = entry.at("start_ns").get<std::int64_t>()});
+    }
+  }
+  snapshot.exiting = document.value("exiting", false);
+  return status;
+}
+
+absl::StatusOr<StatusScan> ReadStatusesNow(const std::string& job_dir) {
+  absl::StatusOr<int> directory_fd = OpenPrivateDirectory(job_dir, /*create=*/false);
+  if (!directory_fd.ok()) return directory_fd.status();
+  const ScopedFd directory(*directory_fd);
+  return ReadStatusesAt(directory.get(), std::chrono::steady_clock::now() + kReadDeadline);
+}
+
+DumpRequest ParseRequest(const std::string& name, const absl::StatusOr<std::string>& content) {
+  DumpRequest request;
+  request.name = name;
+  request.requester = "unknown";
+  if (!content.ok()) return request;
+  // A request that cannot be read is still a request: the fields only describe it.
+  try {
+    const nlohmann::json document = ParseBoundedJson(*content);
+    if (!document.is_object()) return request;
+    request.requester = document.value("requester", "unknown");
+    request.host = document.value("host", "");
+    request.pid = document.value("pid", -1);
+    request.time_ns = document.value("time_ns", std::int64_t{0});
+  } catch (const std::exception&) {
+  }
+  return request;
+}
+
+// The requests of the job directory not in `already_handled`; none when nobody ever asked.
+absl::StatusOr<std::vector<DumpRequest>> ListRequestsNow(const std::string& job_dir,
+                                                        const std::set<std::string>& already_handled) {
+  const std::string requests_directory = absl::StrCat(job_dir, "/", kDumpRequestsDirectory);
+  absl::StatusOr<int> directory_fd =
+      OpenPrivateDirectory(requests_directory, /*create=*/false, /*levels_below_job_directory=*/1);
+  if (!directory_fd.ok()) {
+    struct stat unused {};
+    if (lstat(requests_directory.c_str(), &unused) != 0 && errno == ENOENT) {
+      return std::vector<DumpRequest>();
+    }
+    return directory_fd.status();
+  }
+  const ScopedFd directory(*directory_fd);
+  absl::StatusOr<std::vector<std::string>> names = ListNamesAt(directory.get(), kRequestPrefix, "");
+  if (!names.ok()) return names.status();
+  std::vector<DumpRequest> requests;
+  for (const std::string& name : *names) {
+    if (already_handled.contains(name)) continue;
+    requests.push_back(ParseRequest(name, ReadFileAt(directory.get(), name, kMaxReadBytes)));
+  }
+  return requests;
+}
+
+absl::StatusOr<std::string> ReadGeneration(const std::string& job_dir) {
+  const std::string path = absl::StrCat(job_dir, "/", kDumpRequestsDirectory, "/", kGenerationFile);
+  absl::StatusOr<std::string> content = ReadOwnFile(path, kMaxGenerationBytes);
+  if (absl::IsNotFound(content.status())) return std::string();  // nobody has asked yet
+  if (!content.ok()) return absl::UnavailableError(absl::StrCat("cannot read ", content.status().message()));
+  return std::string(absl::StripAsciiWhitespace(*content));
+}
+
+struct PollOutcome {
+  std::string generation;
+  bool listed = false;
+  std::vector<DumpRequest> fresh;  // when listed: every request not handled before
+};
+
+}  // namespace
+
+std::optional<std::string> NamedJobId(const EnvironmentReader& read_environment) {
+  auto variable = [&](const char* name) {
+    std::string value;
+    if (!read_environment || !read_environment(name, &value)) return std::string();
+    return std::string(absl::StripAsciiWhitespace(value));
+  };
+  if (std::string id = variable("NCCLGUARD_JOB_ID"); !id.empty()) return SafeFileName(id);
+  if (std::string job = variable("SLURM_JOB_ID"); !job.empty()) {
+    const std::string step = variable("SLURM_STEP_ID");
+    return SafeFileName(absl::StrCat("slurm-", job, step.empty() ? "" : ".", step));
+  }
+  // The launchers' defaults when the user names nothing (torchrun's --rdzv-id "none", Paddle's
+  // --job_id "default") are shared by unrelated runs, so they are not ids.
+  const std::tuple<const char*, const char*, const char*> kLaunchers[] = {
+      {"TORCHELASTIC_RUN_ID", "torchelastic-", "none"},
+      {"PADDLE_JOB_ID", "paddle-", "default"},
+      {"OMPI_MCA_ess_base_jobid", "ompi-", ""},
+      {"PMIX_NAMESPACE", "pmix-", ""},
+      {"LSB_JOBID", "lsf-", ""},
+      {"PBS_JOBID", "pbs-", ""},
+      {"FLUX_JOB_ID", "flux-", ""}};
+  for (const auto& [name, prefix, shared_default] : kLaunchers) {
+    if (std::string id = variable(name); !id.empty() && id != shared_default) return SafeFileName(prefix + id);
+  }
+  return std::nullopt;
+}
+
+std::string JobId(const EnvironmentReader& read_environment, const std::string& first_unique_id_hex) {
+  if (std::optional<std::string> named = NamedJobId(read_environment)) return *std::move(named);
+  return SafeFileName("nccl-" + (first_unique_id_hex.empty() ? std::string("unknown")
+                                                             : first_unique_id_hex.substr(0, 32)));
+}
+
+std::string JobDirectory(const Config& config, const std::string& job_id) {
+  std::string base = config.dump_dir;
+  if (base.empty()) {
+    const char* temporary = std::getenv("TMPDIR");
+    // Per user: the directory is created 0700, so a shared name would lock out every other user.
+    base = absl::StrCat(temporary != nullptr && temporary[0] == '/' ? temporary : "/tmp",
+                        "/ncclguard-", getuid());
+  }
+  while (base.size() > 1 && base.back() == '/') base.pop_back();
+  return absl::StrCat(base, "/", SafeFileName(job_id));
+}
+
+double StatusIntervalSeconds(double configured_seconds, int job_processes) {
+  return std::max(configured_seconds, job_processes / kJobStatusWritesPerSecond);
+}
+
+absl::StatusOr<std::string> WriteStatus(const std::string& job_dir, const ProcessSnapshot& snapshot,
+                                        const ProcessFacts& facts) noexcept {
+  std::string content;
+  try {
+    content = StatusJson(snapshot, facts).dump(-1, ' ', false, Json::error_handler_t::replace);
+  } catch (...) {
+    return absl::ResourceExhaustedError("cannot format the status file");
+  }
+  // Not fsync()ed: a status file is rewritten every few seconds and a reader skips one that a
+  // crash left empty; flushing every rewrite would cost every rank a disk (or NFS COMMIT) round trip.
+  return WriteFileAtomically(
+      job_dir, absl::StrCat(kStatusPrefix, SafeFileName(facts.host), "-", facts.pid, ".json"),
+      content + "\n", /*durable=*/false);
+}
+
+StatusScan ReadStatusesAt(int directory_fd, std::chrono::steady_clock::time_point deadline) {
+  StatusScan scan;
+  absl::StatusOr<std::vector<std::string>> names = ListNamesAt(directory_fd, kStatusPrefix, ".json");
+  if (!names.ok()) {
+    scan.problems.push_back(absl::StrCat("status files: ", names.status().message()));
+    return scan;
+  }
+  for (const std::string& name : *names) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      scan.problems.push_back(absl::StrCat(name, " and later status files: not read, the deadline passed"));
+      break;
+    }
+    absl::StatusOr<std::string> content = ReadFileAt(directory_fd, name, kMaxReadBytes);
+    if (!content.ok()) {
+      scan.problems.push_back(absl::StrCat(name, ": ", content.status().message()));
+      continue;
+    }
+    try {
+      scan.statuses.push_back(ParseStatus(name, *content));
+    } catch (const std::exception& error) {
+      scan.problems.push_back(absl::StrCat(name, ": ", error.what()));
+    }
+  }
+  return scan;
+}
+
+absl::StatusOr<StatusScan> ReadStatuses(const std::string& job_dir) noexcept {
+  try {
+    return RunWithDeadline<StatusScan>([job_dir] { return ReadStatusesNow(job_dir); }, kReadDeadline);
+  } catch (...) {
+    return absl::ResourceExhaustedError("cannot read the status files");
+  }
+}
+
+absl::StatusOr<std::string> RequestDumps(const std::string& job_dir, const std::string& requester) noexcept {
+  std::string name;
+  std::string content;
+  try {
+    const std::string host = HostName();
+    const int pid = static_cast<int>(getpid());
+    const std::int64_t now = NowNs();
+    name = absl::StrCat(kRequestPrefix, SafeFileName(host), "-", pid, "-",
+                        g_request_counter.fetch_add(1) + 1);
+    content = Json{{"format", "ncclguard-dump-request"},
+                   {"format_version", 1},
+                   {"requester", requester},
+                   {"host", host},
+                   {"pid", pid},
+                   {"time", IsoTime(now)},
+                   {"time_ns", now}}
+                  .dump(-1, ' ', false, Json::error_handler_t::replace);
+  } catch (...) {
+    return absl::ResourceExhaustedError("cannot format the dump request");
+  }
+  const std::string directory = absl::StrCat(job_dir, "/", kDumpRequestsDirectory);
+  // The request first, then the generation naming it: a process that sees the new generation is
+  // sure to find the request in its listing.
+  absl::StatusOr<std::string> written = WriteFileAtomically(directory, name, content + "\n", /*durable=*/true,
+                                                            /*levels_below_job_directory=*/1);
+  if (!written.ok()) return written.status();
+  absl::StatusOr<std::string> generation =
+      WriteFileAtomically(directory, kGenerationFile, name + "\n", /*durable=*/false,
+                          /*levels_below_job_directory=*/1);
+  if (!generation.ok()) return generation.status();
+  return name;
+}
+
+absl::StatusOr<std::vector<DumpRequest>> PendingDumpRequests(
+    const std::string& job_dir, const std::set<std::string>& already_handled) noexcept {
+  try {
+    return RunWithDeadline<std::vector<DumpRequest>>(
+        [job_dir, already_handled] { return ListRequestsNow(job_dir, already_handled); },
+        kReadDeadline);
+  } catch (...) {
+    return absl::ResourceExhaustedError("cannot list the dump requests");
+  }
+}
+
+DumpRequestWatcher::DumpRequestWatcher(std::string job_dir, const std::string& own_host, int own_pid,
+                                       std::int64_t fresh_since_ns)
+    : job_dir_(std::move(job_dir)), own_host_(own_host), own_pid_(own_pid),
+      fresh_since_ns_(fresh_since_ns) {}
+
+absl::StatusOr<std::vector<DumpRequest>> DumpRequestWatcher::Poll() noexcept {
+  try {
+    absl::StatusOr<PollOutcome> outcome = RunWithDeadline<PollOutcome>(
+        [job_dir = job_dir_, seen = seen_generation_, baseline_taken = baseline_taken_,
+         handled = handled_]() -> absl::StatusOr<PollOutcome> {
+          PollOutcome outcome;
+          absl::StatusOr<std::string> generation = ReadGeneration(job_dir);
+          if (!generation.ok()) return generation.status();
+          outcome.generation = *generation;
+          if (outcome.generation == seen && baseline_taken) return outcome;
+          absl::StatusOr<std::vector<DumpRequest>> fresh = ListRequestsNow(job_dir, handled);
+          if (!fresh.ok()) return fresh.status();
+          outcome.listed = true;
+          outcome.fresh = *std::move(fresh);
+          return outcome;
+        },
+        kReadDeadline);
+    if (!outcome.ok()) return outcome.status();
+    std::vector<DumpRequest> reported;
+    for (DumpRequest& request : outcome->fresh) {
+      handled_.insert(request.name);
+      const bool own = request.host == own_host_ && request.pid == own_pid_;
+      if (!own && (baseline_taken_ || request.time_ns >= fresh_since_ns_)) {
+        reported.push_back(std::move(request));
+      }
+    }
+    if (outcome->listed) {
+      baseline_taken_ = true;
+      // A listing that does not show the request the generation names is older than the
+      // generation (a shared file system's cached directory): list again next time.
+      if (outcome->generation.empty() || handled_.contains(outcome->generation)) {
+        seen_generation_ = outcome->generation;
+      }
+    }
+    return reported;
+  } catch (...) {
+    return absl::ResourceExhaustedError("cannot look for dump requests");
+  }
+}
+
+}  // namespace ncclguard

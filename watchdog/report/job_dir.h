@@ -1,0 +1,122 @@
+// The job's coordination directory, NCCLGUARD_DUMP_DIR/<job id>/: every process keeps a small
+// status file there, and a process that detects a stall leaves a dump request that every other
+// process of the job notices. Files and atomic renames only: no locks, no inotify, no server, so
+// it works in a local directory and on a shared file system alike. Layout and metadata load:
+// docs/dump-format.md.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "watchdog/common/config.h"
+#include "watchdog/report/facts.h"
+#include "watchdog/report/snapshot.h"
+
+namespace ncclguard {
+
+inline constexpr int kStatusFormatVersion = 1;  // same bump rule as dumps
+inline constexpr char kDumpRequestsDirectory[] = "dump-requests";
+
+// The name of the job's directory, the same on every process of one launch: NCCLGUARD_JOB_ID,
+// else the launcher's job id (Slurm job[.step], TorchElastic run, Paddle job, Open MPI job, PMIx
+// namespace, LSF, PBS, Flux), else "nccl-" + the first communicator's unique id in hex (which every
+// rank of that communicator shares). Reduced to a safe file name.
+std::string JobId(const EnvironmentReader& read_environment, const std::string& first_unique_id_hex);
+
+// The job's name when the user or the launcher gives one (NCCLGUARD_JOB_ID or a launcher's job
+// id, as JobId reads them); nullopt when only the first communicator could name the job.
+std::optional<std::string> NamedJobId(const EnvironmentReader& read_environment);
+
+// NCCLGUARD_DUMP_DIR (default $TMPDIR/ncclguard-<uid>, else /tmp/ncclguard-<uid>) / job_id.
+std::string JobDirectory(const Config& config, const std::string& job_id);
+
+// How often a process of a job of `job_processes` processes rewrites its status file and looks
+// for dump requests: NCCLGUARD_STATUS_INTERVAL, stretched so that the whole job writes at most
+// kJobStatusWritesPerSecond status files per second into the shared directory.
+inline constexpr double kJobStatusWritesPerSecond = 1000;
+double StatusIntervalSeconds(double configured_seconds, int job_processes);
+
+// Writes status-<host>-<pid>.json: the process's identity, its stall if any, per communicator
+// its progress, oldest outstanding operation (the first unfinished entry of the communicator's
+// ring, when the caller put one there; the rest of the ring is not written) and the signatures of
+// its latest operations (for the first kMaxSignedCommunicators communicators), and the facts that
+// do not change while it runs (environment, kernel, drivers, GPUs: collected once by the caller,
+// CollectMatchingFacts; memory figures are not written).
+absl::StatusOr<std::string> WriteStatus(const std::string& job_dir, const ProcessSnapshot& snapshot,
+                                        const ProcessFacts& facts) noexcept;
+
+struct PeerStatus {
+  std::string file;
+  std::string host;
+  int pid = -1;
+  // time_ns, rank, in_nccl_call, stall, pending_inits, exiting, and per communicator id, rank,
+  // nranks, state, progress, async_error, operation signatures, and the last completed and oldest
+  // outstanding operations (as its only ring entries).
+  ProcessSnapshot snapshot;
+  // host, pid, environment and the system facts (kernel, drivers, GPUs without memory); left at
+  // their defaults when the file was written by an earlier build.
+  ProcessFacts facts;
+};
+
+struct StatusScan {
+  std::vector<PeerStatus> statuses;  // sorted by file name
+  std::vector<std::string> problems; // "file: why" for each status file that could not be read
+};
+
+// Every status file of the job directory, including those of processes that have ended (they are
+// evidence, and nobody removes them). Lists the directory and reads every file: meant for the one
+// process that analyses a stall, not for every process at every interval.
+absl::StatusOr<StatusScan> ReadStatuses(const std::string& job_dir) noexcept;
+
+// The same in the directory open as `directory_fd`, with ReadFileAt's rules; the files not read
+// by `deadline` are problems.
+StatusScan ReadStatusesAt(int directory_fd, std::chrono::steady_clock::time_point deadline);
+
+struct DumpRequest {
+  std::string name;  // dump-request-<host>-<pid>-<n>
+  std::string requester;
+  std::string host;
+  int pid = -1;
+  std::int64_t time_ns = 0;
+};
+
+// Asks every process of the job to dump: writes dump-requests/dump-request-<host>-<pid>-<n>, then
+// the generation file that the other processes watch. Returns the request's name.
+absl::StatusOr<std::string> RequestDumps(const std::string& job_dir, const std::string& requester) noexcept;
+
+// The requests in the directory whose names are not in `already_handled`, oldest name first.
+// Lists the requests directory on every call.
+absl::StatusOr<std::vector<DumpRequest>> PendingDumpRequests(
+    const std::string& job_dir, const std::set<std::string>& already_handled) noexcept;
+
+// What a process calls every status interval. Reads the one small generation file and lists the
+// requests directory only when it changed, so a quiet job costs one open() per process per
+// interval. The first call takes note of the requests already there (left by an earlier launch
+// with the same job id) without reporting them. This process's own requests are never reported.
+class DumpRequestWatcher {
+ public:
+  // Requests already in the directory at the first call are taken as old (an earlier launch with
+  // the same job id) unless they were made at or after `fresh_since_ns` (epoch ns): a request
+  // made after this process started, before it first looked, must not be lost.
+  DumpRequestWatcher(std::string job_dir, const std::string& own_host, int own_pid,
+                     std::int64_t fresh_since_ns);
+
+  // The requests that appeared since the previous call.
+  absl::StatusOr<std::vector<DumpRequest>> Poll() noexcept;
+
+ private:
+  std::string job_dir_;
+  std::string own_host_;
+  int own_pid_;
+  std::int64_t fresh_since_ns_;
+  bool baseline_taken_ = false;
+  std::string seen_generation_;
+  std::set<std::string> handled_;
+};
+
+}  // namespace ncclguard

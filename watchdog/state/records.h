@@ -1,0 +1,148 @@
+// What ncclguard keeps about communicators and their operations. Written on the application's
+// threads without locks or allocation (records go into a preallocated ring), read by the watchdog.
+#pragma once
+
+#include <nccl.h>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "watchdog/common/nccl_api.h"
+#include "watchdog/state/gpu_events.h"
+
+namespace ncclguard {
+
+enum class OpState : std::uint8_t {
+  kFree,       // slot never used
+  kEnqueued,   // handed to NCCL; the GPU has not reached it yet
+  kStarted,    // the GPU reached its start event
+  kCompleted,  // the GPU reached its end event
+  kFailed,     // NCCL returned an error for it
+  kAborted,    // its communicator was aborted before it completed
+  kCaptured,   // issued while its stream was captured into a CUDA graph: never timed
+  kUntimed,    // no CUDA driver to time it with
+};
+
+constexpr bool IsFinished(OpState state) {
+  return state != OpState::kEnqueued && state != OpState::kStarted;
+}
+std::string_view OpStateName(OpState state);
+
+// One operation in a communicator's ring. Every field is atomic: the application's thread writes
+// the description, the watchdog the progress, and a dump may read everything at any time.
+// Relaxed accesses are published by `state` (release/acquire).
+struct OpRecord {
+  std::atomic<std::uint64_t> seq{0};
+  std::atomic<OpState> state{OpState::kFree};
+  std::atomic<Api> api{};
+  std::atomic<int> datatype{0};
+  std::atomic<int> reduction{-1};
+  std::atomic<int> root_or_peer{-1};
+  std::atomic<int> result{0};
+  std::atomic<std::uint64_t> count{0};
+  std::atomic<std::uint64_t> stream{0};
+  std::atomic<std::uint64_t> group{0};
+  std::atomic<std::int64_t> host_thread{0};
+  // Steady-clock nanoseconds: when NCCL was called, and when the watchdog saw the GPU reach the
+  // start and end events (so they are late by up to one poll interval; gpu_ms is exact).
+  std::atomic<std::int64_t> enqueue_ns{0};
+  std::atomic<std::int64_t> start_ns{0};
+  std::atomic<std::int64_t> end_ns{0};
+  std::atomic<float> gpu_ms{-1};
+  // Whether the events have been recorded on the stream yet (grouped operations get theirs at the
+  // outermost ncclGroupEnd; the end event goes in once NCCL has taken the launch).
+  std::atomic<bool> start_recorded{false};
+  std::atomic<bool> end_recorded{false};
+  // NCCL answered ncclInProgress (a non-blocking communicator): the launch completes later, and
+  // the watchdog records the end event once the communicator is no longer in progress.
+  std::atomic<bool> launch_pending{false};
+  // The slot's own pair of events, created on first use in the caller's context and reused with
+  // the slot: a slot is reused only when its previous operation is finished, so the watchdog is
+  // done with them. Written before `state` is published.
+  GpuEvent start_event = nullptr;
+  GpuEvent end_event = nullptr;
+};
+
+enum class CommLifecycle : std::uint8_t {
+  kInitializing, kReady, kFailed, kAborted, kRevoked, kFinalized, kDestroyed
+};
+std::string_view CommLifecycleName(CommLifecycle lifecycle);
+
+// A ring is mapped on its own rather than taken from the heap: freed, its memory goes back to the
+// system at once instead of staying in the application's heap (a ring is hundreds of KiB).
+struct RingUnmapper {
+  std::size_t size;
+  void operator()(OpRecord* ring) const noexcept;
+};
+using RingPointer = std::unique_ptr<OpRecord[], RingUnmapper>;
+RingPointer MapRing(std::size_t size);  // throws std::bad_alloc when there is no memory
+
+struct CommSnapshot;
+
+struct CommState {
+  CommState(ncclComm_t handle, int library, std::size_t ring_size)
+      : handle(handle), library(library), ring_size(ring_size), ring(MapRing(ring_size)) {}
+
+  const ncclComm_t handle;
+  const int library;  // slot of the NCCL library serving it
+  char id[17] = {};   // the same on every rank: from the unique id, or the parent's id + lineage
+  char parent_id[17] = {};
+  Api created_by = Api::ncclCommInitRank;
+  GpuContext context = nullptr;  // where its events live
+  std::int64_t init_start_ns = 0;
+  std::atomic<std::int64_t> init_end_ns{0};
+  std::atomic<int> rank{-1};
+  std::atomic<int> nranks{0};
+  std::atomic<int> device{-1};
+  std::atomic<CommLifecycle> lifecycle{CommLifecycle::kInitializing};
+  // Set when ncclguard itself aborted it: the real communicator is gone, so the application's
+  // later calls on it must not reach NCCL.
+  std::atomic<bool> aborted_by_ncclguard{false};
+  // The latest result NCCL gave for it, from the watchdog's ncclCommGetAsyncError or the
+  // application's own: an error either way is reported once (`reported_async_error`).
+  std::atomic<int> async_error{ncclSuccess};
+  // Created inside a group that has not ended yet: NCCL creates it only at the outermost
+  // ncclGroupEnd, and any call on it before then warns and changes ncclGetLastError.
+  std::atomic<bool> awaiting_group_end{false};
+  std::atomic<std::uint32_t> children{0};  // splits and shrinks made from it, for their ids
+  std::atomic<bool> failure_dumped{false};  // a failed call on it was dumped already
+
+  // Closing (destroy, abort, finalize) and the watchdog's own NCCL calls on it exclude each other:
+  // NCCL frees the communicator in ncclCommDestroy/ncclCommAbort.
+  std::atomic<bool> closing{false};
+  std::atomic<bool> watchdog_in_call{false};
+
+  // The watchdog thread's own bookkeeping: the oldest operation not known to be finished, and
+  // the operation last reported as stalled.
+  std::uint64_t watch_cursor = 1;
+  std::uint64_t reported_stall_seq = 0;
+  int reported_async_error = ncclSuccess;
+  bool stall_acted_on = false;         // the action for that stall was taken
+  std::int64_t stall_recheck_ns = 0;   // when to look at a stall not acted on again
+  std::int64_t closed_seen_ns = 0;     // when it freed the ring of a closed communicator
+
+  const std::size_t ring_size;
+  // Freed (null) by the watchdog thread once the application has closed the communicator and
+  // every operation has its final state; the state itself stays one status interval longer.
+  RingPointer ring;
+  // What status files keep saying of it once the ring is freed (its last operations' signatures,
+  // its last completed operation): a peer that exits right after destroying its communicators
+  // still lets the others find a desync. Set by the watchdog thread under its status lock.
+  std::shared_ptr<const CommSnapshot> closed_status;
+  std::atomic<std::uint64_t> last_enqueued{0};
+  std::atomic<std::uint64_t> last_started{0};
+  std::atomic<std::uint64_t> last_completed{0};
+  std::atomic<std::uint64_t> dropped{0};
+
+  OpRecord& Slot(std::uint64_t seq) { return ring[seq % ring_size]; }
+};
+
+// Names used in logs and dumps.
+std::string_view OperationName(Api api);  // "AllReduce"; ncclBcast is a "Broadcast"
+std::string_view DatatypeName(int datatype);
+std::size_t DatatypeSize(int datatype);
+std::string ReductionName(int reduction);  // "" for none
+
+}  // namespace ncclguard

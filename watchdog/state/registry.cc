@@ -1,0 +1,188 @@
+#include "watchdog/state/registry.h"
+
+#include <fmt/format.h>
+
+#include "watchdog/common/log.h"
+
+namespace ncclguard {
+namespace {
+
+std::size_t HashOf(ncclComm_t handle) {
+  auto bits = reinterpret_cast<std::uintptr_t>(handle);
+  bits ^= bits >> 17;
+  bits *= 0x9e3779b97f4a7c15ULL;
+  return static_cast<std::size_t>(bits >> 20);
+}
+
+std::uint64_t Fnv1a(const void* data, std::size_t size, std::uint64_t hash = 0xcbf29ce484222325ULL) {
+  const auto* bytes = static_cast<const unsigned char*>(data);
+  for (std::size_t i = 0; i < size; ++i) {
+    hash ^= bytes[i];
+    hash *= 0x100000001b3ULL;
+  }
+  return hash;
+}
+
+}  // namespace
+
+Registry::~Registry() {
+  for (CommState* state : all_) delete state;
+}
+
+CommState* Registry::Find(ncclComm_t handle) const noexcept {
+  if (handle == nullptr) return nullptr;
+  for (std::size_t probe = 0, i = HashOf(handle) % kCapacity; probe < kCapacity;
+       ++probe, i = (i + 1) % kCapacity) {
+    const ncclComm_t key = keys_[i].load(std::memory_order_acquire);
+    if (key == handle) return values_[i].load(std::memory_order_acquire);
+    if (key == nullptr) return nullptr;
+  }
+  return nullptr;
+}
+
+CommState* Registry::Add(ncclComm_t handle, int library, std::size_t ring_size,
+                         const std::function<void(CommState&)>& initialize) {
+  auto state = std::make_unique<CommState>(handle, library, ring_size);
+  if (initialize) initialize(*state);  // before it is published: its plain fields are then fixed
+  std::lock_guard<std::mutex> lock(mutex_);
+  // The handle's own slot when NCCL reused it (the newest wins), else the first free one.
+  std::size_t free_slot = kCapacity;
+  std::size_t slot = kCapacity;
+  for (std::size_t probe = 0, i = HashOf(handle) % kCapacity; probe < kCapacity;
+       ++probe, i = (i + 1) % kCapacity) {
+    const ncclComm_t key = keys_[i].load(std::memory_order_relaxed);
+    if (key == handle) {
+      slot = i;
+      break;
+    }
+    if (key == Tombstone() && free_slot == kCapacity) free_slot = i;
+    if (key == nullptr) {
+      if (free_slot == kCapacity) free_slot = i;
+      break;
+    }
+  }
+  if (slot == kCapacity) slot = free_slot;
+  if (slot == kCapacity) {
+    static std::atomic<bool> reported{false};
+    if (!reported.exchange(true)) {
+      log::Warn("more than {} communicators at once: the newest are not watched", kCapacity);
+    }
+    return nullptr;
+  }
+  values_[slot].store(state.get(), std::memory_order_release);
+  keys_[slot].store(handle, std::memory_order_release);
+  all_.push_back(state.get());
+  return state.release();
+}
+
+std::vector<CommState*> Registry::All() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return all_;
+}
+
+void Registry::Unlink(CommState* state) noexcept {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::size_t i = HashOf(state->handle) % kCapacity;
+  for (std::size_t probe = 0; probe < kCapacity; ++probe, i = (i + 1) % kCapacity) {
+    const ncclComm_t key = keys_[i].load(std::memory_order_relaxed);
+    if (key == nullptr) return;
+    if (key == state->handle) break;
+  }
+  if (keys_[i].load(std::memory_order_relaxed) != state->handle ||
+      values_[i].load(std::memory_order_relaxed) != state) {
+    return;  // not found, or its handle names a newer communicator now
+  }
+  keys_[i].store(Tombstone(), std::memory_order_release);
+  values_[i].store(nullptr, std::memory_order_release);
+  // Tombstones just before an empty slot end no probe sequence: emptying them keeps lookups of
+  // unknown handles short. (A key past an empty slot never probed through it.)
+  while (keys_[(i + 1) % kCapacity].load(std::memory_order_relaxed) == nullptr &&
+         keys_[i].load(std::memory_order_relaxed) == Tombstone()) {
+    keys_[i].store(nullptr, std::memory_order_release);
+    i = (i + kCapacity - 1) % kCapacity;
+  }
+}
+
+void Registry::Remove(CommState* state) noexcept {
+  Unlink(state);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::erase(all_, state);
+  }
+  delete state;
+}
+
+int Registry::BeginInit(PendingInit init) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (std::size_t i = 0; i < kMaxPendingInits; ++i) {
+    if (!pending_used_[i]) {
+      pending_used_[i] = true;
+      pending_[i] = std::move(init);
+      return static_cast<int>(i);
+    }
+  }
+  return -1;
+}
+
+void Registry::EndInit(int token) noexcept {
+  if (token < 0) return;
+  std::lock_guard<std::mutex> lock(mutex_);
+  pending_used_[token] = false;
+}
+
+std::vector<PendingInit> Registry::PendingInits() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<PendingInit> inits;
+  for (std::size_t i = 0; i < kMaxPendingInits; ++i) {
+    if (pending_used_[i]) inits.push_back(pending_[i]);
+  }
+  return inits;
+}
+
+void Registry::ForgetAfterFork() noexcept {
+  new (&mutex_) std::mutex();
+  for (std::size_t i = 0; i < kCapacity; ++i) {
+    keys_[i].store(nullptr, std::memory_order_relaxed);
+    values_[i].store(nullptr, std::memory_order_relaxed);
+  }
+  new (&all_) std::vector<CommState*>();  // the parent's vector is leaked with its states
+  for (bool& used : pending_used_) used = false;
+}
+
+Registry& GetRegistry() {
+  static Registry* registry = new Registry;  // deliberately leaked: used until the very end
+  return *registry;
+}
+
+std::string CommIdFromUniqueId(const ncclUniqueId& id) {
+  return fmt::format("{:016x}", Fnv1a(id.internal, sizeof(id.internal)));
+}
+
+std::string ChildCommId(const std::string& parent_id, std::string_view how, std::uint32_t ordinal,
+                        int color) {
+  std::uint64_t hash = Fnv1a(parent_id.data(), parent_id.size());
+  hash = Fnv1a(how.data(), how.size(), hash);
+  hash = Fnv1a(&ordinal, sizeof(ordinal), hash);
+  hash = Fnv1a(&color, sizeof(color), hash);
+  return fmt::format("{:016x}", hash);
+}
+
+namespace {
+std::atomic<int> g_threads_in_nccl{0};
+std::atomic<Api> g_last_api_entered{Api::ncclGetVersion};
+}  // namespace
+
+void EnterNccl(Api api) noexcept {
+  g_last_api_entered.store(api, std::memory_order_relaxed);
+  g_threads_in_nccl.fetch_add(1, std::memory_order_relaxed);
+}
+
+void LeaveNccl() noexcept { g_threads_in_nccl.fetch_sub(1, std::memory_order_relaxed); }
+
+std::string CurrentNcclCall() {
+  return g_threads_in_nccl.load(std::memory_order_relaxed) > 0
+             ? std::string(Describe(g_last_api_entered.load(std::memory_order_relaxed)).name)
+             : std::string();
+}
+
+}  // namespace ncclguard
