@@ -8,6 +8,7 @@ packages=(
   build-essential cmake binutils python3
   libspdlog-dev libfmt-dev libabsl-dev catch2 nlohmann-json3-dev libcli11-dev
   libbenchmark-dev
+  clang clang-format clang-tidy
 )
 # Lmod, for the tests of the modulefiles. Debian's Lmod and Environment Modules conflict: a machine
 # that has the latter keeps it, and those tests are skipped there.
@@ -26,6 +27,15 @@ if ((${#missing[@]})); then
   echo "ncclguard: installing ${missing[*]}" >&2
   $sudo apt-get update -q
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+# A clang-tidy that has misc-include-cleaner (clang-tidy 17 and later), where Debian offers one;
+# without it scripts/check-static.sh runs Debian 12's clang-tidy 14, which lacks that check.
+if ! command -v clang-tidy-19 >/dev/null 2>&1 && apt-cache show clang-tidy-19 >/dev/null 2>&1; then
+  sudo=""
+  [[ $(id -u) -eq 0 ]] || sudo="sudo"
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends clang-tidy-19 ||
+    echo "ncclguard: clang-tidy-19 could not be installed; using clang-tidy" >&2
 fi
 
 # NCCL and the CUDA toolkit are not Debian packages: they come with the machine

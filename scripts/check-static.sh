@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# The static checks of ncclguard's own code (watchdog/, shim/, cli/):
+#   1. formatting: clang-format with the committed .clang-format changes nothing;
+#   2. thread safety: a clang build of the library and the command with -Wthread-safety as errors,
+#      which checks every ABSL_GUARDED_BY member;
+#   3. clang-tidy (.clang-tidy) on the C++ files changed since $NCCLGUARD_TIDY_BASE (default: the
+#      previous commit), or on every file with --all. A finding is an error.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+jobs=$(nproc)
+all=false
+[[ "${1:-}" == "--all" ]] && all=true
+
+own_sources() { git ls-files 'watchdog/*.cc' 'watchdog/*.h' 'shim/*.cc' 'shim/*.h' 'cli/*.cc' 'cli/*.h'; }
+
+echo "== clang-format"
+mapfile -t sources < <(own_sources)
+clang-format --dry-run -Werror "${sources[@]}"
+
+echo "== clang build with -Wthread-safety"
+cmake -S . -B build-clang -DCMAKE_BUILD_TYPE=Debug -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
+  -DNCCLGUARD_BUILD_TESTS=OFF -DNCCLGUARD_BUILD_EMULATOR=OFF \
+  "-DCMAKE_CXX_FLAGS=-Wthread-safety -Werror=thread-safety" >/dev/null
+cmake --build build-clang -j "$jobs" --target ncclguard ncclguard_cli
+
+echo "== clang-tidy"
+tidy=$(command -v clang-tidy-19 || command -v clang-tidy)
+if $all; then
+  mapfile -t changed < <(own_sources | grep '\.cc$')
+else
+  base="${NCCLGUARD_TIDY_BASE:-HEAD~1}"
+  if git rev-parse -q --verify "$base^{commit}" >/dev/null; then
+    mapfile -t changed < <(git diff --name-only --diff-filter=d "$base" -- 'watchdog/*.cc' 'shim/*.cc' 'cli/*.cc')
+  else
+    echo "no commit $base to compare with: checking every file"
+    mapfile -t changed < <(own_sources | grep '\.cc$')
+  fi
+fi
+if ((${#changed[@]} == 0)); then
+  echo "no C++ source changed"
+  exit 0
+fi
+echo "checking ${#changed[@]} files with $tidy"
+printf '%s\n' "${changed[@]}" | xargs -P "$jobs" -n 1 "$tidy" -p build-clang --quiet

@@ -1,0 +1,2 @@
+// Must not compile: the shim sees only the core's door.
+#include "watchdog/state/registry.h"

@@ -1,0 +1,3 @@
+// Must compile: state/ may use common/.
+#include "watchdog/common/config.h"
+#include "watchdog/state/registry.h"

@@ -1,0 +1,2 @@
+// Must not compile: state/ sits below detect/.
+#include "watchdog/detect/watchdog.h"
