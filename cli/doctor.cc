@@ -10,11 +10,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <functional>
 #include <iostream>
 #include <memory>
 #include <numeric>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -28,10 +30,9 @@
 #include "shim/libraries.h"
 #include "watchdog/common/config.h"
 #include "watchdog/common/escape.h"
-#include "watchdog/report/facts.h"
-#include "watchdog/report/job_dir.h"
 #include "watchdog/diagnose/known_bad.h"
 #include "watchdog/recover/p2p_policy.h"
+#include "watchdog/report/facts.h"
 
 namespace ncclguard {
 namespace {
@@ -59,7 +60,9 @@ NcclLibrary FindNcclLibrary() {
     return library;
   }
   link_map* map = nullptr;
-  if (dlinfo(handle, RTLD_DI_LINKMAP, &map) == 0 && map != nullptr && map->l_name != nullptr) library.path = map->l_name;
+  if (dlinfo(handle, RTLD_DI_LINKMAP, static_cast<void*>(&map)) == 0 && map != nullptr &&
+      map->l_name != nullptr)
+    library.path = map->l_name;
   // glibc's dlsym, not ncclguard's, should this command run with ncclguard preloaded.
   using GetVersion = int (*)(int*);
   const auto get_version = reinterpret_cast<GetVersion>(shim::RealDlsym()(handle, "ncclGetVersion"));
@@ -87,7 +90,8 @@ struct PreloadEntry {
 // The LD_PRELOAD entries that name libncclguard (separated by colons or spaces, as ld.so reads it).
 std::vector<PreloadEntry> NcclguardPreloads(const std::string& preload) {
   std::vector<PreloadEntry> entries;
-  for (const std::string& entry : std::vector<std::string>(absl::StrSplit(preload, absl::ByAnyChar(": \t"), absl::SkipEmpty()))) {
+  for (const std::string& entry :
+       std::vector<std::string>(absl::StrSplit(preload, absl::ByAnyChar(": \t"), absl::SkipEmpty()))) {
     if (!absl::StrContains(entry, "libncclguard")) continue;
     entries.push_back({entry, access(entry.c_str(), R_OK) == 0});
   }
@@ -182,7 +186,8 @@ void PrintHuman(const Json& report) {
   } else {
     std::cout << report["gpu_count"].get<int>() << " visible\n";
     for (const Json& gpu : report["gpus"]) {
-      std::cout << fmt::format("  {}  {}  {}\n", gpu["device"].get<int>(), Text(gpu["name"]), Text(gpu["pci_bus_id"]));
+      std::cout << fmt::format("  {}  {}  {}\n", gpu["device"].get<int>(), Text(gpu["name"]),
+                               Text(gpu["pci_bus_id"]));
     }
     const auto& access = report["peer_access"];
     if (access.size() >= 2) {
@@ -198,15 +203,17 @@ void PrintHuman(const Json& report) {
       }
     }
   }
-  std::cout << fmt::format("Driver: {} (NVML), CUDA {} (cuDriverGetVersion)\n", Text(report["driver_version"]),
+  std::cout << fmt::format("Driver: {} (NVML), CUDA {} (cuDriverGetVersion)\n",
+                           Text(report["driver_version"]),
                            CudaVersionText(report["cuda_driver_version"].get<int>()));
   std::cout << fmt::format("Kernel: {}\n", Text(report["kernel_release"]));
   const Json& nccl = report["nccl"];
   if (Text(nccl["library"]).empty()) {
     std::cout << fmt::format("NCCL: none loadable ({})\n", Text(nccl["problem"]));
   } else {
-    std::cout << fmt::format("NCCL: {} {}\n", Text(nccl["library"]),
-                             Text(nccl["version"]).empty() ? "(" + Text(nccl["problem"]) + ")" : Text(nccl["version"]));
+    std::cout << fmt::format(
+        "NCCL: {} {}\n", Text(nccl["library"]),
+        Text(nccl["version"]).empty() ? "(" + Text(nccl["problem"]) + ")" : Text(nccl["version"]));
   }
   std::cout << "NCCL variables:" << (report["nccl_variables"].empty() ? " none" : "") << '\n';
   for (const auto& [name, value] : report["nccl_variables"].items()) {
@@ -226,16 +233,18 @@ void PrintHuman(const Json& report) {
                              entry["exists"].get<bool>() ? "" : " (no such file here)");
   }
   if (!Text(report["known_bad_problem"]).empty()) {
-    std::cout << fmt::format("Known-bad configurations: not checked: {}\n", Text(report["known_bad_problem"]));
+    std::cout << fmt::format("Known-bad configurations: not checked: {}\n",
+                             Text(report["known_bad_problem"]));
   } else if (report["known_bad"].empty()) {
     std::cout << fmt::format("Known-bad configurations ({}): none matches\n", Text(report["known_bad_file"]));
   } else {
     std::cout << fmt::format("Known-bad configurations ({}):\n", Text(report["known_bad_file"]));
     for (const Json& match : report["known_bad"]) {
-      std::cout << fmt::format("  [{}] ({}) {}\n    {}\n    remedy: {}\n    source: {}\n", Text(match["id"]),
-                               Text(match["action"]),
-                               EscapeControlCharacters(absl::StrJoin(match["facts"].get<std::vector<std::string>>(), ", ")),
-                               Text(match["summary"]), Text(match["remedy"]), Text(match["source"]));
+      std::cout << fmt::format(
+          "  [{}] ({}) {}\n    {}\n    remedy: {}\n    source: {}\n", Text(match["id"]),
+          Text(match["action"]),
+          EscapeControlCharacters(absl::StrJoin(match["facts"].get<std::vector<std::string>>(), ", ")),
+          Text(match["summary"]), Text(match["remedy"]), Text(match["source"]));
     }
   }
   const Json& decision = report["p2p_decision"];
@@ -261,8 +270,9 @@ int Doctor(const DoctorOptions& options) {
 void AddDoctorCommand(CLI::App& app, std::function<int()>& run) {
   auto options = std::make_shared<DoctorOptions>();
   CLI::App* doctor = app.add_subcommand(
-      "doctor", "Check this machine for configurations known to break NCCL's P2P transport. Exit status: 0 "
-                "nothing matched, 1 a known-bad configuration matched, 2 usage error or unreadable known-bad file.");
+      "doctor",
+      "Check this machine for configurations known to break NCCL's P2P transport. Exit status: 0 "
+      "nothing matched, 1 a known-bad configuration matched, 2 usage error or unreadable known-bad file.");
   doctor->add_flag("--json", options->json, "Print the report as JSON");
   doctor->callback([options, &run] { run = [options] { return Doctor(*options); }; });
 }

@@ -6,9 +6,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstdint>
 #include <cstring>
+#include <string>
 #include <string_view>
 
+#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 
 namespace ncclguard {
@@ -75,7 +78,8 @@ absl::Status CheckExportsSymbol(const std::string& path, const std::string& symb
     if (table.sh_type != SHT_DYNSYM || table.sh_link >= header->e_shnum) continue;
     const Elf64_Sym* symbols = file.At<Elf64_Sym>(table.sh_offset, table.sh_size / sizeof(Elf64_Sym));
     for (std::uint64_t s = 0; symbols != nullptr && s < table.sh_size / sizeof(Elf64_Sym); ++s) {
-      if (symbols[s].st_shndx != SHN_UNDEF && NameAt(file, sections[table.sh_link], symbols[s].st_name) == symbol) {
+      if (symbols[s].st_shndx != SHN_UNDEF &&
+          NameAt(file, sections[table.sh_link], symbols[s].st_name) == symbol) {
         return absl::OkStatus();
       }
     }

@@ -7,7 +7,8 @@
 
 #include "cli/commands.h"
 
-int main(int argc, char** argv) {
+// No exception leaves main(): one that escapes everything else is a usage error, said once.
+int main(int argc, char** argv) try {
   CLI::App app{"ncclguard: finds out why a distributed NCCL job hangs.", "ncclguard"};
   app.require_subcommand(1);
   std::function<int()> run;
@@ -26,4 +27,7 @@ int main(int argc, char** argv) {
     std::cerr << "ncclguard: " << error.what() << '\n';
     return ncclguard::kExitUsage;
   }
+} catch (...) {
+  std::cerr << "ncclguard: unexpected error\n";
+  return ncclguard::kExitUsage;
 }

@@ -13,6 +13,9 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/poll.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -27,20 +30,23 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include <CLI/CLI.hpp>
 
+#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
 #include "cli/commands.h"
 #include "cli/elf_exports.h"
 #include "watchdog/common/config.h"
 #include "watchdog/common/escape.h"
-#include "watchdog/report/job_dir.h"
 #include "watchdog/common/log.h"
 #include "watchdog/common/version.h"
+#include "watchdog/report/job_dir.h"
 
 namespace ncclguard {
 namespace {
@@ -64,13 +70,13 @@ struct SignalNote {
   int number;
   int code;  // siginfo's si_code: SI_KERNEL for a terminal's signals
 };
-int signal_pipe_write = -1;
+int g_signal_pipe_write = -1;
 
 void NoteSignal(int number, siginfo_t* info, void*) {
   const int saved_errno = errno;
   const SignalNote note{number, info != nullptr ? info->si_code : SI_USER};
   // Non-blocking: a full pipe already holds notes that will wake the loop.
-  [[maybe_unused]] const ssize_t written = write(signal_pipe_write, &note, sizeof note);
+  [[maybe_unused]] const ssize_t written = write(g_signal_pipe_write, &note, sizeof note);
   errno = saved_errno;
 }
 
@@ -95,7 +101,7 @@ class Supervisor {
     int fds[2];
     if (pipe2(fds, O_CLOEXEC | O_NONBLOCK) != 0) Fail("pipe");
     read_fd_ = fds[0];
-    signal_pipe_write = fds[1];
+    g_signal_pipe_write = fds[1];
     struct sigaction action = {};
     action.sa_sigaction = NoteSignal;
     action.sa_flags = SA_SIGINFO | SA_RESTART;
@@ -114,6 +120,7 @@ class Supervisor {
   // Starts the command; a command that cannot be executed exits 127 or 126, as under a shell.
   pid_t Start(std::vector<std::string> command) {
     std::vector<char*> argv;
+    argv.reserve(command.size() + 1);
     for (std::string& argument : command) argv.push_back(argument.data());
     argv.push_back(nullptr);
     // Blocked across fork so that no handler of ours runs in the child before it is reset.
@@ -242,7 +249,8 @@ int Run(const RunOptions& options) {
     if (attempt == 1) {
       std::cerr << "ncclguard run: attempt 1 of " << attempts << ": "
                 << EscapeControlCharacters(absl::StrJoin(options.command, " ")) << " (job id "
-                << EscapeControlCharacters(job_id) << ", LD_PRELOAD=" << EscapeControlCharacters(preload) << ")\n";
+                << EscapeControlCharacters(job_id) << ", LD_PRELOAD=" << EscapeControlCharacters(preload)
+                << ")\n";
     } else {
       std::cerr << "ncclguard run: attempt " << attempt << " of " << attempts << " after exit code "
                 << kRestartExitCode << " (ncclguard restart)\n";
@@ -265,14 +273,16 @@ int Run(const RunOptions& options) {
 void AddRunCommand(CLI::App& app, std::function<int()>& run) {
   auto options = std::make_shared<RunOptions>();
   CLI::App* command = app.add_subcommand(
-      "run", absl::StrCat("Run a command with ncclguard preloaded, and again when it exits with ",
-                          kRestartExitCode, " (NCCLGUARD_ACTION=reinit). Exit status: the command's "
-                          "(128+N if signal N killed it, 127 if it cannot be found), 2 usage error."));
+      "run",
+      absl::StrCat("Run a command with ncclguard preloaded, and again when it exits with ", kRestartExitCode,
+                   " (NCCLGUARD_ACTION=reinit). Exit status: the command's "
+                   "(128+N if signal N killed it, 127 if it cannot be found), 2 usage error."));
   command->add_option("--max-restarts", options->max_restarts, "How often to restart (0: never)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
-  command->add_option("--library", options->library,
-                      "libncclguard.so to preload (default: the one installed with this command)")
+  command
+      ->add_option("--library", options->library,
+                   "libncclguard.so to preload (default: the one installed with this command)")
       ->type_name("PATH");
   command->add_option("COMMAND", options->command, "The command and its arguments, after --")->required();
   command->callback([options, &run] { run = [options] { return Run(*options); }; });

@@ -19,12 +19,18 @@ OperationArguments SortOperationArguments(const Args&... args) {
   OperationArguments sorted;
   auto take = [&sorted](const auto& value) {
     using T = std::decay_t<decltype(value)>;
-    if constexpr (std::is_same_v<T, ncclComm_t>) sorted.comm = value;
-    else if constexpr (std::is_same_v<T, cudaStream_t>) sorted.stream = value;
-    else if constexpr (std::is_same_v<T, std::size_t>) sorted.count = value;
-    else if constexpr (std::is_same_v<T, ncclDataType_t>) sorted.datatype = value;
-    else if constexpr (std::is_same_v<T, ncclRedOp_t>) sorted.reduction = value;
-    else if constexpr (std::is_same_v<T, int>) sorted.root_or_peer = value;
+    if constexpr (std::is_same_v<T, ncclComm_t>)
+      sorted.comm = value;
+    else if constexpr (std::is_same_v<T, cudaStream_t>)
+      sorted.stream = value;
+    else if constexpr (std::is_same_v<T, std::size_t>)
+      sorted.count = value;
+    else if constexpr (std::is_same_v<T, ncclDataType_t>)
+      sorted.datatype = value;
+    else if constexpr (std::is_same_v<T, ncclRedOp_t>)
+      sorted.reduction = value;
+    else if constexpr (std::is_same_v<T, int>)
+      sorted.root_or_peer = value;
   };
   (take(args), ...);
   return sorted;
@@ -96,9 +102,9 @@ void LogCall(const Result* returned, const Args&... args) {
   } else {
     fmt::format_to(std::back_inserter(value), "void");
   }
-  hooks::LogCall(detail == hooks::CallDetail::kArguments ? DescribeCall(A, args...)
-                                                         : std::string(Describe(A).name),
-                 fmt::to_string(value));
+  hooks::LogCall(
+      detail == hooks::CallDetail::kArguments ? DescribeCall(A, args...) : std::string(Describe(A).name),
+      fmt::to_string(value));
 }
 
 }  // namespace detail
@@ -108,14 +114,14 @@ void LogCall(const Result* returned, const Args&... args) {
 // that return an ncclResult_t to say so with).
 template <Api A, typename Result, typename... Args>
 Ticket BeforeCall(int library, const Args&... args) noexcept {
-  constexpr ApiKind kind = Describe(A).kind;
+  constexpr ApiKind kKind = Describe(A).kind;
   hooks::WaitIfExiting();
   Ticket ticket;
-  if constexpr (kind == ApiKind::Collective || kind == ApiKind::PointToPoint) {
+  if constexpr (kKind == ApiKind::Collective || kKind == ApiKind::PointToPoint) {
     ticket = BeforeOperation(A, library, SortOperationArguments(args...));
-  } else if constexpr (kind == ApiKind::CommCreate) {
+  } else if constexpr (kKind == ApiKind::CommCreate) {
     ticket = BeforeCreation(A, detail::CreationArgumentsOf<A>(args...));
-  } else if constexpr (kind == ApiKind::Group) {
+  } else if constexpr (kKind == ApiKind::Group) {
     ticket = BeforeGroupCall(A);
   } else if constexpr (std::is_same_v<Result, ncclResult_t>) {
     ticket = BeforeCommCall(A, FirstCommunicator(args...));
@@ -130,12 +136,12 @@ void AfterCall(const Ticket& ticket, int library, const Result& result, const Ar
   hooks::LeaveNccl();
   try {
     if constexpr (std::is_same_v<Result, ncclResult_t>) {
-      constexpr ApiKind kind = Describe(A).kind;
-      if constexpr (kind == ApiKind::Collective || kind == ApiKind::PointToPoint) {
+      constexpr ApiKind kKind = Describe(A).kind;
+      if constexpr (kKind == ApiKind::Collective || kKind == ApiKind::PointToPoint) {
         AfterOperation(ticket, result);
-      } else if constexpr (kind == ApiKind::CommCreate) {
+      } else if constexpr (kKind == ApiKind::CommCreate) {
         detail::FinishCreation<A>(ticket, library, result, args...);
-      } else if constexpr (kind == ApiKind::Group) {
+      } else if constexpr (kKind == ApiKind::Group) {
         AfterGroupCall(A, result);
       } else if constexpr (A == Api::ncclCommGetAsyncError) {  // (comm, asyncError*)
         const auto [comm, async_error] = std::forward_as_tuple(args...);

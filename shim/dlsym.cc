@@ -9,9 +9,11 @@
 // address untouched.
 #include <dlfcn.h>
 
+#include <optional>
+
 #include "shim/libraries.h"
-#include "watchdog/common/nccl_api.h"
 #include "shim/wrappers.h"
+#include "watchdog/common/nccl_api.h"
 #include "watchdog/record/hooks.h"
 
 #define NCCLGUARD_UNINSTRUMENTED no_sanitize("address", "undefined", "thread")
@@ -21,8 +23,8 @@ extern "C" __attribute__((visibility("hidden"))) void* ncclguard_real_dlsym;
 
 // Returns the wrapper to hand out, or nullptr to let glibc answer. Runs for every dlsym() in the
 // process, sanitizer runtimes' early lookups included: it must stay cheap and uninstrumented.
-extern "C" __attribute__((visibility("hidden"), used, NCCLGUARD_UNINSTRUMENTED))
-void* ncclguard_dlsym_replacement(void* handle, const char* name) noexcept {
+extern "C" __attribute__((visibility("hidden"), used, NCCLGUARD_UNINSTRUMENTED)) void*
+ncclguard_dlsym_replacement(void* handle, const char* name) noexcept {
   using namespace ncclguard;
   shim::RealDlsym();  // the trampoline jumps through ncclguard_real_dlsym
   if (handle == RTLD_NEXT || handle == RTLD_DEFAULT || name == nullptr) return nullptr;

@@ -2,15 +2,19 @@
 
 #include <dlfcn.h>
 #include <link.h>
+#include <nccl.h>
 #include <pthread.h>
 
 #include <atomic>
 #include <cstring>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "watchdog/common/config.h"
+#include "watchdog/common/libraries.h"
 #include "watchdog/common/log.h"
+#include "watchdog/common/nccl_api.h"
 
 #define NCCLGUARD_UNINSTRUMENTED no_sanitize("address", "undefined", "thread")
 // glibc's dlsym, found on first use; dlsym.cc's trampoline jumps through it.
@@ -37,7 +41,6 @@ __attribute__((NCCLGUARD_UNINSTRUMENTED)) DlsymFunction RealDlsym() noexcept {
   }
   return reinterpret_cast<DlsymFunction>(real);
 }
-
 
 namespace {
 
@@ -102,7 +105,7 @@ bool FindLoadedNccl(void** handle_out, const link_map** identity_out) {
     if (handle == nullptr) continue;
     const link_map* map = nullptr;
     void* get_version = RealDlsym()(handle, "ncclGetVersion");
-    if (get_version != nullptr && dlinfo(handle, RTLD_DI_LINKMAP, &map) == 0 &&
+    if (get_version != nullptr && dlinfo(handle, RTLD_DI_LINKMAP, static_cast<void*>(&map)) == 0 &&
         map != OwnLinkMap() && LinkMapOf(get_version) == map) {
       *handle_out = handle;  // keeps the library loaded for as long as we may call into it
       *identity_out = map;
@@ -124,8 +127,8 @@ void* OpenConfiguredNccl(const std::string& path, std::string* problem) {
   }
   const link_map* map = nullptr;
   void* get_version = RealDlsym()(handle, "ncclGetVersion");
-  if (get_version != nullptr && dlinfo(handle, RTLD_DI_LINKMAP, &map) == 0 && map != OwnLinkMap() &&
-      LinkMapOf(get_version) == map) {
+  if (get_version != nullptr && dlinfo(handle, RTLD_DI_LINKMAP, static_cast<void*>(&map)) == 0 &&
+      map != OwnLinkMap() && LinkMapOf(get_version) == map) {
     return handle;
   }
   dlclose(handle);
@@ -143,7 +146,7 @@ void ResolveDefaultLibrary() {
     std::string problem;
     if (void* handle = OpenConfiguredNccl(configured, &problem)) {
       const link_map* map = nullptr;
-      dlinfo(handle, RTLD_DI_LINKMAP, &map);
+      dlinfo(handle, RTLD_DI_LINKMAP, static_cast<void*>(&map));
       Publish(library, handle, map, map != nullptr ? map->l_name : configured.c_str());
       return;
     }
@@ -221,8 +224,8 @@ int SlotForLookup(void* handle, Api api, void* real_function) noexcept {
     }
     if (slot < 0) return -1;
     void* expected = nullptr;
-    g_libraries[slot].functions[static_cast<int>(api)].compare_exchange_strong(
-        expected, real_function, std::memory_order_acq_rel);
+    g_libraries[slot].functions[static_cast<int>(api)].compare_exchange_strong(expected, real_function,
+                                                                               std::memory_order_acq_rel);
     return slot;
   } catch (...) {
     return -1;

@@ -1,11 +1,17 @@
 // Every NCCL function of the table, wrapped. A wrapper: pick the real function, pass nested calls
 // straight through, report the call, return the real result. Nothing here decides anything.
+#include "shim/wrappers.h"
+
+#include <nccl.h>
+
 #include <type_traits>
+#include <utility>
 
 #include "shim/calls.h"
 #include "shim/libraries.h"
-#include "shim/wrappers.h"
 #include "watchdog/common/nccl_api.h"
+#include "watchdog/common/nccl_api_table.h"
+#include "watchdog/record/hooks.h"
 
 // ncclResetDebugInit is declared deprecated in nccl.h, yet applications may still call it.
 #pragma GCC diagnostic ignored "-Wdeprecated-declarations"
@@ -36,9 +42,7 @@ thread_local ThreadCallState t_calls;  // plain data: no TLS constructor, no all
 
 class CallScope {
  public:
-  CallScope(Api api, int library) : previous_(t_calls) {
-    t_calls = {previous_.depth + 1, library, api};
-  }
+  CallScope(Api api, int library) : previous_(t_calls) { t_calls = {previous_.depth + 1, library, api}; }
   ~CallScope() { t_calls = previous_; }
   CallScope(const CallScope&) = delete;
   CallScope& operator=(const CallScope&) = delete;
@@ -101,9 +105,9 @@ struct LibraryWrappers {
 template <int Library>
 void* LibraryWrapper(Api api) {
   switch (api) {
-#define NCCLGUARD_WRAPPER_CASE(name, ret, kind, since, params, args) \
-  case Api::name:                                                    \
-    if constexpr (Library == 0) return reinterpret_cast<void*>(&::name);             \
+#define NCCLGUARD_WRAPPER_CASE(name, ret, kind, since, params, args)     \
+  case Api::name:                                                        \
+    if constexpr (Library == 0) return reinterpret_cast<void*>(&::name); \
     return reinterpret_cast<void*>(&LibraryWrappers<Library>::name);
     NCCLGUARD_FOR_EACH_NCCL_API(NCCLGUARD_WRAPPER_CASE)
 #undef NCCLGUARD_WRAPPER_CASE
@@ -127,10 +131,13 @@ void* Wrapper(int library, Api api) noexcept {
 }  // namespace ncclguard::shim
 
 // The exported functions: slot 0, the process's default NCCL. Not declared noexcept (nccl.h's
-// declarations are not), but Forward is: no exception leaves them.
-#define NCCLGUARD_EXPORTED_WRAPPER(name, ret, kind, since, params, args)          \
-  extern "C" __attribute__((visibility("default"))) ret name params {            \
-    return ::ncclguard::shim::Forward<::ncclguard::Api::name, 0> args;           \
+// declarations are not), but Forward is: no exception leaves them. `ret` and `params` are a type
+// and a parameter list, which parentheses would break.
+// NOLINTBEGIN(bugprone-macro-parentheses)
+#define NCCLGUARD_EXPORTED_WRAPPER(name, ret, kind, since, params, args) \
+  extern "C" __attribute__((visibility("default"))) ret name params {    \
+    return ::ncclguard::shim::Forward<::ncclguard::Api::name, 0> args;   \
   }
+// NOLINTEND(bugprone-macro-parentheses)
 NCCLGUARD_FOR_EACH_NCCL_API(NCCLGUARD_EXPORTED_WRAPPER)
 #undef NCCLGUARD_EXPORTED_WRAPPER
