@@ -44,7 +44,7 @@ CommState* Registry::Add(ncclComm_t handle, int library, std::size_t ring_size,
                          const std::function<void(CommState&)>& initialize) {
   auto state = std::make_unique<CommState>(handle, library, ring_size);
   if (initialize) initialize(*state);  // before it is published: its plain fields are then fixed
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   // The handle's own slot when NCCL reused it (the newest wins), else the first free one.
   std::size_t free_slot = kCapacity;
   std::size_t slot = kCapacity;
@@ -76,12 +76,12 @@ CommState* Registry::Add(ncclComm_t handle, int library, std::size_t ring_size,
 }
 
 std::vector<CommState*> Registry::All() const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   return all_;
 }
 
 void Registry::Unlink(CommState* state) noexcept {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   std::size_t i = HashOf(state->handle) % kCapacity;
   for (std::size_t probe = 0; probe < kCapacity; ++probe, i = (i + 1) % kCapacity) {
     const ncclComm_t key = keys_[i].load(std::memory_order_relaxed);
@@ -106,14 +106,14 @@ void Registry::Unlink(CommState* state) noexcept {
 void Registry::Remove(CommState* state) noexcept {
   Unlink(state);
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     std::erase(all_, state);
   }
   delete state;
 }
 
 int Registry::BeginInit(PendingInit init) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   for (std::size_t i = 0; i < kMaxPendingInits; ++i) {
     if (!pending_used_[i]) {
       pending_used_[i] = true;
@@ -126,12 +126,12 @@ int Registry::BeginInit(PendingInit init) {
 
 void Registry::EndInit(int token) noexcept {
   if (token < 0) return;
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   pending_used_[token] = false;
 }
 
 std::vector<PendingInit> Registry::PendingInits() const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   std::vector<PendingInit> inits;
   for (std::size_t i = 0; i < kMaxPendingInits; ++i) {
     if (pending_used_[i]) inits.push_back(pending_[i]);
@@ -140,7 +140,7 @@ std::vector<PendingInit> Registry::PendingInits() const {
 }
 
 void Registry::ForgetAfterFork() noexcept {
-  new (&mutex_) std::mutex();
+  new (&mutex_) Mutex();
   for (std::size_t i = 0; i < kCapacity; ++i) {
     keys_[i].store(nullptr, std::memory_order_relaxed);
     values_[i].store(nullptr, std::memory_order_relaxed);

@@ -16,6 +16,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "watchdog/common/mutex.h"
 #include "watchdog/state/records.h"
 
 namespace ncclguard {
@@ -63,7 +65,7 @@ class Registry {
 
   // In a forked child: the parent's communicators are not the child's. Their memory is leaked on
   // purpose (a lock may have been held by a thread that does not exist in the child).
-  void ForgetAfterFork() noexcept;
+  void ForgetAfterFork() noexcept ABSL_NO_THREAD_SAFETY_ANALYSIS;
 
  private:
   static constexpr std::size_t kCapacity = 8192;
@@ -73,10 +75,11 @@ class Registry {
   static constexpr std::size_t kMaxPendingInits = 64;
   std::atomic<ncclComm_t> keys_[kCapacity] = {};
   std::atomic<CommState*> values_[kCapacity] = {};
-  mutable std::mutex mutex_;
-  std::vector<CommState*> all_;  // guarded by mutex_
-  PendingInit pending_[kMaxPendingInits];  // guarded by mutex_
-  bool pending_used_[kMaxPendingInits] = {};  // guarded by mutex_
+  // Writers of keys_ and values_ hold it too; readers (Find) do not.
+  mutable Mutex mutex_;
+  std::vector<CommState*> all_ ABSL_GUARDED_BY(mutex_);
+  PendingInit pending_[kMaxPendingInits] ABSL_GUARDED_BY(mutex_);
+  bool pending_used_[kMaxPendingInits] ABSL_GUARDED_BY(mutex_) = {};
 };
 
 Registry& GetRegistry();
