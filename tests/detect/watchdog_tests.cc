@@ -4,7 +4,9 @@
 
 #include "tests/detect/fakes.h"
 #include "watchdog/report/op_signature.h"
+#include "watchdog/state/registration.h"
 #include "watchdog/state/registry.h"
+#include "watchdog/detect/runtime.h"
 #include "watchdog/detect/watchdog.h"
 
 using namespace ncclguard;

@@ -14,6 +14,8 @@
 namespace ncclguard {
 
 std::string_view ResultName(ncclResult_t result);
+// An error, as opposed to success or a non-blocking call still in progress.
+constexpr bool IsNcclError(ncclResult_t result) { return result != ncclSuccess && result != ncclInProgress; }
 
 inline void AppendValue(fmt::memory_buffer& out, ncclResult_t value) {
   fmt::format_to(std::back_inserter(out), "{}", ResultName(value));

@@ -1,29 +1,24 @@
+// The watchdog's decisions: what a round looks at (progress, stalls, asynchronous errors, failed
+// calls, dump requests) and what it does about it. Everything it does to the outside world goes
+// through WatchdogEffects (detect/effects.h has the real ones), and the time is given to each
+// round, so that the tests run these rounds with a fake clock, fake events and recorded effects.
+// The threads that run the rounds are the runtime's (detect/runtime.h).
 #include "watchdog/detect/watchdog.h"
 
-#include <pthread.h>
-#include <signal.h>
 #include <time.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
-#include <condition_variable>
-#include <cstdlib>
-#include <optional>
-#include <cstring>
 #include <mutex>
-#include <thread>
-#include <type_traits>
-#include <utility>
+#include <optional>
+#include <string>
+#include <string_view>
 
 #include "watchdog/common/describe.h"
-#include "watchdog/common/libraries.h"
-#include "watchdog/report/dump.h"
-#include "watchdog/report/facts.h"
-#include "watchdog/report/job_dir.h"
 #include "watchdog/common/log.h"
 #include "watchdog/recover/p2p_verdict.h"
+#include "watchdog/report/job_dir.h"
 #include "watchdog/report/snapshot_builder.h"
+#include "watchdog/state/registration.h"
 
 namespace ncclguard {
 
@@ -36,6 +31,15 @@ std::int64_t SteadyNowNs() noexcept {
 namespace {
 
 std::int64_t ToNs(Seconds seconds) { return static_cast<std::int64_t>(seconds.value * 1e9); }
+
+// The application, told by its own ncclCommGetAsyncError that the initialisation is complete, may
+// already be destroying the communicator: the watchdog asks NCCL about it only while it is not.
+bool CompleteRegistrationUnlessClosing(CommState& comm) {
+  comm.watchdog_in_call.store(true, std::memory_order_seq_cst);
+  const bool completed = !comm.closing.load(std::memory_order_seq_cst) && CompleteRegistration(comm, SteadyNowNs());
+  comm.watchdog_in_call.store(false, std::memory_order_seq_cst);
+  return completed;
+}
 
 }  // namespace
 
@@ -176,32 +180,9 @@ void Watchdog::AnswerPeerRequest(std::int64_t requested_ns, std::int64_t now_ns)
                              record->rank, record->host, record->pid, record->comm, record->seq, kRestartExitCode));
 }
 
-namespace {
-
-bool IsError(int result) { return result != ncclSuccess && result != ncclInProgress; }
-
-// The application, told by its own ncclCommGetAsyncError that the initialisation is complete, may
-// already be destroying the communicator: the watchdog asks NCCL about it only while it is not.
-bool CompleteRegistrationUnlessClosing(CommState& comm) {
-  comm.watchdog_in_call.store(true, std::memory_order_seq_cst);
-  const bool completed = !comm.closing.load(std::memory_order_seq_cst) && CompleteRegistration(comm);
-  comm.watchdog_in_call.store(false, std::memory_order_seq_cst);
-  return completed;
-}
-
-}  // namespace
-
-bool RecordAsyncError(CommState& comm, ncclResult_t error) noexcept {
-  int known = comm.async_error.load(std::memory_order_acquire);
-  while (!IsError(known)) {
-    if (comm.async_error.compare_exchange_weak(known, error, std::memory_order_acq_rel)) return IsError(error);
-  }
-  return false;
-}
-
 bool Watchdog::ReportNewAsyncError(CommState& comm, std::int64_t now_ns, bool act) {
   const int error = comm.async_error.load(std::memory_order_acquire);
-  if (!IsError(error) || error == comm.reported_async_error) return false;
+  if (!IsNcclError(static_cast<ncclResult_t>(error)) || error == comm.reported_async_error) return false;
   comm.reported_async_error = error;
   OnAsyncError(comm, static_cast<ncclResult_t>(error), now_ns, act);
   return true;
@@ -229,7 +210,10 @@ void Watchdog::CheckCommunicator(CommState& comm, std::int64_t now_ns) {
   if (lifecycle == CommLifecycle::kInitializing && error == ncclSuccess && CompleteRegistrationUnlessClosing(comm)) {
     next_status_ns_ = 0;  // on record in the job directory from now on
   }
-  if (ReportNewAsyncError(comm, now_ns, true) || IsError(comm.async_error.load(std::memory_order_acquire))) return;
+  if (ReportNewAsyncError(comm, now_ns, true) ||
+      IsNcclError(static_cast<ncclResult_t>(comm.async_error.load(std::memory_order_acquire)))) {
+    return;
+  }
   if (const auto stall = FindOperationStall(comm, now_ns, ToNs(config_.timeout))) {
     if (stall->seq != comm.reported_stall_seq) {
       comm.reported_stall_seq = stall->seq;
@@ -414,477 +398,6 @@ void Watchdog::ExitForRestart(const std::string& why) {
   }
   log::Error("{}", why);
   effects_.Exit(kRestartExitCode);
-}
-
-namespace {
-
-// Set by NCCLGUARD_ACTION=exit just before it aborts: application threads entering NCCL wait.
-std::atomic<bool> g_holding_application_calls{false};
-
-// The real effects: files in the job directory, NCCL and CUDA calls, the process's exit.
-class SystemEffects final : public WatchdogEffects {
- public:
-  std::string WriteDump(const ProcessSnapshot& snapshot) override {
-    if (JobDir().empty()) return "";
-    FactSources sources = RealFactSources();
-    if (snapshot.reason == "exit") sources.cuda = [](const std::vector<int>&) { return CudaFacts{}; };
-    const DumpResult written = ncclguard::WriteDump(JobDir(), snapshot, CollectProcessFacts(sources, Devices()));
-    return written.ok() ? *written : "";
-  }
-
-  bool JobDirectoryKnown() override { return !JobDir().empty(); }
-
-  void WriteStatus(const ProcessSnapshot& snapshot) override {
-    if (JobDir().empty()) return;
-    // A failure was logged where it happened; the next interval tries again.
-    const auto written = ncclguard::WriteStatus(JobDir(), snapshot, Facts());
-    (void)written;
-  }
-
-  // On the watchdog thread, before its first round: the driver and NVML calls behind these facts
-  // are made once per process, never on the status path.
-  void CollectFacts() {
-    facts_ = CollectMatchingFacts(RealFactSources());
-    facts_collected_.store(true, std::memory_order_release);
-  }
-
-  // A status written from another thread waits, a bounded time, for the facts the watchdog
-  // collects as it starts (a few milliseconds): peers' verdicts may read that status alone.
-  void WaitForFacts(std::chrono::milliseconds at_most) const {
-    const auto give_up = std::chrono::steady_clock::now() + at_most;
-    while (!facts_collected_.load(std::memory_order_acquire) && std::chrono::steady_clock::now() < give_up) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
-  }
-
-  const ProcessFacts& Facts() override {
-    return facts_collected_.load(std::memory_order_acquire) ? facts_ : identity_;
-  }
-
-  absl::StatusOr<std::string> RecordP2pVerdict(P2pVerdictRecord record) override {
-    if (JobDir().empty()) return absl::FailedPreconditionError("the job directory is not known yet");
-    record.job_id = job_id_;
-    if (absl::Status written = WriteP2pVerdict(JobDir(), record); !written.ok()) return written;
-    return JobDir() + "/" + kP2pVerdictFile;
-  }
-
-  std::optional<P2pVerdictRecord> FreshP2pVerdict() override {
-    if (JobDir().empty()) return std::nullopt;
-    absl::StatusOr<P2pVerdictRecord> record = ReadP2pVerdict(JobDir(), job_id_);
-    if (!record.ok()) {
-      if (!absl::IsNotFound(record.status())) log::Warn("{}", std::string(record.status().message()));
-      return std::nullopt;
-    }
-    // A record older than this process is the one its own attempt was restarted for.
-    if (record->time_ns < started_wall_ns_) return std::nullopt;
-    return *std::move(record);
-  }
-
-  void RequestPeerDumps(const std::string& why) override {
-    if (JobDir().empty()) return;
-    const auto written = RequestDumps(JobDir(), why);  // a failure was logged where it happened
-    (void)written;
-  }
-
-  std::vector<Verdict> Classify(const ProcessSnapshot& own_status) override {
-    if (JobDir().empty()) return {};
-    WriteStatus(own_status);  // the others' files are as fresh as their last interval; ours is now
-    const double interval = StatusIntervalSeconds(GetConfig().status_interval.value, 0);
-    const absl::StatusOr<JobView> job = ReadJobDirectory(JobDir(), WallNow(), interval, JobDirectoryOrigin::kOwn);
-    if (!job.ok()) return {};
-    return ncclguard::Classify(*job);
-  }
-
-  std::int64_t TakePeerDumpRequest() override {
-    if (JobDir().empty()) return 0;
-    if (!request_watcher_) {
-      request_watcher_.emplace(JobDir(), log::HostName(), static_cast<int>(getpid()), started_wall_ns_);
-    }
-    const auto requests = request_watcher_->Poll();
-    std::int64_t newest = 0;
-    if (requests.ok()) {
-      for (const DumpRequest& request : *requests) newest = std::max(newest, std::max<std::int64_t>(request.time_ns, 1));
-    }
-    return newest;
-  }
-
-  ncclResult_t AsyncError(CommState& comm) override {
-    using Function = decltype(&::ncclCommGetAsyncError);
-    auto get = reinterpret_cast<Function>(Real().Function(comm.library, Api::ncclCommGetAsyncError));
-    ncclResult_t error = ncclSuccess;
-    if (get == nullptr || !EnterComm(comm)) return ncclSuccess;
-    if (get(comm.handle, &error) != ncclSuccess) error = ncclSuccess;
-    LeaveComm(comm);
-    return error;
-  }
-
-  std::string LastNcclError() override {
-    using Function = decltype(&::ncclGetLastError);
-    auto get = reinterpret_cast<Function>(Real().Function(0, Api::ncclGetLastError));
-    const char* text = get != nullptr ? get(nullptr) : nullptr;
-    return text != nullptr ? text : "";
-  }
-
-  void Abort(CommState& comm) override {
-    using Function = decltype(&::ncclCommAbort);
-    auto abort = reinterpret_cast<Function>(Real().Function(comm.library, Api::ncclCommAbort));
-    if (abort == nullptr || !EnterComm(comm)) return;
-    comm.aborted_by_ncclguard.store(true, std::memory_order_release);
-    const ncclResult_t result = abort(comm.handle);
-    comm.lifecycle.store(CommLifecycle::kAborted, std::memory_order_release);
-    LeaveComm(comm);
-    if (result != ncclSuccess) log::Warn("ncclCommAbort of comm {} returned {}", comm.id, ResultName(result));
-  }
-
-  void HoldApplicationCalls() override { g_holding_application_calls.store(true, std::memory_order_seq_cst); }
-
-  [[noreturn]] void Exit(int code) override {
-    if (spdlog::logger* logger = log::Get()) logger->flush();
-    // Not exit(): atexit handlers and static destructors may wait for the stuck GPU work.
-    _exit(code);
-  }
-
-  std::int64_t WallNowNs() override { return WallNow(); }
-
-  static std::int64_t WallNow() {
-    timespec now;
-    clock_gettime(CLOCK_REALTIME, &now);
-    return static_cast<std::int64_t>(now.tv_sec) * 1000000000 + now.tv_nsec;
-  }
-
- private:
-  // The application closes communicators (NCCL frees them) while the watchdog may call NCCL on
-  // them: each side announces itself, then checks the other (both sequentially consistent).
-  static bool EnterComm(CommState& comm) {
-    comm.watchdog_in_call.store(true, std::memory_order_seq_cst);
-    if (comm.closing.load(std::memory_order_seq_cst)) {
-      comm.watchdog_in_call.store(false, std::memory_order_seq_cst);
-      return false;
-    }
-    return true;
-  }
-  static void LeaveComm(CommState& comm) { comm.watchdog_in_call.store(false, std::memory_order_seq_cst); }
-
-  // The job directory, settled once a communicator id is known (the fallback job id is made from
-  // it); "" before that, and nothing is written then.
-  // A copy: the application's thread (status at communicator creation) may ask too.
-  std::string JobDir() {
-    std::lock_guard<std::mutex> lock(job_dir_mutex_);
-    if (!job_dir_.empty()) return job_dir_;
-    std::string first_comm;
-    for (CommState* comm : GetRegistry().All()) {
-      if (first_comm.empty()) first_comm = comm->id;
-    }
-    for (const PendingInit& init : GetRegistry().PendingInits()) {
-      if (first_comm.empty()) first_comm = init.comm_id;
-    }
-    if (first_comm.empty()) return job_dir_;
-    job_id_ = JobId(ReadProcessEnvironment, first_comm);
-    job_dir_ = JobDirectory(GetConfig(), job_id_);
-    log::Info("job directory: {}", job_dir_);
-    return job_dir_;
-  }
-
-  static std::vector<int> Devices() {
-    std::vector<int> devices;
-    for (CommState* comm : GetRegistry().All()) {
-      const int device = comm->device.load(std::memory_order_relaxed);
-      if (device >= 0 && std::find(devices.begin(), devices.end(), device) == devices.end()) {
-        devices.push_back(device);
-      }
-    }
-    return devices;
-  }
-
-
-  std::mutex job_dir_mutex_;
-  std::string job_id_;  // guarded by job_dir_mutex_
-  std::string job_dir_;  // guarded by job_dir_mutex_
-  const std::int64_t started_wall_ns_ = SystemEffects::WallNow();
-  const ProcessFacts identity_ = CollectIdentityFacts(RealFactSources());
-  ProcessFacts facts_;
-  std::atomic<bool> facts_collected_{false};
-  std::optional<DumpRequestWatcher> request_watcher_;
-};
-
-// Counts the watchdog's rounds, so that an application thread that has just met an error can have
-// the next round begin at once and wait until it is over: the error is logged and dumped before
-// the application can abort() or be killed. Part of the runtime, which a forked child makes anew.
-class RoundClock {
- public:
-  void BeginRound() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    ++started_;
-    round_wanted_ = false;
-  }
-  void EndRound() {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      ++finished_;
-    }
-    changed_.notify_all();
-  }
-  // The pause between rounds, cut short when a round is wanted.
-  void Pause(std::chrono::duration<double> interval) {
-    std::unique_lock<std::mutex> lock(mutex_);
-    changed_.wait_for(lock, interval, [this] { return round_wanted_; });
-  }
-  // Waits for a whole round that begins after this call, at most `deadline`.
-  void RunRoundAndWait(std::chrono::milliseconds deadline) {
-    std::unique_lock<std::mutex> lock(mutex_);
-    const std::uint64_t round = started_ + 1;
-    round_wanted_ = true;
-    changed_.notify_all();
-    changed_.wait_for(lock, deadline, [this, round] { return finished_ >= round; });
-  }
-
- private:
-  std::mutex mutex_;
-  std::condition_variable changed_;
-  std::uint64_t started_ = 0;
-  std::uint64_t finished_ = 0;
-  bool round_wanted_ = false;
-};
-
-struct Runtime {
-  SystemEffects effects;
-  Watchdog watchdog{GetConfig(), GetRegistry(), DriverEvents(), effects};
-  RoundClock rounds;
-};
-
-std::atomic<Runtime*> g_runtime{nullptr};
-// At exit the CUDA driver and NCCL are being torn down: the watchdog stops calling them.
-std::atomic<bool> g_exiting{false};
-std::atomic<bool> g_in_round{false};
-thread_local bool t_watchdog_thread = false;
-std::mutex g_start_mutex;
-struct sigaction g_previous_dump_action;
-
-void OnDumpSignal(int signal, siginfo_t* info, void* context) {
-  // Only an atomic store: the watchdog thread does the work at its next round.
-  if (Runtime* runtime = g_runtime.load(std::memory_order_acquire)) runtime->watchdog.RequestSignalDump();
-  // The application's own handler of the signal still runs.
-  if (g_previous_dump_action.sa_flags & SA_SIGINFO) {
-    if (g_previous_dump_action.sa_sigaction != nullptr) g_previous_dump_action.sa_sigaction(signal, info, context);
-  } else if (g_previous_dump_action.sa_handler != SIG_DFL && g_previous_dump_action.sa_handler != SIG_IGN) {
-    g_previous_dump_action.sa_handler(signal);
-  }
-}
-
-void InstallDumpSignal(int signal) {
-  if (signal == 0) return;
-  struct sigaction action = {};
-  action.sa_sigaction = OnDumpSignal;
-  action.sa_flags = SA_SIGINFO | SA_RESTART;
-  sigemptyset(&action.sa_mask);
-  if (sigaction(signal, &action, &g_previous_dump_action) != 0) {
-    log::Warn("cannot install the dump signal handler: {}", std::strerror(errno));
-  }
-}
-
-void DumpAtExit() {
-  if (Runtime* runtime = g_runtime.load(std::memory_order_acquire)) {
-    const std::string path = runtime->watchdog.Dump("exit", std::nullopt, SteadyNowNs());
-    log::Info("dumped state at exit: {}", path.empty() ? "not written" : path);
-  }
-}
-
-void RunWatchdog(Runtime* runtime) {
-  pthread_setname_np(pthread_self(), "ncclguard-wd");
-  t_watchdog_thread = true;
-  DriverEvents().PrepareWatchdogThread();
-  const auto interval = std::chrono::duration<double>(GetConfig().poll_interval.value);
-  bool facts_collected = false;
-  for (;;) {
-    g_in_round.store(true, std::memory_order_seq_cst);
-    if (g_exiting.load(std::memory_order_seq_cst)) {
-      g_in_round.store(false, std::memory_order_seq_cst);
-      return;
-    }
-    runtime->rounds.BeginRound();
-    try {
-      // Within a round: the exit hook waits for it before the driver goes away.
-      if (!std::exchange(facts_collected, true)) runtime->effects.CollectFacts();
-      runtime->watchdog.PollOnce(SteadyNowNs());
-    } catch (const std::exception& error) {
-      log::Error("watchdog round failed: {}", error.what());
-    }
-    g_in_round.store(false, std::memory_order_seq_cst);
-    runtime->rounds.EndRound();
-    runtime->rounds.Pause(interval);
-  }
-}
-
-// Runs before the exit dump (atexit handlers run in reverse order) and before libraries' own
-// clean-up: waits, a bounded time, for a round in flight to finish.
-void StopWatchdogAtExit() {
-  g_exiting.store(true, std::memory_order_seq_cst);
-  const std::int64_t give_up = SteadyNowNs() + 2'000'000'000;
-  while (g_in_round.load(std::memory_order_seq_cst) && SteadyNowNs() < give_up) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  // A last status that says the process ended normally: its peers' verdicts then say "finished"
-  // rather than "gone". (A killed process writes none.)
-  // Our handlers were registered after the CUDA driver's (at the first communicator), so they run
-  // before the driver's own clean-up: asking about events is still fine here.
-  if (Runtime* runtime = g_runtime.load(std::memory_order_acquire)) {
-    if (!g_in_round.load(std::memory_order_seq_cst)) {
-      // An error the application met just before it exits is on disk before the process is gone.
-      runtime->watchdog.FlushAtExit(SteadyNowNs());
-      runtime->effects.WriteStatus(runtime->watchdog.FinalStatus(SteadyNowNs()));
-    }
-  }
-}
-
-// Watches the watchdog's heartbeat: when a round takes far longer than it should, the watchdog is
-// stuck inside a CUDA or NCCL call (or a file system), and that is worth saying.
-void RunMonitor(Runtime* runtime) {
-  pthread_setname_np(pthread_self(), "ncclguard-mon");
-  HeartbeatMonitor monitor(std::max<std::int64_t>(10'000'000'000, 20 * ToNs(GetConfig().poll_interval)));
-  for (;;) {
-    std::this_thread::sleep_for(std::chrono::seconds(1));
-    if (const auto message = monitor.Check(runtime->watchdog.heartbeat(), runtime->watchdog.activity(),
-                                           SteadyNowNs())) {
-      log::Error("{}", *message);
-    }
-  }
-}
-
-void StartThread(void (*body)(Runtime*), Runtime* runtime) {
-  // With every signal blocked, so the application's signals go to its own threads.
-  sigset_t all, previous;
-  sigfillset(&all);
-  pthread_sigmask(SIG_SETMASK, &all, &previous);
-  std::thread(body, runtime).detach();
-  pthread_sigmask(SIG_SETMASK, &previous, nullptr);
-}
-
-}  // namespace
-
-std::optional<std::string> HeartbeatMonitor::Check(std::uint64_t heartbeat, const char* activity,
-                                                   std::int64_t now_ns) {
-  if (last_change_ns_ < 0 || heartbeat != last_heartbeat_) {
-    last_heartbeat_ = heartbeat;
-    last_change_ns_ = now_ns;
-    reported_ = false;
-    return std::nullopt;
-  }
-  if (reported_ || now_ns - last_change_ns_ <= stuck_after_ns_) return std::nullopt;
-  reported_ = true;
-  return fmt::format("the watchdog has been stuck for {:.0f} s in {}: stalls are not being detected",
-                     static_cast<double>(now_ns - last_change_ns_) / 1e9,
-                     activity != nullptr ? activity : "its round");
-}
-
-void EnsureWatchdogStarted() noexcept {
-  if (g_runtime.load(std::memory_order_acquire) != nullptr) return;
-  try {
-    std::lock_guard<std::mutex> lock(g_start_mutex);
-    if (g_runtime.load(std::memory_order_acquire) != nullptr) return;
-    static std::atomic<bool> fork_handlers{false};
-    if (!fork_handlers.exchange(true)) {
-      pthread_atfork([] { g_start_mutex.lock(); }, [] { g_start_mutex.unlock(); },
-                     [] {
-                       // The child has none of the parent's threads: it starts its own watchdog
-                       // if it uses NCCL itself, and never reports the parent's communicators.
-                       g_start_mutex.unlock();
-                       g_runtime.store(nullptr, std::memory_order_release);  // the parent's is leaked
-                       g_in_round.store(false, std::memory_order_relaxed);
-                       GetRegistry().ForgetAfterFork();
-                     });
-    }
-    auto* runtime = new Runtime;  // lives until the process ends
-    g_runtime.store(runtime, std::memory_order_release);
-    InstallDumpSignal(GetConfig().dump_signal.number);
-    static std::atomic<bool> exit_hooks{false};
-    if (!exit_hooks.exchange(true)) {
-      if (GetConfig().dump_on_exit) std::atexit(DumpAtExit);
-      std::atexit(StopWatchdogAtExit);
-    }
-    StartThread(RunWatchdog, runtime);
-    StartThread(RunMonitor, runtime);
-    log::Info("watchdog started (timeout {} s, init timeout {} s, action {})", GetConfig().timeout.value,
-              GetConfig().init_timeout.value, ActionName(GetConfig().action));
-  } catch (const std::exception& error) {
-    log::Error("cannot start the watchdog ({}): NCCL calls are forwarded unwatched", error.what());
-  }
-}
-
-void WaitIfExiting() noexcept {
-  while (g_holding_application_calls.load(std::memory_order_relaxed)) pause();
-}
-
-void NoteFailedCall(Api api, CommState* comm, ncclResult_t result) noexcept {
-  using GetLastError = decltype(&::ncclGetLastError);
-  auto last_error = reinterpret_cast<GetLastError>(
-      Real().Function(comm != nullptr ? comm->library : 0, Api::ncclGetLastError));
-  const char* text = last_error != nullptr ? last_error(nullptr) : nullptr;
-  const std::string on = comm != nullptr ? fmt::format(" on comm {}", comm->id) : std::string();
-  // An application that retries in a loop must not flood the log or the job directory: a few
-  // lines per process, and one dump per communicator (and one for calls without one).
-  static constexpr int kLoggedFailures = 20;
-  static std::atomic<int> logged{0};
-  const int count = logged.fetch_add(1, std::memory_order_relaxed);
-  if (count < kLoggedFailures) {
-    log::Warn("{}{} returned {}: {}{}", Describe(api).name, on, ResultName(result),
-              text != nullptr && *text != '\0' ? text : "NCCL gave no warning text",
-              count + 1 == kLoggedFailures ? " (further failed calls are not logged)" : "");
-  }
-  static std::atomic<bool> dumped_without_comm{false};
-  std::atomic<bool>& dumped = comm != nullptr ? comm->failure_dumped : dumped_without_comm;
-  if (dumped.exchange(true)) return;
-  if (Runtime* runtime = g_runtime.load(std::memory_order_acquire)) runtime->watchdog.RequestDump("error_return");
-  ReportBeforeReturning();
-}
-
-void ReportBeforeReturning() noexcept {
-  Runtime* runtime = g_runtime.load(std::memory_order_acquire);
-  if (runtime == nullptr || t_watchdog_thread || g_exiting.load(std::memory_order_seq_cst)) return;
-  // Bounded: a watchdog stuck in a CUDA call must not hold the application.
-  constexpr std::chrono::milliseconds kDeadline{5000};
-  try {
-    runtime->rounds.RunRoundAndWait(kDeadline);
-  } catch (const std::exception& error) {
-    log::Error("cannot wait for the watchdog to report an error: {}", error.what());
-  }
-}
-
-bool CompleteRegistration(CommState& comm) noexcept {
-  // Once: the application's thread (blocking init) or the watchdog (non-blocking) may get here.
-  CommLifecycle initializing = CommLifecycle::kInitializing;
-  if (!comm.lifecycle.compare_exchange_strong(initializing, CommLifecycle::kReady,
-                                              std::memory_order_acq_rel)) {
-    return false;
-  }
-  // The function's type comes from nccl.h; only NCCL's own function (of the comm's library) is called.
-  auto query = [&comm](Api api, auto type, std::atomic<int>& field) {
-    using Function = typename decltype(type)::type;
-    auto function = reinterpret_cast<Function>(Real().Function(comm.library, api));
-    int value = -1;
-    if (function != nullptr && function(comm.handle, &value) == ncclSuccess) field.store(value, std::memory_order_relaxed);
-  };
-  query(Api::ncclCommUserRank, std::type_identity<decltype(&::ncclCommUserRank)>{}, comm.rank);
-  query(Api::ncclCommCount, std::type_identity<decltype(&::ncclCommCount)>{}, comm.nranks);
-  query(Api::ncclCommCuDevice, std::type_identity<decltype(&::ncclCommCuDevice)>{}, comm.device);
-  if (comm.init_end_ns.load(std::memory_order_acquire) == 0) comm.init_end_ns.store(SteadyNowNs(), std::memory_order_release);
-  if (comm.parent_id[0] == '\0') log::SetRank(comm.rank.load(std::memory_order_relaxed));
-  const int version = Real().Version(comm.library);
-  log::Info("comm {} rank {}/{} on device {} created by {} in {:.1f} ms through NCCL {}.{}.{} at {}", comm.id,
-            comm.rank.load(), comm.nranks.load(), comm.device.load(), Describe(comm.created_by).name,
-            static_cast<double>(comm.init_end_ns.load() - comm.init_start_ns) / 1e6, version / 10000,
-            version / 100 % 100, version % 100, Real().Path(comm.library));
-  return true;
-}
-
-void WriteStatusAtInit() noexcept {
-  try {
-    if (Runtime* runtime = g_runtime.load(std::memory_order_acquire)) {
-      runtime->effects.WaitForFacts(std::chrono::seconds(2));
-      runtime->watchdog.WriteStatusNow(SteadyNowNs());
-    }
-  } catch (const std::exception& error) {
-    log::Error("cannot write the status file at communicator creation: {}", error.what());
-  }
 }
 
 }  // namespace ncclguard

@@ -1,6 +1,8 @@
-// The watchdog: a thread that follows every communicator's operations on the GPU, notices stalls,
-// asynchronous errors and failed calls, dumps, and acts as NCCLGUARD_ACTION says. A monitor thread
-// watches the watchdog's heartbeat.
+// The watchdog's decisions: a round follows every communicator's operations on the GPU, notices
+// stalls, asynchronous errors and failed calls, dumps, and acts as NCCLGUARD_ACTION says. What it
+// does to the outside world is WatchdogEffects (the real ones: detect/effects.h); the threads that
+// run its rounds, the monitor of its heartbeat, signals, exit and fork are the runtime's
+// (detect/runtime.h). Kept apart so that a test runs the rounds alone, with a fake clock.
 #pragma once
 
 #include <nccl.h>
@@ -158,53 +160,6 @@ class Watchdog {
   std::int64_t last_dump_wall_ns_ = 0;
   std::set<std::string> reported_inits_;
 };
-
-// Decides, from the watchdog's heartbeat, when the watchdog itself is stuck: once per episode,
-// after `stuck_after_ns` without a new round.
-class HeartbeatMonitor {
- public:
-  explicit HeartbeatMonitor(std::int64_t stuck_after_ns) : stuck_after_ns_(stuck_after_ns) {}
-  // The message to log now, if any.
-  std::optional<std::string> Check(std::uint64_t heartbeat, const char* activity, std::int64_t now_ns);
-
- private:
-  std::int64_t stuck_after_ns_;
-  std::uint64_t last_heartbeat_ = 0;
-  std::int64_t last_change_ns_ = -1;
-  bool reported_ = false;
-};
-
-// Starts the watchdog and monitor threads (once per process, and once per forked child that uses
-// NCCL itself). Called at the first communicator initialisation.
-void EnsureWatchdogStarted() noexcept;
-
-// A call that returned an error: logged once per communicator and dumped.
-void NoteFailedCall(Api api, CommState* comm, ncclResult_t result) noexcept;
-
-// What ncclCommGetAsyncError said of the communicator, whoever asked. An error is kept once known
-// (the application may abort the communicator right after its own call saw it, and the watchdog
-// asks no more then) and reported once by the watchdog, at its next round or at exit. True when
-// this call recorded the communicator's first error.
-bool RecordAsyncError(CommState& comm, ncclResult_t error) noexcept;
-
-// For an application thread that has just been told of an error: the watchdog's next round begins
-// at once, and the thread waits for it (5 s at most), so that the error is logged and dumped before
-// the application can act on it (abort(), a fatal signal). Nothing on the watchdog's own thread.
-void ReportBeforeReturning() noexcept;
-
-// Called at the start of every intercepted call: waits for ever once the watchdog is exiting the
-// process (NCCLGUARD_ACTION=exit).
-void WaitIfExiting() noexcept;
-
-// Fills in a new communicator's rank, size and device from NCCL and logs its creation. Only
-// once NCCL has completed its initialisation. True for the call that did it (once per
-// communicator).
-bool CompleteRegistration(CommState& comm) noexcept;
-
-// Puts this process on record in the job directory now (its status file), from the thread that
-// completed a communicator's initialisation: a process that dies before the watchdog's next status
-// interval is then known to have been part of the job.
-void WriteStatusAtInit() noexcept;
 
 // Steady clock, as used for every recorded time.
 std::int64_t SteadyNowNs() noexcept;

@@ -1,3 +1,6 @@
+// The rest of the shim's door (hooks.h): starting ncclguard at the first call (configuration,
+// log, P2P policy) and again in a forked child, and logging calls. What calls mean is
+// operations.cc's.
 #include "watchdog/record/hooks.h"
 
 #include <pthread.h>
@@ -12,7 +15,7 @@
 #include "watchdog/common/libraries.h"
 #include "watchdog/common/config.h"
 #include "watchdog/common/log.h"
-#include "watchdog/detect/watchdog.h"
+#include "watchdog/detect/runtime.h"
 #include "watchdog/recover/p2p_policy.h"
 #include "watchdog/state/registry.h"
 #include "watchdog/common/version.h"

@@ -1,3 +1,9 @@
+// What each intercepted call means for the records (the entry points of hooks.h that name an
+// operation, a group, a creation or a communicator): an operation claims a slot of its
+// communicator's ring and is timed by a pair of GPU events; a group defers launches to its
+// outermost end; a creation registers communicators; a closing call gives unfinished operations
+// their final state; a failed call is logged and dumped. Apart from hooks.cc, which starts
+// ncclguard and logs calls.
 #include "watchdog/record/hooks.h"
 
 #include <sys/syscall.h>
@@ -15,7 +21,9 @@
 #include "watchdog/common/describe.h"
 #include "watchdog/common/log.h"
 #include "watchdog/state/registry.h"
+#include "watchdog/detect/runtime.h"
 #include "watchdog/detect/watchdog.h"
+#include "watchdog/state/registration.h"
 
 namespace ncclguard {
 namespace {
@@ -44,6 +52,31 @@ thread_local std::vector<GroupedCreation> t_grouped_creations;
 std::atomic<std::uint64_t> g_next_group_id{1};
 
 bool Launched(ncclResult_t result) { return result == ncclSuccess || result == ncclInProgress; }
+
+// A call that returned an error: logged (a few times per process) and dumped once per
+// communicator, before the call returns to the application.
+void NoteFailedCall(Api api, CommState* comm, ncclResult_t result) noexcept {
+  using GetLastError = decltype(&::ncclGetLastError);
+  auto last_error = reinterpret_cast<GetLastError>(
+      Real().Function(comm != nullptr ? comm->library : 0, Api::ncclGetLastError));
+  const char* text = last_error != nullptr ? last_error(nullptr) : nullptr;
+  const std::string on = comm != nullptr ? fmt::format(" on comm {}", comm->id) : std::string();
+  // An application that retries in a loop must not flood the log or the job directory: a few
+  // lines per process, and one dump per communicator (and one for calls without one).
+  static constexpr int kLoggedFailures = 20;
+  static std::atomic<int> logged{0};
+  const int count = logged.fetch_add(1, std::memory_order_relaxed);
+  if (count < kLoggedFailures) {
+    log::Warn("{}{} returned {}: {}{}", Describe(api).name, on, ResultName(result),
+              text != nullptr && *text != '\0' ? text : "NCCL gave no warning text",
+              count + 1 == kLoggedFailures ? " (further failed calls are not logged)" : "");
+  }
+  static std::atomic<bool> dumped_without_comm{false};
+  std::atomic<bool>& dumped = comm != nullptr ? comm->failure_dumped : dumped_without_comm;
+  if (dumped.exchange(true)) return;
+  RequestDump("error_return");
+  ReportBeforeReturning();
+}
 
 void RecordStart(OpRecord& op) {
   op.start_recorded.store(
@@ -133,7 +166,7 @@ void FinishGroupedCreations(Api api, ncclResult_t result) {
     GetRegistry().EndInit(creation.init_token);
     creation.comm->awaiting_group_end.store(false, std::memory_order_release);
     if (result == ncclSuccess && api == Api::ncclGroupEnd) {
-      completed = CompleteRegistration(*creation.comm) || completed;
+      completed = CompleteRegistration(*creation.comm, SteadyNowNs()) || completed;
     } else if (!Launched(result)) {
       NoteFailedCall(api, creation.comm, result);
     }
@@ -310,7 +343,9 @@ void AfterCreation(const Ticket& ticket, Api api, int library, ncclResult_t resu
       }
       // A non-blocking initialisation (ncclInProgress) is completed by the watchdog, once
       // ncclCommGetAsyncError says it is done.
-      if (comm != nullptr && result == ncclSuccess) completed = CompleteRegistration(*comm) || completed;
+      if (comm != nullptr && result == ncclSuccess) {
+        completed = CompleteRegistration(*comm, SteadyNowNs()) || completed;
+      }
     }
     registry.EndInit(init_token);  // none registered for it
     if (completed) WriteStatusAtInit();
@@ -379,7 +414,8 @@ void AfterAsyncErrorQuery(ncclComm_t handle, const ncclResult_t* async_error, nc
   // NCCL just told the application that a non-blocking initialisation is complete: asking NCCL
   // about the communicator is safe now, and it is described before the application can close it.
   if (*async_error == ncclSuccess && !comm->awaiting_group_end.load(std::memory_order_acquire) &&
-      comm->lifecycle.load(std::memory_order_acquire) == CommLifecycle::kInitializing && CompleteRegistration(*comm)) {
+      comm->lifecycle.load(std::memory_order_acquire) == CommLifecycle::kInitializing &&
+      CompleteRegistration(*comm, SteadyNowNs())) {
     WriteStatusAtInit();
   }
 }

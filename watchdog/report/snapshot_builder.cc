@@ -100,7 +100,7 @@ CommSnapshot SnapshotOfCommunicator(const CommState& comm, bool with_rings, bool
   copy.last_started = comm.last_started.load(std::memory_order_acquire);
   copy.last_completed = comm.last_completed.load(std::memory_order_acquire);
   const int async_error = comm.async_error.load(std::memory_order_relaxed);
-  if (async_error != ncclSuccess && async_error != ncclInProgress) {
+  if (IsNcclError(static_cast<ncclResult_t>(async_error))) {
     copy.async_error = std::string(ResultName(static_cast<ncclResult_t>(async_error)));
   }
   copy.dropped = comm.dropped.load(std::memory_order_relaxed);

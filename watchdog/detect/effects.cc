@@ -1,0 +1,193 @@
+// The real effects of the watchdog (see effects.h).
+#include "watchdog/detect/effects.h"
+
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <thread>
+#include <utility>
+
+#include "watchdog/common/config.h"
+#include "watchdog/common/describe.h"
+#include "watchdog/common/libraries.h"
+#include "watchdog/common/log.h"
+#include "watchdog/recover/p2p_verdict.h"
+#include "watchdog/report/dump.h"
+#include "watchdog/report/facts.h"
+#include "watchdog/state/registry.h"
+
+namespace ncclguard {
+namespace {
+
+// Set by NCCLGUARD_ACTION=exit just before it aborts: application threads entering NCCL wait.
+std::atomic<bool> g_holding_application_calls{false};
+
+}  // namespace
+
+bool ApplicationCallsHeld() noexcept { return g_holding_application_calls.load(std::memory_order_relaxed); }
+
+std::string SystemEffects::WriteDump(const ProcessSnapshot& snapshot) {
+  if (JobDir().empty()) return "";
+  FactSources sources = RealFactSources();
+  if (snapshot.reason == "exit") sources.cuda = [](const std::vector<int>&) { return CudaFacts{}; };
+  const DumpResult written = ncclguard::WriteDump(JobDir(), snapshot, CollectProcessFacts(sources, Devices()));
+  return written.ok() ? *written : "";
+}
+
+bool SystemEffects::JobDirectoryKnown() { return !JobDir().empty(); }
+
+void SystemEffects::WriteStatus(const ProcessSnapshot& snapshot) {
+  if (JobDir().empty()) return;
+  // A failure was logged where it happened; the next interval tries again.
+  const auto written = ncclguard::WriteStatus(JobDir(), snapshot, Facts());
+  (void)written;
+}
+
+void SystemEffects::CollectFacts() {
+  facts_ = CollectMatchingFacts(RealFactSources());
+  facts_collected_.store(true, std::memory_order_release);
+}
+
+void SystemEffects::WaitForFacts(std::chrono::milliseconds at_most) const {
+  const auto give_up = std::chrono::steady_clock::now() + at_most;
+  while (!facts_collected_.load(std::memory_order_acquire) && std::chrono::steady_clock::now() < give_up) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+const ProcessFacts& SystemEffects::Facts() {
+  return facts_collected_.load(std::memory_order_acquire) ? facts_ : identity_;
+}
+
+absl::StatusOr<std::string> SystemEffects::RecordP2pVerdict(P2pVerdictRecord record) {
+  if (JobDir().empty()) return absl::FailedPreconditionError("the job directory is not known yet");
+  record.job_id = job_id_;
+  if (absl::Status written = WriteP2pVerdict(JobDir(), record); !written.ok()) return written;
+  return JobDir() + "/" + kP2pVerdictFile;
+}
+
+std::optional<P2pVerdictRecord> SystemEffects::FreshP2pVerdict() {
+  if (JobDir().empty()) return std::nullopt;
+  absl::StatusOr<P2pVerdictRecord> record = ReadP2pVerdict(JobDir(), job_id_);
+  if (!record.ok()) {
+    if (!absl::IsNotFound(record.status())) log::Warn("{}", std::string(record.status().message()));
+    return std::nullopt;
+  }
+  // A record older than this process is the one its own attempt was restarted for.
+  if (record->time_ns < started_wall_ns_) return std::nullopt;
+  return *std::move(record);
+}
+
+void SystemEffects::RequestPeerDumps(const std::string& why) {
+  if (JobDir().empty()) return;
+  const auto written = RequestDumps(JobDir(), why);  // a failure was logged where it happened
+  (void)written;
+}
+
+std::vector<Verdict> SystemEffects::Classify(const ProcessSnapshot& own_status) {
+  if (JobDir().empty()) return {};
+  WriteStatus(own_status);  // the others' files are as fresh as their last interval; ours is now
+  const double interval = StatusIntervalSeconds(GetConfig().status_interval.value, 0);
+  const absl::StatusOr<JobView> job = ReadJobDirectory(JobDir(), WallNow(), interval, JobDirectoryOrigin::kOwn);
+  if (!job.ok()) return {};
+  return ncclguard::Classify(*job);
+}
+
+std::int64_t SystemEffects::TakePeerDumpRequest() {
+  if (JobDir().empty()) return 0;
+  if (!request_watcher_) {
+    request_watcher_.emplace(JobDir(), log::HostName(), static_cast<int>(getpid()), started_wall_ns_);
+  }
+  const auto requests = request_watcher_->Poll();
+  std::int64_t newest = 0;
+  if (requests.ok()) {
+    for (const DumpRequest& request : *requests) newest = std::max(newest, std::max<std::int64_t>(request.time_ns, 1));
+  }
+  return newest;
+}
+
+ncclResult_t SystemEffects::AsyncError(CommState& comm) {
+  using Function = decltype(&::ncclCommGetAsyncError);
+  auto get = reinterpret_cast<Function>(Real().Function(comm.library, Api::ncclCommGetAsyncError));
+  ncclResult_t error = ncclSuccess;
+  if (get == nullptr || !EnterComm(comm)) return ncclSuccess;
+  if (get(comm.handle, &error) != ncclSuccess) error = ncclSuccess;
+  LeaveComm(comm);
+  return error;
+}
+
+std::string SystemEffects::LastNcclError() {
+  using Function = decltype(&::ncclGetLastError);
+  auto get = reinterpret_cast<Function>(Real().Function(0, Api::ncclGetLastError));
+  const char* text = get != nullptr ? get(nullptr) : nullptr;
+  return text != nullptr ? text : "";
+}
+
+void SystemEffects::Abort(CommState& comm) {
+  using Function = decltype(&::ncclCommAbort);
+  auto abort = reinterpret_cast<Function>(Real().Function(comm.library, Api::ncclCommAbort));
+  if (abort == nullptr || !EnterComm(comm)) return;
+  comm.aborted_by_ncclguard.store(true, std::memory_order_release);
+  const ncclResult_t result = abort(comm.handle);
+  comm.lifecycle.store(CommLifecycle::kAborted, std::memory_order_release);
+  LeaveComm(comm);
+  if (result != ncclSuccess) log::Warn("ncclCommAbort of comm {} returned {}", comm.id, ResultName(result));
+}
+
+void SystemEffects::HoldApplicationCalls() { g_holding_application_calls.store(true, std::memory_order_seq_cst); }
+
+void SystemEffects::Exit(int code) {
+  if (spdlog::logger* logger = log::Get()) logger->flush();
+  // Not exit(): atexit handlers and static destructors may wait for the stuck GPU work.
+  _exit(code);
+}
+
+std::int64_t SystemEffects::WallNowNs() { return WallNow(); }
+
+std::int64_t SystemEffects::WallNow() {
+  timespec now;
+  clock_gettime(CLOCK_REALTIME, &now);
+  return static_cast<std::int64_t>(now.tv_sec) * 1000000000 + now.tv_nsec;
+}
+
+bool SystemEffects::EnterComm(CommState& comm) {
+  comm.watchdog_in_call.store(true, std::memory_order_seq_cst);
+  if (comm.closing.load(std::memory_order_seq_cst)) {
+    comm.watchdog_in_call.store(false, std::memory_order_seq_cst);
+    return false;
+  }
+  return true;
+}
+
+void SystemEffects::LeaveComm(CommState& comm) { comm.watchdog_in_call.store(false, std::memory_order_seq_cst); }
+
+std::string SystemEffects::JobDir() {
+  std::lock_guard<std::mutex> lock(job_dir_mutex_);
+  if (!job_dir_.empty()) return job_dir_;
+  std::string first_comm;
+  for (CommState* comm : GetRegistry().All()) {
+    if (first_comm.empty()) first_comm = comm->id;
+  }
+  for (const PendingInit& init : GetRegistry().PendingInits()) {
+    if (first_comm.empty()) first_comm = init.comm_id;
+  }
+  if (first_comm.empty()) return job_dir_;
+  job_id_ = JobId(ReadProcessEnvironment, first_comm);
+  job_dir_ = JobDirectory(GetConfig(), job_id_);
+  log::Info("job directory: {}", job_dir_);
+  return job_dir_;
+}
+
+std::vector<int> SystemEffects::Devices() {
+  std::vector<int> devices;
+  for (CommState* comm : GetRegistry().All()) {
+    const int device = comm->device.load(std::memory_order_relaxed);
+    if (device >= 0 && std::find(devices.begin(), devices.end(), device) == devices.end()) {
+      devices.push_back(device);
+    }
+  }
+  return devices;
+}
+
+}  // namespace ncclguard

@@ -1,0 +1,79 @@
+// The watchdog's real effects: the job directory (named after the first communicator), the
+// process's facts, the dump, status, request and P2P verdict files, the cross-rank
+// classification, the NCCL calls on a communicator, and the process's exit. Apart from the
+// decisions (detect/watchdog.h), which reach all of this only through WatchdogEffects, so that
+// a test can replace it with recorded effects.
+#pragma once
+
+#include <nccl.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "watchdog/detect/watchdog.h"
+#include "watchdog/report/job_dir.h"
+
+namespace ncclguard {
+
+// The real effects: files in the job directory, NCCL and CUDA calls, the process's exit.
+class SystemEffects final : public WatchdogEffects {
+ public:
+  std::string WriteDump(const ProcessSnapshot& snapshot) override;
+  bool JobDirectoryKnown() override;
+  void WriteStatus(const ProcessSnapshot& snapshot) override;
+
+  // On the watchdog thread, before its first round: the driver and NVML calls behind these facts
+  // are made once per process, never on the status path.
+  void CollectFacts();
+  // A status written from another thread waits, a bounded time, for the facts the watchdog
+  // collects as it starts (a few milliseconds): peers' verdicts may read that status alone.
+  void WaitForFacts(std::chrono::milliseconds at_most) const;
+
+  const ProcessFacts& Facts() override;
+  absl::StatusOr<std::string> RecordP2pVerdict(P2pVerdictRecord record) override;
+  std::optional<P2pVerdictRecord> FreshP2pVerdict() override;
+  void RequestPeerDumps(const std::string& why) override;
+  std::vector<Verdict> Classify(const ProcessSnapshot& own_status) override;
+  std::int64_t TakePeerDumpRequest() override;
+  ncclResult_t AsyncError(CommState& comm) override;
+  std::string LastNcclError() override;
+  void Abort(CommState& comm) override;
+  void HoldApplicationCalls() override;
+  [[noreturn]] void Exit(int code) override;
+  std::int64_t WallNowNs() override;
+
+  static std::int64_t WallNow();
+
+ private:
+  // The application closes communicators (NCCL frees them) while the watchdog may call NCCL on
+  // them: each side announces itself, then checks the other (both sequentially consistent).
+  static bool EnterComm(CommState& comm);
+  static void LeaveComm(CommState& comm);
+
+  // The job directory, settled once a communicator id is known (the fallback job id is made from
+  // it); "" before that, and nothing is written then.
+  // A copy: the application's thread (status at communicator creation) may ask too.
+  std::string JobDir();
+
+  static std::vector<int> Devices();
+
+  std::mutex job_dir_mutex_;
+  std::string job_id_;  // guarded by job_dir_mutex_
+  std::string job_dir_;  // guarded by job_dir_mutex_
+  const std::int64_t started_wall_ns_ = SystemEffects::WallNow();
+  const ProcessFacts identity_ = CollectIdentityFacts(RealFactSources());
+  ProcessFacts facts_;
+  std::atomic<bool> facts_collected_{false};
+  std::optional<DumpRequestWatcher> request_watcher_;
+};
+
+// True once HoldApplicationCalls was called (NCCLGUARD_ACTION=exit, just before it aborts): the
+// process is about to exit, and application threads entering NCCL wait for it.
+bool ApplicationCallsHeld() noexcept;
+
+}  // namespace ncclguard

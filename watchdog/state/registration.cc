@@ -1,0 +1,48 @@
+// What NCCL says of a registered communicator (see registration.h).
+#include "watchdog/state/registration.h"
+
+#include <atomic>
+#include <type_traits>
+
+#include "watchdog/common/describe.h"
+#include "watchdog/common/libraries.h"
+#include "watchdog/common/log.h"
+
+namespace ncclguard {
+
+bool CompleteRegistration(CommState& comm, std::int64_t steady_now_ns) noexcept {
+  // Once: the application's thread (blocking init) or the watchdog (non-blocking) may get here.
+  CommLifecycle initializing = CommLifecycle::kInitializing;
+  if (!comm.lifecycle.compare_exchange_strong(initializing, CommLifecycle::kReady,
+                                              std::memory_order_acq_rel)) {
+    return false;
+  }
+  // The function's type comes from nccl.h; only NCCL's own function (of the comm's library) is called.
+  auto query = [&comm](Api api, auto type, std::atomic<int>& field) {
+    using Function = typename decltype(type)::type;
+    auto function = reinterpret_cast<Function>(Real().Function(comm.library, api));
+    int value = -1;
+    if (function != nullptr && function(comm.handle, &value) == ncclSuccess) field.store(value, std::memory_order_relaxed);
+  };
+  query(Api::ncclCommUserRank, std::type_identity<decltype(&::ncclCommUserRank)>{}, comm.rank);
+  query(Api::ncclCommCount, std::type_identity<decltype(&::ncclCommCount)>{}, comm.nranks);
+  query(Api::ncclCommCuDevice, std::type_identity<decltype(&::ncclCommCuDevice)>{}, comm.device);
+  if (comm.init_end_ns.load(std::memory_order_acquire) == 0) comm.init_end_ns.store(steady_now_ns, std::memory_order_release);
+  if (comm.parent_id[0] == '\0') log::SetRank(comm.rank.load(std::memory_order_relaxed));
+  const int version = Real().Version(comm.library);
+  log::Info("comm {} rank {}/{} on device {} created by {} in {:.1f} ms through NCCL {}.{}.{} at {}", comm.id,
+            comm.rank.load(), comm.nranks.load(), comm.device.load(), Describe(comm.created_by).name,
+            static_cast<double>(comm.init_end_ns.load() - comm.init_start_ns) / 1e6, version / 10000,
+            version / 100 % 100, version % 100, Real().Path(comm.library));
+  return true;
+}
+
+bool RecordAsyncError(CommState& comm, ncclResult_t error) noexcept {
+  int known = comm.async_error.load(std::memory_order_acquire);
+  while (!IsNcclError(static_cast<ncclResult_t>(known))) {
+    if (comm.async_error.compare_exchange_weak(known, error, std::memory_order_acq_rel)) return IsNcclError(error);
+  }
+  return false;
+}
+
+}  // namespace ncclguard
