@@ -62,14 +62,14 @@ const ProcessFacts& SystemEffects::Facts() {
 
 absl::StatusOr<std::string> SystemEffects::RecordP2pVerdict(P2pVerdictRecord record) {
   if (JobDir().empty()) return absl::FailedPreconditionError("the job directory is not known yet");
-  record.job_id = job_id_;
+  record.job_id = JobId();
   if (absl::Status written = WriteP2pVerdict(JobDir(), record); !written.ok()) return written;
   return JobDir() + "/" + kP2pVerdictFile;
 }
 
 std::optional<P2pVerdictRecord> SystemEffects::FreshP2pVerdict() {
   if (JobDir().empty()) return std::nullopt;
-  absl::StatusOr<P2pVerdictRecord> record = ReadP2pVerdict(JobDir(), job_id_);
+  absl::StatusOr<P2pVerdictRecord> record = ReadP2pVerdict(JobDir(), JobId());
   if (!record.ok()) {
     if (!absl::IsNotFound(record.status())) log::Warn("{}", std::string(record.status().message()));
     return std::nullopt;
@@ -162,8 +162,13 @@ bool SystemEffects::EnterComm(CommState& comm) {
 
 void SystemEffects::LeaveComm(CommState& comm) { comm.watchdog_in_call.store(false, std::memory_order_seq_cst); }
 
+std::string SystemEffects::JobId() {
+  MutexLock lock(job_dir_mutex_);
+  return job_id_;
+}
+
 std::string SystemEffects::JobDir() {
-  std::lock_guard<std::mutex> lock(job_dir_mutex_);
+  MutexLock lock(job_dir_mutex_);
   if (!job_dir_.empty()) return job_dir_;
   std::string first_comm;
   for (CommState* comm : GetRegistry().All()) {
@@ -173,7 +178,7 @@ std::string SystemEffects::JobDir() {
     if (first_comm.empty()) first_comm = init.comm_id;
   }
   if (first_comm.empty()) return job_dir_;
-  job_id_ = JobId(ReadProcessEnvironment, first_comm);
+  job_id_ = ::ncclguard::JobId(ReadProcessEnvironment, first_comm);
   job_dir_ = JobDirectory(GetConfig(), job_id_);
   log::Info("job directory: {}", job_dir_);
   return job_dir_;

@@ -10,11 +10,12 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "watchdog/common/mutex.h"
 #include "watchdog/detect/watchdog.h"
 #include "watchdog/report/job_dir.h"
 
@@ -59,12 +60,13 @@ class SystemEffects final : public WatchdogEffects {
   // it); "" before that, and nothing is written then.
   // A copy: the application's thread (status at communicator creation) may ask too.
   std::string JobDir();
+  std::string JobId();  // "" until JobDir() has named the job directory
 
   static std::vector<int> Devices();
 
-  std::mutex job_dir_mutex_;
-  std::string job_id_;  // guarded by job_dir_mutex_
-  std::string job_dir_;  // guarded by job_dir_mutex_
+  Mutex job_dir_mutex_;
+  std::string job_id_ ABSL_GUARDED_BY(job_dir_mutex_);
+  std::string job_dir_ ABSL_GUARDED_BY(job_dir_mutex_);
   const std::int64_t started_wall_ns_ = SystemEffects::WallNow();
   const ProcessFacts identity_ = CollectIdentityFacts(RealFactSources());
   ProcessFacts facts_;

@@ -1,6 +1,9 @@
 // The watchdog's runtime (see runtime.h): its threads, the dump signal, exit and fork.
 #include "watchdog/detect/runtime.h"
 
+#include "absl/base/thread_annotations.h"
+#include "watchdog/common/mutex.h"
+
 #include <pthread.h>
 #include <signal.h>
 #include <unistd.h>
@@ -35,37 +38,38 @@ std::int64_t ToNs(Seconds seconds) { return static_cast<std::int64_t>(seconds.va
 class RoundClock {
  public:
   void BeginRound() {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     ++started_;
     round_wanted_ = false;
   }
   void EndRound() {
     {
-      std::lock_guard<std::mutex> lock(mutex_);
+      MutexLock lock(mutex_);
       ++finished_;
     }
     changed_.notify_all();
   }
   // The pause between rounds, cut short when a round is wanted.
   void Pause(std::chrono::duration<double> interval) {
-    std::unique_lock<std::mutex> lock(mutex_);
-    changed_.wait_for(lock, interval, [this] { return round_wanted_; });
+    MutexLock lock(mutex_);
+    changed_.wait_for(mutex_, interval, [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) { return round_wanted_; });
   }
   // Waits for a whole round that begins after this call, at most `deadline`.
   void RunRoundAndWait(std::chrono::milliseconds deadline) {
-    std::unique_lock<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     const std::uint64_t round = started_ + 1;
     round_wanted_ = true;
     changed_.notify_all();
-    changed_.wait_for(lock, deadline, [this, round] { return finished_ >= round; });
+    changed_.wait_for(mutex_, deadline,
+                      [this, round]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) { return finished_ >= round; });
   }
 
  private:
-  std::mutex mutex_;
-  std::condition_variable changed_;
-  std::uint64_t started_ = 0;
-  std::uint64_t finished_ = 0;
-  bool round_wanted_ = false;
+  Mutex mutex_;
+  std::condition_variable_any changed_;  // waits on mutex_ itself
+  std::uint64_t started_ ABSL_GUARDED_BY(mutex_) = 0;
+  std::uint64_t finished_ ABSL_GUARDED_BY(mutex_) = 0;
+  bool round_wanted_ ABSL_GUARDED_BY(mutex_) = false;
 };
 
 struct Runtime {

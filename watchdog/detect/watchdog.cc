@@ -102,7 +102,7 @@ void Watchdog::ReleaseClosedCommunicators(std::int64_t now_ns) {
   const std::int64_t keep_ns = status_interval_ns_ > 0 ? status_interval_ns_ : ToNs(config_.status_interval);
   // An application thread writes the status file when a communicator is created (WriteStatusNow):
   // it must not walk a ring or a state freed here.
-  std::lock_guard<std::mutex> lock(status_mutex_);
+  MutexLock lock(status_mutex_);
   for (CommState* comm : registry_.All()) {
     const CommLifecycle lifecycle = comm->lifecycle.load(std::memory_order_acquire);
     // ncclguard's own abort leaves the handle in the application's hands: its calls are answered
@@ -125,10 +125,11 @@ void Watchdog::ReleaseClosedCommunicators(std::int64_t now_ns) {
 
 void Watchdog::WriteStatusNow(std::int64_t now_ns) {
   if (!effects_.JobDirectoryKnown()) return;
-  std::lock_guard<std::mutex> lock(status_mutex_);
+  MutexLock lock(status_mutex_);
   ProcessSnapshot status = BuildSnapshot(registry_, "status", false, now_ns, effects_.WallNowNs());
   if (reported_stall_) {
-    const bool over = std::any_of(status.comms.begin(), status.comms.end(), [this](const CommSnapshot& comm) {
+    const bool over = std::any_of(status.comms.begin(), status.comms.end(),
+                                  [this](const CommSnapshot& comm) ABSL_EXCLUSIVE_LOCKS_REQUIRED(status_mutex_) {
       return comm.id == reported_stall_->comm_id && comm.last_completed >= reported_stall_->seq &&
              reported_stall_->seq != 0;
     });
@@ -259,7 +260,7 @@ ProcessSnapshot Watchdog::FinalStatus(std::int64_t now_ns) {
     }
   }
   ProcessSnapshot status = BuildSnapshot(registry_, "status", false, now_ns, effects_.WallNowNs());
-  std::lock_guard<std::mutex> lock(status_mutex_);
+  MutexLock lock(status_mutex_);
   status.stall = reported_stall_;
   status.exiting = true;
   return status;
@@ -283,7 +284,7 @@ void Watchdog::OnStall(CommState* comm, const Stall& stall, std::int64_t now_ns)
     stall_snapshot.verdict_message = verdicts[0].message;
   }
   {
-    std::lock_guard<std::mutex> lock(status_mutex_);
+    MutexLock lock(status_mutex_);
     reported_stall_ = stall_snapshot;
   }
   const std::string path = Dump("stall", stall_snapshot, now_ns);

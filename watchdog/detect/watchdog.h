@@ -9,12 +9,13 @@
 
 #include <atomic>
 #include <cstdint>
-#include <mutex>
 #include <optional>
 #include <set>
 #include <string>
 
+#include "absl/base/thread_annotations.h"
 #include "watchdog/common/config.h"
+#include "watchdog/common/mutex.h"
 #include "watchdog/report/facts.h"
 #include "watchdog/state/gpu_events.h"
 #include "watchdog/recover/p2p_verdict.h"
@@ -149,14 +150,14 @@ class Watchdog {
   std::atomic<std::int64_t> activity_since_ns_{0};
   std::int64_t next_status_ns_ = 0;
   // Status files are written by the watchdog thread and at communicator creation.
-  std::mutex status_mutex_;
+  Mutex status_mutex_;
   std::int64_t status_interval_ns_ = 0;
   std::atomic<std::uint64_t> dump_signals_{0};
   std::int64_t last_signal_dump_ns_ = 0;
   bool signal_dumped_ = false;
   // The stall last reported, carried in every status file until its operation completes: the
   // classifier counts an operation as stuck once some process reported it.
-  std::optional<StallSnapshot> reported_stall_;
+  std::optional<StallSnapshot> reported_stall_ ABSL_GUARDED_BY(status_mutex_);
   std::int64_t last_dump_wall_ns_ = 0;
   std::set<std::string> reported_inits_;
 };
