@@ -27,12 +27,6 @@
 
 namespace ncclguard {
 
-std::int64_t SteadyNowNs() noexcept {
-  timespec now;
-  clock_gettime(CLOCK_MONOTONIC, &now);
-  return static_cast<std::int64_t>(now.tv_sec) * 1000000000 + now.tv_nsec;
-}
-
 namespace {
 
 std::int64_t ToNs(Seconds seconds) { return static_cast<std::int64_t>(seconds.value * 1e9); }
@@ -546,11 +540,7 @@ class SystemEffects final : public WatchdogEffects {
 
   std::int64_t WallNowNs() override { return WallNow(); }
 
-  static std::int64_t WallNow() {
-    timespec now;
-    clock_gettime(CLOCK_REALTIME, &now);
-    return static_cast<std::int64_t>(now.tv_sec) * 1000000000 + now.tv_nsec;
-  }
+  static std::int64_t WallNow() { return ncclguard::WallNowNs(); }
 
  private:
   // The application closes communicators (NCCL frees them) while the watchdog may call NCCL on

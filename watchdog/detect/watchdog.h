@@ -12,6 +12,7 @@
 #include <set>
 #include <string>
 
+#include "watchdog/common/clock.h"
 #include "watchdog/common/config.h"
 #include "watchdog/report/facts.h"
 #include "watchdog/state/gpu_events.h"
@@ -205,8 +206,5 @@ bool CompleteRegistration(CommState& comm) noexcept;
 // completed a communicator's initialisation: a process that dies before the watchdog's next status
 // interval is then known to have been part of the job.
 void WriteStatusAtInit() noexcept;
-
-// Steady clock, as used for every recorded time.
-std::int64_t SteadyNowNs() noexcept;
 
 }  // namespace ncclguard
