@@ -3,7 +3,6 @@
 // Reads what the processes of a job left in their job directory and says which rank is at fault
 // and why. Exit status: 0 healthy, 1 something is wrong, 2 usage error or unreadable directory.
 #include <algorithm>
-#include <chrono>
 #include <cctype>
 #include <filesystem>
 #include <functional>
@@ -22,6 +21,7 @@
 #include "absl/strings/str_join.h"
 #include "cli/commands.h"
 #include "cli/trace.h"
+#include "watchdog/common/clock.h"
 #include "watchdog/common/config.h"
 #include "watchdog/report/dump.h"
 #include "watchdog/common/escape.h"
@@ -45,11 +45,6 @@ struct AnalyzeOptions {
   std::string trace_path;
   std::optional<double> status_interval_seconds;
 };
-
-std::int64_t NowNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
 
 std::string Upper(std::string text) {
   std::transform(text.begin(), text.end(), text.begin(), [](unsigned char c) { return std::toupper(c); });
@@ -200,7 +195,7 @@ int Analyze(const AnalyzeOptions& options) {
     return kExitUsage;
   }
   const double given_interval = options.status_interval_seconds.value_or(kDefaultStatusIntervalSeconds);
-  absl::StatusOr<JobView> job = ReadJobDirectory(options.directory, NowNs(), given_interval);
+  absl::StatusOr<JobView> job = ReadJobDirectory(options.directory, WallNowNs(), given_interval);
   if (!job.ok()) {
     std::cerr << "ncclguard analyze: cannot read " << options.directory << ": " << job.status().message() << '\n';
     return kExitUsage;

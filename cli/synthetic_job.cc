@@ -1,8 +1,8 @@
 #include "cli/synthetic_job.h"
 
-#include <chrono>
 
 #include "absl/strings/str_cat.h"
+#include "watchdog/common/clock.h"
 #include "watchdog/report/dump.h"
 #include "watchdog/report/facts.h"
 #include "watchdog/report/job_dir.h"
@@ -79,9 +79,7 @@ absl::Status WriteSyntheticJob(const std::string& job_dir, const SyntheticJob& j
     return absl::InvalidArgumentError("the late rank is not a rank of the job");
   }
   const std::int64_t now_ns =
-      job.now_ns != 0 ? job.now_ns
-                      : std::chrono::duration_cast<std::chrono::nanoseconds>(
-                            std::chrono::system_clock::now().time_since_epoch()).count();
+      job.now_ns != 0 ? job.now_ns : WallNowNs();
   const auto last = static_cast<std::uint64_t>(job.operations);
   const std::int64_t stalled_ns = static_cast<std::int64_t>(job.stalled_seconds * kNsPerSecond);
   // Operation #N is issued at base + N steps; the last one started `stalled_seconds` before now.

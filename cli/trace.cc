@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "watchdog/common/clock.h"
 #include "watchdog/report/dump.h"
 
 namespace ncclguard {

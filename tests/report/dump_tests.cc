@@ -17,6 +17,7 @@
 #include "tests/support/process.h"
 #include "watchdog/common/config.h"
 #include "watchdog/report/dump.h"
+#include "watchdog/report/snapshot_json.h"
 #include "watchdog/common/log.h"
 #include "watchdog/common/version.h"
 
@@ -194,6 +195,73 @@ TEST_CASE("the dump parses back, format and version first", "[dump]") {
   CHECK(document["watchdog"]["progress"][0]["last_completed"] == 19);
   CHECK(document["watchdog"]["progress"][0]["last_started"] == 20);
   CHECK(document["last_nccl_warning"] == "NCCL WARN peer 3 closed the connection");
+}
+
+std::vector<std::string> Keys(const Json& object) {
+  std::vector<std::string> keys;
+  for (const auto& [key, value] : object.items()) keys.push_back(key);
+  return keys;
+}
+
+TEST_CASE("each snapshot type has one JSON form; a status file carries a part of it", "[dump]") {
+  OpSnapshot completed;
+  completed.seq = 6;
+  completed.op = "AllReduce";
+  completed.dtype = "float32";
+  completed.count = 1024;
+  completed.bytes = 4096;
+  completed.reduction = "sum";
+  completed.stream = 0xffff'ffff'ffff'fff0;
+  completed.state = "completed";
+  OpSnapshot outstanding = completed;
+  outstanding.seq = 7;
+  outstanding.state = "started";
+  outstanding.enqueue_ns = 11;
+  outstanding.start_ns = 12;
+  CommSnapshot comm;
+  comm.id = "9f3a000000000001";
+  comm.rank = 1;
+  comm.nranks = 4;
+  comm.state = "ready";
+  comm.last_enqueued = 7;
+  comm.last_started = 7;
+  comm.last_completed = 6;
+  comm.ring = {completed, outstanding};
+
+  // Every field of an operation, and back.
+  const Json op_json = outstanding;
+  const OpSnapshot op_back = ReadOp(nlohmann::json::parse(op_json.dump()), OpFields::kAll);
+  CHECK(op_back.stream == outstanding.stream);
+  CHECK(op_back.start_ns == 12);
+  CHECK(Json(op_back) == op_json);
+
+  const Json status = CommJson(comm, SnapshotDocument::kStatus);
+  CHECK(Keys(status) == std::vector<std::string>{"id", "rank", "nranks", "state", "last_enqueued", "last_started",
+                                                 "last_completed", "async_error", "last_completed_op",
+                                                 "oldest_outstanding", "signatures"});
+  CHECK(Keys(status["last_completed_op"]) ==
+        std::vector<std::string>{"seq", "op", "dtype", "count", "bytes", "root", "peer", "reduction"});
+  CHECK(Keys(status["oldest_outstanding"]) ==
+        std::vector<std::string>{"seq", "op", "state", "bytes", "dtype", "count", "root", "peer", "reduction",
+                                 "enqueue_ns", "start_ns"});
+  const CommSnapshot status_back = ReadComm(nlohmann::json::parse(status.dump()), SnapshotDocument::kStatus);
+  REQUIRE(status_back.ring.size() == 2);
+  CHECK(status_back.ring[0].seq == 6);
+  CHECK(status_back.ring[0].state == "completed");
+  CHECK(status_back.ring[1].seq == 7);
+  CHECK(status_back.ring[1].start_ns == 12);
+  CHECK(status_back.last_completed == 6);
+
+  // What a file gets wrong is an exception for the reader to report, never a crash.
+  nlohmann::json wrong = nlohmann::json::parse(CommJson(comm, SnapshotDocument::kDump).dump());
+  wrong["ops"] = nlohmann::json::object();
+  CHECK_THROWS(ReadComm(wrong, SnapshotDocument::kDump));
+  wrong["ops"] = nlohmann::json::array({{{"seq", "seven"}}});
+  CHECK_THROWS(ReadComm(wrong, SnapshotDocument::kDump));
+  wrong["ops"] = nlohmann::json::array();
+  wrong["nranks"] = 100'000'000;
+  CHECK_THROWS(ReadComm(wrong, SnapshotDocument::kDump));
+  CHECK_THROWS(ReadStall(nlohmann::json::array(), SnapshotDocument::kStatus));
 }
 
 TEST_CASE("a dump without communicators, stall or rank is still complete", "[dump]") {

@@ -5,10 +5,14 @@
 
 #include <cstdlib>
 #include <map>
+#include <optional>
+#include <string>
+#include <string_view>
 #include <stdexcept>
 
 #include <catch2/catch.hpp>
 
+#include "watchdog/common/launcher.h"
 #include "watchdog/report/facts.h"
 
 namespace ncclguard {
@@ -115,6 +119,36 @@ TEST_CASE("launcher variables are kept in a fixed order and give the rank", "[fa
   ProcessFacts garbage;
   garbage.launcher = {{"RANK", "three"}};
   CHECK(LauncherRank(garbage) == -1);
+}
+
+TEST_CASE("the log prefix and the dump name the same launcher rank", "[facts]") {
+  // Slurm's rank and Open MPI's disagree (mpirun inside an allocation): both readers pick the
+  // same one, and LOCAL_RANK is never a job-wide rank.
+  std::map<std::string, std::optional<std::string>> saved;
+  for (const std::string_view name : kLauncherRankVariables) {
+    const std::string variable(name);
+    const char* value = std::getenv(variable.c_str());
+    saved[variable] = value != nullptr ? std::optional<std::string>(value) : std::nullopt;
+    unsetenv(variable.c_str());
+  }
+  const char* local_rank = std::getenv("LOCAL_RANK");
+  saved["LOCAL_RANK"] = local_rank != nullptr ? std::optional<std::string>(local_rank) : std::nullopt;
+  setenv("LOCAL_RANK", "1", 1);
+  setenv("SLURM_PROCID", "4", 1);
+  setenv("OMPI_COMM_WORLD_RANK", "6", 1);
+
+  const int for_log_prefix = LauncherRankFromEnvironment();
+  const int for_dump = LauncherRank(CollectIdentityFacts(RealFactSources()));
+
+  for (const auto& [name, value] : saved) {
+    if (value) {
+      setenv(name.c_str(), value->c_str(), 1);
+    } else {
+      unsetenv(name.c_str());
+    }
+  }
+  CHECK(for_log_prefix == 4);
+  CHECK(for_dump == 4);
 }
 
 TEST_CASE("only allowlisted variables reach the facts: secrets never do", "[facts]") {

@@ -9,9 +9,11 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
 
 namespace ncclguard {
 namespace {
@@ -81,10 +83,10 @@ bool CanBeDumpSignal(int number) {
 int SignalNumber(std::string name) {
   int number = 0;
   if (absl::SimpleAtoi(name, &number)) return number;
-  if (name.rfind("SIG", 0) == 0) name = name.substr(3);
+  name = std::string(absl::StripPrefix(name, "SIG"));
   for (const auto& [base, sign, value] : {std::tuple{"RTMIN", 1, SIGRTMIN}, std::tuple{"RTMAX", -1, SIGRTMAX}}) {
     const std::string prefix = base;
-    if (name.rfind(prefix, 0) != 0 || name.size() == prefix.size()) continue;
+    if (!absl::StartsWith(name, prefix) || name.size() == prefix.size()) continue;
     const char expected_sign = sign > 0 ? '+' : '-';
     int offset = 0;
     if (name[prefix.size()] != expected_sign || !absl::SimpleAtoi(name.substr(prefix.size() + 1), &offset)) return -1;

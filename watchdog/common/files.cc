@@ -12,9 +12,9 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
-#include <ctime>
 #include <thread>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -223,21 +223,11 @@ int UnfinishedThreads() noexcept { return g_unfinished_threads.load(); }
 std::string SafeFileName(const std::string& text) {
   std::string name;
   for (const char c : text.substr(0, 100)) {
-    const bool safe = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-                      c == '.' || c == '_' || c == '-';
+    const bool safe = absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-';
     name += safe ? c : '_';
   }
   if (!name.empty() && name[0] == '.') name[0] = '_';  // neither hidden nor "." or ".."
   return name.empty() ? "unknown" : name;
-}
-
-std::string IsoTime(std::int64_t epoch_ns) {
-  const std::time_t seconds = static_cast<std::time_t>(epoch_ns / 1'000'000'000);
-  std::tm utc{};
-  if (gmtime_r(&seconds, &utc) == nullptr) return "unknown";
-  char text[32];
-  std::strftime(text, sizeof(text), "%Y-%m-%dT%H:%M:%S", &utc);
-  return fmt::format("{}.{:03d}Z", text, static_cast<int>(epoch_ns % 1'000'000'000 / 1'000'000));
 }
 
 absl::StatusOr<int> OpenPrivateDirectory(const std::string& path, bool create, int levels_below_job_directory) {

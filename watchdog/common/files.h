@@ -75,9 +75,6 @@ absl::StatusOr<int> OpenPrivateDirectory(const std::string& directory, bool crea
 // "unknown" when empty.
 std::string SafeFileName(const std::string& text);
 
-// An ISO 8601 UTC time with milliseconds: 2025-01-31T12:34:56.789Z.
-std::string IsoTime(std::int64_t epoch_ns);
-
 namespace detail {
 // Starts `body` on a detached thread with every signal blocked. False (and nothing started) when
 // too many earlier bodies are still running: a hung file system then costs a bounded number of

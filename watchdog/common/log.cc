@@ -10,6 +10,7 @@
 #include <spdlog/sinks/base_sink.h>
 #include <spdlog/sinks/stdout_sinks.h>
 
+#include "absl/strings/str_cat.h"
 #include "watchdog/common/files.h"
 #include "watchdog/common/escape.h"
 
@@ -40,7 +41,7 @@ spdlog::level::level_enum ToSpdlog(LogLevel level) {
 // forked child makes its own logger).
 class NcclStyleFormatter final : public spdlog::formatter {
  public:
-  NcclStyleFormatter() : prefix_(EscapeControlCharacters(HostOrUnknown()) + ":" + std::to_string(getpid()) + ":") {}
+  NcclStyleFormatter() : prefix_(absl::StrCat(EscapeControlCharacters(HostOrUnknown()), ":", getpid(), ":")) {}
 
   void format(const spdlog::details::log_msg& msg, spdlog::memory_buf_t& dest) override {
     dest.append(prefix_.data(), prefix_.data() + prefix_.size());
@@ -118,7 +119,7 @@ std::string ExpandPathPattern(const std::string& pattern) {
         continue;
       }
       if (pattern[i + 1] == 'p') {
-        path += std::to_string(getpid());
+        absl::StrAppend(&path, getpid());
         ++i;
         continue;
       }

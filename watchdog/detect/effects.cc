@@ -8,6 +8,7 @@
 #include <thread>
 #include <utility>
 
+#include "watchdog/common/clock.h"
 #include "watchdog/common/config.h"
 #include "watchdog/common/describe.h"
 #include "watchdog/common/libraries.h"
@@ -50,8 +51,8 @@ void SystemEffects::CollectFacts() {
 }
 
 void SystemEffects::WaitForFacts(std::chrono::milliseconds at_most) const {
-  const auto give_up = std::chrono::steady_clock::now() + at_most;
-  while (!facts_collected_.load(std::memory_order_acquire) && std::chrono::steady_clock::now() < give_up) {
+  const std::int64_t give_up = SteadyNowNs() + std::chrono::nanoseconds(at_most).count();
+  while (!facts_collected_.load(std::memory_order_acquire) && SteadyNowNs() < give_up) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
 }
@@ -89,7 +90,7 @@ std::vector<Verdict> SystemEffects::Classify(const ProcessSnapshot& own_status) 
   if (JobDir().empty()) return {};
   WriteStatus(own_status);  // the others' files are as fresh as their last interval; ours is now
   const double interval = StatusIntervalSeconds(GetConfig().status_interval.value, 0);
-  const absl::StatusOr<JobView> job = ReadJobDirectory(JobDir(), WallNow(), interval, JobDirectoryOrigin::kOwn);
+  const absl::StatusOr<JobView> job = ReadJobDirectory(JobDir(), ::ncclguard::WallNowNs(), interval, JobDirectoryOrigin::kOwn);
   if (!job.ok()) return {};
   return ncclguard::Classify(*job);
 }
@@ -143,13 +144,7 @@ void SystemEffects::Exit(int code) {
   _exit(code);
 }
 
-std::int64_t SystemEffects::WallNowNs() { return WallNow(); }
-
-std::int64_t SystemEffects::WallNow() {
-  timespec now;
-  clock_gettime(CLOCK_REALTIME, &now);
-  return static_cast<std::int64_t>(now.tv_sec) * 1000000000 + now.tv_nsec;
-}
+std::int64_t SystemEffects::WallNowNs() { return ::ncclguard::WallNowNs(); }
 
 bool SystemEffects::EnterComm(CommState& comm) {
   comm.watchdog_in_call.store(true, std::memory_order_seq_cst);

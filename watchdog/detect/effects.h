@@ -48,8 +48,6 @@ class SystemEffects final : public WatchdogEffects {
   [[noreturn]] void Exit(int code) override;
   std::int64_t WallNowNs() override;
 
-  static std::int64_t WallNow();
-
  private:
   // The application closes communicators (NCCL frees them) while the watchdog may call NCCL on
   // them: each side announces itself, then checks the other (both sequentially consistent).
@@ -67,7 +65,7 @@ class SystemEffects final : public WatchdogEffects {
   Mutex job_dir_mutex_;
   std::string job_id_ ABSL_GUARDED_BY(job_dir_mutex_);
   std::string job_dir_ ABSL_GUARDED_BY(job_dir_mutex_);
-  const std::int64_t started_wall_ns_ = SystemEffects::WallNow();
+  const std::int64_t started_wall_ns_ = ::ncclguard::WallNowNs();
   const ProcessFacts identity_ = CollectIdentityFacts(RealFactSources());
   ProcessFacts facts_;
   std::atomic<bool> facts_collected_{false};

@@ -20,6 +20,7 @@
 
 #include <fmt/format.h>
 
+#include "watchdog/common/clock.h"
 #include "watchdog/common/config.h"
 #include "watchdog/common/log.h"
 #include "watchdog/detect/effects.h"

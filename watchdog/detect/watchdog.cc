@@ -22,12 +22,6 @@
 
 namespace ncclguard {
 
-std::int64_t SteadyNowNs() noexcept {
-  timespec now;
-  clock_gettime(CLOCK_MONOTONIC, &now);
-  return static_cast<std::int64_t>(now.tv_sec) * 1000000000 + now.tv_nsec;
-}
-
 namespace {
 
 std::int64_t ToNs(Seconds seconds) { return static_cast<std::int64_t>(seconds.value * 1e9); }

@@ -14,6 +14,7 @@
 #include <string>
 
 #include "absl/base/thread_annotations.h"
+#include "watchdog/common/clock.h"
 #include "watchdog/common/config.h"
 #include "watchdog/common/mutex.h"
 #include "watchdog/report/facts.h"
@@ -162,7 +163,5 @@ class Watchdog {
   std::set<std::string> reported_inits_;
 };
 
-// Steady clock, as used for every recorded time.
-std::int64_t SteadyNowNs() noexcept;
 
 }  // namespace ncclguard

@@ -20,6 +20,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "watchdog/common/clock.h"
 #include "watchdog/common/config.h"
 #include "watchdog/common/describe.h"
 #include "watchdog/report/dump.h"

@@ -8,10 +8,10 @@
 
 #include <atomic>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <mutex>
 
+#include "watchdog/common/launcher.h"
 #include "watchdog/common/libraries.h"
 #include "watchdog/common/config.h"
 #include "watchdog/common/log.h"
@@ -29,19 +29,6 @@ enum class State { kNotStarted, kActive, kDisabled, kBroken };
 
 std::atomic<State> g_state{State::kNotStarted};
 std::mutex g_start_mutex;
-
-// The rank the launcher gave this process, for the log prefix until a communicator says more.
-int LauncherRank() {
-  for (const char* name : {"RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID",
-                           "PADDLE_TRAINER_ID"}) {
-    if (const char* value = std::getenv(name); value != nullptr && *value != '\0') {
-      char* end = nullptr;
-      const long rank = std::strtol(value, &end, 10);
-      if (*end == '\0' && rank >= 0) return static_cast<int>(rank);
-    }
-  }
-  return -1;
-}
 
 std::string ProgramName() {
   char path[1024] = {};
@@ -74,7 +61,8 @@ bool Start(RealLibraries& libraries) noexcept {
   }
   try {
     log::Start(config);
-    log::SetRank(LauncherRank());
+    // The launcher's rank until a communicator says more.
+    log::SetRank(LauncherRankFromEnvironment());
     RegisterForkHandlersOnce();
     log::Info("ncclguard {} watching {} (pid {})", kVersion, ProgramName(), getpid());
     for (const std::string& line : config.effective_values) log::Info("setting {}", line);

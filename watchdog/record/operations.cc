@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "watchdog/common/libraries.h"
+#include "watchdog/common/clock.h"
 #include "watchdog/common/config.h"
 #include "watchdog/common/describe.h"
 #include "watchdog/common/log.h"

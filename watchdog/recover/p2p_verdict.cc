@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "watchdog/common/clock.h"
 #include "watchdog/report/dump.h"
 #include "watchdog/report/dump_reader.h"
 

@@ -9,8 +9,10 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "watchdog/common/clock.h"
 #include "watchdog/common/log.h"
 #include "watchdog/common/version.h"
+#include "watchdog/report/snapshot_json.h"
 
 namespace ncclguard {
 namespace {
@@ -18,71 +20,6 @@ namespace {
 using Json = nlohmann::ordered_json;
 
 std::atomic<std::uint64_t> g_dump_counter{0};
-
-std::string Hex(std::uint64_t value) { return fmt::format("0x{:x}", value); }
-
-Json OpJson(const OpSnapshot& op) {
-  return Json{{"seq", op.seq},
-              {"op", op.op},
-              {"dtype", op.dtype},
-              {"count", op.count},
-              {"bytes", op.bytes},
-              {"root", op.root},
-              {"peer", op.peer},
-              {"reduction", op.reduction},
-              {"stream", Hex(op.stream)},
-              {"group", op.group},
-              {"host_thread", op.host_thread},
-              {"enqueue_ns", op.enqueue_ns},
-              {"start_ns", op.start_ns},
-              {"end_ns", op.end_ns},
-              {"gpu_ms", op.gpu_ms},
-              {"result", op.result},
-              {"state", op.state}};
-}
-
-Json CommJson(const CommSnapshot& comm) {
-  Json ops = Json::array();
-  for (const OpSnapshot& op : comm.ring) ops.push_back(OpJson(op));
-  return Json{{"id", comm.id},
-              {"handle", Hex(comm.handle)},
-              {"rank", comm.rank},
-              {"nranks", comm.nranks},
-              {"device", comm.device},
-              {"created_by", comm.created_by},
-              {"parent_id", comm.parent_id},
-              {"library_path", comm.library_path},
-              {"nccl_version", NcclVersionText(comm.nccl_version)},
-              {"state", comm.state},
-              {"init_start_ns", comm.init_start_ns},
-              {"init_end_ns", comm.init_end_ns},
-              {"async_error", comm.async_error},
-              {"dropped", comm.dropped},
-              {"ops", std::move(ops)}};
-}
-
-Json StallJson(const std::optional<StallSnapshot>& stall) {
-  if (!stall) return nullptr;
-  return Json{{"kind", stall->kind},
-              {"comm_id", stall->comm_id},
-              {"seq", stall->seq},
-              {"seconds", stall->seconds},
-              {"message", stall->message},
-              {"verdict", stall->verdict},
-              {"verdict_message", stall->verdict_message}};
-}
-
-Json PendingInitsJson(const std::vector<PendingInitSnapshot>& pending_inits) {
-  Json inits = Json::array();
-  for (const PendingInitSnapshot& init : pending_inits) {
-    inits.push_back(Json{{"comm_id", init.comm_id},
-                         {"api", init.api},
-                         {"rank", init.rank},
-                         {"nranks", init.nranks},
-                         {"start_ns", init.start_ns}});
-  }
-  return inits;
-}
 
 int BestRank(const ProcessSnapshot& snapshot, const ProcessFacts& facts) {
   return snapshot.rank >= 0 ? snapshot.rank : LauncherRank(facts);
@@ -132,12 +69,8 @@ std::string FormatDump(const ProcessSnapshot& snapshot, const ProcessFacts& fact
   Json communicators = Json::array();
   Json progress = Json::array();
   for (const CommSnapshot& comm : snapshot.comms) {
-    communicators.push_back(CommJson(comm));
-    progress.push_back(Json{{"comm_id", comm.id},
-                            {"rank", comm.rank},
-                            {"last_enqueued", comm.last_enqueued},
-                            {"last_started", comm.last_started},
-                            {"last_completed", comm.last_completed}});
+    communicators.push_back(CommJson(comm, SnapshotDocument::kDump));
+    progress.push_back(ProgressJson(comm));
   }
   const Json document{
       {"format", "ncclguard-dump"},
@@ -160,10 +93,10 @@ std::string FormatDump(const ProcessSnapshot& snapshot, const ProcessFacts& fact
             {"peak_rss_bytes", facts.peak_rss_bytes}}},
       {"system", SystemFactsJson(facts, /*with_memory=*/true)},
       {"communicators", std::move(communicators)},
-      {"stall", StallJson(snapshot.stall)},
+      {"stall", snapshot.stall ? StallJson(*snapshot.stall, SnapshotDocument::kDump) : Json(nullptr)},
       {"watchdog", Json{{"in_nccl_call", snapshot.in_nccl_call}, {"progress", std::move(progress)}}},
       {"last_nccl_warning", snapshot.last_nccl_warning},
-      {"pending_inits", PendingInitsJson(snapshot.pending_inits)},
+      {"pending_inits", snapshot.pending_inits},
       {"exiting", snapshot.exiting}};
   // Text from NCCL or the environment may hold invalid UTF-8: replace it rather than fail.
   return document.dump(-1, ' ', false, Json::error_handler_t::replace) + "\n";

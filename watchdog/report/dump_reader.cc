@@ -1,148 +1,65 @@
 #include "watchdog/report/dump_reader.h"
 
-#include <cstdlib>
 #include <exception>
 
 #include <nlohmann/json.hpp>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "watchdog/report/dump.h"
+#include "watchdog/report/snapshot_json.h"
 
 namespace ncclguard {
 namespace {
 
 using Json = nlohmann::json;
 
-// Handles and streams are written as "0x…" strings: JSON numbers lose precision past 2^53.
-std::uint64_t ParseHex(const Json& value) {
-  const std::string text = value.get<std::string>();
-  return std::strtoull(text.c_str(), nullptr, 16);
-}
-
-// "2.28.9" → 22809, the code ncclGetVersion returns; 0 for "unknown".
-int ParseNcclVersion(const Json& value) {
-  const std::vector<std::string> parts = absl::StrSplit(value.get<std::string>(), '.');
-  int major = 0;
-  int minor = 0;
-  int patch = 0;
-  if (parts.size() != 3 || !absl::SimpleAtoi(parts[0], &major) || !absl::SimpleAtoi(parts[1], &minor) ||
-      !absl::SimpleAtoi(parts[2], &patch)) {
-    return 0;
-  }
-  // Before 2.9 the code was major*1000 + minor*100 + patch.
-  return major > 2 || (major == 2 && minor >= 9) ? major * 10000 + minor * 100 + patch
-                                                 : major * 1000 + minor * 100 + patch;
-}
-
-OpSnapshot ParseOp(const Json& entry) {
-  OpSnapshot op;
-  op.seq = entry.at("seq").get<std::uint64_t>();
-  op.op = entry.at("op").get<std::string>();
-  op.dtype = entry.at("dtype").get<std::string>();
-  op.count = entry.at("count").get<std::uint64_t>();
-  op.bytes = entry.at("bytes").get<std::uint64_t>();
-  op.root = entry.at("root").get<int>();
-  op.peer = entry.at("peer").get<int>();
-  op.reduction = entry.at("reduction").get<std::string>();
-  op.stream = ParseHex(entry.at("stream"));
-  op.group = entry.at("group").get<std::uint64_t>();
-  op.host_thread = entry.at("host_thread").get<std::int64_t>();
-  op.enqueue_ns = entry.at("enqueue_ns").get<std::int64_t>();
-  op.start_ns = entry.at("start_ns").get<std::int64_t>();
-  op.end_ns = entry.at("end_ns").get<std::int64_t>();
-  op.gpu_ms = entry.at("gpu_ms").get<double>();
-  op.result = entry.at("result").get<int>();
-  op.state = entry.at("state").get<std::string>();
-  return op;
-}
-
-CommSnapshot ParseComm(const Json& entry) {
-  CommSnapshot comm;
-  comm.id = entry.at("id").get<std::string>();
-  comm.handle = ParseHex(entry.at("handle"));
-  comm.rank = entry.at("rank").get<int>();
-  comm.nranks = entry.at("nranks").get<int>();
-  CheckRanks(comm.rank, comm.nranks);
-  comm.device = entry.at("device").get<int>();
-  comm.created_by = entry.at("created_by").get<std::string>();
-  comm.parent_id = entry.at("parent_id").get<std::string>();
-  comm.library_path = entry.at("library_path").get<std::string>();
-  comm.nccl_version = ParseNcclVersion(entry.at("nccl_version"));
-  comm.state = entry.at("state").get<std::string>();
-  comm.init_start_ns = entry.at("init_start_ns").get<std::int64_t>();
-  comm.init_end_ns = entry.at("init_end_ns").get<std::int64_t>();
-  comm.async_error = entry.at("async_error").get<std::string>();
-  comm.dropped = entry.at("dropped").get<std::uint64_t>();
-  for (const Json& op : entry.at("ops")) comm.ring.push_back(ParseOp(op));
-  return comm;
-}
-
-ParsedDump ParseDocument(const Json& document) {
+void CheckFormat(const Json& document) {
   if (document.at("format").get<std::string>() != "ncclguard-dump") {
     throw std::runtime_error("not an ncclguard dump");
   }
   if (const int version = document.at("format_version").get<int>(); version != kDumpFormatVersion) {
     throw std::runtime_error(absl::StrCat("dump format version ", version, " is not ", kDumpFormatVersion));
   }
-  ParsedDump parsed;
-  ProcessFacts& facts = parsed.facts;
-  facts.host = document.at("host").get<std::string>();
-  facts.pid = document.at("pid").get<int>();
-  facts.nccl_version = ParseNcclVersion(document.at("nccl_version"));
+}
+
+ProcessFacts ReadFacts(const Json& document) {
+  ProcessFacts facts;
+  document.at("host").get_to(facts.host);
+  document.at("pid").get_to(facts.pid);
+  facts.nccl_version = NcclVersionCode(document.at("nccl_version").get<std::string>());
   const Json& process = document.at("process");
-  facts.ppid = process.at("ppid").get<int>();
-  facts.program = process.at("program").get<std::string>();
-  facts.command_line = process.at("command_line").get<std::vector<std::string>>();
+  process.at("ppid").get_to(facts.ppid);
+  process.at("program").get_to(facts.program);
+  process.at("command_line").get_to(facts.command_line);
   facts.launcher = ParseVariables(process.at("launcher"));
   facts.environment = ParseVariables(process.at("environment"));
-  facts.rss_bytes = process.at("rss_bytes").get<std::int64_t>();
-  facts.peak_rss_bytes = process.at("peak_rss_bytes").get<std::int64_t>();
+  process.at("rss_bytes").get_to(facts.rss_bytes);
+  process.at("peak_rss_bytes").get_to(facts.peak_rss_bytes);
   ParseSystemFacts(document.at("system"), facts);
+  return facts;
+}
 
-  ProcessSnapshot& snapshot = parsed.snapshot;
-  snapshot.reason = document.at("reason").get<std::string>();
-  snapshot.time_ns = document.at("time_ns").get<std::int64_t>();
-  snapshot.rank = document.at("rank").get<int>();
-  for (const Json& comm : document.at("communicators")) snapshot.comms.push_back(ParseComm(comm));
+ProcessSnapshot ReadSnapshot(const Json& document) {
+  ProcessSnapshot snapshot;
+  document.at("reason").get_to(snapshot.reason);
+  document.at("time_ns").get_to(snapshot.time_ns);
+  document.at("rank").get_to(snapshot.rank);
+  snapshot.comms = ReadArray(document.at("communicators"),
+                             [](const Json& comm) { return ReadComm(comm, SnapshotDocument::kDump); });
   if (const Json& stall = document.at("stall"); !stall.is_null()) {
-    StallSnapshot& read = snapshot.stall.emplace();
-    read.kind = stall.at("kind").get<std::string>();
-    read.comm_id = stall.at("comm_id").get<std::string>();
-    read.seq = stall.at("seq").get<std::uint64_t>();
-    read.seconds = stall.at("seconds").get<double>();
-    read.message = stall.at("message").get<std::string>();
-    read.verdict = stall.value("verdict", "");
-    read.verdict_message = stall.value("verdict_message", "");
+    snapshot.stall = ReadStall(stall, SnapshotDocument::kDump);
   }
   const Json& watchdog = document.at("watchdog");
-  snapshot.in_nccl_call = watchdog.at("in_nccl_call").get<std::string>();
+  watchdog.at("in_nccl_call").get_to(snapshot.in_nccl_call);
   // The progress counters live apart from the communicators, in the watchdog's section.
-  for (const Json& progress : watchdog.at("progress")) {
-    const std::string id = progress.at("comm_id").get<std::string>();
-    const int rank = progress.at("rank").get<int>();
-    for (CommSnapshot& comm : snapshot.comms) {
-      if (comm.id != id || comm.rank != rank) continue;
-      comm.last_enqueued = progress.at("last_enqueued").get<std::uint64_t>();
-      comm.last_started = progress.at("last_started").get<std::uint64_t>();
-      comm.last_completed = progress.at("last_completed").get<std::uint64_t>();
-    }
-  }
-  snapshot.last_nccl_warning = document.at("last_nccl_warning").get<std::string>();
+  for (const Json& progress : CheckedArray(watchdog.at("progress"))) ReadProgress(progress, snapshot.comms);
+  document.at("last_nccl_warning").get_to(snapshot.last_nccl_warning);
   // Added to format version 1 later: earlier dumps lack them.
   if (const auto inits = document.find("pending_inits"); inits != document.end()) {
-    for (const Json& init : *inits) {
-      CheckRanks(init.at("rank").get<int>(), init.at("nranks").get<int>());
-      snapshot.pending_inits.push_back(PendingInitSnapshot{.comm_id = init.at("comm_id").get<std::string>(),
-                                                           .api = init.at("api").get<std::string>(),
-                                                           .rank = init.at("rank").get<int>(),
-                                                           .nranks = init.at("nranks").get<int>(),
-                                                           .start_ns = init.at("start_ns").get<std::int64_t>()});
-    }
+    snapshot.pending_inits = ReadArray(*inits, [](const Json& init) { return init.get<PendingInitSnapshot>(); });
   }
   snapshot.exiting = document.value("exiting", false);
-  return parsed;
+  return snapshot;
 }
 
 // A SAX handler that measures a document without building it: its depth, and roughly what it
@@ -221,6 +138,7 @@ void CheckRanks(int rank, int nranks) {
 }
 
 EnvironmentVariables ParseVariables(const nlohmann::json& object) {
+  if (!object.is_object()) throw std::runtime_error(absl::StrCat("variables are an object, not ", object.type_name()));
   EnvironmentVariables variables;
   for (const auto& [name, value] : object.items()) variables.emplace_back(name, value.get<std::string>());
   return variables;
@@ -237,7 +155,7 @@ void ParseSystemFacts(const nlohmann::json& system, ProcessFacts& facts) {
   facts.cuda.peer_access = system.value("peer_access", std::vector<std::vector<int>>());
   facts.host_memory_total_bytes = system.value("host_memory_total_bytes", std::int64_t{-1});
   facts.host_memory_available_bytes = system.value("host_memory_available_bytes", std::int64_t{-1});
-  for (const Json& gpu : system.at("gpus")) {
+  for (const Json& gpu : CheckedArray(system.at("gpus"))) {
     facts.cuda.gpus.push_back(GpuFacts{.device = gpu.at("device").get<int>(),
                                        .name = gpu.at("name").get<std::string>(),
                                        .pci_bus_id = gpu.at("pci_bus_id").get<std::string>(),
@@ -248,7 +166,9 @@ void ParseSystemFacts(const nlohmann::json& system, ProcessFacts& facts) {
 
 absl::StatusOr<ParsedDump> ParseDump(const std::string& content) noexcept {
   try {
-    return ParseDocument(ParseBoundedJson(content));
+    const Json document = ParseBoundedJson(content);
+    CheckFormat(document);
+    return ParsedDump{.snapshot = ReadSnapshot(document), .facts = ReadFacts(document)};
   } catch (const std::exception& error) {
     return absl::InvalidArgumentError(error.what());
   }

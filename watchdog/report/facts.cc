@@ -1,5 +1,4 @@
 #include "watchdog/report/facts.h"
-#include "watchdog/common/log.h"
 
 #include <dlfcn.h>
 #include <fcntl.h>
@@ -17,8 +16,14 @@
 #include <cuda.h>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
+#include "absl/strings/strip.h"
+#include "watchdog/common/launcher.h"
+#include "watchdog/common/log.h"
 #include "watchdog/common/libraries.h"
 
 extern char** environ;
@@ -40,10 +45,6 @@ constexpr std::array kLauncherVariables = {
     "PMIX_RANK", "PMIX_NAMESPACE", "PADDLE_TRAINER_ID", "PADDLE_TRAINERS_NUM", "PADDLE_JOB_ID",
     "LSB_JOBID", "PBS_JOBID", "FLUX_JOB_ID"};
 
-// In order of preference: the variables that hold a process's rank in the whole job.
-constexpr std::array kLauncherRankVariables = {"RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK",
-                                               "PMI_RANK", "PMIX_RANK", "PADDLE_TRAINER_ID"};
-
 template <typename T, typename Source, typename... Args>
 T Ask(const Source& source, T fallback, const Args&... args) noexcept {
   if (!source) return fallback;
@@ -64,10 +65,10 @@ std::optional<std::string> ReadLink(const std::string& path) {
 EnvironmentVariables ProcessEnvironment() {
   EnvironmentVariables variables;
   for (char** entry = environ; entry != nullptr && *entry != nullptr; ++entry) {
-    const std::string_view text(*entry);
-    const size_t equals = text.find('=');
-    if (equals == std::string_view::npos) continue;
-    variables.emplace_back(std::string(text.substr(0, equals)), std::string(text.substr(equals + 1)));
+    const absl::string_view text(*entry);
+    if (!absl::StrContains(text, '=')) continue;
+    std::pair<std::string, std::string> variable = absl::StrSplit(text, absl::MaxSplits('=', 1));
+    variables.push_back(std::move(variable));
   }
   return variables;
 }
@@ -264,35 +265,23 @@ CudaFacts ReadCudaFacts(const std::vector<int>& devices) {
 }
 
 // "MemAvailable:   123456 kB" → bytes; -1 when the key is absent or unreadable.
-std::int64_t KilobyteField(const std::optional<std::string>& text, std::string_view key) {
+std::int64_t KilobyteField(const std::optional<std::string>& text, absl::string_view key) {
   if (!text) return -1;
-  size_t line_start = 0;
-  while (line_start < text->size()) {
-    size_t line_end = text->find('\n', line_start);
-    if (line_end == std::string::npos) line_end = text->size();
-    const std::string_view line(text->data() + line_start, line_end - line_start);
-    if (line.size() > key.size() && line.substr(0, key.size()) == key && line[key.size()] == ':') {
-      std::string value(line.substr(key.size() + 1));
-      if (const size_t unit = value.find("kB"); unit != std::string::npos) value.erase(unit);
-      std::int64_t kilobytes = 0;
-      if (absl::SimpleAtoi(value, &kilobytes) && kilobytes >= 0) return kilobytes * 1024;
-      return -1;
-    }
-    line_start = line_end + 1;
+  const std::string prefix = absl::StrCat(key, ":");
+  for (absl::string_view line : absl::StrSplit(*text, '\n')) {
+    if (!absl::ConsumePrefix(&line, prefix)) continue;
+    if (const size_t unit = line.find("kB"); unit != absl::string_view::npos) line = line.substr(0, unit);
+    std::int64_t kilobytes = 0;
+    return absl::SimpleAtoi(line, &kilobytes) && kilobytes >= 0 ? kilobytes * 1024 : -1;
   }
   return -1;
 }
 
-std::vector<std::string> SplitNulSeparated(const std::string& text) {
-  std::vector<std::string> parts;
-  size_t start = 0;
-  while (start < text.size()) {
-    size_t end = text.find('\0', start);
-    if (end == std::string::npos) end = text.size();
-    parts.emplace_back(text, start, end - start);
-    start = end + 1;
-  }
-  return parts;
+// /proc/self/cmdline: each argument ends with a NUL, so the last one's separates nothing.
+std::vector<std::string> SplitNulSeparated(absl::string_view text) {
+  if (text.empty()) return {};
+  absl::ConsumeSuffix(&text, absl::string_view("\0", 1));
+  return absl::StrSplit(text, '\0');
 }
 
 std::string KnownOr(std::string value) { return value.empty() ? "unknown" : value; }
@@ -325,12 +314,25 @@ std::string NcclVersionText(int code) {
   // NCCL 2.9 changed the code from major*1000+minor*100+patch to major*10000+minor*100+patch.
   const int major = code >= 10000 ? code / 10000 : code / 1000;
   const int minor = code >= 10000 ? code % 10000 / 100 : code % 1000 / 100;
-  return std::to_string(major) + "." + std::to_string(minor) + "." + std::to_string(code % 100);
+  return absl::StrCat(major, ".", minor, ".", code % 100);
+}
+
+int NcclVersionCode(const std::string& text) {
+  const std::vector<std::string> parts = absl::StrSplit(text, '.');
+  int major = 0;
+  int minor = 0;
+  int patch = 0;
+  if (parts.size() != 3 || !absl::SimpleAtoi(parts[0], &major) || !absl::SimpleAtoi(parts[1], &minor) ||
+      !absl::SimpleAtoi(parts[2], &patch)) {
+    return 0;
+  }
+  return major > 2 || (major == 2 && minor >= 9) ? major * 10000 + minor * 100 + patch
+                                                 : major * 1000 + minor * 100 + patch;
 }
 
 bool IsAllowlistedVariable(const std::string& name) {
-  for (const std::string_view prefix : {"NCCL_", "CUDA_", "NCCLGUARD_"}) {
-    if (name.size() > prefix.size() && name.compare(0, prefix.size(), prefix) == 0) return true;
+  for (const absl::string_view prefix : {"NCCL_", "CUDA_", "NCCLGUARD_"}) {
+    if (name.size() > prefix.size() && absl::StartsWith(name, prefix)) return true;
   }
   return name == "LD_PRELOAD" || name == "LD_LIBRARY_PATH";
 }
@@ -339,15 +341,15 @@ namespace {
 
 constexpr char kRedacted[] = "<redacted>";
 
-bool ContainsAnyWord(std::string_view text, std::initializer_list<std::string_view> words) {
-  const std::string upper = absl::AsciiStrToUpper(std::string(text));
-  for (const std::string_view word : words) {
-    if (upper.find(word) != std::string::npos) return true;
+bool ContainsAnyWord(absl::string_view text, std::initializer_list<absl::string_view> words) {
+  const std::string upper = absl::AsciiStrToUpper(text);
+  for (const absl::string_view word : words) {
+    if (absl::StrContains(upper, word)) return true;
   }
   return false;
 }
 
-bool NamesSecretVariable(std::string_view name) {
+bool NamesSecretVariable(absl::string_view name) {
   return ContainsAnyWord(name, {"PASSWORD", "TOKEN", "SECRET", "KEY"});
 }
 
@@ -356,13 +358,13 @@ bool NamesSecretVariable(std::string_view name) {
 std::vector<std::string> RedactCommandLine(std::vector<std::string> arguments) {
   bool value_follows = false;
   for (std::string& argument : arguments) {
-    if (std::exchange(value_follows, false) && argument.rfind("--", 0) != 0) {
+    if (std::exchange(value_follows, false) && !absl::StartsWith(argument, "--")) {
       argument = kRedacted;
       continue;
     }
-    if (argument.rfind("--", 0) != 0) continue;
+    if (!absl::StartsWith(argument, "--")) continue;
     const size_t equals = argument.find('=');
-    if (!ContainsAnyWord(std::string_view(argument).substr(0, equals), {"KEY", "TOKEN", "PASSWORD"})) continue;
+    if (!ContainsAnyWord(absl::string_view(argument).substr(0, equals), {"KEY", "TOKEN", "PASSWORD"})) continue;
     if (equals != std::string::npos) {
       argument = absl::StrCat(argument.substr(0, equals + 1), kRedacted);
     } else {
@@ -389,13 +391,12 @@ bool InitialiseCudaDriver() {
 }
 
 int LauncherRank(const ProcessFacts& facts) {
-  for (const std::string_view variable : kLauncherRankVariables) {
+  return LauncherRankFrom([&](std::string_view variable) -> std::optional<std::string> {
     for (const auto& [name, value] : facts.launcher) {
-      int rank = -1;
-      if (name == variable && absl::SimpleAtoi(value, &rank) && rank >= 0) return rank;
+      if (name == variable) return value;
     }
-  }
-  return -1;
+    return std::nullopt;
+  });
 }
 
 FactSources RealFactSources() {

@@ -93,6 +93,8 @@ ProcessFacts CollectIdentityFacts(const FactSources& sources);
 // An ncclGetVersion code as text: 22809 → "2.28.9" (and 2708 → "2.7.8", before NCCL 2.9 changed
 // the encoding); "unknown" for 0.
 std::string NcclVersionText(int code);
+// And back: "2.28.9" → 22809, "2.7.8" → 2708; 0 for "unknown" or anything else.
+int NcclVersionCode(const std::string& text);
 
 // True for the variables a dump may show: NCCL_*, CUDA_*, NCCLGUARD_*, LD_PRELOAD and
 // LD_LIBRARY_PATH. Nothing else: secrets live in the environment. (The values of those whose name
@@ -115,8 +117,8 @@ inline constexpr const char* kNcclP2pVariables[] = {"NCCL_P2P_DISABLE", "NCCL_P2
 // it must not initialise CUDA on an application's behalf.
 bool InitialiseCudaDriver();
 
-// The launcher's rank, as RANK, SLURM_PROCID, OMPI_COMM_WORLD_RANK, PMI_RANK, PMIX_RANK or
-// PADDLE_TRAINER_ID say (first one set); -1 when none is.
+// The launcher's rank among the launcher variables kept in the facts, read as the log prefix reads
+// it from the environment (common/launcher.h); -1 when none is set.
 int LauncherRank(const ProcessFacts& facts);
 
 }  // namespace ncclguard

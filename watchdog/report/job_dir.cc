@@ -19,10 +19,12 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "watchdog/common/clock.h"
 #include "watchdog/report/dump.h"
 #include "watchdog/report/dump_reader.h"
 #include "watchdog/common/log.h"
 #include "watchdog/report/op_signature.h"
+#include "watchdog/report/snapshot_json.h"
 
 namespace ncclguard {
 namespace {
@@ -36,12 +38,6 @@ constexpr size_t kMaxReadBytes = 1 << 20;  // a status file is a few KiB; anythi
 constexpr size_t kMaxGenerationBytes = 256;  // one request's name
 
 std::atomic<std::uint64_t> g_request_counter{0};
-
-std::int64_t NowNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
 
 std::string HostName() {
   const std::string host = log::HostName();
@@ -72,81 +68,14 @@ void ParseFacts(const nlohmann::json& document, ProcessFacts& facts) {
   if (const auto system = document.find("system"); system != document.end()) ParseSystemFacts(*system, facts);
 }
 
-Json SignaturesJson(const CommSnapshot& comm) {
-  if (comm.signatures.empty()) return nullptr;
-  return Json{{"first_seq", comm.signatures_first_seq}, {"hashes", SignaturesToHex(comm.signatures)}};
-}
-
-// Signatures that cannot be read, or that do not end at #last_enqueued as written, are left out:
-// they only add evidence. Call after reading last_enqueued.
-void ParseSignatures(const nlohmann::json& entry, CommSnapshot& comm) {
-  const auto signatures = entry.find("signatures");
-  if (signatures == entry.end() || !signatures->is_object()) return;
-  const auto first_seq = signatures->find("first_seq");
-  const auto hashes = signatures->find("hashes");
-  if (first_seq == signatures->end() || !first_seq->is_number_unsigned() || hashes == signatures->end() ||
-      !hashes->is_string()) {
-    return;
-  }
-  const std::uint64_t first = first_seq->get<std::uint64_t>();
-  const bool parsed = SignaturesFromHex(hashes->get<std::string>(), comm.signatures);
-  const std::uint64_t count = comm.signatures.size();
-  if (!parsed || count == 0 || count > comm.last_enqueued || first != comm.last_enqueued - count + 1) {
-    comm.signatures.clear();
-    return;
-  }
-  comm.signatures_first_seq = first;
-}
-
 Json StatusJson(const ProcessSnapshot& snapshot, const ProcessFacts& facts) {
   Json communicators = Json::array();
   for (const CommSnapshot& comm : snapshot.comms) {
-    const bool signed_here = communicators.size() < kMaxSignedCommunicators;
-    Json oldest = nullptr;
-    Json last_completed = nullptr;
-    for (const OpSnapshot& op : comm.ring) {
-      if (op.seq == comm.last_completed && op.state == "completed") {
-        last_completed = Json{{"seq", op.seq}, {"op", op.op}, {"dtype", op.dtype}, {"count", op.count},
-                              {"bytes", op.bytes}, {"root", op.root}, {"peer", op.peer},
-                              {"reduction", op.reduction}};
-      }
-      if (op.state == "enqueued" || op.state == "started") {
-        oldest = Json{{"seq", op.seq},         {"op", op.op},           {"state", op.state},
-                      {"bytes", op.bytes},     {"dtype", op.dtype},     {"count", op.count},
-                      {"root", op.root},       {"peer", op.peer},       {"reduction", op.reduction},
-                      {"enqueue_ns", op.enqueue_ns}, {"start_ns", op.start_ns}};
-        break;
-      }
-    }
-    communicators.push_back(Json{{"id", comm.id},
-                                 {"rank", comm.rank},
-                                 {"nranks", comm.nranks},
-                                 {"state", comm.state},
-                                 {"last_enqueued", comm.last_enqueued},
-                                 {"last_started", comm.last_started},
-                                 {"last_completed", comm.last_completed},
-                                 {"async_error", comm.async_error},
-                                 {"last_completed_op", std::move(last_completed)},
-                                 {"oldest_outstanding", std::move(oldest)},
-                                 {"signatures", signed_here ? SignaturesJson(comm) : Json(nullptr)}});
+    Json entry = CommJson(comm, SnapshotDocument::kStatus);
+    if (communicators.size() >= kMaxSignedCommunicators) entry["signatures"] = nullptr;
+    communicators.push_back(std::move(entry));
   }
-  Json stall = nullptr;
-  if (snapshot.stall) {
-    stall = Json{{"kind", snapshot.stall->kind},
-                 {"comm_id", snapshot.stall->comm_id},
-                 {"seq", snapshot.stall->seq},
-                 {"seconds", snapshot.stall->seconds},
-                 {"verdict", snapshot.stall->verdict}};
-  }
-  Json pending_inits = Json::array();
-  for (const PendingInitSnapshot& init : snapshot.pending_inits) {
-    pending_inits.push_back(Json{{"comm_id", init.comm_id},
-                                 {"api", init.api},
-                                 {"rank", init.rank},
-                                 {"nranks", init.nranks},
-                                 {"start_ns", init.start_ns}});
-  }
-  const std::int64_t time_ns = snapshot.time_ns != 0 ? snapshot.time_ns : NowNs();
+  const std::int64_t time_ns = snapshot.time_ns != 0 ? snapshot.time_ns : WallNowNs();
   return Json{{"format", "ncclguard-status"},
               {"format_version", kStatusFormatVersion},
               {"host", facts.host},
@@ -155,17 +84,15 @@ Json StatusJson(const ProcessSnapshot& snapshot, const ProcessFacts& facts) {
               {"time", IsoTime(time_ns)},
               {"time_ns", time_ns},
               {"in_nccl_call", snapshot.in_nccl_call},
-              {"stall", std::move(stall)},
+              {"stall", snapshot.stall ? StallJson(*snapshot.stall, SnapshotDocument::kStatus) : Json(nullptr)},
               {"communicators", std::move(communicators)},
-              {"pending_inits", std::move(pending_inits)},
+              {"pending_inits", snapshot.pending_inits},
               {"exiting", snapshot.exiting},
               {"environment", VariablesJson(facts.environment)},
               {"system", SystemFactsJson(facts, /*with_memory=*/false)}};
 }
 
-// Throws nlohmann::json's exceptions on a document of the wrong shape.
-PeerStatus ParseStatus(const std::string& file, const std::string& content) {
-  const nlohmann::json document = ParseBoundedJson(content);
+void CheckStatusFormat(const nlohmann::json& document) {
   if (document.at("format").get<std::string>() != "ncclguard-status") {
     throw std::runtime_error("not an ncclguard status file");
   }
@@ -173,81 +100,34 @@ PeerStatus ParseStatus(const std::string& file, const std::string& content) {
     throw std::runtime_error(absl::StrCat("status format version ", version, " is not ",
                                           kStatusFormatVersion));
   }
+}
+
+// Throws nlohmann::json's exceptions on a document of the wrong shape.
+PeerStatus ParseStatus(const std::string& file, const std::string& content) {
+  const nlohmann::json document = ParseBoundedJson(content);
+  CheckStatusFormat(document);
   PeerStatus status;
   status.file = file;
-  status.host = document.at("host").get<std::string>();
-  status.pid = document.at("pid").get<int>();
+  document.at("host").get_to(status.host);
+  document.at("pid").get_to(status.pid);
   status.facts.host = status.host;
   status.facts.pid = status.pid;
   // Added to format version 1 later: files written before lack them.
   ParseFacts(document, status.facts);
   ProcessSnapshot& snapshot = status.snapshot;
-  snapshot.rank = document.at("rank").get<int>();
-  snapshot.time_ns = document.at("time_ns").get<std::int64_t>();
+  document.at("rank").get_to(snapshot.rank);
+  document.at("time_ns").get_to(snapshot.time_ns);
   snapshot.in_nccl_call = document.value("in_nccl_call", "");
   if (const nlohmann::json& stall = document.at("stall"); !stall.is_null()) {
-    StallSnapshot& copy = snapshot.stall.emplace();
-    copy.kind = stall.at("kind").get<std::string>();
-    copy.comm_id = stall.at("comm_id").get<std::string>();
-    copy.seq = stall.at("seq").get<std::uint64_t>();
-    copy.seconds = stall.at("seconds").get<double>();
-    copy.verdict = stall.value("verdict", "");
+    snapshot.stall = ReadStall(stall, SnapshotDocument::kStatus);
   }
-  for (const nlohmann::json& entry : document.at("communicators")) {
-    CommSnapshot comm;
-    comm.id = entry.at("id").get<std::string>();
-    comm.rank = entry.at("rank").get<int>();
-    comm.nranks = entry.at("nranks").get<int>();
-    CheckRanks(comm.rank, comm.nranks);
-    comm.state = entry.at("state").get<std::string>();
-    comm.last_enqueued = entry.at("last_enqueued").get<std::uint64_t>();
-    comm.last_started = entry.at("last_started").get<std::uint64_t>();
-    comm.last_completed = entry.at("last_completed").get<std::uint64_t>();
-    comm.async_error = entry.value("async_error", "");
-    ParseSignatures(entry, comm);  // added to format version 1 later
-    // Added to format version 1 later: the last completed operation, for naming it.
-    if (const auto last = entry.find("last_completed_op"); last != entry.end() && !last->is_null()) {
-      OpSnapshot op;
-      op.seq = last->at("seq").get<std::uint64_t>();
-      op.op = last->at("op").get<std::string>();
-      op.state = "completed";
-      op.dtype = last->value("dtype", "");
-      op.count = last->value("count", std::uint64_t{0});
-      op.bytes = last->value("bytes", std::uint64_t{0});
-      op.root = last->value("root", -1);
-      op.peer = last->value("peer", -1);
-      op.reduction = last->value("reduction", "");
-      comm.ring.push_back(std::move(op));
-    }
-    if (const nlohmann::json& oldest = entry.at("oldest_outstanding"); !oldest.is_null()) {
-      OpSnapshot op;
-      op.seq = oldest.at("seq").get<std::uint64_t>();
-      op.op = oldest.at("op").get<std::string>();
-      op.state = oldest.at("state").get<std::string>();
-      op.bytes = oldest.at("bytes").get<std::uint64_t>();
-      // Added to format version 1 later: files written before lack them.
-      op.dtype = oldest.value("dtype", "");
-      op.count = oldest.value("count", std::uint64_t{0});
-      op.root = oldest.value("root", -1);
-      op.peer = oldest.value("peer", -1);
-      op.reduction = oldest.value("reduction", "");
-      op.enqueue_ns = oldest.at("enqueue_ns").get<std::int64_t>();
-      op.start_ns = oldest.at("start_ns").get<std::int64_t>();
-      comm.ring.push_back(std::move(op));
-    }
-    snapshot.comms.push_back(std::move(comm));
-  }
+  snapshot.comms = ReadArray(document.at("communicators"), [](const nlohmann::json& comm) {
+    return ReadComm(comm, SnapshotDocument::kStatus);
+  });
   // Added to format version 1 later: files written before may lack them.
   if (const auto inits = document.find("pending_inits"); inits != document.end()) {
-    for (const nlohmann::json& entry : *inits) {
-      CheckRanks(entry.at("rank").get<int>(), entry.at("nranks").get<int>());
-      snapshot.pending_inits.push_back(PendingInitSnapshot{
-          .comm_id = entry.at("comm_id").get<std::string>(),
-          .api = entry.at("api").get<std::string>(),
-          .rank = entry.at("rank").get<int>(),
-          .nranks = entry.at("nranks").get<int>(),
-          .start_ns = entry.at("start_ns").get<std::int64_t>()});
-    }
+    snapshot.pending_inits =
+        ReadArray(*inits, [](const nlohmann::json& init) { return init.get<PendingInitSnapshot>(); });
   }
   snapshot.exiting = document.value("exiting", false);
   return status;
@@ -422,7 +302,7 @@ absl::StatusOr<std::string> RequestDumps(const std::string& job_dir, const std::
   try {
     const std::string host = HostName();
     const int pid = static_cast<int>(getpid());
-    const std::int64_t now = NowNs();
+    const std::int64_t now = WallNowNs();
     name = absl::StrCat(kRequestPrefix, SafeFileName(host), "-", pid, "-",
                         g_request_counter.fetch_add(1) + 1);
     content = Json{{"format", "ncclguard-dump-request"},

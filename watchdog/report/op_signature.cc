@@ -1,6 +1,12 @@
 #include "watchdog/report/op_signature.h"
 
+#include <algorithm>
+
 #include <fmt/format.h>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/string_view.h"
 
 namespace ncclguard {
 
@@ -25,17 +31,19 @@ std::string SignaturesToHex(const std::vector<std::uint32_t>& signatures) {
 
 bool SignaturesFromHex(const std::string& hex, std::vector<std::uint32_t>& signatures) {
   signatures.clear();
-  if (hex.size() % 8 != 0 || hex.size() > kSignedOperations * 8) return false;
+  // Only what SignaturesToHex writes: SimpleHexAtoi alone would also take "0x", signs and spaces.
+  const auto lowercase_hex = [](char c) {
+    return absl::ascii_isdigit(static_cast<unsigned char>(c)) || (c >= 'a' && c <= 'f');
+  };
+  if (hex.size() % 8 != 0 || hex.size() > kSignedOperations * 8 ||
+      !std::all_of(hex.begin(), hex.end(), lowercase_hex)) {
+    return false;
+  }
   for (size_t at = 0; at < hex.size(); at += 8) {
     std::uint32_t value = 0;
-    for (size_t i = at; i < at + 8; ++i) {
-      const char c = hex[i];
-      const int digit = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
-      if (digit < 0) {
-        signatures.clear();
-        return false;
-      }
-      value = value << 4 | static_cast<std::uint32_t>(digit);
+    if (!absl::SimpleHexAtoi(absl::string_view(hex).substr(at, 8), &value)) {
+      signatures.clear();
+      return false;
     }
     signatures.push_back(value);
   }

@@ -20,8 +20,8 @@ class GpuEvents {
   virtual bool Available() = 0;
   virtual GpuContext CurrentContext() = 0;
   // True while `stream` is being captured into a CUDA graph: then events must not be recorded on
-  // it nor queried (a record would be captured into the graph, and querying such an event is
-  // invalid).
+  // it nor queried (a record is captured into the graph, and cuEventQuery on it is invalid; the
+  // operation is marked "captured" instead, README.md "What it does").
   virtual bool IsCapturing(GpuStream stream) = 0;
   // Creates an event in the calling thread's current context; nullptr on failure.
   virtual GpuEvent Create() = 0;

@@ -1,0 +1,328 @@
+#include "watchdog/report/snapshot_json.h"
+
+#include <cstdint>
+#include <initializer_list>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "watchdog/report/dump_reader.h"
+#include "watchdog/report/facts.h"
+#include "watchdog/report/op_signature.h"
+
+namespace ncclguard {
+namespace {
+
+using Json = nlohmann::json;
+using OrderedJson = nlohmann::ordered_json;
+
+// Handles and streams are written as "0x…" strings: JSON numbers lose precision past 2^53.
+std::string Hex(std::uint64_t value) { return fmt::format("0x{:x}", value); }
+
+std::uint64_t ParseHex(const Json& value) {
+  std::uint64_t number = 0;
+  if (!absl::SimpleHexAtoi(value.get<std::string>(), &number)) return 0;
+  return number;
+}
+
+// Throws unless every key is present.
+void Require(const Json& json, std::initializer_list<const char*> keys) {
+  for (const char* key : keys) {
+    if (!json.is_object() || !json.contains(key)) throw std::runtime_error(absl::StrCat("key '", key, "' not found"));
+  }
+}
+
+// `field` = json[key] when present (nlohmann's type_error when of the wrong type); else unchanged.
+template <typename T>
+void ReadIfPresent(const Json& json, const char* key, T& field) {
+  if (const auto found = json.find(key); found != json.end()) found->get_to(field);
+}
+
+// `full`'s values of `keys`, in that order.
+OrderedJson Pick(const OrderedJson& full, std::initializer_list<const char*> keys) {
+  OrderedJson picked = OrderedJson::object();
+  for (const char* key : keys) picked[key] = full.at(key);
+  return picked;
+}
+
+// The ranks' range is checked before anything is sized by them.
+void ReadRanks(const Json& json, int& rank, int& nranks) {
+  json.at("rank").get_to(rank);
+  json.at("nranks").get_to(nranks);
+  CheckRanks(rank, nranks);
+}
+
+// Signatures that cannot be read, or that do not end at #last_enqueued as written, are left out:
+// they only add evidence. Call after reading last_enqueued.
+void ReadSignatures(const Json& entry, CommSnapshot& comm) {
+  const auto signatures = entry.find("signatures");
+  if (signatures == entry.end() || !signatures->is_object()) return;
+  const auto first_seq = signatures->find("first_seq");
+  const auto hashes = signatures->find("hashes");
+  if (first_seq == signatures->end() || !first_seq->is_number_unsigned() || hashes == signatures->end() ||
+      !hashes->is_string()) {
+    return;
+  }
+  const std::uint64_t first = first_seq->get<std::uint64_t>();
+  const bool parsed = SignaturesFromHex(hashes->get<std::string>(), comm.signatures);
+  const std::uint64_t count = comm.signatures.size();
+  if (!parsed || count == 0 || count > comm.last_enqueued || first != comm.last_enqueued - count + 1) {
+    comm.signatures.clear();
+    return;
+  }
+  comm.signatures_first_seq = first;
+}
+
+OrderedJson SignaturesJson(const CommSnapshot& comm) {
+  if (comm.signatures.empty()) return nullptr;
+  return OrderedJson{{"first_seq", comm.signatures_first_seq}, {"hashes", SignaturesToHex(comm.signatures)}};
+}
+
+// What a status file shows of a communicator's ring: the operation #last_completed, and the oldest
+// one not completed.
+OrderedJson LastCompletedJson(const CommSnapshot& comm) {
+  for (const OpSnapshot& op : comm.ring) {
+    if (op.state == "enqueued" || op.state == "started") break;
+    if (op.seq == comm.last_completed && op.state == "completed") return OpJson(op, OpFields::kDescription);
+  }
+  return nullptr;
+}
+
+OrderedJson OldestOutstandingJson(const CommSnapshot& comm) {
+  for (const OpSnapshot& op : comm.ring) {
+    if (op.state == "enqueued" || op.state == "started") return OpJson(op, OpFields::kOutstanding);
+  }
+  return nullptr;
+}
+
+void ReadStatusOps(const Json& entry, CommSnapshot& comm) {
+  // Added to format version 1 later: the last completed operation, for naming it.
+  if (const auto last = entry.find("last_completed_op"); last != entry.end() && !last->is_null()) {
+    OpSnapshot op = ReadOp(*last, OpFields::kDescription);
+    op.state = "completed";
+    comm.ring.push_back(std::move(op));
+  }
+  if (const Json& oldest = entry.at("oldest_outstanding"); !oldest.is_null()) {
+    comm.ring.push_back(ReadOp(oldest, OpFields::kOutstanding));
+  }
+}
+
+}  // namespace
+
+const Json& CheckedArray(const Json& json) {
+  if (!json.is_array()) throw std::runtime_error(absl::StrCat("an array was expected, not ", json.type_name()));
+  return json;
+}
+
+void to_json(OrderedJson& json, const OpSnapshot& op) {
+  json = OrderedJson{{"seq", op.seq},
+                     {"op", op.op},
+                     {"dtype", op.dtype},
+                     {"count", op.count},
+                     {"bytes", op.bytes},
+                     {"root", op.root},
+                     {"peer", op.peer},
+                     {"reduction", op.reduction},
+                     {"stream", Hex(op.stream)},
+                     {"group", op.group},
+                     {"host_thread", op.host_thread},
+                     {"enqueue_ns", op.enqueue_ns},
+                     {"start_ns", op.start_ns},
+                     {"end_ns", op.end_ns},
+                     {"gpu_ms", op.gpu_ms},
+                     {"result", op.result},
+                     {"state", op.state}};
+}
+
+void from_json(const Json& json, OpSnapshot& op) {
+  ReadIfPresent(json, "seq", op.seq);
+  ReadIfPresent(json, "op", op.op);
+  ReadIfPresent(json, "dtype", op.dtype);
+  ReadIfPresent(json, "count", op.count);
+  ReadIfPresent(json, "bytes", op.bytes);
+  ReadIfPresent(json, "root", op.root);
+  ReadIfPresent(json, "peer", op.peer);
+  ReadIfPresent(json, "reduction", op.reduction);
+  if (const auto stream = json.find("stream"); stream != json.end()) op.stream = ParseHex(*stream);
+  ReadIfPresent(json, "group", op.group);
+  ReadIfPresent(json, "host_thread", op.host_thread);
+  ReadIfPresent(json, "enqueue_ns", op.enqueue_ns);
+  ReadIfPresent(json, "start_ns", op.start_ns);
+  ReadIfPresent(json, "end_ns", op.end_ns);
+  ReadIfPresent(json, "gpu_ms", op.gpu_ms);
+  ReadIfPresent(json, "result", op.result);
+  ReadIfPresent(json, "state", op.state);
+}
+
+OrderedJson OpJson(const OpSnapshot& op, OpFields fields) {
+  const OrderedJson all = op;
+  switch (fields) {
+    case OpFields::kAll:
+      return all;
+    case OpFields::kDescription:
+      return Pick(all, {"seq", "op", "dtype", "count", "bytes", "root", "peer", "reduction"});
+    case OpFields::kOutstanding:
+      // bytes and the times came first; the description after them was added later.
+      return Pick(all, {"seq", "op", "state", "bytes", "dtype", "count", "root", "peer", "reduction",
+                        "enqueue_ns", "start_ns"});
+  }
+  return all;
+}
+
+OpSnapshot ReadOp(const Json& json, OpFields fields) {
+  switch (fields) {
+    case OpFields::kAll:
+      Require(json, {"seq", "op", "dtype", "count", "bytes", "root", "peer", "reduction", "stream", "group",
+                     "host_thread", "enqueue_ns", "start_ns", "end_ns", "gpu_ms", "result", "state"});
+      break;
+    case OpFields::kDescription:
+      Require(json, {"seq", "op"});  // the rest was added to format version 1 later
+      break;
+    case OpFields::kOutstanding:
+      Require(json, {"seq", "op", "state", "bytes", "enqueue_ns", "start_ns"});
+      break;
+  }
+  return json.get<OpSnapshot>();
+}
+
+OrderedJson CommJson(const CommSnapshot& comm, SnapshotDocument document) {
+  const bool dump = document == SnapshotDocument::kDump;
+  OrderedJson json{{"id", comm.id}};
+  if (dump) json["handle"] = Hex(comm.handle);
+  json["rank"] = comm.rank;
+  json["nranks"] = comm.nranks;
+  if (dump) {
+    json["device"] = comm.device;
+    json["created_by"] = comm.created_by;
+    json["parent_id"] = comm.parent_id;
+    json["library_path"] = comm.library_path;
+    json["nccl_version"] = NcclVersionText(comm.nccl_version);
+  }
+  json["state"] = comm.state;
+  if (dump) {
+    json["init_start_ns"] = comm.init_start_ns;
+    json["init_end_ns"] = comm.init_end_ns;
+  } else {
+    json["last_enqueued"] = comm.last_enqueued;
+    json["last_started"] = comm.last_started;
+    json["last_completed"] = comm.last_completed;
+  }
+  json["async_error"] = comm.async_error;
+  if (dump) {
+    json["dropped"] = comm.dropped;
+    OrderedJson ops = OrderedJson::array();
+    for (const OpSnapshot& op : comm.ring) ops.push_back(op);
+    json["ops"] = std::move(ops);
+  } else {
+    json["last_completed_op"] = LastCompletedJson(comm);
+    json["oldest_outstanding"] = OldestOutstandingJson(comm);
+    json["signatures"] = SignaturesJson(comm);
+  }
+  return json;
+}
+
+CommSnapshot ReadComm(const Json& json, SnapshotDocument document) {
+  CommSnapshot comm;
+  json.at("id").get_to(comm.id);
+  ReadRanks(json, comm.rank, comm.nranks);
+  json.at("state").get_to(comm.state);
+  if (document == SnapshotDocument::kStatus) {
+    json.at("last_enqueued").get_to(comm.last_enqueued);
+    json.at("last_started").get_to(comm.last_started);
+    json.at("last_completed").get_to(comm.last_completed);
+    ReadIfPresent(json, "async_error", comm.async_error);
+    ReadSignatures(json, comm);  // added to format version 1 later
+    ReadStatusOps(json, comm);
+    return comm;
+  }
+  comm.handle = ParseHex(json.at("handle"));
+  json.at("device").get_to(comm.device);
+  json.at("created_by").get_to(comm.created_by);
+  json.at("parent_id").get_to(comm.parent_id);
+  json.at("library_path").get_to(comm.library_path);
+  comm.nccl_version = NcclVersionCode(json.at("nccl_version").get<std::string>());
+  json.at("init_start_ns").get_to(comm.init_start_ns);
+  json.at("init_end_ns").get_to(comm.init_end_ns);
+  json.at("async_error").get_to(comm.async_error);
+  json.at("dropped").get_to(comm.dropped);
+  comm.ring = ReadArray(json.at("ops"), [](const Json& op) { return ReadOp(op, OpFields::kAll); });
+  return comm;
+}
+
+void to_json(OrderedJson& json, const CommSnapshot& comm) { json = CommJson(comm, SnapshotDocument::kDump); }
+
+void from_json(const Json& json, CommSnapshot& comm) { comm = ReadComm(json, SnapshotDocument::kDump); }
+
+OrderedJson ProgressJson(const CommSnapshot& comm) {
+  return OrderedJson{{"comm_id", comm.id},
+                     {"rank", comm.rank},
+                     {"last_enqueued", comm.last_enqueued},
+                     {"last_started", comm.last_started},
+                     {"last_completed", comm.last_completed}};
+}
+
+void ReadProgress(const Json& json, std::vector<CommSnapshot>& comms) {
+  const std::string id = json.at("comm_id").get<std::string>();
+  const int rank = json.at("rank").get<int>();
+  for (CommSnapshot& comm : comms) {
+    if (comm.id != id || comm.rank != rank) continue;
+    json.at("last_enqueued").get_to(comm.last_enqueued);
+    json.at("last_started").get_to(comm.last_started);
+    json.at("last_completed").get_to(comm.last_completed);
+  }
+}
+
+OrderedJson StallJson(const StallSnapshot& stall, SnapshotDocument document) {
+  const OrderedJson all = stall;
+  if (document == SnapshotDocument::kDump) return all;
+  return Pick(all, {"kind", "comm_id", "seq", "seconds", "verdict"});
+}
+
+StallSnapshot ReadStall(const Json& json, SnapshotDocument document) {
+  Require(json, {"kind", "comm_id", "seq", "seconds"});
+  if (document == SnapshotDocument::kDump) Require(json, {"message"});
+  // The verdict was added to format version 1 later.
+  return json.get<StallSnapshot>();
+}
+
+void to_json(OrderedJson& json, const StallSnapshot& stall) {
+  json = OrderedJson{{"kind", stall.kind},
+                     {"comm_id", stall.comm_id},
+                     {"seq", stall.seq},
+                     {"seconds", stall.seconds},
+                     {"message", stall.message},
+                     {"verdict", stall.verdict},
+                     {"verdict_message", stall.verdict_message}};
+}
+
+void from_json(const Json& json, StallSnapshot& stall) {
+  ReadIfPresent(json, "kind", stall.kind);
+  ReadIfPresent(json, "comm_id", stall.comm_id);
+  ReadIfPresent(json, "seq", stall.seq);
+  ReadIfPresent(json, "seconds", stall.seconds);
+  ReadIfPresent(json, "message", stall.message);
+  ReadIfPresent(json, "verdict", stall.verdict);
+  ReadIfPresent(json, "verdict_message", stall.verdict_message);
+}
+
+void to_json(OrderedJson& json, const PendingInitSnapshot& init) {
+  json = OrderedJson{{"comm_id", init.comm_id},
+                     {"api", init.api},
+                     {"rank", init.rank},
+                     {"nranks", init.nranks},
+                     {"start_ns", init.start_ns}};
+}
+
+void from_json(const Json& json, PendingInitSnapshot& init) {
+  ReadRanks(json, init.rank, init.nranks);
+  json.at("comm_id").get_to(init.comm_id);
+  json.at("api").get_to(init.api);
+  json.at("start_ns").get_to(init.start_ns);
+}
+
+}  // namespace ncclguard
