@@ -117,11 +117,11 @@ Ticket BeforeCall(int library, const Args&... args) noexcept {
   constexpr ApiKind kKind = Describe(A).kind;
   hooks::WaitIfExiting();
   Ticket ticket;
-  if constexpr (kKind == ApiKind::Collective || kKind == ApiKind::PointToPoint) {
+  if constexpr (kKind == ApiKind::kCollective || kKind == ApiKind::kPointToPoint) {
     ticket = BeforeOperation(A, library, SortOperationArguments(args...));
-  } else if constexpr (kKind == ApiKind::CommCreate) {
+  } else if constexpr (kKind == ApiKind::kCommCreate) {
     ticket = BeforeCreation(A, detail::CreationArgumentsOf<A>(args...));
-  } else if constexpr (kKind == ApiKind::Group) {
+  } else if constexpr (kKind == ApiKind::kGroup) {
     ticket = BeforeGroupCall(A);
   } else if constexpr (std::is_same_v<Result, ncclResult_t>) {
     ticket = BeforeCommCall(A, FirstCommunicator(args...));
@@ -137,11 +137,11 @@ void AfterCall(const Ticket& ticket, int library, const Result& result, const Ar
   try {
     if constexpr (std::is_same_v<Result, ncclResult_t>) {
       constexpr ApiKind kKind = Describe(A).kind;
-      if constexpr (kKind == ApiKind::Collective || kKind == ApiKind::PointToPoint) {
+      if constexpr (kKind == ApiKind::kCollective || kKind == ApiKind::kPointToPoint) {
         AfterOperation(ticket, result);
-      } else if constexpr (kKind == ApiKind::CommCreate) {
+      } else if constexpr (kKind == ApiKind::kCommCreate) {
         detail::FinishCreation<A>(ticket, library, result, args...);
-      } else if constexpr (kKind == ApiKind::Group) {
+      } else if constexpr (kKind == ApiKind::kGroup) {
         AfterGroupCall(A, result);
       } else if constexpr (A == Api::ncclCommGetAsyncError) {  // (comm, asyncError*)
         const auto [comm, async_error] = std::forward_as_tuple(args...);

@@ -10,16 +10,16 @@
 namespace ncclguard {
 
 enum class ApiKind : std::uint8_t {
-  Collective,
-  PointToPoint,
-  Group,
-  CommCreate,
-  CommLifecycle,
-  Query,
-  Memory,
-  Registration,
-  Error,
-  Debug,
+  kCollective,
+  kPointToPoint,
+  kGroup,
+  kCommCreate,
+  kCommLifecycle,
+  kQuery,
+  kMemory,
+  kRegistration,
+  kError,
+  kDebug,
 };
 
 enum class Api : std::uint16_t {
@@ -37,7 +37,7 @@ struct ApiInfo {
 
 inline constexpr ApiInfo kApis[] = {
 #define NCCLGUARD_API_INFO(name, ret, kind, since, params, args) \
-  {#name, ApiKind::kind, since, #args},
+  {#name, ApiKind::k##kind, since, #args},
     NCCLGUARD_FOR_EACH_NCCL_API(NCCLGUARD_API_INFO)
 #undef NCCLGUARD_API_INFO
 };
@@ -48,7 +48,7 @@ constexpr const ApiInfo& Describe(Api api) { return kApis[static_cast<int>(api)]
 
 constexpr bool IsOperation(Api api) {
   const ApiKind kind = Describe(api).kind;
-  return kind == ApiKind::Collective || kind == ApiKind::PointToPoint;
+  return kind == ApiKind::kCollective || kind == ApiKind::kPointToPoint;
 }
 
 // Finds the table row of an NCCL function name. Cheap enough for every dlsym() of the process:

@@ -155,7 +155,7 @@ std::string StallMessage(const Stall& stall) {
   }
   const ApiKind kind = Describe(stall.api).kind;
   if (stall.root_or_peer >= 0) {
-    details += fmt::format(", {} {}", kind == ApiKind::PointToPoint ? "peer" : "root", stall.root_or_peer);
+    details += fmt::format(", {} {}", kind == ApiKind::kPointToPoint ? "peer" : "root", stall.root_or_peer);
   }
   const char* what = stall.kind == Stall::Kind::kNotCompleted
                          ? "started on the GPU {:.1f} s ago and has not completed"

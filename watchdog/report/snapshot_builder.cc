@@ -24,7 +24,7 @@ OpSnapshot CopyOperation(const OpRecord& op, std::uint64_t seq, std::int64_t to_
   copy.count = op.count.load(std::memory_order_relaxed);
   copy.bytes = copy.count * DatatypeSize(datatype);
   const int root_or_peer = op.root_or_peer.load(std::memory_order_relaxed);
-  (Describe(api).kind == ApiKind::PointToPoint ? copy.peer : copy.root) = root_or_peer;
+  (Describe(api).kind == ApiKind::kPointToPoint ? copy.peer : copy.root) = root_or_peer;
   copy.reduction = ReductionName(op.reduction.load(std::memory_order_relaxed));
   copy.stream = op.stream.load(std::memory_order_relaxed);
   copy.group = op.group.load(std::memory_order_relaxed);
