@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what is needed, builds ncclguard, and runs every test: the full suite, then the core
-# and shim tests again under AddressSanitizer+UndefinedBehaviorSanitizer and ThreadSanitizer.
+# and shim tests again under AddressSanitizer+UndefinedBehaviorSanitizer and ThreadSanitizer, then
+# the static checks (formatting, clang's thread-safety analysis, clang-tidy on changed files).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=$(nproc)
@@ -18,3 +19,5 @@ for sanitizer in address,undefined thread; do
   cmake --build "$dir" -j "$jobs" --target sanitized_tests
   (cd "$dir" && ctest --output-on-failure -j "$jobs" -L sanitized)
 done
+
+scripts/check-static.sh
