@@ -1,0 +1,116 @@
+// The classifier's own parts, shared by its files and by nothing outside diagnose/: communicators
+// as the classifier sees them, how verdict messages describe operations and ranks, and the rules
+// that Classify (classify.cc) runs, one family of verdict kinds per file:
+//   rules_errors.cc    async_error, failed_call, unexplained
+//   rules_p2p.cc       p2p_suspect (evidence against P2P, from facts and known-bad entries)
+//   rules_mismatch.cc  mismatch
+//   rules_stuck.cc     rank_dead, rank_not_joined, stuck_inside_nccl (the oldest unfinished operation)
+//   rules_init.cc      stuck_in_init, rank_dead in an initialisation
+//   rules_straggler.cc straggler
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "watchdog/diagnose/verdicts.h"
+
+namespace ncclguard::classifier {
+
+using Json = nlohmann::json;
+
+// A status that has not been rewritten for this many intervals belongs to a process that ended
+// or hangs outside the watchdog's reach.
+inline constexpr double kStaleIntervals = 3;
+// Per-rank clauses in one message; the evidence lists every rank.
+inline constexpr size_t kMaxClauses = 3;
+
+// ---------------------------------------------------------------------------------------------
+// Communicators as the classifier sees them (communicators.cc)
+
+struct Member {
+  const ProcessView* process;
+  const CommSnapshot* comm;
+  int rank;
+};
+
+struct Communicator {
+  std::string id;
+  int nranks = 0;
+  std::vector<Member> members;  // by rank, one per rank
+};
+
+// Sorted by id; a rank seen twice (a pid of an earlier launch under the same job id) is its newest.
+std::vector<Communicator> GroupByCommunicator(const JobView& job);
+std::vector<int> RanksOf(const std::vector<const Member*>& members);
+
+bool Unfinished(const std::string& state);
+bool IsPointToPoint(const OpSnapshot& op);
+const OpSnapshot* FindOp(const CommSnapshot& comm, std::uint64_t seq);
+// The lowest seq this rank enqueued and has not completed.
+std::optional<std::uint64_t> OldestUnfinished(const CommSnapshot& comm);
+
+double StatusAgeSeconds(const ProcessView& process, const JobView& job);
+bool IsGone(const ProcessView& process, const JobView& job);
+// "is gone", or "stopped updating its status 12.0 s ago (presumed gone)".
+std::string GoneHow(const ProcessView& process, const JobView& job);
+
+enum class Whereabouts { kFinished, kGone, kInsideNccl, kBusyOutsideNccl, kNoReport };
+const char* WhereaboutsName(Whereabouts where);
+Whereabouts Locate(const ProcessView& process, const JobView& job);
+
+// ---------------------------------------------------------------------------------------------
+// Describing operations and ranks (communicators.cc)
+
+// "rank 3", "ranks 0,1,2", "ranks 0-1023".
+std::string Ranks(const std::vector<int>& ranks);
+// "AllReduce #42", or "#42" when the operation is unknown.
+std::string OpName(const OpSnapshot* op, std::uint64_t seq);
+// "AllReduce #42 (float32 × 1024, sum)".
+std::string DescribeOp(const OpSnapshot* op, std::uint64_t seq);
+Json OpJson(const OpSnapshot& op);
+std::string Seconds(double seconds);
+// The first kMaxClauses clauses, then "and N more".
+std::string JoinClauses(const std::vector<std::string>& clauses);
+
+// ---------------------------------------------------------------------------------------------
+// The verdicts found so far, by kind, in the order Classify lists them
+
+enum KindOrder { kAsyncError, kP2pSuspect, kStuckInInit, kRankDead, kMismatch, kRankNotJoined,
+                 kStuckInsideNccl, kFailedCall, kUnexplained, kStraggler, kKinds };
+using Buckets = std::array<std::vector<Verdict>, kKinds>;
+
+void Add(Buckets& buckets, KindOrder kind, std::string comm, std::uint64_t seq, std::vector<int> ranks,
+         std::string message, Json evidence);
+
+// ---------------------------------------------------------------------------------------------
+// The rules
+
+void ClassifyAsyncErrors(const Communicator& communicator, Buckets& buckets);
+// Calls that returned an error to the application: the first of each rank.
+void ClassifyFailedCalls(const Communicator& communicator, Buckets& buckets);
+// A stall or an error that a process recorded and that no verdict above explains.
+void ClassifyUnexplained(const JobView& job, Buckets& buckets);
+
+// Evidence that P2P transfers are behind a fault on this communicator; null when there is none.
+Json P2pEvidence(const Communicator& communicator);
+// A p2p_suspect verdict on `what` ("stuck inside NCCL") with `evidence` from P2pEvidence.
+void AddP2pSuspect(Buckets& buckets, const Communicator& communicator, std::uint64_t seq,
+                   std::vector<int> ranks, const std::string& what, const Json& evidence);
+
+// The first seq at which the ranks' calls differ, when they do.
+std::optional<std::uint64_t> ClassifyMismatch(const Communicator& communicator, Buckets& buckets);
+
+// Where the communicator stands on the oldest operation some rank has not completed.
+void ClassifyStuckOperation(const Communicator& communicator, const JobView& job,
+                            std::optional<std::uint64_t> mismatch_seq, Buckets& buckets);
+
+void ClassifyStuckInits(const JobView& job, const std::vector<Communicator>& communicators, Buckets& buckets);
+
+void ClassifyStraggler(const Communicator& communicator, Buckets& buckets);
+
+}  // namespace ncclguard::classifier
