@@ -27,6 +27,7 @@
 #include "watchdog/common/escape.h"
 #include "watchdog/report/job_dir.h"
 #include "watchdog/diagnose/known_bad.h"
+#include "watchdog/diagnose/op_states.h"
 #include "watchdog/diagnose/verdicts.h"
 
 namespace ncclguard {
@@ -104,7 +105,7 @@ void PrintEvidence(const nlohmann::json& evidence) {
 }
 
 void PrintVerdict(const Verdict& verdict) {
-  std::cout << Upper(verdict.kind);
+  std::cout << Upper(std::string(VerdictKindName(verdict.kind)));
   if (!verdict.comm.empty()) std::cout << "  comm " << EscapeControlCharacters(verdict.comm);
   if (verdict.seq != 0) std::cout << " #" << verdict.seq;
   std::cout << "\n  " << EscapeControlCharacters(verdict.message) << '\n';
@@ -138,7 +139,7 @@ std::string InNccl(const ProcessView& process) {
   if (!process.snapshot.in_nccl_call.empty()) return process.snapshot.in_nccl_call;
   for (const CommSnapshot& comm : process.snapshot.comms) {
     for (const OpSnapshot& op : comm.ring) {
-      if (op.state == "started" || op.state == "enqueued") return absl::StrCat(op.op, " #", op.seq, " (", op.state, ")");
+      if (Unfinished(op)) return absl::StrCat(op.op, " #", op.seq, " (", op.state, ")");
     }
   }
   return "no";
@@ -181,7 +182,7 @@ void PrintForHumans(const JobView& job, const std::vector<Verdict>& verdicts) {
   std::cout << "ncclguard analyze " << EscapeControlCharacters(job.directory) << ": " << processes
             << (processes == 1 ? " process" : " processes") << ", read at " << IsoTime(job.now_ns) << "\n\n";
   for (const Verdict& verdict : verdicts) PrintVerdict(verdict);
-  const bool healthy = verdicts.size() == 1 && verdicts[0].kind == "healthy";
+  const bool healthy = verdicts.size() == 1 && verdicts[0].kind == VerdictKind::kHealthy;
   if (!healthy) PrintRankTable(job, verdicts);
   if (!job.problems.empty()) {
     std::cout << "Problems (" << job.problems.size() << "):\n";
@@ -236,7 +237,7 @@ int Analyze(const AnalyzeOptions& options) {
     PrintForHumans(*job, verdicts);
     if (!options.trace_path.empty()) std::cout << "Trace written to " << options.trace_path << " (open it in ui.perfetto.dev)\n";
   }
-  const bool healthy = verdicts.size() == 1 && verdicts[0].kind == "healthy";
+  const bool healthy = verdicts.size() == 1 && verdicts[0].kind == VerdictKind::kHealthy;
   return healthy ? kExitHealthy : kExitProblemFound;
 }
 

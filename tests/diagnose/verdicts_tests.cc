@@ -81,7 +81,7 @@ JobView Job(std::vector<ProcessView> processes) {
 
 std::vector<std::string> Kinds(const std::vector<Verdict>& verdicts) {
   std::vector<std::string> kinds;
-  for (const Verdict& verdict : verdicts) kinds.push_back(verdict.kind);
+  for (const Verdict& verdict : verdicts) kinds.emplace_back(VerdictKindName(verdict.kind));
   return kinds;
 }
 
@@ -422,7 +422,7 @@ TEST_CASE("the JSON of the verdicts carries every field", "[verdicts]") {
   REQUIRE(document["verdicts"].size() == verdicts.size());
   for (size_t i = 0; i < verdicts.size(); ++i) {
     const nlohmann::json& verdict = document["verdicts"][i];
-    CHECK(verdict["kind"] == verdicts[i].kind);
+    CHECK(verdict["kind"] == VerdictKindName(verdicts[i].kind));
     CHECK(verdict["comm"] == verdicts[i].comm);
     CHECK(verdict["seq"].get<std::uint64_t>() == verdicts[i].seq);
     CHECK(verdict["ranks"].get<std::vector<int>>() == verdicts[i].ranks);
@@ -567,7 +567,7 @@ TEST_CASE("a desync is found from the status files' operation signatures alone",
     for (ProcessView& process : job.processes) KeepOnlyStatus(process);
     const std::vector<Verdict> verdicts = Classify(job);
     REQUIRE_FALSE(verdicts.empty());
-    CHECK(verdicts[0].kind == "mismatch");
+    CHECK(verdicts[0].kind == VerdictKind::kMismatch);
     CHECK(verdicts[0].seq == 26);
     CHECK(verdicts[0].ranks == std::vector<int>{2});
     CHECK(verdicts[0].message.starts_with(
@@ -583,7 +583,7 @@ TEST_CASE("a desync is found from the status files' operation signatures alone",
     }
     const std::vector<Verdict> verdicts = Classify(job);
     REQUIRE_FALSE(verdicts.empty());
-    CHECK(verdicts[0].kind == "mismatch");
+    CHECK(verdicts[0].kind == VerdictKind::kMismatch);
     CHECK(verdicts[0].message.starts_with(fmt::format(
         "rank 2 issued AllReduce #26 (float32 × 1049600, sum) while ranks 0,1,3 issued #26 with signature {:08x} "
         "(operation signatures",
@@ -603,7 +603,7 @@ TEST_CASE("a desync is found from the status files' operation signatures alone",
   SECTION("the same signatures everywhere are no mismatch") {
     job.processes[2].snapshot.comms[0].ring[25].count = 1024;
     for (ProcessView& process : job.processes) KeepOnlyStatus(process);
-    for (const Verdict& verdict : Classify(job)) CHECK(verdict.kind != "mismatch");
+    for (const Verdict& verdict : Classify(job)) CHECK(verdict.kind != VerdictKind::kMismatch);
   }
 }
 
@@ -734,7 +734,7 @@ TEST_CASE("a rank killed inside ncclCommInitRank is dead, not missing", "[verdic
     JobView job = Job({Rank(0, 0, 1), killed, Rank(2, 0, 1), Rank(3, 0, 1)});
     const std::vector<Verdict> verdicts = Classify(job);
     REQUIRE_FALSE(verdicts.empty());
-    CHECK(verdicts[0].kind == "rank_dead");
+    CHECK(verdicts[0].kind == VerdictKind::kRankDead);
     CHECK(verdicts[0].ranks == std::vector<int>{1});
     CHECK(verdicts[0].message ==
           "rank 1 (pid 1001 on host node-1) is gone: it was still in ncclCommInitRank for this communicator and never "
@@ -924,6 +924,20 @@ TEST_CASE("reading a job directory: liveness, exit marks and unreadable files", 
   CHECK(job->problems[1].find("status-broken-2.json: ") == 0);
 
   CHECK_FALSE(ReadJobDirectory(temporary.path() + "/missing", kNow, 2).ok());
+}
+
+TEST_CASE("every verdict kind is named as docs/verdicts.md names it, and read back from its name", "[verdicts]") {
+  const std::vector<std::string> names{"async_error",       "p2p_suspect", "stuck_in_init", "rank_dead",
+                                       "mismatch",          "rank_not_joined", "stuck_inside_nccl",
+                                       "failed_call",       "unexplained", "straggler",     "healthy",
+                                       "unknown"};
+  for (int kind = 0; kind <= static_cast<int>(VerdictKind::kUnknown); ++kind) {
+    const std::string name(VerdictKindName(static_cast<VerdictKind>(kind)));
+    CHECK(name == names[kind]);
+    CHECK(ParseVerdictKind(name) == static_cast<VerdictKind>(kind));
+  }
+  CHECK_FALSE(ParseVerdictKind("").has_value());
+  CHECK_FALSE(ParseVerdictKind("P2P_SUSPECT").has_value());
 }
 
 }  // namespace

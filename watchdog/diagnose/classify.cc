@@ -1,8 +1,5 @@
 // The classifier's entry point: every rule over every communicator, verdicts in order of
 // importance; and whether a stall with these verdicts is acted on at NCCLGUARD_TIMEOUT.
-#include <algorithm>
-#include <iterator>
-
 #include <fmt/format.h>
 
 #include "watchdog/diagnose/rules.h"
@@ -25,7 +22,7 @@ Verdict Unknown(const JobView& job) {
   } else {
     message += ": no process of the job wrote there, or its files could not be written";
   }
-  return Verdict{.kind = "unknown",
+  return Verdict{.kind = VerdictKind::kUnknown,
                  .comm = "",
                  .seq = 0,
                  .ranks = {},
@@ -48,12 +45,9 @@ std::vector<Verdict> Classify(const JobView& job) {
   }
   classifier::ClassifyStuckInits(job, communicators, buckets);
   classifier::ClassifyUnexplained(job, buckets);
-  std::vector<Verdict> verdicts;
-  for (std::vector<Verdict>& bucket : buckets) {
-    std::move(bucket.begin(), bucket.end(), std::back_inserter(verdicts));
-  }
+  std::vector<Verdict> verdicts = buckets.TakeAll();
   if (verdicts.empty()) {
-    verdicts.push_back(Verdict{.kind = "healthy",
+    verdicts.push_back(Verdict{.kind = VerdictKind::kHealthy,
                                .comm = "",
                                .seq = 0,
                                .ranks = {},
@@ -64,12 +58,9 @@ std::vector<Verdict> Classify(const JobView& job) {
 }
 
 bool ActOnTimeout(const std::vector<Verdict>& verdicts) {
-  if (verdicts.empty() || verdicts.front().kind != "rank_not_joined") return true;
   // Waiting longer is worth it only while every late rank is alive and will come back.
-  const Json& late = verdicts.front().evidence.value("late_ranks", Json::array());
-  return late.empty() || !std::all_of(late.begin(), late.end(), [](const Json& rank) {
-    return rank.value("where", "") == classifier::WhereaboutsName(classifier::Whereabouts::kBusyOutsideNccl);
-  });
+  return verdicts.empty() || verdicts.front().kind != VerdictKind::kRankNotJoined ||
+         !verdicts.front().late_ranks_busy_outside_nccl;
 }
 
 }  // namespace ncclguard

@@ -1,20 +1,18 @@
 // Communicators as the classifier sees them (every rank that left a record of one), where each
 // process is, and how verdict messages describe operations and ranks.
 #include <algorithm>
+#include <iterator>
 #include <unordered_map>
 
 #include <fmt/format.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "watchdog/diagnose/op_states.h"
 #include "watchdog/diagnose/rules.h"
 
 namespace ncclguard::classifier {
 namespace {
-
-constexpr std::array<const char*, kKinds> kKindNames{
-    "async_error", "p2p_suspect", "stuck_in_init", "rank_dead", "mismatch", "rank_not_joined",
-    "stuck_inside_nccl", "failed_call", "unexplained", "straggler"};
 
 std::string RankList(std::vector<int> ranks) {
   std::sort(ranks.begin(), ranks.end());
@@ -45,8 +43,6 @@ std::string OpDetails(const OpSnapshot& op) {
 }
 
 }  // namespace
-
-bool Unfinished(const std::string& state) { return state == "enqueued" || state == "started"; }
 
 std::string Ranks(const std::vector<int>& ranks) {
   return absl::StrCat(ranks.size() == 1 ? "rank " : "ranks ", RankList(ranks));
@@ -124,7 +120,7 @@ std::vector<int> RanksOf(const std::vector<const Member*>& members) {
 // The lowest seq this rank enqueued and has not completed.
 std::optional<std::uint64_t> OldestUnfinished(const CommSnapshot& comm) {
   for (const OpSnapshot& op : comm.ring) {
-    if (Unfinished(op.state)) return op.seq;
+    if (Unfinished(op)) return op.seq;
   }
   if (comm.last_enqueued > comm.last_completed) return comm.last_completed + 1;
   return std::nullopt;
@@ -159,14 +155,20 @@ Whereabouts Locate(const ProcessView& process, const JobView& job) {
   return Whereabouts::kBusyOutsideNccl;
 }
 
-void Add(Buckets& buckets, KindOrder kind, std::string comm, std::uint64_t seq, std::vector<int> ranks,
-         std::string message, Json evidence) {
-  buckets[kind].push_back(Verdict{.kind = kKindNames[kind],
-                                  .comm = std::move(comm),
-                                  .seq = seq,
-                                  .ranks = std::move(ranks),
-                                  .message = std::move(message),
-                                  .evidence = std::move(evidence)});
+std::vector<Verdict> Buckets::TakeAll() {
+  std::vector<Verdict> verdicts;
+  for (std::vector<Verdict>& bucket : by_kind_) std::move(bucket.begin(), bucket.end(), std::back_inserter(verdicts));
+  return verdicts;
+}
+
+Verdict& Add(Buckets& buckets, VerdictKind kind, std::string comm, std::uint64_t seq, std::vector<int> ranks,
+             std::string message, Json evidence) {
+  return buckets[kind].emplace_back(Verdict{.kind = kind,
+                                            .comm = std::move(comm),
+                                            .seq = seq,
+                                            .ranks = std::move(ranks),
+                                            .message = std::move(message),
+                                            .evidence = std::move(evidence)});
 }
 
 std::string GoneHow(const ProcessView& process, const JobView& job) {

@@ -17,6 +17,7 @@
 #include "watchdog/common/config.h"
 #include "watchdog/common/files.h"
 #include "watchdog/common/log.h"
+#include "watchdog/diagnose/op_states.h"
 #include "watchdog/report/dump.h"
 #include "watchdog/report/dump_reader.h"
 #include "watchdog/report/job_dir.h"
@@ -25,8 +26,6 @@ namespace ncclguard {
 namespace {
 
 std::string ProcessKey(const std::string& host, int pid) { return absl::StrCat(host, "/", pid); }
-
-bool Unfinished(const std::string& state) { return state == "enqueued" || state == "started"; }
 
 // The status file is newer than the dump: its progress counters and oldest unfinished operation
 // update the dump's communicators (the ring stays the dump's, with states brought forward).
@@ -52,8 +51,8 @@ void MergeNewerStatus(ProcessSnapshot& snapshot, const ProcessSnapshot& status) 
     comm->signatures_first_seq = fresh.signatures_first_seq;
     comm->signatures = fresh.signatures;
     for (OpSnapshot& op : comm->ring) {
-      if (Unfinished(op.state) && op.seq <= fresh.last_completed) op.state = "completed";
-      if (op.state == "enqueued" && op.seq <= fresh.last_started) op.state = "started";
+      if (Unfinished(op) && op.seq <= fresh.last_completed) SetState(op, OpState::kCompleted);
+      if (StateOf(op) == OpState::kEnqueued && op.seq <= fresh.last_started) SetState(op, OpState::kStarted);
     }
     for (const OpSnapshot& oldest : fresh.ring) {
       auto known = std::find_if(comm->ring.begin(), comm->ring.end(),

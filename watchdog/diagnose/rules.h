@@ -48,7 +48,6 @@ struct Communicator {
 std::vector<Communicator> GroupByCommunicator(const JobView& job);
 std::vector<int> RanksOf(const std::vector<const Member*>& members);
 
-bool Unfinished(const std::string& state);
 bool IsPointToPoint(const OpSnapshot& op);
 const OpSnapshot* FindOp(const CommSnapshot& comm, std::uint64_t seq);
 // The lowest seq this rank enqueued and has not completed.
@@ -80,12 +79,22 @@ std::string JoinClauses(const std::vector<std::string>& clauses);
 // ---------------------------------------------------------------------------------------------
 // The verdicts found so far, by kind, in the order Classify lists them
 
-enum KindOrder { kAsyncError, kP2pSuspect, kStuckInInit, kRankDead, kMismatch, kRankNotJoined,
-                 kStuckInsideNccl, kFailedCall, kUnexplained, kStraggler, kKinds };
-using Buckets = std::array<std::vector<Verdict>, kKinds>;
+// The rules name the kinds they find, kAsyncError to kStraggler.
+using enum VerdictKind;
 
-void Add(Buckets& buckets, KindOrder kind, std::string comm, std::uint64_t seq, std::vector<int> ranks,
-         std::string message, Json evidence);
+class Buckets {
+ public:
+  std::vector<Verdict>& operator[](VerdictKind kind) { return by_kind_[static_cast<size_t>(kind)]; }
+  // Every verdict, in the order of their kinds.
+  std::vector<Verdict> TakeAll();
+
+ private:
+  // healthy and unknown are no rule's: Classify gives them when the rules find nothing.
+  std::array<std::vector<Verdict>, static_cast<size_t>(kStraggler) + 1> by_kind_;
+};
+
+Verdict& Add(Buckets& buckets, VerdictKind kind, std::string comm, std::uint64_t seq, std::vector<int> ranks,
+             std::string message, Json evidence);
 
 // ---------------------------------------------------------------------------------------------
 // The rules

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "watchdog/common/describe.h"
+#include "watchdog/diagnose/op_states.h"
 #include "watchdog/diagnose/rules.h"
 
 namespace ncclguard::classifier {
@@ -69,7 +70,7 @@ void ClassifyFailedCalls(const Communicator& communicator, Buckets& buckets) {
   Json calls = Json::array();
   for (const Member& member : communicator.members) {
     const auto& ring = member.comm->ring;
-    const auto failed = std::find_if(ring.begin(), ring.end(), [](const OpSnapshot& op) { return op.state == "failed"; });
+    const auto failed = std::find_if(ring.begin(), ring.end(), [](const OpSnapshot& op) { return StateOf(op) == OpState::kFailed; });
     if (failed == ring.end()) continue;
     const std::string result(ResultName(static_cast<ncclResult_t>(failed->result)));
     ranks.push_back(member.rank);
@@ -91,7 +92,8 @@ void ClassifyFailedCalls(const Communicator& communicator, Buckets& buckets) {
 // a job in which anything went wrong is never healthy.
 void ClassifyUnexplained(const JobView& job, Buckets& buckets) {
   std::set<std::string> explained_comms;
-  for (size_t kind = 0; kind < kUnexplained; ++kind) {
+  for (const VerdictKind kind : {kAsyncError, kP2pSuspect, kStuckInInit, kRankDead, kMismatch, kRankNotJoined,
+                                 kStuckInsideNccl, kFailedCall}) {
     for (const Verdict& verdict : buckets[kind]) explained_comms.insert(verdict.comm);
   }
   const bool errors_explained = !buckets[kAsyncError].empty() || !buckets[kFailedCall].empty();

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "absl/strings/str_join.h"
+#include "watchdog/diagnose/op_states.h"
 #include "watchdog/diagnose/rules.h"
 
 namespace ncclguard::classifier {
@@ -82,7 +83,7 @@ std::uint64_t CompletedUpTo(const CommSnapshot& comm, std::uint64_t done_everywh
 
 std::optional<std::uint64_t> OldestUnfinishedAbove(const CommSnapshot& comm, std::uint64_t done_everywhere) {
   for (const OpSnapshot& op : comm.ring) {
-    if (Unfinished(op.state) && op.seq > done_everywhere) return op.seq;
+    if (Unfinished(op) && op.seq > done_everywhere) return op.seq;
   }
   const std::uint64_t completed = CompletedUpTo(comm, done_everywhere);
   if (comm.last_enqueued > completed) return completed + 1;
@@ -166,6 +167,7 @@ struct Absentees {
   std::vector<std::string> not_joined_clauses;
   Json not_joined_evidence = Json::array();
   bool all_finished = true;  // every one that did not join finished its loop
+  bool all_busy_outside_nccl = true;  // every one that did not join is alive and busy outside NCCL
 };
 
 void AddLateMember(const Member& member, const Communicator& communicator, const JobView& job,
@@ -187,11 +189,13 @@ void AddLateMember(const Member& member, const Communicator& communicator, const
     return;
   }
   absent.all_finished = absent.all_finished && where == Whereabouts::kFinished;
+  absent.all_busy_outside_nccl = absent.all_busy_outside_nccl && where == Whereabouts::kBusyOutsideNccl;
   std::string clause = fmt::format("rank {} {}; ", member.rank, LastCompleted(member, communicator, done_everywhere));
   // Its peers wait in a communicator that it closed: it will never issue #N there.
-  const std::string& state = member.comm->state;
-  if (state == "destroyed" || state == "aborted" || state == "finalized" || state == "revoked") {
-    clause += fmt::format("its communicator is {} (the application closed it); ", state);
+  const std::optional<CommLifecycle> lifecycle = LifecycleOf(*member.comm);
+  if (lifecycle == CommLifecycle::kDestroyed || lifecycle == CommLifecycle::kAborted ||
+      lifecycle == CommLifecycle::kFinalized || lifecycle == CommLifecycle::kRevoked) {
+    clause += fmt::format("its communicator is {} (the application closed it); ", CommLifecycleName(*lifecycle));
   }
   switch (where) {
     case Whereabouts::kFinished: clause += "it finished its loop (exited normally)"; break;
@@ -223,7 +227,9 @@ void AddUnreportedRank(int rank, const Communicator& communicator, const JobView
   absent.not_joined_ranks.push_back(rank);
   if (initialising != nullptr) {
     absent.not_joined_clauses.push_back(fmt::format("rank {} is still in {} for this communicator", rank, init->api));
-    absent.not_joined_evidence.push_back(InitialisingJson(*initialising, *init, Locate(*initialising, job), job));
+    const Whereabouts where = Locate(*initialising, job);
+    absent.all_busy_outside_nccl = absent.all_busy_outside_nccl && where == Whereabouts::kBusyOutsideNccl;
+    absent.not_joined_evidence.push_back(InitialisingJson(*initialising, *init, where, job));
     return;
   }
   // A closed communicator leaves its process's status file after one interval: the process may well
@@ -232,6 +238,7 @@ void AddUnreportedRank(int rank, const Communicator& communicator, const JobView
       "rank {} left no record of this communicator (no status file or dump names it: its process left no "
       "trace, never created the communicator, or closed it)",
       rank));
+  absent.all_busy_outside_nccl = false;
   absent.not_joined_evidence.push_back(Json{{"rank", rank}, {"where", WhereaboutsName(Whereabouts::kNoReport)}});
 }
 
@@ -327,10 +334,12 @@ void AddAbsentees(Buckets& buckets, const Communicator& communicator, const Stuc
     std::string others =
         fmt::format("{} {} in {}", Ranks(waiting_ranks), waiting_ranks.size() == 1 ? "waits" : "wait", described);
     if (!stuck.finished.empty()) others += fmt::format(" ({})", completed);
-    Add(buckets, kRankNotJoined, communicator.id, stuck.seq, absent.not_joined_ranks,
-        fmt::format("{} while {} — {}not a network fault", JoinClauses(absent.not_joined_clauses), others,
-                    absent.all_finished ? "uneven data across ranks, " : ""),
-        std::move(evidence));
+    Verdict& verdict =
+        Add(buckets, kRankNotJoined, communicator.id, stuck.seq, absent.not_joined_ranks,
+            fmt::format("{} while {} — {}not a network fault", JoinClauses(absent.not_joined_clauses), others,
+                        absent.all_finished ? "uneven data across ranks, " : ""),
+            std::move(evidence));
+    verdict.late_ranks_busy_outside_nccl = absent.all_busy_outside_nccl;
   }
 }
 

@@ -4,7 +4,9 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -13,15 +15,38 @@
 
 namespace ncclguard {
 
+// The kinds of verdict, most important first: Classify lists its verdicts in this order. Named
+// only at the edges (JSON, log lines, the P2P record) by VerdictKindName.
+enum class VerdictKind {
+  kAsyncError,
+  kP2pSuspect,
+  kStuckInInit,
+  kRankDead,
+  kMismatch,
+  kRankNotJoined,
+  kStuckInsideNccl,
+  kFailedCall,
+  kUnexplained,
+  kStraggler,
+  kHealthy,
+  kUnknown,
+};
+
+// "async_error", "p2p_suspect", ..., as docs/verdicts.md names them.
+std::string_view VerdictKindName(VerdictKind kind);
+// The kind of that name; nothing for a name that is none.
+std::optional<VerdictKind> ParseVerdictKind(std::string_view name);
+
 struct Verdict {
-  // Exactly one of: rank_not_joined, rank_dead, stuck_inside_nccl, stuck_in_init, mismatch,
-  // async_error, p2p_suspect, failed_call, unexplained, straggler, healthy, unknown.
-  std::string kind;
+  VerdictKind kind = VerdictKind::kUnknown;
   std::string comm;             // communicator id, "" for job-wide verdicts
   std::uint64_t seq = 0;        // the operation #N concerned, 0 when none
   std::vector<int> ranks;       // the ranks the verdict is about (the culprits)
   std::string message;          // one sentence a user can act on
   nlohmann::json evidence;      // what the verdict rests on (per-rank facts, texts, ...)
+  // rank_not_joined: every rank that did not join is alive and busy outside NCCL, so it will
+  // come back (a checkpoint save, an evaluation). Not in the JSON: its late_ranks evidence says so.
+  bool late_ranks_busy_outside_nccl = false;
 };
 
 // Verdicts, most important first; a single "healthy" verdict when nothing is wrong (never when a

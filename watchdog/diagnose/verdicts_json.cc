@@ -1,4 +1,8 @@
-// The verdicts at the JSON edge: what `ncclguard analyze --json` prints (docs/verdicts.md).
+// The verdicts at the edge: their kinds' names, and what `ncclguard analyze --json` prints
+// (docs/verdicts.md).
+#include <algorithm>
+#include <array>
+
 #include "watchdog/common/files.h"
 #include "watchdog/diagnose/verdicts.h"
 
@@ -6,6 +10,10 @@ namespace ncclguard {
 namespace {
 
 using Json = nlohmann::json;
+
+constexpr std::array<std::string_view, static_cast<size_t>(VerdictKind::kUnknown) + 1> kKindNames{
+    "async_error",       "p2p_suspect", "stuck_in_init", "rank_dead", "mismatch", "rank_not_joined",
+    "stuck_inside_nccl", "failed_call", "unexplained",   "straggler", "healthy",  "unknown"};
 
 const char* LivenessName(ProcessView::Liveness liveness) {
   switch (liveness) {
@@ -18,10 +26,18 @@ const char* LivenessName(ProcessView::Liveness liveness) {
 
 }  // namespace
 
+std::string_view VerdictKindName(VerdictKind kind) { return kKindNames[static_cast<size_t>(kind)]; }
+
+std::optional<VerdictKind> ParseVerdictKind(std::string_view name) {
+  const auto found = std::find(kKindNames.begin(), kKindNames.end(), name);
+  if (found == kKindNames.end()) return std::nullopt;
+  return static_cast<VerdictKind>(found - kKindNames.begin());
+}
+
 nlohmann::json VerdictsToJson(const JobView& job, const std::vector<Verdict>& verdicts) {
   Json list = Json::array();
   for (const Verdict& verdict : verdicts) {
-    list.push_back(Json{{"kind", verdict.kind},
+    list.push_back(Json{{"kind", VerdictKindName(verdict.kind)},
                         {"comm", verdict.comm},
                         {"seq", verdict.seq},
                         {"ranks", verdict.ranks},
@@ -42,7 +58,7 @@ nlohmann::json VerdictsToJson(const JobView& job, const std::vector<Verdict>& ve
                              {"dump_reason", process.dump_reason}});
   }
   return Json{{"verdicts", std::move(list)},
-              {"healthy", verdicts.size() == 1 && verdicts.front().kind == "healthy"},
+              {"healthy", verdicts.size() == 1 && verdicts.front().kind == VerdictKind::kHealthy},
               {"directory", job.directory},
               {"time", IsoTime(job.now_ns)},
               {"time_ns", job.now_ns},
