@@ -220,11 +220,12 @@ int Analyze(const AnalyzeOptions& options) {
   }
 
   // The command's log is not started: say here that P2P verdicts lack part of their evidence.
-  if (const KnownBadList& known_bad = ProcessKnownBad(); !known_bad.status.ok()) {
+  const KnownBadList& known_bad = ProcessKnownBad();
+  if (!known_bad.status.ok()) {
     std::cerr << "ncclguard analyze: known-bad configurations not used as P2P evidence: "
               << known_bad.status.message() << " (set NCCLGUARD_KNOWN_BAD_FILE)\n";
   }
-  const std::vector<Verdict> verdicts = Classify(*job);
+  const std::vector<Verdict> verdicts = Classify(*job, known_bad.entries);
   if (!options.trace_path.empty()) {
     if (absl::Status written = WriteChromeTrace(options.trace_path, *job, verdicts); !written.ok()) {
       std::cerr << "ncclguard analyze: " << written.message() << '\n';

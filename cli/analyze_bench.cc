@@ -69,7 +69,7 @@ int main(int argc, char** argv) {
     std::cerr << "analyze_bench: " << view.status() << '\n';
     return 2;
   }
-  const std::vector<ncclguard::Verdict> verdicts = ncclguard::Classify(*view);
+  const std::vector<ncclguard::Verdict> verdicts = ncclguard::Classify(*view, ncclguard::ProcessKnownBad().entries);
   const double analysis_seconds = SecondsSince(analysis_start);
 
   rusage usage{};

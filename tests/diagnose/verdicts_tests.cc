@@ -79,6 +79,10 @@ JobView Job(std::vector<ProcessView> processes) {
   return job;
 }
 
+// The classifier with the shipped known-bad entries (the test's NCCLGUARD_KNOWN_BAD_FILE), as the
+// watchdog and `ncclguard analyze` run it.
+std::vector<Verdict> Classify(const JobView& job) { return ncclguard::Classify(job, ProcessKnownBad().entries); }
+
 std::vector<std::string> Kinds(const std::vector<Verdict>& verdicts) {
   std::vector<std::string> kinds;
   for (const Verdict& verdict : verdicts) kinds.emplace_back(VerdictKindName(verdict.kind));
@@ -301,6 +305,21 @@ TEST_CASE("S1/S2: stuck inside NCCL on GeForce GPUs with a known-bad driver is P
     for (ProcessView& process : job.processes) process.host = absl::StrCat("node-", process.pid);
     CHECK(Kinds(Classify(job)) == std::vector<std::string>{"stuck_inside_nccl"});
   }
+}
+
+TEST_CASE("the known-bad entries are the classifier's argument", "[verdicts]") {
+  JobView job = EveryRankInside();
+  GiveFacts(job, "NVIDIA GeForce RTX 4090", "545.23.08");
+  CHECK(Kinds(ncclguard::Classify(job, {})) == std::vector<std::string>{"stuck_inside_nccl"});
+  KnownBadEntry entry;
+  entry.id = "a-driver";
+  entry.match.driver_versions = {"545.23.08"};
+  const std::vector<Verdict> verdicts = ncclguard::Classify(job, {entry});
+  REQUIRE(Kinds(verdicts) == std::vector<std::string>{"p2p_suspect", "stuck_inside_nccl"});
+  CHECK(verdicts[0].message ==
+        "stuck inside NCCL with P2P in use with driver 545.23.08: P2P transfers are the likely cause; "
+        "NCCL_P2P_DISABLE=1 avoids them");
+  CHECK(verdicts[0].evidence["known_bad"][0]["id"] == "a-driver");
 }
 
 TEST_CASE("an asynchronous error names the rank and NCCL's warning", "[verdicts]") {

@@ -493,7 +493,7 @@ class SystemEffects final : public WatchdogEffects {
     const double interval = StatusIntervalSeconds(GetConfig().status_interval.value, 0);
     const absl::StatusOr<JobView> job = ReadJobDirectory(JobDir(), WallNow(), interval, JobDirectoryOrigin::kOwn);
     if (!job.ok()) return {};
-    return ncclguard::Classify(*job);
+    return ncclguard::Classify(*job, ProcessKnownBad().entries);
   }
 
   std::int64_t TakePeerDumpRequest() override {

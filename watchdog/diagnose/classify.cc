@@ -32,15 +32,15 @@ Verdict Unknown(const JobView& job) {
 
 }  // namespace
 
-std::vector<Verdict> Classify(const JobView& job) {
+std::vector<Verdict> Classify(const JobView& job, const std::vector<KnownBadEntry>& known_bad) {
   if (job.processes.empty()) return {Unknown(job)};
   const std::vector<Communicator> communicators = classifier::GroupByCommunicator(job);
   Buckets buckets;
   for (const Communicator& communicator : communicators) {
-    classifier::ClassifyAsyncErrors(communicator, buckets);
+    classifier::ClassifyAsyncErrors(communicator, known_bad, buckets);
     classifier::ClassifyFailedCalls(communicator, buckets);
     const std::optional<std::uint64_t> mismatch_seq = classifier::ClassifyMismatch(communicator, buckets);
-    classifier::ClassifyStuckOperation(communicator, job, mismatch_seq, buckets);
+    classifier::ClassifyStuckOperation(communicator, job, known_bad, mismatch_seq, buckets);
     classifier::ClassifyStraggler(communicator, buckets);
   }
   classifier::ClassifyStuckInits(job, communicators, buckets);

@@ -99,24 +99,26 @@ Verdict& Add(Buckets& buckets, VerdictKind kind, std::string comm, std::uint64_t
 // ---------------------------------------------------------------------------------------------
 // The rules
 
-void ClassifyAsyncErrors(const Communicator& communicator, Buckets& buckets);
+void ClassifyAsyncErrors(const Communicator& communicator, const std::vector<KnownBadEntry>& known_bad,
+                         Buckets& buckets);
 // Calls that returned an error to the application: the first of each rank.
 void ClassifyFailedCalls(const Communicator& communicator, Buckets& buckets);
 // A stall or an error that a process recorded and that no verdict above explains.
 void ClassifyUnexplained(const JobView& job, Buckets& buckets);
 
-// Evidence that P2P transfers are behind a fault on this communicator; null when there is none.
-Json P2pEvidence(const Communicator& communicator);
-// A p2p_suspect verdict on `what` ("stuck inside NCCL") with `evidence` from P2pEvidence.
-void AddP2pSuspect(Buckets& buckets, const Communicator& communicator, std::uint64_t seq,
-                   std::vector<int> ranks, const std::string& what, const Json& evidence);
+// A p2p_suspect verdict on `what` ("stuck inside NCCL") when the communicator's ranks share a host
+// and their facts match `known_bad` or NCCL warned about P2P.
+void AddP2pSuspectIfAny(Buckets& buckets, const Communicator& communicator,
+                        const std::vector<KnownBadEntry>& known_bad, std::uint64_t seq,
+                        const std::vector<int>& ranks, const std::string& what);
 
 // The first seq at which the ranks' calls differ, when they do.
 std::optional<std::uint64_t> ClassifyMismatch(const Communicator& communicator, Buckets& buckets);
 
 // Where the communicator stands on the oldest operation some rank has not completed.
 void ClassifyStuckOperation(const Communicator& communicator, const JobView& job,
-                            std::optional<std::uint64_t> mismatch_seq, Buckets& buckets);
+                            const std::vector<KnownBadEntry>& known_bad, std::optional<std::uint64_t> mismatch_seq,
+                            Buckets& buckets);
 
 void ClassifyStuckInits(const JobView& job, const std::vector<Communicator>& communicators, Buckets& buckets);
 

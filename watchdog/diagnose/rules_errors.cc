@@ -31,7 +31,8 @@ std::string DescribeStall(const StallSnapshot& stall) {
 
 }  // namespace
 
-void ClassifyAsyncErrors(const Communicator& communicator, Buckets& buckets) {
+void ClassifyAsyncErrors(const Communicator& communicator, const std::vector<KnownBadEntry>& known_bad,
+                         Buckets& buckets) {
   std::vector<const Member*> reporting;
   for (const Member& member : communicator.members) {
     if (!member.comm->async_error.empty()) reporting.push_back(&member);
@@ -59,9 +60,7 @@ void ClassifyAsyncErrors(const Communicator& communicator, Buckets& buckets) {
   const std::uint64_t seq = OldestUnfinished(*first->comm).value_or(0);
   Add(buckets, kAsyncError, communicator.id, seq, RanksOf(reporting), std::move(message),
       Json{{"ranks", std::move(per_rank)}});
-  if (const Json p2p = P2pEvidence(communicator); !p2p.is_null()) {
-    AddP2pSuspect(buckets, communicator, seq, RanksOf(reporting), "asynchronous NCCL error", p2p);
-  }
+  AddP2pSuspectIfAny(buckets, communicator, known_bad, seq, RanksOf(reporting), "asynchronous NCCL error");
 }
 
 void ClassifyFailedCalls(const Communicator& communicator, Buckets& buckets) {

@@ -23,13 +23,10 @@ bool MentionsP2pTrouble(const std::string& warning) {
   return false;
 }
 
-}  // namespace
-
 // Evidence that P2P transfers are behind a fault on this communicator; null when there is none.
 // Only facts (from dumps and status files) and NCCL's warnings can tell: the known-bad entries
 // (known_bad.h) that match a member's facts, and NCCL warnings about P2P.
-Json P2pEvidence(const Communicator& communicator) {
-  const std::vector<KnownBadEntry>& entries = ProcessKnownBad().entries;
+Json P2pEvidence(const Communicator& communicator, const std::vector<KnownBadEntry>& entries) {
   std::set<std::string> hosts;
   bool shares_a_host = false;
   std::set<std::string> gpus;     // GPU names that a known-bad entry matched
@@ -64,8 +61,7 @@ Json P2pEvidence(const Communicator& communicator) {
   return Json{{"consumer_gpus", gpus}, {"drivers", drivers}, {"known_bad", known_bad}, {"warnings", warnings}};
 }
 
-void AddP2pSuspect(Buckets& buckets, const Communicator& communicator, std::uint64_t seq,
-                   std::vector<int> ranks, const std::string& what, const Json& evidence) {
+std::string P2pMessage(const std::string& what, const Json& evidence, const std::vector<KnownBadEntry>& entries) {
   std::string message = what + " with P2P in use";
   if (!evidence["consumer_gpus"].empty()) {
     message += fmt::format(" on {} GPUs", absl::StrJoin(evidence["consumer_gpus"].get<std::vector<std::string>>(), ", "));
@@ -76,7 +72,7 @@ void AddP2pSuspect(Buckets& buckets, const Communicator& communicator, std::uint
   // Entries that name no GPU or driver (a kernel release, the number of GPUs) are named by their id.
   std::vector<std::string> other_entries;
   for (const Json& matched : evidence["known_bad"]) {
-    for (const KnownBadEntry& entry : ProcessKnownBad().entries) {
+    for (const KnownBadEntry& entry : entries) {
       if (entry.id == matched["id"] && !entry.match.gpu_name && entry.match.driver_versions.empty()) {
         other_entries.push_back(entry.id);
       }
@@ -87,7 +83,18 @@ void AddP2pSuspect(Buckets& buckets, const Communicator& communicator, std::uint
     message += fmt::format(" (NCCL warned: \"{}\")", evidence["warnings"][0].get<std::string>());
   }
   message += ": P2P transfers are the likely cause; NCCL_P2P_DISABLE=1 avoids them";
-  Add(buckets, kP2pSuspect, communicator.id, seq, std::move(ranks), std::move(message), evidence);
+  return message;
+}
+
+}  // namespace
+
+void AddP2pSuspectIfAny(Buckets& buckets, const Communicator& communicator,
+                        const std::vector<KnownBadEntry>& known_bad, std::uint64_t seq,
+                        const std::vector<int>& ranks, const std::string& what) {
+  Json evidence = P2pEvidence(communicator, known_bad);
+  if (evidence.is_null()) return;
+  std::string message = P2pMessage(what, evidence, known_bad);
+  Add(buckets, kP2pSuspect, communicator.id, seq, ranks, std::move(message), std::move(evidence));
 }
 
 }  // namespace ncclguard::classifier

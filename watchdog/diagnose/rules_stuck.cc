@@ -242,7 +242,8 @@ void AddUnreportedRank(int rank, const Communicator& communicator, const JobView
   absent.not_joined_evidence.push_back(Json{{"rank", rank}, {"where", WhereaboutsName(Whereabouts::kNoReport)}});
 }
 
-void AddStuckInsideNccl(Buckets& buckets, const Communicator& communicator, std::uint64_t stuck_seq,
+void AddStuckInsideNccl(Buckets& buckets, const Communicator& communicator,
+                        const std::vector<KnownBadEntry>& known_bad, std::uint64_t stuck_seq,
                         const OpSnapshot* stuck_op, const std::vector<int>& waiting_ranks, bool some_completed,
                         std::string where, Json evidence) {
   where += ": stuck inside NCCL, a transport fault (network, P2P or driver), not the application";
@@ -254,9 +255,7 @@ void AddStuckInsideNccl(Buckets& buckets, const Communicator& communicator, std:
                          stuck_op->op);
   }
   Add(buckets, kStuckInsideNccl, communicator.id, stuck_seq, waiting_ranks, std::move(where), std::move(evidence));
-  if (const Json p2p = P2pEvidence(communicator); !p2p.is_null()) {
-    AddP2pSuspect(buckets, communicator, stuck_seq, waiting_ranks, "stuck inside NCCL", p2p);
-  }
+  AddP2pSuspectIfAny(buckets, communicator, known_bad, stuck_seq, waiting_ranks, "stuck inside NCCL");
 }
 
 // The members of a communicator sorted by where they stand on its oldest operation that some
@@ -346,7 +345,8 @@ void AddAbsentees(Buckets& buckets, const Communicator& communicator, const Stuc
 }  // namespace
 
 void ClassifyStuckOperation(const Communicator& communicator, const JobView& job,
-                            std::optional<std::uint64_t> mismatch_seq, Buckets& buckets) {
+                            const std::vector<KnownBadEntry>& known_bad, std::optional<std::uint64_t> mismatch_seq,
+                            Buckets& buckets) {
   const std::uint64_t done_everywhere = HighestCompleted(communicator);
   const std::optional<StuckOperation> found = FindStuckOperation(communicator, done_everywhere);
   if (!found) return;
@@ -378,7 +378,7 @@ void ClassifyStuckOperation(const Communicator& communicator, const JobView& job
           ? fmt::format("all {} ranks entered {} and none has completed it", stuck.waiting.size(), described)
           : fmt::format("{} — {}, {} {} not", described, completed, Ranks(waiting_ranks),
                         stuck.waiting.size() == 1 ? "has" : "have");
-  AddStuckInsideNccl(buckets, communicator, stuck.seq, stuck.op, waiting_ranks, !stuck.finished.empty(),
+  AddStuckInsideNccl(buckets, communicator, known_bad, stuck.seq, stuck.op, waiting_ranks, !stuck.finished.empty(),
                      fmt::format("{} (waiting {})", where, Seconds(stuck.waited_seconds)), std::move(common));
 }
 

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "watchdog/diagnose/job_view.h"
+#include "watchdog/diagnose/known_bad.h"
 
 namespace ncclguard {
 
@@ -51,8 +52,9 @@ struct Verdict {
 
 // Verdicts, most important first; a single "healthy" verdict when nothing is wrong (never when a
 // process recorded a stall, an error or a failed call), a single "unknown" one when the job
-// directory held nothing readable.
-std::vector<Verdict> Classify(const JobView& job);
+// directory held nothing readable. A rank's facts that match one of `known_bad` are evidence for
+// p2p_suspect (the watchdog and `ncclguard analyze` pass ProcessKnownBad().entries).
+std::vector<Verdict> Classify(const JobView& job, const std::vector<KnownBadEntry>& known_bad);
 
 // {"verdicts": [{"kind", "comm", "seq", "ranks", "message", "evidence"}...], "directory", "time",
 //  "processes", "problems"} — documented in docs/verdicts.md.
