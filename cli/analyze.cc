@@ -26,6 +26,7 @@
 #include "watchdog/report/dump.h"
 #include "watchdog/common/escape.h"
 #include "watchdog/report/job_dir.h"
+#include "watchdog/common/ranks.h"
 #include "watchdog/diagnose/known_bad.h"
 #include "watchdog/diagnose/op_states.h"
 #include "watchdog/diagnose/verdicts.h"
@@ -55,24 +56,6 @@ std::int64_t NowNs() {
 std::string Upper(std::string text) {
   std::transform(text.begin(), text.end(), text.begin(), [](unsigned char c) { return std::toupper(c); });
   return text;
-}
-
-// "0-2, 5, 7-16383": thousands of ranks stay one line.
-std::string FormatRanks(std::vector<int> ranks) {
-  std::sort(ranks.begin(), ranks.end());
-  ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
-  std::vector<std::string> ranges;
-  for (std::size_t i = 0; i < ranks.size();) {
-    std::size_t j = i;
-    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
-    if (ranges.size() == kMaxRankRanges) {
-      ranges.push_back(absl::StrCat("... (", ranks.size(), " ranks)"));
-      break;
-    }
-    ranges.push_back(i == j ? absl::StrCat(ranks[i]) : absl::StrCat(ranks[i], "-", ranks[j]));
-    i = j + 1;
-  }
-  return absl::StrJoin(ranges, ", ");
 }
 
 std::string Shorten(std::string text) {
@@ -109,7 +92,9 @@ void PrintVerdict(const Verdict& verdict) {
   if (!verdict.comm.empty()) std::cout << "  comm " << EscapeControlCharacters(verdict.comm);
   if (verdict.seq != 0) std::cout << " #" << verdict.seq;
   std::cout << "\n  " << EscapeControlCharacters(verdict.message) << '\n';
-  if (!verdict.ranks.empty()) std::cout << "  ranks: " << FormatRanks(verdict.ranks) << '\n';
+  if (!verdict.ranks.empty()) {
+    std::cout << "  ranks: " << FormatRanks(verdict.ranks, {.max_parts = kMaxRankRanges}) << '\n';
+  }
   PrintEvidence(verdict.evidence);
   std::cout << '\n';
 }

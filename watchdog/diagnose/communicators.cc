@@ -8,28 +8,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "watchdog/common/ranks.h"
 #include "watchdog/diagnose/op_states.h"
 #include "watchdog/diagnose/rules.h"
 
 namespace ncclguard::classifier {
 namespace {
-
-std::string RankList(std::vector<int> ranks) {
-  std::sort(ranks.begin(), ranks.end());
-  std::vector<std::string> parts;
-  for (size_t i = 0; i < ranks.size();) {
-    size_t end = i;
-    while (end + 1 < ranks.size() && ranks[end + 1] == ranks[end] + 1) ++end;
-    // Short runs stay explicit ("0,1,2"); long ones ("0-1023") keep messages of big jobs short.
-    if (end - i + 1 >= 4) {
-      parts.push_back(absl::StrCat(ranks[i], "-", ranks[end]));
-    } else {
-      for (size_t k = i; k <= end; ++k) parts.push_back(absl::StrCat(ranks[k]));
-    }
-    i = end + 1;
-  }
-  return absl::StrJoin(parts, ",");
-}
 
 // "float32 × 1024, sum, root 0", as in the watchdog's stall lines; bytes when only a status file
 // described the operation.
@@ -45,7 +29,7 @@ std::string OpDetails(const OpSnapshot& op) {
 }  // namespace
 
 std::string Ranks(const std::vector<int>& ranks) {
-  return absl::StrCat(ranks.size() == 1 ? "rank " : "ranks ", RankList(ranks));
+  return absl::StrCat(ranks.size() == 1 ? "rank " : "ranks ", FormatRanks(ranks, kRanksInMessages));
 }
 
 bool IsPointToPoint(const OpSnapshot& op) { return op.op == "Send" || op.op == "Recv"; }
