@@ -26,7 +26,9 @@
 #include "watchdog/report/dump.h"
 #include "watchdog/common/escape.h"
 #include "watchdog/report/job_dir.h"
+#include "watchdog/common/ranks.h"
 #include "watchdog/diagnose/known_bad.h"
+#include "watchdog/diagnose/op_states.h"
 #include "watchdog/diagnose/verdicts.h"
 
 namespace ncclguard {
@@ -49,24 +51,6 @@ struct AnalyzeOptions {
 std::string Upper(std::string text) {
   std::transform(text.begin(), text.end(), text.begin(), [](unsigned char c) { return std::toupper(c); });
   return text;
-}
-
-// "0-2, 5, 7-16383": thousands of ranks stay one line.
-std::string FormatRanks(std::vector<int> ranks) {
-  std::sort(ranks.begin(), ranks.end());
-  ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
-  std::vector<std::string> ranges;
-  for (std::size_t i = 0; i < ranks.size();) {
-    std::size_t j = i;
-    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
-    if (ranges.size() == kMaxRankRanges) {
-      ranges.push_back(absl::StrCat("... (", ranks.size(), " ranks)"));
-      break;
-    }
-    ranges.push_back(i == j ? absl::StrCat(ranks[i]) : absl::StrCat(ranks[i], "-", ranks[j]));
-    i = j + 1;
-  }
-  return absl::StrJoin(ranges, ", ");
 }
 
 std::string Shorten(std::string text) {
@@ -99,11 +83,13 @@ void PrintEvidence(const nlohmann::json& evidence) {
 }
 
 void PrintVerdict(const Verdict& verdict) {
-  std::cout << Upper(verdict.kind);
+  std::cout << Upper(std::string(VerdictKindName(verdict.kind)));
   if (!verdict.comm.empty()) std::cout << "  comm " << EscapeControlCharacters(verdict.comm);
   if (verdict.seq != 0) std::cout << " #" << verdict.seq;
   std::cout << "\n  " << EscapeControlCharacters(verdict.message) << '\n';
-  if (!verdict.ranks.empty()) std::cout << "  ranks: " << FormatRanks(verdict.ranks) << '\n';
+  if (!verdict.ranks.empty()) {
+    std::cout << "  ranks: " << FormatRanks(verdict.ranks, {.max_parts = kMaxRankRanges}) << '\n';
+  }
   PrintEvidence(verdict.evidence);
   std::cout << '\n';
 }
@@ -133,7 +119,7 @@ std::string InNccl(const ProcessView& process) {
   if (!process.snapshot.in_nccl_call.empty()) return process.snapshot.in_nccl_call;
   for (const CommSnapshot& comm : process.snapshot.comms) {
     for (const OpSnapshot& op : comm.ring) {
-      if (op.state == "started" || op.state == "enqueued") return absl::StrCat(op.op, " #", op.seq, " (", op.state, ")");
+      if (Unfinished(op)) return absl::StrCat(op.op, " #", op.seq, " (", op.state, ")");
     }
   }
   return "no";
@@ -176,7 +162,7 @@ void PrintForHumans(const JobView& job, const std::vector<Verdict>& verdicts) {
   std::cout << "ncclguard analyze " << EscapeControlCharacters(job.directory) << ": " << processes
             << (processes == 1 ? " process" : " processes") << ", read at " << IsoTime(job.now_ns) << "\n\n";
   for (const Verdict& verdict : verdicts) PrintVerdict(verdict);
-  const bool healthy = verdicts.size() == 1 && verdicts[0].kind == "healthy";
+  const bool healthy = verdicts.size() == 1 && verdicts[0].kind == VerdictKind::kHealthy;
   if (!healthy) PrintRankTable(job, verdicts);
   if (!job.problems.empty()) {
     std::cout << "Problems (" << job.problems.size() << "):\n";
@@ -214,11 +200,12 @@ int Analyze(const AnalyzeOptions& options) {
   }
 
   // The command's log is not started: say here that P2P verdicts lack part of their evidence.
-  if (const KnownBadList& known_bad = ProcessKnownBad(); !known_bad.status.ok()) {
+  const KnownBadList& known_bad = ProcessKnownBad();
+  if (!known_bad.status.ok()) {
     std::cerr << "ncclguard analyze: known-bad configurations not used as P2P evidence: "
               << known_bad.status.message() << " (set NCCLGUARD_KNOWN_BAD_FILE)\n";
   }
-  const std::vector<Verdict> verdicts = Classify(*job);
+  const std::vector<Verdict> verdicts = Classify(*job, known_bad.entries);
   if (!options.trace_path.empty()) {
     if (absl::Status written = WriteChromeTrace(options.trace_path, *job, verdicts); !written.ok()) {
       std::cerr << "ncclguard analyze: " << written.message() << '\n';
@@ -231,7 +218,7 @@ int Analyze(const AnalyzeOptions& options) {
     PrintForHumans(*job, verdicts);
     if (!options.trace_path.empty()) std::cout << "Trace written to " << options.trace_path << " (open it in ui.perfetto.dev)\n";
   }
-  const bool healthy = verdicts.size() == 1 && verdicts[0].kind == "healthy";
+  const bool healthy = verdicts.size() == 1 && verdicts[0].kind == VerdictKind::kHealthy;
   return healthy ? kExitHealthy : kExitProblemFound;
 }
 

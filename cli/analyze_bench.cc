@@ -69,7 +69,7 @@ int main(int argc, char** argv) {
     std::cerr << "analyze_bench: " << view.status() << '\n';
     return 2;
   }
-  const std::vector<ncclguard::Verdict> verdicts = ncclguard::Classify(*view);
+  const std::vector<ncclguard::Verdict> verdicts = ncclguard::Classify(*view, ncclguard::ProcessKnownBad().entries);
   const double analysis_seconds = SecondsSince(analysis_start);
 
   rusage usage{};
@@ -80,10 +80,10 @@ int main(int argc, char** argv) {
             << "problems: " << view->problems.size() << '\n';
   if (kept_directory.empty()) std::filesystem::remove_all(root);
 
-  const bool expected = !verdicts.empty() && verdicts[0].kind == "rank_not_joined" &&
+  const bool expected = !verdicts.empty() && verdicts[0].kind == ncclguard::VerdictKind::kRankNotJoined &&
                         verdicts[0].ranks == std::vector<int>{job.late_rank} &&
                         view->processes.size() == static_cast<std::size_t>(ranks);
-  std::cout << "verdict: " << (verdicts.empty() ? "none" : verdicts[0].kind) << " ranks ["
+  std::cout << "verdict: " << (verdicts.empty() ? "none" : ncclguard::VerdictKindName(verdicts[0].kind)) << " ranks ["
             << (verdicts.empty() ? "" : absl::StrJoin(verdicts[0].ranks, ",")) << "]"
             << (expected ? "" : " (expected rank_not_joined naming only rank " + std::to_string(job.late_rank) + ")")
             << '\n';

@@ -60,7 +60,7 @@ class TraceBuilder {
   TraceBuilder(const JobView& job, const std::vector<Verdict>& verdicts)
       : job_(job), origin_ns_(Origin(job)) {
     for (const Verdict& verdict : verdicts) {
-      if (!verdict.comm.empty() && verdict.seq != 0) verdict_of_[{verdict.comm, verdict.seq}] = verdict.kind;
+      if (!verdict.comm.empty() && verdict.seq != 0) verdict_of_[{verdict.comm, verdict.seq}] = VerdictKindName(verdict.kind);
     }
   }
 
@@ -119,7 +119,7 @@ class TraceBuilder {
   void AddVerdict(const Verdict& verdict) {
     events_.push_back({{"ph", "i"},
                        {"s", "g"},
-                       {"name", verdict.kind},
+                       {"name", VerdictKindName(verdict.kind)},
                        {"pid", 0},
                        {"tid", 0},
                        {"ts", Micros(job_.now_ns)},

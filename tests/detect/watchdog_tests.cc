@@ -308,7 +308,7 @@ namespace {
 
 Verdict MakeVerdict(const std::string& kind, const std::string& message) {
   Verdict verdict;
-  verdict.kind = kind;
+  verdict.kind = ParseVerdictKind(kind).value();
   verdict.message = message;
   verdict.ranks = {0};
   return verdict;
@@ -331,7 +331,7 @@ TEST_CASE("a late rank busy outside NCCL is waited for until the hard timeout", 
   Fixture f(Action::kAbort);
   f.config.hard_timeout = Seconds{60};
   Verdict busy = MakeVerdict("rank_not_joined", "rank 0 is busy outside NCCL");
-  busy.evidence = {{"late_ranks", {{{"rank", 0}, {"where", "busy_outside_nccl"}}}}};
+  busy.late_ranks_busy_outside_nccl = true;
   f.effects.verdicts = {busy};
   f.Enqueue(0);
   f.watchdog.PollOnce(11 * kSecond);  // the stall: reported, dumped, not acted on
@@ -350,7 +350,7 @@ TEST_CASE("a late rank busy outside NCCL is waited for until the hard timeout", 
 TEST_CASE("a waited-for stall is acted on as soon as its verdict changes", "[watchdog]") {
   Fixture f(Action::kAbort);
   Verdict busy = MakeVerdict("rank_not_joined", "rank 0 is busy outside NCCL");
-  busy.evidence = {{"late_ranks", {{{"rank", 0}, {"where", "busy_outside_nccl"}}}}};
+  busy.late_ranks_busy_outside_nccl = true;
   f.effects.verdicts = {busy};
   f.Enqueue(0);
   f.watchdog.PollOnce(11 * kSecond);

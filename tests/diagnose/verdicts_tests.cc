@@ -79,9 +79,13 @@ JobView Job(std::vector<ProcessView> processes) {
   return job;
 }
 
+// The classifier with the shipped known-bad entries (the test's NCCLGUARD_KNOWN_BAD_FILE), as the
+// watchdog and `ncclguard analyze` run it.
+std::vector<Verdict> Classify(const JobView& job) { return ncclguard::Classify(job, ProcessKnownBad().entries); }
+
 std::vector<std::string> Kinds(const std::vector<Verdict>& verdicts) {
   std::vector<std::string> kinds;
-  for (const Verdict& verdict : verdicts) kinds.push_back(verdict.kind);
+  for (const Verdict& verdict : verdicts) kinds.emplace_back(VerdictKindName(verdict.kind));
   return kinds;
 }
 
@@ -303,6 +307,21 @@ TEST_CASE("S1/S2: stuck inside NCCL on GeForce GPUs with a known-bad driver is P
   }
 }
 
+TEST_CASE("the known-bad entries are the classifier's argument", "[verdicts]") {
+  JobView job = EveryRankInside();
+  GiveFacts(job, "NVIDIA GeForce RTX 4090", "545.23.08");
+  CHECK(Kinds(ncclguard::Classify(job, {})) == std::vector<std::string>{"stuck_inside_nccl"});
+  KnownBadEntry entry;
+  entry.id = "a-driver";
+  entry.match.driver_versions = {"545.23.08"};
+  const std::vector<Verdict> verdicts = ncclguard::Classify(job, {entry});
+  REQUIRE(Kinds(verdicts) == std::vector<std::string>{"p2p_suspect", "stuck_inside_nccl"});
+  CHECK(verdicts[0].message ==
+        "stuck inside NCCL with P2P in use with driver 545.23.08: P2P transfers are the likely cause; "
+        "NCCL_P2P_DISABLE=1 avoids them");
+  CHECK(verdicts[0].evidence["known_bad"][0]["id"] == "a-driver");
+}
+
 TEST_CASE("an asynchronous error names the rank and NCCL's warning", "[verdicts]") {
   JobView job = Job({Rank(0, 5, 5), Rank(1, 5, 5)});
   job.processes[1].snapshot.comms[0].async_error = "ncclRemoteError";
@@ -422,7 +441,7 @@ TEST_CASE("the JSON of the verdicts carries every field", "[verdicts]") {
   REQUIRE(document["verdicts"].size() == verdicts.size());
   for (size_t i = 0; i < verdicts.size(); ++i) {
     const nlohmann::json& verdict = document["verdicts"][i];
-    CHECK(verdict["kind"] == verdicts[i].kind);
+    CHECK(verdict["kind"] == VerdictKindName(verdicts[i].kind));
     CHECK(verdict["comm"] == verdicts[i].comm);
     CHECK(verdict["seq"].get<std::uint64_t>() == verdicts[i].seq);
     CHECK(verdict["ranks"].get<std::vector<int>>() == verdicts[i].ranks);
@@ -567,7 +586,7 @@ TEST_CASE("a desync is found from the status files' operation signatures alone",
     for (ProcessView& process : job.processes) KeepOnlyStatus(process);
     const std::vector<Verdict> verdicts = Classify(job);
     REQUIRE_FALSE(verdicts.empty());
-    CHECK(verdicts[0].kind == "mismatch");
+    CHECK(verdicts[0].kind == VerdictKind::kMismatch);
     CHECK(verdicts[0].seq == 26);
     CHECK(verdicts[0].ranks == std::vector<int>{2});
     CHECK(verdicts[0].message.starts_with(
@@ -583,7 +602,7 @@ TEST_CASE("a desync is found from the status files' operation signatures alone",
     }
     const std::vector<Verdict> verdicts = Classify(job);
     REQUIRE_FALSE(verdicts.empty());
-    CHECK(verdicts[0].kind == "mismatch");
+    CHECK(verdicts[0].kind == VerdictKind::kMismatch);
     CHECK(verdicts[0].message.starts_with(fmt::format(
         "rank 2 issued AllReduce #26 (float32 × 1049600, sum) while ranks 0,1,3 issued #26 with signature {:08x} "
         "(operation signatures",
@@ -603,7 +622,7 @@ TEST_CASE("a desync is found from the status files' operation signatures alone",
   SECTION("the same signatures everywhere are no mismatch") {
     job.processes[2].snapshot.comms[0].ring[25].count = 1024;
     for (ProcessView& process : job.processes) KeepOnlyStatus(process);
-    for (const Verdict& verdict : Classify(job)) CHECK(verdict.kind != "mismatch");
+    for (const Verdict& verdict : Classify(job)) CHECK(verdict.kind != VerdictKind::kMismatch);
   }
 }
 
@@ -734,7 +753,7 @@ TEST_CASE("a rank killed inside ncclCommInitRank is dead, not missing", "[verdic
     JobView job = Job({Rank(0, 0, 1), killed, Rank(2, 0, 1), Rank(3, 0, 1)});
     const std::vector<Verdict> verdicts = Classify(job);
     REQUIRE_FALSE(verdicts.empty());
-    CHECK(verdicts[0].kind == "rank_dead");
+    CHECK(verdicts[0].kind == VerdictKind::kRankDead);
     CHECK(verdicts[0].ranks == std::vector<int>{1});
     CHECK(verdicts[0].message ==
           "rank 1 (pid 1001 on host node-1) is gone: it was still in ncclCommInitRank for this communicator and never "
@@ -924,6 +943,20 @@ TEST_CASE("reading a job directory: liveness, exit marks and unreadable files", 
   CHECK(job->problems[1].find("status-broken-2.json: ") == 0);
 
   CHECK_FALSE(ReadJobDirectory(temporary.path() + "/missing", kNow, 2).ok());
+}
+
+TEST_CASE("every verdict kind is named as docs/verdicts.md names it, and read back from its name", "[verdicts]") {
+  const std::vector<std::string> names{"async_error",       "p2p_suspect", "stuck_in_init", "rank_dead",
+                                       "mismatch",          "rank_not_joined", "stuck_inside_nccl",
+                                       "failed_call",       "unexplained", "straggler",     "healthy",
+                                       "unknown"};
+  for (int kind = 0; kind <= static_cast<int>(VerdictKind::kUnknown); ++kind) {
+    const std::string name(VerdictKindName(static_cast<VerdictKind>(kind)));
+    CHECK(name == names[kind]);
+    CHECK(ParseVerdictKind(name) == static_cast<VerdictKind>(kind));
+  }
+  CHECK_FALSE(ParseVerdictKind("").has_value());
+  CHECK_FALSE(ParseVerdictKind("P2P_SUSPECT").has_value());
 }
 
 }  // namespace

@@ -149,7 +149,7 @@ TEST_CASE("a dump claiming 10^8 ranks is refused, not allocated for", "[hostile]
   CHECK((*read)->processes.empty());
   CHECK(Contains((*read)->problems, "nranks 100000000 is outside 0..131072"));
   CHECK((*read)->problems.size() == 2);
-  CHECK_NOTHROW(Classify(**read));
+  CHECK_NOTHROW(Classify(**read, ProcessKnownBad().entries));
 }
 
 TEST_CASE("a rank beyond its communicator's size is refused", "[hostile]") {

@@ -346,7 +346,7 @@ Cost AnalyseInProcess(const std::string& dir) {
   {
     const absl::StatusOr<JobView> job = ReadJobDirectory(dir, kHonestNow, 2);
     if (job.ok()) {
-      const std::vector<Verdict> verdicts = Classify(*job);
+      const std::vector<Verdict> verdicts = Classify(*job, ProcessKnownBad().entries);
       CHECK_FALSE(verdicts.empty());
       CHECK_FALSE(VerdictsToJson(*job, verdicts).dump(-1, ' ', false, Json::error_handler_t::replace).empty());
     }

@@ -1,5 +1,6 @@
 // The real effects of the watchdog (see effects.h).
 #include "watchdog/detect/effects.h"
+#include "watchdog/diagnose/known_bad.h"
 
 #include <time.h>
 #include <unistd.h>
@@ -92,7 +93,7 @@ std::vector<Verdict> SystemEffects::Classify(const ProcessSnapshot& own_status) 
   const double interval = StatusIntervalSeconds(GetConfig().status_interval.value, 0);
   const absl::StatusOr<JobView> job = ReadJobDirectory(JobDir(), ::ncclguard::WallNowNs(), interval, JobDirectoryOrigin::kOwn);
   if (!job.ok()) return {};
-  return ncclguard::Classify(*job);
+  return ncclguard::Classify(*job, ProcessKnownBad().entries);
 }
 
 std::int64_t SystemEffects::TakePeerDumpRequest() {

@@ -217,7 +217,8 @@ void Watchdog::CheckCommunicator(CommState& comm, std::int64_t now_ns) {
     } else if (!comm.stall_acted_on && now_ns >= comm.stall_recheck_ns) {
       const std::vector<Verdict> verdicts = CurrentVerdicts(ToSnapshot(*stall, StallMessage(*stall)), now_ns);
       log::Warn("{} — still waiting; verdict: {}", StallMessage(*stall),
-                verdicts.empty() ? std::string("unknown") : verdicts[0].kind + ": " + verdicts[0].message);
+                verdicts.empty() ? std::string("unknown")
+                                 : fmt::format("{}: {}", VerdictKindName(verdicts[0].kind), verdicts[0].message));
       DecideOnStall(&comm, *stall, verdicts, now_ns);
     }
   }
@@ -274,7 +275,7 @@ void Watchdog::OnStall(CommState* comm, const Stall& stall, std::int64_t now_ns)
   StallSnapshot stall_snapshot = ToSnapshot(stall, message);
   const std::vector<Verdict> verdicts = CurrentVerdicts(stall_snapshot, now_ns);
   if (!verdicts.empty()) {
-    stall_snapshot.verdict = verdicts[0].kind;
+    stall_snapshot.verdict = VerdictKindName(verdicts[0].kind);
     stall_snapshot.verdict_message = verdicts[0].message;
   }
   {
@@ -284,7 +285,7 @@ void Watchdog::OnStall(CommState* comm, const Stall& stall, std::int64_t now_ns)
   const std::string path = Dump("stall", stall_snapshot, now_ns);
   log::Warn("{} — verdict: {} — dump: {}", message,
             verdicts.empty() ? std::string("unknown (the job directory could not be read)")
-                             : verdicts[0].kind + ": " + verdicts[0].message,
+                             : fmt::format("{}: {}", VerdictKindName(verdicts[0].kind), verdicts[0].message),
             path.empty() ? "not written" : path);
   effects_.RequestPeerDumps(message);
   DecideOnStall(comm, stall, verdicts, now_ns);
@@ -337,8 +338,8 @@ void Watchdog::Act(CommState* culprit, const char* what, const std::vector<Verdi
       ExitForRestart(fmt::format("exiting with code {} after {} (NCCLGUARD_ACTION=exit)", kRestartExitCode, what));
       return;
     case Action::kReinit: {
-      const std::string verdict = verdicts.empty() ? std::string("unknown") : verdicts[0].kind;
-      if (verdict == "p2p_suspect") {
+      const VerdictKind verdict = verdicts.empty() ? VerdictKind::kUnknown : verdicts[0].kind;
+      if (verdict == VerdictKind::kP2pSuspect) {
         if (const std::optional<std::string> path = RecordP2pVerdict(culprit, verdicts[0])) {
           ExitForRestart(fmt::format("recorded p2p_suspect in {}; exiting with {} so that the job restarts with "
                                      "NCCL_P2P_DISABLE=1 (NCCLGUARD_ACTION=reinit)",
@@ -348,7 +349,7 @@ void Watchdog::Act(CommState* culprit, const char* what, const std::vector<Verdi
       }
       ExitForRestart(fmt::format("exiting with code {} after {} (NCCLGUARD_ACTION=reinit; verdict {}: the restarted "
                                  "job keeps its P2P setting)",
-                                 kRestartExitCode, what, verdict));
+                                 kRestartExitCode, what, VerdictKindName(verdict)));
       return;
     }
   }

@@ -3,76 +3,58 @@
 // watchdog at the moment of a stall and offline in `ncclguard analyze`.
 #pragma once
 
-#include <chrono>
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
-#include "absl/status/statusor.h"
-#include "watchdog/report/dump.h"
-#include "watchdog/report/facts.h"
-#include "watchdog/report/snapshot.h"
+#include "watchdog/diagnose/job_view.h"
+#include "watchdog/diagnose/known_bad.h"
 
 namespace ncclguard {
 
-// Everything known about one process of the job: its newest dump (with the flight recorder) and
-// its status file, merged; `snapshot.comms[i].ring` holds the whole ring when a dump was found,
-// else only the oldest unfinished operation (status files carry just that).
-struct ProcessView {
-  std::string host;
-  int pid = -1;
-  std::string status_file;       // "" when none
-  std::string dump_file;         // the newest dump, "" when none
-  std::string dump_reason;       // its reason
-  std::int64_t last_seen_ns = 0; // the newest time of its status or dump (epoch ns)
-  // Whether the process exists now: checked with kill(pid, 0) when it ran on this host; unknown
-  // on other hosts (then the status file's age decides).
-  enum class Liveness { kAlive, kGone, kUnknown };
-  Liveness liveness = Liveness::kUnknown;
-  bool exited = false;           // it wrote a final status or dump on its way out (a normal exit)
-  ProcessSnapshot snapshot;
-  ProcessFacts facts;            // from the dump, else the status file (no memory figures)
+// The kinds of verdict, most important first: Classify lists its verdicts in this order. Named
+// only at the edges (JSON, log lines, the P2P record) by VerdictKindName.
+enum class VerdictKind {
+  kAsyncError,
+  kP2pSuspect,
+  kStuckInInit,
+  kRankDead,
+  kMismatch,
+  kRankNotJoined,
+  kStuckInsideNccl,
+  kFailedCall,
+  kUnexplained,
+  kStraggler,
+  kHealthy,
+  kUnknown,
 };
 
-struct JobView {
-  std::string directory;
-  std::int64_t now_ns = 0;             // when it was read (epoch ns)
-  double status_interval_seconds = 2;  // a status older than 3 intervals is stale
-  std::vector<ProcessView> processes;
-  std::vector<std::string> problems;   // files that could not be read, and why
-};
-
-// Whose job directory is read. kNamedByUser (`ncclguard analyze`): a relative path or a symbolic
-// link is followed and the directory may belong to another user. kOwn (the watchdog): it must be
-// a real directory of this user, as for writing. Either way, its files are read with ReadFileAt's
-// rules (dump.h).
-enum class JobDirectoryOrigin { kNamedByUser, kOwn };
-
-// Reads every dump and status file of a job directory, within `deadline` as a whole (files not
-// reached in time become problems). Never throws; unreadable files become problems.
-absl::StatusOr<JobView> ReadJobDirectory(const std::string& directory, std::int64_t now_ns,
-                                         double status_interval_seconds,
-                                         JobDirectoryOrigin origin = JobDirectoryOrigin::kNamedByUser,
-                                         std::chrono::milliseconds deadline = kReadDeadline) noexcept;
+// "async_error", "p2p_suspect", ..., as docs/verdicts.md names them.
+std::string_view VerdictKindName(VerdictKind kind);
+// The kind of that name; nothing for a name that is none.
+std::optional<VerdictKind> ParseVerdictKind(std::string_view name);
 
 struct Verdict {
-  // Exactly one of: rank_not_joined, rank_dead, stuck_inside_nccl, stuck_in_init, mismatch,
-  // async_error, p2p_suspect, failed_call, unexplained, straggler, healthy, unknown.
-  std::string kind;
+  VerdictKind kind = VerdictKind::kUnknown;
   std::string comm;             // communicator id, "" for job-wide verdicts
   std::uint64_t seq = 0;        // the operation #N concerned, 0 when none
   std::vector<int> ranks;       // the ranks the verdict is about (the culprits)
   std::string message;          // one sentence a user can act on
   nlohmann::json evidence;      // what the verdict rests on (per-rank facts, texts, ...)
+  // rank_not_joined: every rank that did not join is alive and busy outside NCCL, so it will
+  // come back (a checkpoint save, an evaluation). Not in the JSON: its late_ranks evidence says so.
+  bool late_ranks_busy_outside_nccl = false;
 };
 
 // Verdicts, most important first; a single "healthy" verdict when nothing is wrong (never when a
 // process recorded a stall, an error or a failed call), a single "unknown" one when the job
-// directory held nothing readable.
-std::vector<Verdict> Classify(const JobView& job);
+// directory held nothing readable. A rank's facts that match one of `known_bad` are evidence for
+// p2p_suspect (the watchdog and `ncclguard analyze` pass ProcessKnownBad().entries).
+std::vector<Verdict> Classify(const JobView& job, const std::vector<KnownBadEntry>& known_bad);
 
 // {"verdicts": [{"kind", "comm", "seq", "ranks", "message", "evidence"}...], "directory", "time",
 //  "processes", "problems"} — documented in docs/verdicts.md.

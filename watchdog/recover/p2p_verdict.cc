@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "watchdog/common/clock.h"
+#include "watchdog/diagnose/verdicts.h"
 #include "watchdog/report/dump.h"
 #include "watchdog/report/dump_reader.h"
 
@@ -33,7 +34,7 @@ P2pVerdictRecord ParseRecord(const std::string& content) {
     throw std::runtime_error(
         absl::StrCat("P2P verdict format version ", version, " is not ", kP2pVerdictFormatVersion));
   }
-  if (document.at("verdict").get<std::string>() != "p2p_suspect") {
+  if (ParseVerdictKind(document.at("verdict").get<std::string>()) != VerdictKind::kP2pSuspect) {
     throw std::runtime_error("its verdict is not p2p_suspect");
   }
   return P2pVerdictRecord{.job_id = document.at("job_id").get<std::string>(),
@@ -88,7 +89,7 @@ absl::Status WriteP2pVerdict(const std::string& job_dir, const P2pVerdictRecord&
     content = Json{{"format", kFormat},
                    {"format_version", kP2pVerdictFormatVersion},
                    {"job_id", record.job_id},
-                   {"verdict", "p2p_suspect"},
+                   {"verdict", VerdictKindName(VerdictKind::kP2pSuspect)},
                    {"message", record.message},
                    {"comm", record.comm},
                    {"seq", record.seq},

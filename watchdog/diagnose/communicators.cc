@@ -1,0 +1,169 @@
+// Communicators as the classifier sees them (every rank that left a record of one), where each
+// process is, and how verdict messages describe operations and ranks.
+#include <algorithm>
+#include <iterator>
+#include <unordered_map>
+
+#include <fmt/format.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "watchdog/common/ranks.h"
+#include "watchdog/diagnose/op_states.h"
+#include "watchdog/diagnose/rules.h"
+
+namespace ncclguard::classifier {
+namespace {
+
+// "float32 × 1024, sum, root 0", as in the watchdog's stall lines; bytes when only a status file
+// described the operation.
+std::string OpDetails(const OpSnapshot& op) {
+  if (op.dtype.empty()) return op.bytes > 0 ? absl::StrCat(op.bytes, " bytes") : "";
+  std::string details = fmt::format("{} × {}", op.dtype, op.count);
+  if (!op.reduction.empty()) details += ", " + op.reduction;
+  if (IsPointToPoint(op) && op.peer >= 0) details += fmt::format(", peer {}", op.peer);
+  if (!IsPointToPoint(op) && op.root >= 0) details += fmt::format(", root {}", op.root);
+  return details;
+}
+
+}  // namespace
+
+std::string Ranks(const std::vector<int>& ranks) {
+  return absl::StrCat(ranks.size() == 1 ? "rank " : "ranks ", FormatRanks(ranks, kRanksInMessages));
+}
+
+bool IsPointToPoint(const OpSnapshot& op) { return op.op == "Send" || op.op == "Recv"; }
+
+std::string OpName(const OpSnapshot* op, std::uint64_t seq) {
+  return op != nullptr && !op->op.empty() ? fmt::format("{} #{}", op->op, seq) : fmt::format("#{}", seq);
+}
+
+std::string DescribeOp(const OpSnapshot* op, std::uint64_t seq) {
+  std::string text = OpName(op, seq);
+  if (op != nullptr) {
+    if (const std::string details = OpDetails(*op); !details.empty()) text += " (" + details + ")";
+  }
+  return text;
+}
+
+Json OpJson(const OpSnapshot& op) {
+  return Json{{"seq", op.seq},       {"op", op.op},          {"dtype", op.dtype},
+              {"count", op.count},   {"bytes", op.bytes},    {"root", op.root},
+              {"peer", op.peer},     {"reduction", op.reduction}, {"state", op.state},
+              {"enqueue_ns", op.enqueue_ns}, {"start_ns", op.start_ns}};
+}
+
+const OpSnapshot* FindOp(const CommSnapshot& comm, std::uint64_t seq) {
+  // Rings are oldest first and usually contiguous: look where the seq should be, then search.
+  const auto& ring = comm.ring;
+  if (!ring.empty() && seq >= ring.front().seq && seq - ring.front().seq < ring.size() &&
+      ring[seq - ring.front().seq].seq == seq) {
+    return &ring[seq - ring.front().seq];
+  }
+  for (const OpSnapshot& op : ring) {
+    if (op.seq == seq) return &op;
+  }
+  return nullptr;
+}
+
+std::string Seconds(double seconds) { return fmt::format("{:.1f} s", seconds); }
+
+std::vector<Communicator> GroupByCommunicator(const JobView& job) {
+  std::unordered_map<std::string, size_t> index;
+  std::vector<Communicator> communicators;
+  for (const ProcessView& process : job.processes) {
+    for (const CommSnapshot& comm : process.snapshot.comms) {
+      auto [found, inserted] = index.try_emplace(comm.id, communicators.size());
+      if (inserted) communicators.push_back(Communicator{.id = comm.id, .nranks = 0, .members = {}});
+      Communicator& communicator = communicators[found->second];
+      communicator.nranks = std::max(communicator.nranks, comm.nranks);
+      communicator.members.push_back(Member{&process, &comm, comm.rank});
+    }
+  }
+  for (Communicator& communicator : communicators) {
+    auto& members = communicator.members;
+    // A rank seen twice (a pid of an earlier launch under the same job id): the newest wins.
+    std::sort(members.begin(), members.end(), [](const Member& a, const Member& b) {
+      return a.rank != b.rank ? a.rank < b.rank : a.process->last_seen_ns > b.process->last_seen_ns;
+    });
+    members.erase(std::unique(members.begin(), members.end(),
+                              [](const Member& a, const Member& b) { return a.rank == b.rank; }),
+                  members.end());
+  }
+  std::sort(communicators.begin(), communicators.end(),
+            [](const Communicator& a, const Communicator& b) { return a.id < b.id; });
+  return communicators;
+}
+
+std::vector<int> RanksOf(const std::vector<const Member*>& members) {
+  std::vector<int> ranks;
+  for (const Member* member : members) ranks.push_back(member->rank);
+  return ranks;
+}
+
+// The lowest seq this rank enqueued and has not completed.
+std::optional<std::uint64_t> OldestUnfinished(const CommSnapshot& comm) {
+  for (const OpSnapshot& op : comm.ring) {
+    if (Unfinished(op)) return op.seq;
+  }
+  if (comm.last_enqueued > comm.last_completed) return comm.last_completed + 1;
+  return std::nullopt;
+}
+
+double StatusAgeSeconds(const ProcessView& process, const JobView& job) {
+  return static_cast<double>(job.now_ns - process.last_seen_ns) / 1e9;
+}
+
+bool IsGone(const ProcessView& process, const JobView& job) {
+  return process.liveness == ProcessView::Liveness::kGone ||
+         (process.liveness == ProcessView::Liveness::kUnknown &&
+          StatusAgeSeconds(process, job) > kStaleIntervals * job.status_interval_seconds);
+}
+
+
+const char* WhereaboutsName(Whereabouts where) {
+  switch (where) {
+    case Whereabouts::kFinished: return "finished";
+    case Whereabouts::kGone: return "gone";
+    case Whereabouts::kInsideNccl: return "inside_nccl";
+    case Whereabouts::kBusyOutsideNccl: return "busy_outside_nccl";
+    case Whereabouts::kNoReport: return "no_report";
+  }
+  return "unknown";
+}
+
+Whereabouts Locate(const ProcessView& process, const JobView& job) {
+  if (process.exited) return Whereabouts::kFinished;
+  if (IsGone(process, job)) return Whereabouts::kGone;
+  if (!process.snapshot.in_nccl_call.empty()) return Whereabouts::kInsideNccl;
+  return Whereabouts::kBusyOutsideNccl;
+}
+
+std::vector<Verdict> Buckets::TakeAll() {
+  std::vector<Verdict> verdicts;
+  for (std::vector<Verdict>& bucket : by_kind_) std::move(bucket.begin(), bucket.end(), std::back_inserter(verdicts));
+  return verdicts;
+}
+
+Verdict& Add(Buckets& buckets, VerdictKind kind, std::string comm, std::uint64_t seq, std::vector<int> ranks,
+             std::string message, Json evidence) {
+  return buckets[kind].emplace_back(Verdict{.kind = kind,
+                                            .comm = std::move(comm),
+                                            .seq = seq,
+                                            .ranks = std::move(ranks),
+                                            .message = std::move(message),
+                                            .evidence = std::move(evidence)});
+}
+
+std::string GoneHow(const ProcessView& process, const JobView& job) {
+  if (process.liveness == ProcessView::Liveness::kGone) return "is gone";
+  return fmt::format("stopped updating its status {} ago (presumed gone)", Seconds(StatusAgeSeconds(process, job)));
+}
+
+std::string JoinClauses(const std::vector<std::string>& clauses) {
+  std::vector<std::string> shown(clauses.begin(), clauses.begin() + std::min(clauses.size(), kMaxClauses));
+  if (clauses.size() > kMaxClauses) shown.push_back(fmt::format("and {} more", clauses.size() - kMaxClauses));
+  return absl::StrJoin(shown, "; ");
+}
+
+}  // namespace ncclguard::classifier

@@ -1,0 +1,127 @@
+// The classifier's own parts, shared by its files and by nothing outside diagnose/: communicators
+// as the classifier sees them, how verdict messages describe operations and ranks, and the rules
+// that Classify (classify.cc) runs, one family of verdict kinds per file:
+//   rules_errors.cc    async_error, failed_call, unexplained
+//   rules_p2p.cc       p2p_suspect (evidence against P2P, from facts and known-bad entries)
+//   rules_mismatch.cc  mismatch
+//   rules_stuck.cc     rank_dead, rank_not_joined, stuck_inside_nccl (the oldest unfinished operation)
+//   rules_init.cc      stuck_in_init, rank_dead in an initialisation
+//   rules_straggler.cc straggler
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "watchdog/diagnose/verdicts.h"
+
+namespace ncclguard::classifier {
+
+using Json = nlohmann::json;
+
+// A status that has not been rewritten for this many intervals belongs to a process that ended
+// or hangs outside the watchdog's reach.
+inline constexpr double kStaleIntervals = 3;
+// Per-rank clauses in one message; the evidence lists every rank.
+inline constexpr size_t kMaxClauses = 3;
+
+// ---------------------------------------------------------------------------------------------
+// Communicators as the classifier sees them (communicators.cc)
+
+struct Member {
+  const ProcessView* process;
+  const CommSnapshot* comm;
+  int rank;
+};
+
+struct Communicator {
+  std::string id;
+  int nranks = 0;
+  std::vector<Member> members;  // by rank, one per rank
+};
+
+// Sorted by id; a rank seen twice (a pid of an earlier launch under the same job id) is its newest.
+std::vector<Communicator> GroupByCommunicator(const JobView& job);
+std::vector<int> RanksOf(const std::vector<const Member*>& members);
+
+bool IsPointToPoint(const OpSnapshot& op);
+const OpSnapshot* FindOp(const CommSnapshot& comm, std::uint64_t seq);
+// The lowest seq this rank enqueued and has not completed.
+std::optional<std::uint64_t> OldestUnfinished(const CommSnapshot& comm);
+
+double StatusAgeSeconds(const ProcessView& process, const JobView& job);
+bool IsGone(const ProcessView& process, const JobView& job);
+// "is gone", or "stopped updating its status 12.0 s ago (presumed gone)".
+std::string GoneHow(const ProcessView& process, const JobView& job);
+
+enum class Whereabouts { kFinished, kGone, kInsideNccl, kBusyOutsideNccl, kNoReport };
+const char* WhereaboutsName(Whereabouts where);
+Whereabouts Locate(const ProcessView& process, const JobView& job);
+
+// ---------------------------------------------------------------------------------------------
+// Describing operations and ranks (communicators.cc)
+
+// "rank 3", "ranks 0,1,2", "ranks 0-1023".
+std::string Ranks(const std::vector<int>& ranks);
+// "AllReduce #42", or "#42" when the operation is unknown.
+std::string OpName(const OpSnapshot* op, std::uint64_t seq);
+// "AllReduce #42 (float32 × 1024, sum)".
+std::string DescribeOp(const OpSnapshot* op, std::uint64_t seq);
+Json OpJson(const OpSnapshot& op);
+std::string Seconds(double seconds);
+// The first kMaxClauses clauses, then "and N more".
+std::string JoinClauses(const std::vector<std::string>& clauses);
+
+// ---------------------------------------------------------------------------------------------
+// The verdicts found so far, by kind, in the order Classify lists them
+
+// The rules name the kinds they find, kAsyncError to kStraggler.
+using enum VerdictKind;
+
+class Buckets {
+ public:
+  std::vector<Verdict>& operator[](VerdictKind kind) { return by_kind_[static_cast<size_t>(kind)]; }
+  // Every verdict, in the order of their kinds.
+  std::vector<Verdict> TakeAll();
+
+ private:
+  // healthy and unknown are no rule's: Classify gives them when the rules find nothing.
+  std::array<std::vector<Verdict>, static_cast<size_t>(kStraggler) + 1> by_kind_;
+};
+
+Verdict& Add(Buckets& buckets, VerdictKind kind, std::string comm, std::uint64_t seq, std::vector<int> ranks,
+             std::string message, Json evidence);
+
+// ---------------------------------------------------------------------------------------------
+// The rules
+
+void ClassifyAsyncErrors(const Communicator& communicator, const std::vector<KnownBadEntry>& known_bad,
+                         Buckets& buckets);
+// Calls that returned an error to the application: the first of each rank.
+void ClassifyFailedCalls(const Communicator& communicator, Buckets& buckets);
+// A stall or an error that a process recorded and that no verdict above explains.
+void ClassifyUnexplained(const JobView& job, Buckets& buckets);
+
+// A p2p_suspect verdict on `what` ("stuck inside NCCL") when the communicator's ranks share a host
+// and their facts match `known_bad` or NCCL warned about P2P.
+void AddP2pSuspectIfAny(Buckets& buckets, const Communicator& communicator,
+                        const std::vector<KnownBadEntry>& known_bad, std::uint64_t seq,
+                        const std::vector<int>& ranks, const std::string& what);
+
+// The first seq at which the ranks' calls differ, when they do.
+std::optional<std::uint64_t> ClassifyMismatch(const Communicator& communicator, Buckets& buckets);
+
+// Where the communicator stands on the oldest operation some rank has not completed.
+void ClassifyStuckOperation(const Communicator& communicator, const JobView& job,
+                            const std::vector<KnownBadEntry>& known_bad, std::optional<std::uint64_t> mismatch_seq,
+                            Buckets& buckets);
+
+void ClassifyStuckInits(const JobView& job, const std::vector<Communicator>& communicators, Buckets& buckets);
+
+void ClassifyStraggler(const Communicator& communicator, Buckets& buckets);
+
+}  // namespace ncclguard::classifier

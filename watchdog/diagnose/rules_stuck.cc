@@ -1,0 +1,385 @@
+// Where a communicator stands on the oldest operation some rank has not completed: ranks that
+// never entered it (rank_dead, rank_not_joined), or every rank inside it (stuck_inside_nccl).
+#include <algorithm>
+#include <limits>
+
+#include <fmt/format.h>
+
+#include "absl/strings/str_join.h"
+#include "watchdog/diagnose/op_states.h"
+#include "watchdog/diagnose/rules.h"
+
+namespace ncclguard::classifier {
+namespace {
+
+Json LateRankJson(const Member& member, Whereabouts where, const JobView& job) {
+  return Json{{"rank", member.rank},
+              {"host", member.process->host},
+              {"pid", member.process->pid},
+              {"last_enqueued", member.comm->last_enqueued},
+              {"last_completed", member.comm->last_completed},
+              {"where", WhereaboutsName(where)},
+              {"in_nccl_call", member.process->snapshot.in_nccl_call},
+              {"status_age_seconds", StatusAgeSeconds(*member.process, job)}};
+}
+
+// The process whose initialisation of this communicator as `rank` had not returned when it last
+// wrote its status: the rank is not a member yet, but it is not unaccounted for either.
+const ProcessView* InitialisingProcess(const JobView& job, const std::string& comm_id, int rank,
+                                       const PendingInitSnapshot** init) {
+  for (const ProcessView& process : job.processes) {
+    for (const PendingInitSnapshot& pending : process.snapshot.pending_inits) {
+      if (pending.comm_id == comm_id && pending.rank == rank) {
+        *init = &pending;
+        return &process;
+      }
+    }
+  }
+  return nullptr;
+}
+
+Json InitialisingJson(const ProcessView& process, const PendingInitSnapshot& init, Whereabouts where,
+                      const JobView& job) {
+  return Json{{"rank", init.rank},
+              {"host", process.host},
+              {"pid", process.pid},
+              {"in_init", init.api},
+              {"where", WhereaboutsName(where)},
+              {"status_age_seconds", StatusAgeSeconds(process, job)}};
+}
+
+// An operation whose result on every rank needs every rank's data: once one rank completed it,
+// every rank took part in it. (The root of a Broadcast can finish before a receiver has.)
+bool Symmetric(const OpSnapshot* op) {
+  return op != nullptr && (op->op == "AllReduce" || op->op == "AllGather" || op->op == "ReduceScatter" ||
+                           op->op == "AlltoAll");
+}
+
+// The operation #seq as any rank recorded it: every rank numbers the communicator's operations alike.
+const OpSnapshot* FindOpInCommunicator(const Communicator& communicator, std::uint64_t seq) {
+  const OpSnapshot* found = nullptr;
+  for (const Member& member : communicator.members) {
+    const OpSnapshot* op = FindOp(*member.comm, seq);
+    if (op != nullptr && (found == nullptr || (found->dtype.empty() && !op->dtype.empty()))) found = op;
+  }
+  return found;
+}
+
+// Once any rank completed a symmetric collective #N, every rank went through it and everything
+// before it: a rank's own record may lag (its last status was written while #N was in flight, or
+// its watchdog had not looked yet), so nothing at or below that #N counts as unfinished.
+std::uint64_t HighestCompleted(const Communicator& communicator) {
+  std::uint64_t highest = 0;
+  for (const Member& member : communicator.members) {
+    const std::uint64_t completed = member.comm->last_completed;
+    if (completed > highest && Symmetric(FindOpInCommunicator(communicator, completed))) highest = completed;
+  }
+  return highest;
+}
+
+std::uint64_t CompletedUpTo(const CommSnapshot& comm, std::uint64_t done_everywhere) {
+  return std::max(comm.last_completed, std::min(comm.last_enqueued, done_everywhere));
+}
+
+std::optional<std::uint64_t> OldestUnfinishedAbove(const CommSnapshot& comm, std::uint64_t done_everywhere) {
+  for (const OpSnapshot& op : comm.ring) {
+    if (Unfinished(op) && op.seq > done_everywhere) return op.seq;
+  }
+  const std::uint64_t completed = CompletedUpTo(comm, done_everywhere);
+  if (comm.last_enqueued > completed) return completed + 1;
+  return std::nullopt;
+}
+
+std::string LastCompleted(const Member& member, const Communicator& communicator, std::uint64_t done_everywhere) {
+  const std::uint64_t last = CompletedUpTo(*member.comm, done_everywhere);
+  if (last == 0) return "issued nothing on this communicator";
+  return fmt::format("completed {} and issued nothing after", OpName(FindOpInCommunicator(communicator, last), last));
+}
+
+// The #N this member's own watchdog reported stalled on this communicator, when the member has
+// not completed it since. Authoritative for that rank, whatever its peers completed: a rank can
+// wait in a collective its peers finished when their calls went out of step.
+std::optional<std::uint64_t> ReportedStall(const Member& member, const Communicator& communicator) {
+  const std::optional<StallSnapshot>& stall = member.process->snapshot.stall;
+  if (!stall || stall->kind == "init" || stall->comm_id != communicator.id) return std::nullopt;
+  if (stall->seq <= member.comm->last_completed || stall->seq > member.comm->last_enqueued) return std::nullopt;
+  return stall->seq;
+}
+
+// The oldest operation this member has not completed.
+std::optional<std::uint64_t> WaitingIn(const Member& member, const Communicator& communicator,
+                                       std::uint64_t done_everywhere) {
+  const std::optional<std::uint64_t> stalled = ReportedStall(member, communicator);
+  const std::optional<std::uint64_t> oldest = OldestUnfinishedAbove(*member.comm, done_everywhere);
+  if (stalled && (!oldest || *stalled < *oldest)) return stalled;
+  return oldest;
+}
+
+// What the ranks that completed the stuck operation did next: "ranks 0,1,3 completed it and
+// exited", "rank 1 completed it and went on to AllReduce #43", ...
+std::string CompletedClause(const std::vector<const Member*>& finished, const Communicator& communicator,
+                            const JobView& job, std::uint64_t done_everywhere) {
+  std::vector<std::pair<std::string, std::vector<int>>> groups;  // what next, by whom; in rank order
+  for (const Member* member : finished) {
+    std::string next;
+    switch (Locate(*member->process, job)) {
+      case Whereabouts::kFinished: next = "exited"; break;
+      case Whereabouts::kGone: next = "then vanished (presumed killed)"; break;
+      default:
+        if (const auto seq = WaitingIn(*member, communicator, done_everywhere)) {
+          next = fmt::format("went on to {}", OpName(FindOpInCommunicator(communicator, *seq), *seq));
+        } else if (!member->process->snapshot.in_nccl_call.empty()) {
+          next = fmt::format("went on to {}", member->process->snapshot.in_nccl_call);
+        } else {
+          next = "went on outside NCCL";
+        }
+    }
+    auto group = std::find_if(groups.begin(), groups.end(), [&](const auto& known) { return known.first == next; });
+    if (group == groups.end()) {
+      groups.emplace_back(next, std::vector<int>{member->rank});
+    } else {
+      group->second.push_back(member->rank);
+    }
+  }
+  std::vector<std::string> clauses;
+  for (const auto& [next, ranks] : groups) clauses.push_back(fmt::format("{} completed it and {}", Ranks(ranks), next));
+  return absl::StrJoin(clauses, ", ");
+}
+
+// A mismatch at an earlier #N explains a stall: its verdict says where the ranks are now.
+void NoteLaterStall(Buckets& buckets, const std::string& comm_id, const std::vector<int>& waiting_ranks,
+                    const std::string& stuck, const std::string& completed) {
+  for (Verdict& verdict : buckets[kMismatch]) {
+    if (verdict.comm != comm_id || waiting_ranks.empty()) continue;
+    verdict.message += fmt::format("; since then {} {} in {}{}", Ranks(waiting_ranks),
+                                   waiting_ranks.size() == 1 ? "waits" : "wait", stuck,
+                                   completed.empty() ? "" : fmt::format(": {}", completed));
+    verdict.evidence["stalled_ranks"] = waiting_ranks;
+  }
+}
+
+// Ranks that never entered the stuck operation, sorted into the dead and those that did not join.
+struct Absentees {
+  std::vector<int> dead_ranks;
+  std::vector<std::string> dead_clauses;
+  Json dead_evidence = Json::array();
+  std::vector<int> not_joined_ranks;
+  std::vector<std::string> not_joined_clauses;
+  Json not_joined_evidence = Json::array();
+  bool all_finished = true;  // every one that did not join finished its loop
+  bool all_busy_outside_nccl = true;  // every one that did not join is alive and busy outside NCCL
+};
+
+void AddLateMember(const Member& member, const Communicator& communicator, const JobView& job,
+                   std::uint64_t done_everywhere, std::uint64_t stuck_seq, Absentees& absent) {
+  const ProcessView& process = *member.process;
+  const Whereabouts where = Locate(process, job);
+  if (where == Whereabouts::kGone) {
+    absent.dead_ranks.push_back(member.rank);
+    // Its last status may predate its death by a whole interval (or be the one written when its
+    // communicator was created): its peers' completed symmetric collectives say how far it got.
+    const std::uint64_t last = std::max(CompletedUpTo(*member.comm, done_everywhere), done_everywhere);
+    absent.dead_clauses.push_back(fmt::format(
+        "rank {} (pid {} on host {}) {}: it {} and never entered #{}", member.rank, process.pid, process.host,
+        GoneHow(process, job),
+        last == 0 ? std::string("issued nothing on this communicator")
+                  : fmt::format("completed {}", OpName(FindOpInCommunicator(communicator, last), last)),
+        stuck_seq));
+    absent.dead_evidence.push_back(LateRankJson(member, where, job));
+    return;
+  }
+  absent.all_finished = absent.all_finished && where == Whereabouts::kFinished;
+  absent.all_busy_outside_nccl = absent.all_busy_outside_nccl && where == Whereabouts::kBusyOutsideNccl;
+  std::string clause = fmt::format("rank {} {}; ", member.rank, LastCompleted(member, communicator, done_everywhere));
+  // Its peers wait in a communicator that it closed: it will never issue #N there.
+  const std::optional<CommLifecycle> lifecycle = LifecycleOf(*member.comm);
+  if (lifecycle == CommLifecycle::kDestroyed || lifecycle == CommLifecycle::kAborted ||
+      lifecycle == CommLifecycle::kFinalized || lifecycle == CommLifecycle::kRevoked) {
+    clause += fmt::format("its communicator is {} (the application closed it); ", CommLifecycleName(*lifecycle));
+  }
+  switch (where) {
+    case Whereabouts::kFinished: clause += "it finished its loop (exited normally)"; break;
+    case Whereabouts::kInsideNccl:
+      clause += fmt::format("it is inside {} (not in this operation)", process.snapshot.in_nccl_call);
+      break;
+    default: clause += "it is alive and busy outside NCCL (e.g. saving a checkpoint or evaluating)"; break;
+  }
+  absent.not_joined_ranks.push_back(member.rank);
+  absent.not_joined_clauses.push_back(std::move(clause));
+  absent.not_joined_evidence.push_back(LateRankJson(member, where, job));
+}
+
+// A rank with no record on the communicator: still initialising it (alive or dead), or silent.
+void AddUnreportedRank(int rank, const Communicator& communicator, const JobView& job, std::uint64_t stuck_seq,
+                       Absentees& absent) {
+  absent.all_finished = false;
+  const PendingInitSnapshot* init = nullptr;
+  const ProcessView* initialising = InitialisingProcess(job, communicator.id, rank, &init);
+  if (initialising != nullptr && IsGone(*initialising, job)) {
+    absent.dead_ranks.push_back(rank);
+    absent.dead_clauses.push_back(fmt::format("rank {} (pid {} on host {}) {}: it was still in {} for this "
+                                              "communicator and never entered #{}",
+                                              rank, initialising->pid, initialising->host,
+                                              GoneHow(*initialising, job), init->api, stuck_seq));
+    absent.dead_evidence.push_back(InitialisingJson(*initialising, *init, Whereabouts::kGone, job));
+    return;
+  }
+  absent.not_joined_ranks.push_back(rank);
+  if (initialising != nullptr) {
+    absent.not_joined_clauses.push_back(fmt::format("rank {} is still in {} for this communicator", rank, init->api));
+    const Whereabouts where = Locate(*initialising, job);
+    absent.all_busy_outside_nccl = absent.all_busy_outside_nccl && where == Whereabouts::kBusyOutsideNccl;
+    absent.not_joined_evidence.push_back(InitialisingJson(*initialising, *init, where, job));
+    return;
+  }
+  // A closed communicator leaves its process's status file after one interval: the process may well
+  // be alive, so "no status file" would be false.
+  absent.not_joined_clauses.push_back(fmt::format(
+      "rank {} left no record of this communicator (no status file or dump names it: its process left no "
+      "trace, never created the communicator, or closed it)",
+      rank));
+  absent.all_busy_outside_nccl = false;
+  absent.not_joined_evidence.push_back(Json{{"rank", rank}, {"where", WhereaboutsName(Whereabouts::kNoReport)}});
+}
+
+void AddStuckInsideNccl(Buckets& buckets, const Communicator& communicator,
+                        const std::vector<KnownBadEntry>& known_bad, std::uint64_t stuck_seq,
+                        const OpSnapshot* stuck_op, const std::vector<int>& waiting_ranks, bool some_completed,
+                        std::string where, Json evidence) {
+  where += ": stuck inside NCCL, a transport fault (network, P2P or driver), not the application";
+  // A collective that needs every rank's data completed on some ranks only: their transport
+  // failed the others, or the ranks' calls went out of step before anything recorded shows.
+  if (some_completed && Symmetric(stuck_op)) {
+    where += fmt::format(", unless the ranks' calls went out of step (a desync) before the oldest operation "
+                         "recorded: {} cannot complete on some ranks only",
+                         stuck_op->op);
+  }
+  Add(buckets, kStuckInsideNccl, communicator.id, stuck_seq, waiting_ranks, std::move(where), std::move(evidence));
+  AddP2pSuspectIfAny(buckets, communicator, known_bad, stuck_seq, waiting_ranks, "stuck inside NCCL");
+}
+
+// The members of a communicator sorted by where they stand on its oldest operation that some
+// rank has not completed.
+struct StuckOperation {
+  std::uint64_t seq = 0;
+  const OpSnapshot* op = nullptr;       // the most complete record of it, null when none
+  std::vector<const Member*> waiting;   // entered it and have not completed it
+  std::vector<const Member*> finished;  // completed it
+  std::vector<const Member*> late;      // never entered it
+  bool stall_reported = false;          // some member's watchdog reported a stall on the communicator
+  double waited_seconds = 0;            // the longest any waiting member has waited in it
+};
+
+// Nothing when every member completed everything it issued.
+std::optional<StuckOperation> FindStuckOperation(const Communicator& communicator, std::uint64_t done_everywhere) {
+  StuckOperation stuck;
+  stuck.seq = std::numeric_limits<std::uint64_t>::max();
+  for (const Member& member : communicator.members) {
+    if (const auto oldest = WaitingIn(member, communicator, done_everywhere)) stuck.seq = std::min(stuck.seq, *oldest);
+  }
+  if (stuck.seq == std::numeric_limits<std::uint64_t>::max()) return std::nullopt;
+
+  for (const Member& member : communicator.members) {
+    const ProcessSnapshot& snapshot = member.process->snapshot;
+    stuck.stall_reported = stuck.stall_reported || (snapshot.stall && snapshot.stall->comm_id == communicator.id);
+    if (member.comm->last_enqueued < stuck.seq) {
+      stuck.late.push_back(&member);
+      continue;
+    }
+    if (WaitingIn(member, communicator, done_everywhere) != stuck.seq) {
+      stuck.finished.push_back(&member);
+      continue;
+    }
+    stuck.waiting.push_back(&member);
+    const OpSnapshot* op = FindOp(*member.comm, stuck.seq);
+    if (op == nullptr) continue;
+    if (stuck.op == nullptr || (stuck.op->dtype.empty() && !op->dtype.empty())) stuck.op = op;
+    if (op->enqueue_ns > 0) {
+      stuck.waited_seconds =
+          std::max(stuck.waited_seconds, static_cast<double>(snapshot.time_ns - op->enqueue_ns) / 1e9);
+    }
+  }
+  return stuck;
+}
+
+// The ranks below the communicator's size that no member holds.
+std::vector<int> UnreportedRanks(const Communicator& communicator) {
+  std::vector<int> unreported;
+  for (int rank = 0, next = 0; rank < communicator.nranks; ++rank) {
+    while (next < static_cast<int>(communicator.members.size()) && communicator.members[next].rank < rank) ++next;
+    if (next >= static_cast<int>(communicator.members.size()) || communicator.members[next].rank != rank) {
+      unreported.push_back(rank);
+    }
+  }
+  return unreported;
+}
+
+// rank_dead and rank_not_joined for the ranks that never entered the stuck operation.
+void AddAbsentees(Buckets& buckets, const Communicator& communicator, const StuckOperation& stuck, Absentees absent,
+                  const std::string& completed, const Json& common) {
+  const std::string described = DescribeOp(stuck.op, stuck.seq);
+  const std::vector<int> waiting_ranks = RanksOf(stuck.waiting);
+  if (!absent.dead_ranks.empty()) {
+    Json evidence = common;
+    evidence["dead_ranks"] = std::move(absent.dead_evidence);
+    Add(buckets, kRankDead, communicator.id, stuck.seq, absent.dead_ranks,
+        fmt::format("{}; the others wait in {} — {} killed or crashed (e.g. out of memory), not a network fault",
+                    JoinClauses(absent.dead_clauses), described, absent.dead_ranks.size() == 1 ? "it was" : "they were"),
+        std::move(evidence));
+  }
+  if (!absent.not_joined_ranks.empty()) {
+    Json evidence = common;
+    evidence["late_ranks"] = std::move(absent.not_joined_evidence);
+    std::string others =
+        fmt::format("{} {} in {}", Ranks(waiting_ranks), waiting_ranks.size() == 1 ? "waits" : "wait", described);
+    if (!stuck.finished.empty()) others += fmt::format(" ({})", completed);
+    Verdict& verdict =
+        Add(buckets, kRankNotJoined, communicator.id, stuck.seq, absent.not_joined_ranks,
+            fmt::format("{} while {} — {}not a network fault", JoinClauses(absent.not_joined_clauses), others,
+                        absent.all_finished ? "uneven data across ranks, " : ""),
+            std::move(evidence));
+    verdict.late_ranks_busy_outside_nccl = absent.all_busy_outside_nccl;
+  }
+}
+
+}  // namespace
+
+void ClassifyStuckOperation(const Communicator& communicator, const JobView& job,
+                            const std::vector<KnownBadEntry>& known_bad, std::optional<std::uint64_t> mismatch_seq,
+                            Buckets& buckets) {
+  const std::uint64_t done_everywhere = HighestCompleted(communicator);
+  const std::optional<StuckOperation> found = FindStuckOperation(communicator, done_everywhere);
+  if (!found) return;
+  const StuckOperation& stuck = *found;
+  // An operation in flight for less than a few status intervals is just the job running.
+  if (!stuck.stall_reported && stuck.waited_seconds < kStaleIntervals * job.status_interval_seconds) return;
+  const std::string described = DescribeOp(stuck.op, stuck.seq);
+  const std::vector<int> unreported = UnreportedRanks(communicator);
+
+  Absentees absent;
+  for (const Member* member : stuck.late) AddLateMember(*member, communicator, job, done_everywhere, stuck.seq, absent);
+  for (const int rank : unreported) AddUnreportedRank(rank, communicator, job, stuck.seq, absent);
+
+  const std::vector<int> waiting_ranks = RanksOf(stuck.waiting);
+  const std::string completed = CompletedClause(stuck.finished, communicator, job, done_everywhere);
+  Json common{{"op", stuck.op != nullptr ? OpJson(*stuck.op) : Json(nullptr)},
+              {"waiting_ranks", waiting_ranks},
+              {"completed_ranks", RanksOf(stuck.finished)},
+              {"waited_seconds", stuck.waited_seconds}};
+  AddAbsentees(buckets, communicator, stuck, std::move(absent), completed, common);
+  // A desync explains the hang better than the transport.
+  if (mismatch_seq && *mismatch_seq <= stuck.seq) {
+    if (*mismatch_seq < stuck.seq) NoteLaterStall(buckets, communicator.id, waiting_ranks, described, completed);
+    return;
+  }
+  if (!stuck.late.empty() || !unreported.empty()) return;
+  const std::string where =
+      stuck.finished.empty()
+          ? fmt::format("all {} ranks entered {} and none has completed it", stuck.waiting.size(), described)
+          : fmt::format("{} — {}, {} {} not", described, completed, Ranks(waiting_ranks),
+                        stuck.waiting.size() == 1 ? "has" : "have");
+  AddStuckInsideNccl(buckets, communicator, known_bad, stuck.seq, stuck.op, waiting_ranks, !stuck.finished.empty(),
+                     fmt::format("{} (waiting {})", where, Seconds(stuck.waited_seconds)), std::move(common));
+}
+
+}  // namespace ncclguard::classifier

@@ -1,0 +1,71 @@
+// The verdicts at the edge: their kinds' names, and what `ncclguard analyze --json` prints
+// (docs/verdicts.md).
+#include <algorithm>
+#include <array>
+
+#include "watchdog/common/clock.h"
+#include "watchdog/common/files.h"
+#include "watchdog/diagnose/verdicts.h"
+
+namespace ncclguard {
+namespace {
+
+using Json = nlohmann::json;
+
+constexpr std::array<std::string_view, static_cast<size_t>(VerdictKind::kUnknown) + 1> kKindNames{
+    "async_error",       "p2p_suspect", "stuck_in_init", "rank_dead", "mismatch", "rank_not_joined",
+    "stuck_inside_nccl", "failed_call", "unexplained",   "straggler", "healthy",  "unknown"};
+
+const char* LivenessName(ProcessView::Liveness liveness) {
+  switch (liveness) {
+    case ProcessView::Liveness::kAlive: return "alive";
+    case ProcessView::Liveness::kGone: return "gone";
+    case ProcessView::Liveness::kUnknown: return "unknown";
+  }
+  return "unknown";
+}
+
+}  // namespace
+
+std::string_view VerdictKindName(VerdictKind kind) { return kKindNames[static_cast<size_t>(kind)]; }
+
+std::optional<VerdictKind> ParseVerdictKind(std::string_view name) {
+  const auto found = std::find(kKindNames.begin(), kKindNames.end(), name);
+  if (found == kKindNames.end()) return std::nullopt;
+  return static_cast<VerdictKind>(found - kKindNames.begin());
+}
+
+nlohmann::json VerdictsToJson(const JobView& job, const std::vector<Verdict>& verdicts) {
+  Json list = Json::array();
+  for (const Verdict& verdict : verdicts) {
+    list.push_back(Json{{"kind", VerdictKindName(verdict.kind)},
+                        {"comm", verdict.comm},
+                        {"seq", verdict.seq},
+                        {"ranks", verdict.ranks},
+                        {"message", verdict.message},
+                        {"evidence", verdict.evidence}});
+  }
+  Json processes = Json::array();
+  for (const ProcessView& process : job.processes) {
+    processes.push_back(Json{{"host", process.host},
+                             {"pid", process.pid},
+                             {"rank", process.snapshot.rank},
+                             {"liveness", LivenessName(process.liveness)},
+                             {"exited", process.exited},
+                             {"last_seen_ns", process.last_seen_ns},
+                             {"in_nccl_call", process.snapshot.in_nccl_call},
+                             {"status_file", process.status_file},
+                             {"dump_file", process.dump_file},
+                             {"dump_reason", process.dump_reason}});
+  }
+  return Json{{"verdicts", std::move(list)},
+              {"healthy", verdicts.size() == 1 && verdicts.front().kind == VerdictKind::kHealthy},
+              {"directory", job.directory},
+              {"time", IsoTime(job.now_ns)},
+              {"time_ns", job.now_ns},
+              {"status_interval_seconds", job.status_interval_seconds},
+              {"processes", std::move(processes)},
+              {"problems", job.problems}};
+}
+
+}  // namespace ncclguard
