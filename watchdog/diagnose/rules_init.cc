@@ -52,9 +52,11 @@ std::vector<std::pair<const ProcessView*, int>> DiedInInit(const JobView& job,
   std::vector<std::pair<const ProcessView*, int>> dead;
   for (const auto& [process, rank] : pending) {
     if (process->exited || !IsGone(*process, job)) continue;
+    // Named again: clang 14 lambdas cannot capture a structured binding.
+    const ProcessView* dying = process;
     const bool outlived = std::any_of(involved.begin(), involved.end(), [&](const ProcessView* other) {
-      return other != process && !other->exited &&
-             (!IsGone(*other, job) || other->last_seen_ns > process->last_seen_ns + stale_window_ns);
+      return other != dying && !other->exited &&
+             (!IsGone(*other, job) || other->last_seen_ns > dying->last_seen_ns + stale_window_ns);
     });
     if (outlived) dead.emplace_back(process, rank);
   }
@@ -101,8 +103,9 @@ void ClassifyStuckInits(const JobView& job, const std::vector<Communicator>& com
     }
     if (const auto dead = DiedInInit(job, init.processes, involved); !dead.empty()) {
       // The communicator's stuck operation may have named these ranks already.
+      const std::string& id = comm_id;  // clang 14 lambdas cannot capture a structured binding
       const bool named = std::any_of(buckets[kRankDead].begin(), buckets[kRankDead].end(),
-                                     [&](const Verdict& verdict) { return verdict.comm == comm_id; });
+                                     [&](const Verdict& verdict) { return verdict.comm == id; });
       std::set<int> waiting = arrived;
       for (const auto& [process, rank] : init.processes) waiting.insert(rank);
       if (!named) AddDeadInInit(buckets, job, comm_id, init.api, init.nranks, dead, waiting);
