@@ -23,13 +23,13 @@
 #include "cli/trace.h"
 #include "watchdog/common/clock.h"
 #include "watchdog/common/config.h"
-#include "watchdog/report/dump.h"
 #include "watchdog/common/escape.h"
-#include "watchdog/report/job_dir.h"
 #include "watchdog/common/ranks.h"
 #include "watchdog/diagnose/known_bad.h"
 #include "watchdog/diagnose/op_states.h"
 #include "watchdog/diagnose/verdicts.h"
+#include "watchdog/report/dump.h"
+#include "watchdog/report/job_dir.h"
 
 namespace ncclguard {
 namespace {
@@ -67,7 +67,8 @@ void PrintEvidence(const nlohmann::json& evidence) {
   if (evidence.is_null() || (evidence.is_structured() && evidence.empty())) return;
   std::vector<std::string> lines;
   if (evidence.is_object()) {
-    for (const auto& [key, value] : evidence.items()) lines.push_back(absl::StrCat(key, ": ", EvidenceValue(value)));
+    for (const auto& [key, value] : evidence.items())
+      lines.push_back(absl::StrCat(key, ": ", EvidenceValue(value)));
   } else if (evidence.is_array()) {
     for (const nlohmann::json& value : evidence) lines.push_back(EvidenceValue(value));
   } else {
@@ -97,9 +98,12 @@ void PrintVerdict(const Verdict& verdict) {
 std::string ProcessState(const JobView& job, const ProcessView& process) {
   if (process.exited) return "exited";
   switch (process.liveness) {
-    case ProcessView::Liveness::kAlive: return "alive";
-    case ProcessView::Liveness::kGone: return "gone";
-    case ProcessView::Liveness::kUnknown: break;
+    case ProcessView::Liveness::kAlive:
+      return "alive";
+    case ProcessView::Liveness::kGone:
+      return "gone";
+    case ProcessView::Liveness::kUnknown:
+      break;
   }
   // On another host: only the status file's age tells.
   const double age_seconds = static_cast<double>(job.now_ns - process.last_seen_ns) / 1e9;
@@ -110,7 +114,8 @@ std::string LastCompleted(const ProcessView& process) {
   const std::vector<CommSnapshot>& comms = process.snapshot.comms;
   if (comms.size() == 1) return absl::StrCat("#", comms[0].last_completed);
   std::vector<std::string> parts;
-  for (const CommSnapshot& comm : comms) parts.push_back(absl::StrCat(comm.id.substr(0, 6), ":#", comm.last_completed));
+  for (const CommSnapshot& comm : comms)
+    parts.push_back(absl::StrCat(comm.id.substr(0, 6), ":#", comm.last_completed));
   return parts.empty() ? "-" : absl::StrJoin(parts, " ");
 }
 
@@ -131,7 +136,8 @@ void PrintRankTable(const JobView& job, const std::vector<Verdict>& verdicts) {
   for (const Verdict& verdict : verdicts) named.insert(verdict.ranks.begin(), verdict.ranks.end());
   std::vector<const ProcessView*> rows;
   for (const ProcessView& process : job.processes) {
-    if (job.processes.size() <= kMaxTableRows || named.count(process.snapshot.rank) != 0) rows.push_back(&process);
+    if (job.processes.size() <= kMaxTableRows || named.count(process.snapshot.rank) != 0)
+      rows.push_back(&process);
   }
   std::stable_sort(rows.begin(), rows.end(), [](const ProcessView* a, const ProcessView* b) {
     return static_cast<unsigned>(a->snapshot.rank) < static_cast<unsigned>(b->snapshot.rank);  // -1 last
@@ -146,13 +152,14 @@ void PrintRankTable(const JobView& job, const std::vector<Verdict>& verdicts) {
         process.last_seen_ns > 0
             ? absl::StrFormat("%.1f s ago", static_cast<double>(job.now_ns - process.last_seen_ns) / 1e9)
             : "never";
-    std::cout << absl::StrFormat("%-6s %-28s %-7s %-12s %-15s %s\n", rank >= 0 ? absl::StrCat(rank) : "?",
-                                 EscapeControlCharacters(absl::StrCat(process.host, ":", process.pid)),
-                                 ProcessState(job, process), seen, EscapeControlCharacters(LastCompleted(process)),
-                                 EscapeControlCharacters(InNccl(process)));
+    std::cout << absl::StrFormat(
+        "%-6s %-28s %-7s %-12s %-15s %s\n", rank >= 0 ? absl::StrCat(rank) : "?",
+        EscapeControlCharacters(absl::StrCat(process.host, ":", process.pid)), ProcessState(job, process),
+        seen, EscapeControlCharacters(LastCompleted(process)), EscapeControlCharacters(InNccl(process)));
   }
   if (job.processes.size() > shown) {
-    std::cout << "... " << job.processes.size() - shown << " other processes not shown (--json lists them all)\n";
+    std::cout << "... " << job.processes.size() - shown
+              << " other processes not shown (--json lists them all)\n";
   }
   std::cout << '\n';
 }
@@ -169,7 +176,8 @@ void PrintForHumans(const JobView& job, const std::vector<Verdict>& verdicts) {
     for (std::size_t i = 0; i < job.problems.size() && i < kMaxProblemLines; ++i) {
       std::cout << "  " << EscapeControlCharacters(job.problems[i]) << '\n';
     }
-    if (job.problems.size() > kMaxProblemLines) std::cout << "  ... " << job.problems.size() - kMaxProblemLines << " more\n";
+    if (job.problems.size() > kMaxProblemLines)
+      std::cout << "  ... " << job.problems.size() - kMaxProblemLines << " more\n";
   }
 }
 
@@ -183,13 +191,15 @@ int Analyze(const AnalyzeOptions& options) {
   const double given_interval = options.status_interval_seconds.value_or(kDefaultStatusIntervalSeconds);
   absl::StatusOr<JobView> job = ReadJobDirectory(options.directory, WallNowNs(), given_interval);
   if (!job.ok()) {
-    std::cerr << "ncclguard analyze: cannot read " << options.directory << ": " << job.status().message() << '\n';
+    std::cerr << "ncclguard analyze: cannot read " << options.directory << ": " << job.status().message()
+              << '\n';
     return kExitUsage;
   }
   if (job->processes.empty()) {
     std::cerr << "ncclguard analyze: no status file or dump in " << options.directory
               << "; a job directory is NCCLGUARD_DUMP_DIR/<job id>\n";
-    for (const std::string& problem : job->problems) std::cerr << "  " << EscapeControlCharacters(problem) << '\n';
+    for (const std::string& problem : job->problems)
+      std::cerr << "  " << EscapeControlCharacters(problem) << '\n';
     return kExitUsage;
   }
   if (!options.status_interval_seconds) {
@@ -213,10 +223,12 @@ int Analyze(const AnalyzeOptions& options) {
     }
   }
   if (options.json) {
-    std::cout << VerdictsToJson(*job, verdicts).dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << '\n';
+    std::cout << VerdictsToJson(*job, verdicts).dump(2, ' ', false, nlohmann::json::error_handler_t::replace)
+              << '\n';
   } else {
     PrintForHumans(*job, verdicts);
-    if (!options.trace_path.empty()) std::cout << "Trace written to " << options.trace_path << " (open it in ui.perfetto.dev)\n";
+    if (!options.trace_path.empty())
+      std::cout << "Trace written to " << options.trace_path << " (open it in ui.perfetto.dev)\n";
   }
   const bool healthy = verdicts.size() == 1 && verdicts[0].kind == VerdictKind::kHealthy;
   return healthy ? kExitHealthy : kExitProblemFound;
@@ -229,7 +241,8 @@ CLI::Validator StatusIntervalValidator() {
   return CLI::Validator(
       [range, description](std::string& text) -> std::string {
         double seconds = 0;
-        if (!CLI::detail::lexical_cast(text, seconds) || !(seconds >= range.least && seconds <= range.greatest)) {
+        if (!CLI::detail::lexical_cast(text, seconds) ||
+            !(seconds >= range.least && seconds <= range.greatest)) {
           return absl::StrCat("--status-interval ", text, " is not a number of ", description);
         }
         return {};
@@ -241,17 +254,21 @@ CLI::Validator StatusIntervalValidator() {
 
 void AddAnalyzeCommand(CLI::App& app, std::function<int()>& run) {
   auto options = std::make_shared<AnalyzeOptions>();
-  CLI::App* analyze = app.add_subcommand(
-      "analyze", "Name the rank at fault and the cause from a job directory. Exit status: 0 healthy, "
-                 "1 something is wrong, 2 usage error or unreadable directory.");
-  analyze->add_option("DIR", options->directory, "The job directory: NCCLGUARD_DUMP_DIR/<job id>")->required();
+  CLI::App* analyze =
+      app.add_subcommand("analyze",
+                         "Name the rank at fault and the cause from a job directory. Exit status: 0 healthy, "
+                         "1 something is wrong, 2 usage error or unreadable directory.");
+  analyze->add_option("DIR", options->directory, "The job directory: NCCLGUARD_DUMP_DIR/<job id>")
+      ->required();
   analyze->add_flag("--json", options->json, "Print the verdicts as JSON (schema: docs/verdicts.md)");
-  analyze->add_option("--trace", options->trace_path,
-                      "Also write the timeline to FILE as a Chrome trace (ui.perfetto.dev, chrome://tracing)")
+  analyze
+      ->add_option("--trace", options->trace_path,
+                   "Also write the timeline to FILE as a Chrome trace (ui.perfetto.dev, chrome://tracing)")
       ->type_name("FILE");
-  analyze->add_option("--status-interval", options->status_interval_seconds,
-                      "The job's NCCLGUARD_STATUS_INTERVAL (default: 2, stretched as the job did for its size); "
-                      "a status file older than three intervals is stale")
+  analyze
+      ->add_option("--status-interval", options->status_interval_seconds,
+                   "The job's NCCLGUARD_STATUS_INTERVAL (default: 2, stretched as the job did for its size); "
+                   "a status file older than three intervals is stale")
       ->type_name("SECONDS")
       ->check(StatusIntervalValidator());
   analyze->callback([options, &run] { run = [options] { return Analyze(*options); }; });

@@ -24,7 +24,8 @@ double SecondsSince(std::chrono::steady_clock::time_point start) {
 
 std::string MakeTemporaryDirectory() {
   const char* base = std::getenv("TMPDIR");
-  std::string pattern = std::string(base != nullptr && base[0] == '/' ? base : "/tmp") + "/analyze_bench-XXXXXX";
+  std::string pattern =
+      std::string(base != nullptr && base[0] == '/' ? base : "/tmp") + "/analyze_bench-XXXXXX";
   if (mkdtemp(pattern.data()) == nullptr) return "";
   return pattern;
 }
@@ -51,7 +52,8 @@ int main(int argc, char** argv) {
   job.scenario = ncclguard::SyntheticJob::Scenario::kRankNotJoined;
   job.late_rank = ranks / 3;
   job.now_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                   std::chrono::system_clock::now().time_since_epoch()).count();
+                   std::chrono::system_clock::now().time_since_epoch())
+                   .count();
   // The interval a job of this size runs with (at least 2 s, stretched to 1,000 writes a second).
   const double status_interval = std::max(2.0, ranks / 1000.0);
 
@@ -69,7 +71,8 @@ int main(int argc, char** argv) {
     std::cerr << "analyze_bench: " << view.status() << '\n';
     return 2;
   }
-  const std::vector<ncclguard::Verdict> verdicts = ncclguard::Classify(*view, ncclguard::ProcessKnownBad().entries);
+  const std::vector<ncclguard::Verdict> verdicts =
+      ncclguard::Classify(*view, ncclguard::ProcessKnownBad().entries);
   const double analysis_seconds = SecondsSince(analysis_start);
 
   rusage usage{};
@@ -83,9 +86,11 @@ int main(int argc, char** argv) {
   const bool expected = !verdicts.empty() && verdicts[0].kind == ncclguard::VerdictKind::kRankNotJoined &&
                         verdicts[0].ranks == std::vector<int>{job.late_rank} &&
                         view->processes.size() == static_cast<std::size_t>(ranks);
-  std::cout << "verdict: " << (verdicts.empty() ? "none" : ncclguard::VerdictKindName(verdicts[0].kind)) << " ranks ["
-            << (verdicts.empty() ? "" : absl::StrJoin(verdicts[0].ranks, ",")) << "]"
-            << (expected ? "" : " (expected rank_not_joined naming only rank " + std::to_string(job.late_rank) + ")")
+  std::cout << "verdict: " << (verdicts.empty() ? "none" : ncclguard::VerdictKindName(verdicts[0].kind))
+            << " ranks [" << (verdicts.empty() ? "" : absl::StrJoin(verdicts[0].ranks, ",")) << "]"
+            << (expected
+                    ? ""
+                    : " (expected rank_not_joined naming only rank " + std::to_string(job.late_rank) + ")")
             << '\n';
   if (!verdicts.empty()) std::cout << "message: " << verdicts[0].message << '\n';
   return expected ? 0 : 1;

@@ -1,6 +1,5 @@
 #include "cli/synthetic_job.h"
 
-
 #include "absl/strings/str_cat.h"
 #include "watchdog/common/clock.h"
 #include "watchdog/report/dump.h"
@@ -72,14 +71,15 @@ ProcessFacts Facts(const SyntheticJob& job, int rank) {
 
 absl::Status WriteSyntheticJob(const std::string& job_dir, const SyntheticJob& job) {
   if (job.ranks < 1 || job.operations < 1 || job.ring_entries < 1 || job.ranks_per_host < 1) {
-    return absl::InvalidArgumentError("a synthetic job needs at least one rank, operation, ring entry and rank per host");
+    return absl::InvalidArgumentError(
+        "a synthetic job needs at least one rank, operation, ring entry and rank per host");
   }
   const bool faulty = job.scenario != SyntheticJob::Scenario::kHealthy;
-  if (job.scenario == SyntheticJob::Scenario::kRankNotJoined && (job.late_rank < 0 || job.late_rank >= job.ranks)) {
+  if (job.scenario == SyntheticJob::Scenario::kRankNotJoined &&
+      (job.late_rank < 0 || job.late_rank >= job.ranks)) {
     return absl::InvalidArgumentError("the late rank is not a rank of the job");
   }
-  const std::int64_t now_ns =
-      job.now_ns != 0 ? job.now_ns : WallNowNs();
+  const std::int64_t now_ns = job.now_ns != 0 ? job.now_ns : WallNowNs();
   const auto last = static_cast<std::uint64_t>(job.operations);
   const std::int64_t stalled_ns = static_cast<std::int64_t>(job.stalled_seconds * kNsPerSecond);
   // Operation #N is issued at base + N steps; the last one started `stalled_seconds` before now.
@@ -125,8 +125,9 @@ absl::Status WriteSyntheticJob(const std::string& job_dir, const SyntheticJob& j
       stall.comm_id = job.comm_id;
       stall.seq = last;
       stall.seconds = job.stalled_seconds;
-      stall.message = absl::StrCat("rank ", rank, " comm ", job.comm_id, ": AllReduce #", last, " (float32 x ", kCount,
-                                   ", sum) started on the GPU ", job.stalled_seconds, " s ago and has not completed");
+      stall.message =
+          absl::StrCat("rank ", rank, " comm ", job.comm_id, ": AllReduce #", last, " (float32 x ", kCount,
+                       ", sum) started on the GPU ", job.stalled_seconds, " s ago and has not completed");
       snapshot.stall = std::move(stall);
     } else if (late) {
       snapshot.reason = "peer_request";

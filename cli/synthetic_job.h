@@ -30,9 +30,9 @@ struct SyntheticJob {
   Scenario scenario = Scenario::kHealthy;
   int late_rank = 0;
   LateRank late_rank_state = LateRank::kBusy;
-  int ranks_per_host = 8;        // ranks r run on host "node<r / ranks_per_host>"
-  std::int64_t now_ns = 0;       // when the job is looked at (epoch ns); 0: the current time
-  double stalled_seconds = 30;   // how long the last operation has been hanging at now_ns
+  int ranks_per_host = 8;       // ranks r run on host "node<r / ranks_per_host>"
+  std::int64_t now_ns = 0;      // when the job is looked at (epoch ns); 0: the current time
+  double stalled_seconds = 30;  // how long the last operation has been hanging at now_ns
   std::string comm_id = "5eed0c0ffee0cafe";
 };
 

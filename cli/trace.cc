@@ -60,7 +60,8 @@ class TraceBuilder {
   TraceBuilder(const JobView& job, const std::vector<Verdict>& verdicts)
       : job_(job), origin_ns_(Origin(job)) {
     for (const Verdict& verdict : verdicts) {
-      if (!verdict.comm.empty() && verdict.seq != 0) verdict_of_[{verdict.comm, verdict.seq}] = VerdictKindName(verdict.kind);
+      if (!verdict.comm.empty() && verdict.seq != 0)
+        verdict_of_[{verdict.comm, verdict.seq}] = VerdictKindName(verdict.kind);
     }
   }
 
@@ -83,10 +84,12 @@ class TraceBuilder {
     };
 
     for (const CommSnapshot& comm : snapshot.comms) {
-      const int tid = thread_for(comm.id, absl::StrCat("comm ", comm.id, " (rank ", comm.rank, " of ", comm.nranks, ")"));
+      const int tid =
+          thread_for(comm.id, absl::StrCat("comm ", comm.id, " (rank ", comm.rank, " of ", comm.nranks, ")"));
       if (comm.init_start_ns > 0) {
         const bool finished = comm.init_end_ns > 0;
-        Slice(trace_pid, tid, absl::StrCat(comm.created_by.empty() ? "init" : comm.created_by, finished ? "" : " (stuck)"),
+        Slice(trace_pid, tid,
+              absl::StrCat(comm.created_by.empty() ? "init" : comm.created_by, finished ? "" : " (stuck)"),
               comm.init_start_ns, finished ? comm.init_end_ns : job_.now_ns, finished ? "" : kStuckColour,
               {{"state", comm.state}});
       }
@@ -97,8 +100,8 @@ class TraceBuilder {
       }
     }
     for (const PendingInitSnapshot& init : snapshot.pending_inits) {
-      const int tid = thread_for(init.comm_id, absl::StrCat("comm ", init.comm_id, " (rank ", init.rank, " of ",
-                                                            init.nranks, ", initialising)"));
+      const int tid = thread_for(init.comm_id, absl::StrCat("comm ", init.comm_id, " (rank ", init.rank,
+                                                            " of ", init.nranks, ", initialising)"));
       if (init.start_ns > 0) {
         Slice(trace_pid, tid, absl::StrCat(init.api, " (stuck)"), init.start_ns, job_.now_ns, kStuckColour,
               {{"state", "initializing"}});
@@ -112,7 +115,8 @@ class TraceBuilder {
               snapshot.time_ns, {{"seconds", stall.seconds}, {"message", stall.message}});
     }
     if ((process.exited || process.liveness == ProcessView::Liveness::kGone) && process.last_seen_ns > 0) {
-      Instant(trace_pid, 0, process.exited ? "exited" : "last seen (gone)", process.last_seen_ns, Json::object());
+      Instant(trace_pid, 0, process.exited ? "exited" : "last seen (gone)", process.last_seen_ns,
+              Json::object());
     }
   }
 
@@ -123,8 +127,11 @@ class TraceBuilder {
                        {"pid", 0},
                        {"tid", 0},
                        {"ts", Micros(job_.now_ns)},
-                       {"args", {{"message", verdict.message}, {"comm", verdict.comm}, {"seq", verdict.seq},
-                                 {"ranks", verdict.ranks}}}});
+                       {"args",
+                        {{"message", verdict.message},
+                         {"comm", verdict.comm},
+                         {"seq", verdict.seq},
+                         {"ranks", verdict.ranks}}}});
   }
 
   Json Take() {
@@ -139,7 +146,8 @@ class TraceBuilder {
     if (begin_ns <= 0) return;  // never reached the GPU nor was timed: nothing to place
     const bool unfinished = op.state == "started" || op.state == "enqueued";
     const std::int64_t end_ns = op.end_ns > 0 ? op.end_ns : (unfinished ? job_.now_ns : begin_ns);
-    Json args{{"op", op.op}, {"dtype", op.dtype}, {"count", op.count}, {"bytes", op.bytes}, {"state", op.state}};
+    Json args{
+        {"op", op.op}, {"dtype", op.dtype}, {"count", op.count}, {"bytes", op.bytes}, {"state", op.state}};
     if (op.root >= 0) args["root"] = op.root;
     if (op.peer >= 0) args["peer"] = op.peer;
     if (!op.reduction.empty()) args["reduction"] = op.reduction;
@@ -154,7 +162,8 @@ class TraceBuilder {
   }
 
   void Metadata(const char* name, TracePid trace_pid, int tid, Json args) {
-    events_.push_back({{"ph", "M"}, {"name", name}, {"pid", trace_pid}, {"tid", tid}, {"args", std::move(args)}});
+    events_.push_back(
+        {{"ph", "M"}, {"name", name}, {"pid", trace_pid}, {"tid", tid}, {"args", std::move(args)}});
   }
 
   void Slice(TracePid trace_pid, int tid, std::string name, std::int64_t begin_ns, std::int64_t end_ns,
@@ -172,8 +181,13 @@ class TraceBuilder {
   }
 
   void Instant(TracePid trace_pid, int tid, std::string name, std::int64_t ns, Json args) {
-    events_.push_back({{"ph", "i"}, {"s", tid == 0 ? "p" : "t"}, {"name", std::move(name)}, {"pid", trace_pid},
-                       {"tid", tid}, {"ts", Micros(ns)}, {"args", std::move(args)}});
+    events_.push_back({{"ph", "i"},
+                       {"s", tid == 0 ? "p" : "t"},
+                       {"name", std::move(name)},
+                       {"pid", trace_pid},
+                       {"tid", tid},
+                       {"ts", Micros(ns)},
+                       {"args", std::move(args)}});
   }
 
   const JobView& job_;
@@ -189,13 +203,15 @@ Json ChromeTrace(const JobView& job, const std::vector<Verdict>& verdicts) {
   for (const ProcessView& process : job.processes) processes.push_back(&process);
   // Ranks in order, processes of unknown rank last.
   std::stable_sort(processes.begin(), processes.end(), [](const ProcessView* a, const ProcessView* b) {
-    return static_cast<unsigned>(a->snapshot.rank) < static_cast<unsigned>(b->snapshot.rank);  // -1 sorts last
+    return static_cast<unsigned>(a->snapshot.rank) <
+           static_cast<unsigned>(b->snapshot.rank);  // -1 sorts last
   });
 
   // Rank R's track is number R + 1 (0 is left to the job-wide verdicts); a process whose rank is
   // unknown or shared with another (a restarted rank) gets a number past every rank's.
   TracePid next_spare = 1;
-  for (const ProcessView* process : processes) next_spare = std::max(next_spare, TracePid{process->snapshot.rank} + 2);
+  for (const ProcessView* process : processes)
+    next_spare = std::max(next_spare, TracePid{process->snapshot.rank} + 2);
   std::set<TracePid> used;
   TraceBuilder builder(job, verdicts);
   for (const ProcessView* process : processes) {
@@ -207,7 +223,8 @@ Json ChromeTrace(const JobView& job, const std::vector<Verdict>& verdicts) {
   return builder.Take();
 }
 
-absl::Status WriteChromeTrace(const std::string& path, const JobView& job, const std::vector<Verdict>& verdicts) {
+absl::Status WriteChromeTrace(const std::string& path, const JobView& job,
+                              const std::vector<Verdict>& verdicts) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   if (!out) return absl::UnavailableError(absl::StrCat("cannot write ", path, ": ", std::strerror(errno)));
   out << ChromeTrace(job, verdicts).dump(-1, ' ', false, Json::error_handler_t::replace) << '\n';

@@ -15,6 +15,7 @@ namespace ncclguard {
 
 nlohmann::json ChromeTrace(const JobView& job, const std::vector<Verdict>& verdicts);
 
-absl::Status WriteChromeTrace(const std::string& path, const JobView& job, const std::vector<Verdict>& verdicts);
+absl::Status WriteChromeTrace(const std::string& path, const JobView& job,
+                              const std::vector<Verdict>& verdicts);
 
 }  // namespace ncclguard

@@ -74,8 +74,14 @@ absl::StatusOr<Count> ParseValue(std::string_view text, Count*) {
 // the user, qualify. SIGTERM would be swallowed, a SIGSEGV handler would return to the fault.
 bool CanBeDumpSignal(int number) {
   switch (number) {
-    case SIGUSR1: case SIGUSR2: case SIGWINCH: case SIGURG: case SIGCHLD: return true;
-    default: return number >= SIGRTMIN && number <= SIGRTMAX;
+    case SIGUSR1:
+    case SIGUSR2:
+    case SIGWINCH:
+    case SIGURG:
+    case SIGCHLD:
+      return true;
+    default:
+      return number >= SIGRTMIN && number <= SIGRTMAX;
   }
 }
 
@@ -84,12 +90,14 @@ int SignalNumber(std::string name) {
   int number = 0;
   if (absl::SimpleAtoi(name, &number)) return number;
   name = std::string(absl::StripPrefix(name, "SIG"));
-  for (const auto& [base, sign, value] : {std::tuple{"RTMIN", 1, SIGRTMIN}, std::tuple{"RTMAX", -1, SIGRTMAX}}) {
+  for (const auto& [base, sign, value] :
+       {std::tuple{"RTMIN", 1, SIGRTMIN}, std::tuple{"RTMAX", -1, SIGRTMAX}}) {
     const std::string prefix = base;
     if (!absl::StartsWith(name, prefix) || name.size() == prefix.size()) continue;
     const char expected_sign = sign > 0 ? '+' : '-';
     int offset = 0;
-    if (name[prefix.size()] != expected_sign || !absl::SimpleAtoi(name.substr(prefix.size() + 1), &offset)) return -1;
+    if (name[prefix.size()] != expected_sign || !absl::SimpleAtoi(name.substr(prefix.size() + 1), &offset))
+      return -1;
     return value + sign * offset;
   }
   for (int candidate = 1; candidate < NSIG; ++candidate) {
@@ -107,9 +115,7 @@ absl::StatusOr<Signal> ParseValue(std::string_view text, Signal*) {
       "SIGCHLD); 0 turns the dump signal off");
 }
 
-absl::StatusOr<std::string> ParseValue(std::string_view text, std::string*) {
-  return std::string(text);
-}
+absl::StatusOr<std::string> ParseValue(std::string_view text, std::string*) { return std::string(text); }
 
 const char* TypeName(const bool*) { return "boolean"; }
 const char* TypeName(const LogLevel*) { return "level"; }
@@ -149,16 +155,17 @@ template <typename T>
 absl::StatusOr<T> InRange(std::string_view variable, absl::StatusOr<T> parsed) {
   if constexpr (std::is_same_v<T, Seconds> || std::is_same_v<T, Count>) {
     const std::optional<SettingRange> range = RangeOf(variable);
-    if (parsed.ok() && range && !(NumericValue(*parsed) >= range->least && NumericValue(*parsed) <= range->greatest)) {
-      return absl::InvalidArgumentError(absl::StrCat("is not between ", range->least, " and ", range->greatest));
+    if (parsed.ok() && range &&
+        !(NumericValue(*parsed) >= range->least && NumericValue(*parsed) <= range->greatest)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("is not between ", range->least, " and ", range->greatest));
     }
   }
   return parsed;
 }
 
 template <typename T>
-void ParseOption(const EnvironmentReader& read_environment, const char* name, T* field,
-                 Config* config) {
+void ParseOption(const EnvironmentReader& read_environment, const char* name, T* field, Config* config) {
   std::string text;
   if (!read_environment(name, &text)) return;
   absl::StatusOr<T> parsed = InRange(name, ParseValue(text, field));
@@ -170,7 +177,6 @@ void ParseOption(const EnvironmentReader& read_environment, const char* name, T*
                                             "; using the default '", FormatValue(*field), "'"));
   }
 }
-
 
 }  // namespace
 
@@ -223,9 +229,9 @@ const Config& GetConfig() noexcept {
 std::string OptionsMarkdownTable() {
   std::string table = "| Variable | Type | Default | Meaning |\n|---|---|---|---|\n";
   const Config defaults;
-#define NCCLGUARD_OPTION_ROW(name, field, type, default_value, doc)                 \
-  absl::StrAppend(&table, "| `NCCLGUARD_" #name "` | ", TypeText("NCCLGUARD_" #name, &defaults.field), " | `", \
-                  FormatValue(defaults.field), "` | ", doc, " |\n");
+#define NCCLGUARD_OPTION_ROW(name, field, type, default_value, doc)                                    \
+  absl::StrAppend(&table, "| `NCCLGUARD_" #name "` | ", TypeText("NCCLGUARD_" #name, &defaults.field), \
+                  " | `", FormatValue(defaults.field), "` | ", doc, " |\n");
   NCCLGUARD_FOR_EACH_OPTION(NCCLGUARD_OPTION_ROW)
 #undef NCCLGUARD_OPTION_ROW
   return table;

@@ -6,8 +6,8 @@ namespace ncclguard {
 
 std::string_view ResultName(ncclResult_t result) {
   static constexpr std::string_view kNames[] = {
-      "ncclSuccess",       "ncclUnhandledCudaError", "ncclSystemError", "ncclInternalError",
-      "ncclInvalidArgument", "ncclInvalidUsage",     "ncclRemoteError", "ncclInProgress"};
+      "ncclSuccess",         "ncclUnhandledCudaError", "ncclSystemError", "ncclInternalError",
+      "ncclInvalidArgument", "ncclInvalidUsage",       "ncclRemoteError", "ncclInProgress"};
   const int code = static_cast<int>(result);
   return code >= 0 && code < static_cast<int>(std::size(kNames)) ? kNames[code] : "ncclResult?";
 }

@@ -51,14 +51,16 @@ absl::Status CreateDirectories(const std::string& directory) {
 std::size_t OwnLevels(const std::vector<std::string>& components, int levels_below_job_directory) {
   const std::size_t job_and_below = static_cast<std::size_t>(std::max(levels_below_job_directory, 0)) + 1;
   if (components.size() <= job_and_below) return job_and_below;
-  const bool default_base = components[components.size() - job_and_below - 1] == absl::StrCat("ncclguard-", getuid());
+  const bool default_base =
+      components[components.size() - job_and_below - 1] == absl::StrCat("ncclguard-", getuid());
   return job_and_below + (default_base ? 1 : 0);
 }
 
 // Opens (creating it 0700 when asked) the directory `name` in `parent_fd`, one of ncclguard's own
 // levels (`path`, for messages): a real directory owned by this user. Checked on the open
 // descriptor: what is checked is what is written into.
-absl::StatusOr<int> OpenOwnLevel(int parent_fd, const std::string& name, const std::string& path, bool create) {
+absl::StatusOr<int> OpenOwnLevel(int parent_fd, const std::string& name, const std::string& path,
+                                 bool create) {
   constexpr int kFlags = O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC;
   int fd = openat(parent_fd, name.c_str(), kFlags);
   if (fd < 0 && errno == ENOENT && create) {
@@ -102,13 +104,15 @@ absl::Status WriteAll(int fd, const std::string& content) {
 }
 
 absl::StatusOr<std::string> WriteFileNow(const std::string& directory, const std::string& name,
-                                         const std::string& content, bool durable, int levels_below_job_directory) {
-  absl::StatusOr<int> directory_fd = OpenPrivateDirectory(directory, /*create=*/true, levels_below_job_directory);
+                                         const std::string& content, bool durable,
+                                         int levels_below_job_directory) {
+  absl::StatusOr<int> directory_fd =
+      OpenPrivateDirectory(directory, /*create=*/true, levels_below_job_directory);
   if (!directory_fd.ok()) return directory_fd.status();
-  const std::string temporary = absl::StrCat(".tmp-", name, ".", getpid(), ".",
-                                             g_temporary_counter.fetch_add(1));
-  const int fd = openat(*directory_fd, temporary.c_str(),
-                        O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  const std::string temporary =
+      absl::StrCat(".tmp-", name, ".", getpid(), ".", g_temporary_counter.fetch_add(1));
+  const int fd =
+      openat(*directory_fd, temporary.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
   if (fd < 0) {
     const int error = errno;
     close(*directory_fd);
@@ -155,8 +159,10 @@ absl::Status CheckReadable(const struct stat& entry, std::size_t max_bytes) {
 // at most `max_bytes` even if it grows while being read.
 absl::StatusOr<std::string> ReadOpenFile(int fd, const struct stat* examined, std::size_t max_bytes) {
   struct stat opened {};
-  absl::Status status = fstat(fd, &opened) == 0 ? CheckReadable(opened, max_bytes) : ErrnoError("fstat", errno);
-  if (status.ok() && examined != nullptr && (opened.st_dev != examined->st_dev || opened.st_ino != examined->st_ino)) {
+  absl::Status status =
+      fstat(fd, &opened) == 0 ? CheckReadable(opened, max_bytes) : ErrnoError("fstat", errno);
+  if (status.ok() && examined != nullptr &&
+      (opened.st_dev != examined->st_dev || opened.st_ino != examined->st_ino)) {
     status = absl::UnavailableError("replaced while being opened");
   }
   std::string content;
@@ -185,8 +191,10 @@ absl::StatusOr<std::string> ReadOpenFile(int fd, const struct stat* examined, st
 
 void LogFirstWriteFailure(const std::string& message) {
   if (g_write_failure_logged.exchange(true)) return;
-  log::Warn("{} (ncclguard reports only the first failure to write into the job directory; "
-            "NCCLGUARD_DUMP_DIR chooses another directory)", message);
+  log::Warn(
+      "{} (ncclguard reports only the first failure to write into the job directory; "
+      "NCCLGUARD_DUMP_DIR chooses another directory)",
+      message);
 }
 
 namespace detail {
@@ -230,7 +238,8 @@ std::string SafeFileName(const std::string& text) {
   return name.empty() ? "unknown" : name;
 }
 
-absl::StatusOr<int> OpenPrivateDirectory(const std::string& path, bool create, int levels_below_job_directory) {
+absl::StatusOr<int> OpenPrivateDirectory(const std::string& path, bool create,
+                                         int levels_below_job_directory) {
   // A trailing slash would make open() follow a symbolic link despite O_NOFOLLOW.
   std::string directory = path;
   while (directory.size() > 1 && directory.back() == '/') directory.pop_back();
@@ -240,7 +249,8 @@ absl::StatusOr<int> OpenPrivateDirectory(const std::string& path, bool create, i
   const std::vector<std::string> components = absl::StrSplit(directory, '/', absl::SkipEmpty());
   const std::size_t own = std::min(components.size(), OwnLevels(components, levels_below_job_directory));
   std::string base = "/";
-  for (std::size_t i = 0; i + own < components.size(); ++i) absl::StrAppend(&base, i > 0 ? "/" : "", components[i]);
+  for (std::size_t i = 0; i + own < components.size(); ++i)
+    absl::StrAppend(&base, i > 0 ? "/" : "", components[i]);
   // The part above ncclguard's own levels is the user's: followed as given, created when missing.
   int fd = open(base.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0 && errno == ENOENT && create) {
@@ -307,9 +317,9 @@ absl::StatusOr<std::string> WriteFileAtomically(const std::string& directory, co
         },
         kWriteDeadline);
     if (absl::IsDeadlineExceeded(result.status())) {
-      result = absl::DeadlineExceededError(absl::StrCat(
-          "writing ", directory, "/", name, " took longer than ", kWriteDeadline.count() / 1000,
-          " s; given up (the file may still appear)"));
+      result = absl::DeadlineExceededError(absl::StrCat("writing ", directory, "/", name,
+                                                        " took longer than ", kWriteDeadline.count() / 1000,
+                                                        " s; given up (the file may still appear)"));
     }
   } catch (...) {
     result = absl::ResourceExhaustedError(absl::StrCat("cannot write ", directory, "/", name));
@@ -349,10 +359,12 @@ absl::StatusOr<std::string> ReadOwnFile(const std::string& path, std::size_t max
   struct stat opened {};
   if (fstat(fd, &opened) != 0 || (opened.st_uid != geteuid() && opened.st_uid != 0)) {
     close(fd);
-    return absl::PermissionDeniedError(absl::StrCat(path, ": belongs to uid ", opened.st_uid, ", not to this user"));
+    return absl::PermissionDeniedError(
+        absl::StrCat(path, ": belongs to uid ", opened.st_uid, ", not to this user"));
   }
   absl::StatusOr<std::string> content = ReadOpenFile(fd, &opened, max_bytes);
-  if (!content.ok()) return absl::Status(content.status().code(), absl::StrCat(path, ": ", content.status().message()));
+  if (!content.ok())
+    return absl::Status(content.status().code(), absl::StrCat(path, ": ", content.status().message()));
   return content;
 }
 
@@ -360,7 +372,8 @@ absl::StatusOr<std::string> ReadRegularFile(const std::string& path, std::size_t
   const int fd = open(path.c_str(), kReadFlags);
   if (fd < 0) return absl::NotFoundError(absl::StrCat(path, ": ", std::strerror(errno)));
   absl::StatusOr<std::string> content = ReadOpenFile(fd, nullptr, max_bytes);
-  if (!content.ok()) return absl::Status(content.status().code(), absl::StrCat(path, ": ", content.status().message()));
+  if (!content.ok())
+    return absl::Status(content.status().code(), absl::StrCat(path, ": ", content.status().message()));
   return content;
 }
 
@@ -381,7 +394,8 @@ absl::StatusOr<std::vector<std::string>> ListNamesAt(int directory_fd, const std
     if (!absl::StartsWith(name, prefix) || !absl::EndsWith(name, suffix)) continue;
     if (names.size() == kMaxListedNames) {
       closedir(directory);
-      return absl::OutOfRangeError(absl::StrCat("more than ", kMaxListedNames, " files named ", prefix, "*", suffix));
+      return absl::OutOfRangeError(
+          absl::StrCat("more than ", kMaxListedNames, " files named ", prefix, "*", suffix));
     }
     names.push_back(name);
   }

@@ -3,16 +3,15 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <mutex>
-
 #include <memory>
+#include <mutex>
 
 #include <spdlog/sinks/base_sink.h>
 #include <spdlog/sinks/stdout_sinks.h>
 
 #include "absl/strings/str_cat.h"
-#include "watchdog/common/files.h"
 #include "watchdog/common/escape.h"
+#include "watchdog/common/files.h"
 
 namespace ncclguard::log {
 namespace {
@@ -27,12 +26,18 @@ std::string HostOrUnknown() {
 
 spdlog::level::level_enum ToSpdlog(LogLevel level) {
   switch (level) {
-    case LogLevel::kTrace: return spdlog::level::trace;
-    case LogLevel::kDebug: return spdlog::level::debug;
-    case LogLevel::kInfo: return spdlog::level::info;
-    case LogLevel::kWarn: return spdlog::level::warn;
-    case LogLevel::kError: return spdlog::level::err;
-    case LogLevel::kOff: return spdlog::level::off;
+    case LogLevel::kTrace:
+      return spdlog::level::trace;
+    case LogLevel::kDebug:
+      return spdlog::level::debug;
+    case LogLevel::kInfo:
+      return spdlog::level::info;
+    case LogLevel::kWarn:
+      return spdlog::level::warn;
+    case LogLevel::kError:
+      return spdlog::level::err;
+    case LogLevel::kOff:
+      return spdlog::level::off;
   }
   return spdlog::level::warn;
 }
@@ -41,7 +46,8 @@ spdlog::level::level_enum ToSpdlog(LogLevel level) {
 // forked child makes its own logger).
 class NcclStyleFormatter final : public spdlog::formatter {
  public:
-  NcclStyleFormatter() : prefix_(absl::StrCat(EscapeControlCharacters(HostOrUnknown()), ":", getpid(), ":")) {}
+  NcclStyleFormatter()
+      : prefix_(absl::StrCat(EscapeControlCharacters(HostOrUnknown()), ":", getpid(), ":")) {}
 
   void format(const spdlog::details::log_msg& msg, spdlog::memory_buf_t& dest) override {
     dest.append(prefix_.data(), prefix_.data() + prefix_.size());
@@ -58,19 +64,23 @@ class NcclStyleFormatter final : public spdlog::formatter {
     dest.push_back('\n');
   }
 
-  std::unique_ptr<spdlog::formatter> clone() const override {
-    return std::make_unique<NcclStyleFormatter>();
-  }
+  std::unique_ptr<spdlog::formatter> clone() const override { return std::make_unique<NcclStyleFormatter>(); }
 
  private:
   static std::string_view LevelName(spdlog::level::level_enum level) {
     switch (level) {
-      case spdlog::level::trace: return "TRACE";
-      case spdlog::level::debug: return "DEBUG";
-      case spdlog::level::info: return "INFO";
-      case spdlog::level::warn: return "WARN";
-      case spdlog::level::err: return "ERROR";
-      default: return "CRIT";
+      case spdlog::level::trace:
+        return "TRACE";
+      case spdlog::level::debug:
+        return "DEBUG";
+      case spdlog::level::info:
+        return "INFO";
+      case spdlog::level::warn:
+        return "WARN";
+      case spdlog::level::err:
+        return "ERROR";
+      default:
+        return "CRIT";
     }
   }
 
@@ -146,7 +156,7 @@ void Start(const Config& config) {
   auto* logger = new spdlog::logger("ncclguard", std::move(sink));
   logger->set_formatter(std::make_unique<NcclStyleFormatter>());
   logger->set_level(ToSpdlog(config.log_level));
-  logger->flush_on(spdlog::level::trace);  // every line reaches the file: a hang never flushes
+  logger->flush_on(spdlog::level::trace);             // every line reaches the file: a hang never flushes
   g_logger.store(logger, std::memory_order_release);  // once per process (and per forked child)
   if (!file_problem.empty()) Warn("{}", file_problem);
 }

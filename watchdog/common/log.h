@@ -33,8 +33,7 @@ inline bool Enabled(spdlog::level::level_enum level) noexcept {
 
 // Formatting happens only when the level is enabled; nothing escapes as an exception.
 template <typename... Args>
-void Write(spdlog::level::level_enum level, fmt::format_string<Args...> format,
-           Args&&... args) noexcept {
+void Write(spdlog::level::level_enum level, fmt::format_string<Args...> format, Args&&... args) noexcept {
   spdlog::logger* logger = Get();
   if (logger == nullptr || !logger->should_log(level)) return;
   try {

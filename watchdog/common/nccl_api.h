@@ -31,13 +31,12 @@ enum class Api : std::uint16_t {
 struct ApiInfo {
   std::string_view name;
   ApiKind kind;
-  int since;  // NCCL_VERSION code of the first release that declared the function
+  int since;                        // NCCL_VERSION code of the first release that declared the function
   std::string_view argument_names;  // "(sendbuff, recvbuff, count, ...)"
 };
 
 inline constexpr ApiInfo kApis[] = {
-#define NCCLGUARD_API_INFO(name, ret, kind, since, params, args) \
-  {#name, ApiKind::k##kind, since, #args},
+#define NCCLGUARD_API_INFO(name, ret, kind, since, params, args) {#name, ApiKind::k##kind, since, #args},
     NCCLGUARD_FOR_EACH_NCCL_API(NCCLGUARD_API_INFO)
 #undef NCCLGUARD_API_INFO
 };

@@ -1,6 +1,5 @@
 // The real effects of the watchdog (see effects.h).
 #include "watchdog/detect/effects.h"
-#include "watchdog/diagnose/known_bad.h"
 
 #include <time.h>
 #include <unistd.h>
@@ -14,6 +13,7 @@
 #include "watchdog/common/describe.h"
 #include "watchdog/common/libraries.h"
 #include "watchdog/common/log.h"
+#include "watchdog/diagnose/known_bad.h"
 #include "watchdog/recover/p2p_verdict.h"
 #include "watchdog/report/dump.h"
 #include "watchdog/report/facts.h"
@@ -33,7 +33,8 @@ std::string SystemEffects::WriteDump(const ProcessSnapshot& snapshot) {
   if (JobDir().empty()) return "";
   FactSources sources = RealFactSources();
   if (snapshot.reason == "exit") sources.cuda = [](const std::vector<int>&) { return CudaFacts{}; };
-  const DumpResult written = ncclguard::WriteDump(JobDir(), snapshot, CollectProcessFacts(sources, Devices()));
+  const DumpResult written =
+      ncclguard::WriteDump(JobDir(), snapshot, CollectProcessFacts(sources, Devices()));
   return written.ok() ? *written : "";
 }
 
@@ -91,7 +92,8 @@ std::vector<Verdict> SystemEffects::Classify(const ProcessSnapshot& own_status) 
   if (JobDir().empty()) return {};
   WriteStatus(own_status);  // the others' files are as fresh as their last interval; ours is now
   const double interval = StatusIntervalSeconds(GetConfig().status_interval.value, 0);
-  const absl::StatusOr<JobView> job = ReadJobDirectory(JobDir(), ::ncclguard::WallNowNs(), interval, JobDirectoryOrigin::kOwn);
+  const absl::StatusOr<JobView> job =
+      ReadJobDirectory(JobDir(), ::ncclguard::WallNowNs(), interval, JobDirectoryOrigin::kOwn);
   if (!job.ok()) return {};
   return ncclguard::Classify(*job, ProcessKnownBad().entries);
 }
@@ -104,7 +106,8 @@ std::int64_t SystemEffects::TakePeerDumpRequest() {
   const auto requests = request_watcher_->Poll();
   std::int64_t newest = 0;
   if (requests.ok()) {
-    for (const DumpRequest& request : *requests) newest = std::max(newest, std::max<std::int64_t>(request.time_ns, 1));
+    for (const DumpRequest& request : *requests)
+      newest = std::max(newest, std::max<std::int64_t>(request.time_ns, 1));
   }
   return newest;
 }
@@ -137,7 +140,9 @@ void SystemEffects::Abort(CommState& comm) {
   if (result != ncclSuccess) log::Warn("ncclCommAbort of comm {} returned {}", comm.id, ResultName(result));
 }
 
-void SystemEffects::HoldApplicationCalls() { g_holding_application_calls.store(true, std::memory_order_seq_cst); }
+void SystemEffects::HoldApplicationCalls() {
+  g_holding_application_calls.store(true, std::memory_order_seq_cst);
+}
 
 void SystemEffects::Exit(int code) {
   if (spdlog::logger* logger = log::Get()) logger->flush();
@@ -156,7 +161,9 @@ bool SystemEffects::EnterComm(CommState& comm) {
   return true;
 }
 
-void SystemEffects::LeaveComm(CommState& comm) { comm.watchdog_in_call.store(false, std::memory_order_seq_cst); }
+void SystemEffects::LeaveComm(CommState& comm) {
+  comm.watchdog_in_call.store(false, std::memory_order_seq_cst);
+}
 
 std::string SystemEffects::JobId() {
   MutexLock lock(job_dir_mutex_);

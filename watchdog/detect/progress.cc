@@ -1,8 +1,8 @@
 #include "watchdog/detect/progress.h"
 
-#include <fmt/format.h>
-
 #include <algorithm>
+
+#include <fmt/format.h>
 
 namespace ncclguard {
 namespace {
@@ -27,8 +27,7 @@ class BlockedStreams {
 
 void RaiseTo(std::atomic<std::uint64_t>& value, std::uint64_t candidate) {
   std::uint64_t current = value.load(std::memory_order_relaxed);
-  while (current < candidate &&
-         !value.compare_exchange_weak(current, candidate, std::memory_order_release)) {
+  while (current < candidate && !value.compare_exchange_weak(current, candidate, std::memory_order_release)) {
   }
 }
 
@@ -55,9 +54,12 @@ Stall Describe(const CommState& comm, const OpRecord& op, std::uint64_t seq) {
 
 std::string_view StallKindName(Stall::Kind kind) {
   switch (kind) {
-    case Stall::Kind::kNotCompleted: return "not_completed";
-    case Stall::Kind::kNotStarted: return "not_started";
-    case Stall::Kind::kInit: return "init";
+    case Stall::Kind::kNotCompleted:
+      return "not_completed";
+    case Stall::Kind::kNotStarted:
+      return "not_started";
+    case Stall::Kind::kInit:
+      return "init";
   }
   return "unknown";
 }
@@ -110,8 +112,7 @@ void AdvanceOperations(CommState& comm, GpuEvents& events, std::int64_t now_ns) 
   }
 }
 
-std::optional<Stall> FindOperationStall(const CommState& comm, std::int64_t now_ns,
-                                        std::int64_t timeout_ns) {
+std::optional<Stall> FindOperationStall(const CommState& comm, std::int64_t now_ns, std::int64_t timeout_ns) {
   const std::uint64_t last = comm.last_enqueued.load(std::memory_order_acquire);
   for (std::uint64_t seq = std::max(comm.watch_cursor, FirstInRing(comm, last)); seq <= last; ++seq) {
     const OpRecord& op = comm.ring[seq % comm.ring_size];
@@ -119,8 +120,8 @@ std::optional<Stall> FindOperationStall(const CommState& comm, std::int64_t now_
     if (op.seq.load(std::memory_order_relaxed) != seq || IsFinished(state)) continue;
     // The oldest unfinished operation decides: everything after it waits for it.
     const bool started = state == OpState::kStarted;
-    const std::int64_t since = started ? op.start_ns.load(std::memory_order_relaxed)
-                                       : op.enqueue_ns.load(std::memory_order_relaxed);
+    const std::int64_t since =
+        started ? op.start_ns.load(std::memory_order_relaxed) : op.enqueue_ns.load(std::memory_order_relaxed);
     if (now_ns - since <= timeout_ns) return std::nullopt;
     Stall stall = Describe(comm, op, seq);
     stall.kind = started ? Stall::Kind::kNotCompleted : Stall::Kind::kNotStarted;
@@ -130,8 +131,7 @@ std::optional<Stall> FindOperationStall(const CommState& comm, std::int64_t now_
   return std::nullopt;
 }
 
-std::optional<Stall> FindInitStall(const PendingInit& init, std::int64_t now_ns,
-                                   std::int64_t timeout_ns) {
+std::optional<Stall> FindInitStall(const PendingInit& init, std::int64_t now_ns, std::int64_t timeout_ns) {
   if (now_ns - init.start_ns <= timeout_ns) return std::nullopt;
   Stall stall;
   stall.kind = Stall::Kind::kInit;

@@ -7,10 +7,10 @@
 #include <optional>
 #include <string>
 
+#include "watchdog/report/snapshot.h"
 #include "watchdog/state/gpu_events.h"
 #include "watchdog/state/records.h"
 #include "watchdog/state/registry.h"
-#include "watchdog/report/snapshot.h"
 
 namespace ncclguard {
 
@@ -39,11 +39,9 @@ void AdvanceOperations(CommState& comm, GpuEvents& events, std::int64_t now_ns);
 // The communicator's oldest unfinished operation, if it has been unfinished for longer than
 // `timeout_ns`: started on the GPU and not completed, or not even started (queued behind earlier
 // work on its stream). Captured and untimed operations are never stalls.
-std::optional<Stall> FindOperationStall(const CommState& comm, std::int64_t now_ns,
-                                        std::int64_t timeout_ns);
+std::optional<Stall> FindOperationStall(const CommState& comm, std::int64_t now_ns, std::int64_t timeout_ns);
 
-std::optional<Stall> FindInitStall(const PendingInit& init, std::int64_t now_ns,
-                                   std::int64_t timeout_ns);
+std::optional<Stall> FindInitStall(const PendingInit& init, std::int64_t now_ns, std::int64_t timeout_ns);
 
 // One line a user can act on, e.g. "rank 2 comm 9f3a…: AllReduce #121 (float32 × 1048576, sum)
 // started on the GPU 15.0 s ago and has not completed".

@@ -1,9 +1,6 @@
 // The watchdog's runtime (see runtime.h): its threads, the dump signal, exit and fork.
 #include "watchdog/detect/runtime.h"
 
-#include "absl/base/thread_annotations.h"
-#include "watchdog/common/mutex.h"
-
 #include <pthread.h>
 #include <signal.h>
 #include <unistd.h>
@@ -20,9 +17,11 @@
 
 #include <fmt/format.h>
 
+#include "absl/base/thread_annotations.h"
 #include "watchdog/common/clock.h"
 #include "watchdog/common/config.h"
 #include "watchdog/common/log.h"
+#include "watchdog/common/mutex.h"
 #include "watchdog/detect/effects.h"
 #include "watchdog/detect/watchdog.h"
 #include "watchdog/state/gpu_events.h"
@@ -53,7 +52,8 @@ class RoundClock {
   // The pause between rounds, cut short when a round is wanted.
   void Pause(std::chrono::duration<double> interval) {
     MutexLock lock(mutex_);
-    changed_.wait_for(mutex_, interval, [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) { return round_wanted_; });
+    changed_.wait_for(mutex_, interval,
+                      [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) { return round_wanted_; });
   }
   // Waits for a whole round that begins after this call, at most `deadline`.
   void RunRoundAndWait(std::chrono::milliseconds deadline) {
@@ -92,7 +92,8 @@ void OnDumpSignal(int signal, siginfo_t* info, void* context) {
   if (Runtime* runtime = g_runtime.load(std::memory_order_acquire)) runtime->watchdog.RequestSignalDump();
   // The application's own handler of the signal still runs.
   if (g_previous_dump_action.sa_flags & SA_SIGINFO) {
-    if (g_previous_dump_action.sa_sigaction != nullptr) g_previous_dump_action.sa_sigaction(signal, info, context);
+    if (g_previous_dump_action.sa_sigaction != nullptr)
+      g_previous_dump_action.sa_sigaction(signal, info, context);
   } else if (g_previous_dump_action.sa_handler != SIG_DFL && g_previous_dump_action.sa_handler != SIG_IGN) {
     g_previous_dump_action.sa_handler(signal);
   }
@@ -170,8 +171,8 @@ void RunMonitor(Runtime* runtime) {
   HeartbeatMonitor monitor(std::max<std::int64_t>(10'000'000'000, 20 * ToNs(GetConfig().poll_interval)));
   for (;;) {
     std::this_thread::sleep_for(std::chrono::seconds(1));
-    if (const auto message = monitor.Check(runtime->watchdog.heartbeat(), runtime->watchdog.activity(),
-                                           SteadyNowNs())) {
+    if (const auto message =
+            monitor.Check(runtime->watchdog.heartbeat(), runtime->watchdog.activity(), SteadyNowNs())) {
       log::Error("{}", *message);
     }
   }

@@ -30,7 +30,8 @@ std::int64_t ToNs(Seconds seconds) { return static_cast<std::int64_t>(seconds.va
 // already be destroying the communicator: the watchdog asks NCCL about it only while it is not.
 bool CompleteRegistrationUnlessClosing(CommState& comm) {
   comm.watchdog_in_call.store(true, std::memory_order_seq_cst);
-  const bool completed = !comm.closing.load(std::memory_order_seq_cst) && CompleteRegistration(comm, SteadyNowNs());
+  const bool completed =
+      !comm.closing.load(std::memory_order_seq_cst) && CompleteRegistration(comm, SteadyNowNs());
   comm.watchdog_in_call.store(false, std::memory_order_seq_cst);
   return completed;
 }
@@ -87,8 +88,9 @@ void Watchdog::AnswerDumpRequest(std::int64_t now_ns) {
   last_signal_dump_ns_ = now_ns;
   const std::uint64_t signals = dump_signals_.exchange(0, std::memory_order_relaxed);
   if (signals > 1) {
-    log::Warn("{} dump signals since the last signal's dump answered by this one dump (at most one per second)",
-              signals);
+    log::Warn(
+        "{} dump signals since the last signal's dump answered by this one dump (at most one per second)",
+        signals);
   }
 }
 
@@ -108,8 +110,8 @@ void Watchdog::ReleaseClosedCommunicators(std::int64_t now_ns) {
     if (comm->ring != nullptr) {
       comm->closed_seen_ns = now_ns;
       registry_.Unlink(comm);
-      comm->closed_status = std::make_shared<const CommSnapshot>(
-          ClosedStatusOf(*comm, effects_.WallNowNs() - now_ns));
+      comm->closed_status =
+          std::make_shared<const CommSnapshot>(ClosedStatusOf(*comm, effects_.WallNowNs() - now_ns));
       FreeRing(*comm);
     } else if (now_ns - comm->closed_seen_ns >= keep_ns) {
       registry_.Remove(comm);
@@ -122,11 +124,12 @@ void Watchdog::WriteStatusNow(std::int64_t now_ns) {
   MutexLock lock(status_mutex_);
   ProcessSnapshot status = BuildSnapshot(registry_, "status", false, now_ns, effects_.WallNowNs());
   if (reported_stall_) {
-    const bool over = std::any_of(status.comms.begin(), status.comms.end(),
-                                  [this](const CommSnapshot& comm) ABSL_EXCLUSIVE_LOCKS_REQUIRED(status_mutex_) {
-      return comm.id == reported_stall_->comm_id && comm.last_completed >= reported_stall_->seq &&
-             reported_stall_->seq != 0;
-    });
+    const bool over =
+        std::any_of(status.comms.begin(), status.comms.end(),
+                    [this](const CommSnapshot& comm) ABSL_EXCLUSIVE_LOCKS_REQUIRED(status_mutex_) {
+                      return comm.id == reported_stall_->comm_id &&
+                             comm.last_completed >= reported_stall_->seq && reported_stall_->seq != 0;
+                    });
     if (over) reported_stall_.reset();
   }
   status.stall = reported_stall_;
@@ -170,9 +173,10 @@ void Watchdog::AnswerPeerRequest(std::int64_t requested_ns, std::int64_t now_ns)
   if (P2pDisabledBy(effects_.Facts().environment)) return;
   const std::optional<P2pVerdictRecord> record = effects_.FreshP2pVerdict();
   if (!record) return;
-  ExitForRestart(fmt::format("rank {} ({} pid {}) recorded p2p_suspect for comm {} #{}; exiting with {} so that "
-                             "the job restarts with NCCL_P2P_DISABLE=1 (NCCLGUARD_ACTION=reinit)",
-                             record->rank, record->host, record->pid, record->comm, record->seq, kRestartExitCode));
+  ExitForRestart(
+      fmt::format("rank {} ({} pid {}) recorded p2p_suspect for comm {} #{}; exiting with {} so that "
+                  "the job restarts with NCCL_P2P_DISABLE=1 (NCCLGUARD_ACTION=reinit)",
+                  record->rank, record->host, record->pid, record->comm, record->seq, kRestartExitCode));
 }
 
 bool Watchdog::ReportNewAsyncError(CommState& comm, std::int64_t now_ns, bool act) {
@@ -202,7 +206,8 @@ void Watchdog::CheckCommunicator(CommState& comm, std::int64_t now_ns) {
     Activity activity(*this, "cuEventQuery");
     AdvanceOperations(comm, events_, now_ns);
   }
-  if (lifecycle == CommLifecycle::kInitializing && error == ncclSuccess && CompleteRegistrationUnlessClosing(comm)) {
+  if (lifecycle == CommLifecycle::kInitializing && error == ncclSuccess &&
+      CompleteRegistrationUnlessClosing(comm)) {
     next_status_ns_ = 0;  // on record in the job directory from now on
   }
   if (ReportNewAsyncError(comm, now_ns, true) ||
@@ -217,8 +222,9 @@ void Watchdog::CheckCommunicator(CommState& comm, std::int64_t now_ns) {
     } else if (!comm.stall_acted_on && now_ns >= comm.stall_recheck_ns) {
       const std::vector<Verdict> verdicts = CurrentVerdicts(ToSnapshot(*stall, StallMessage(*stall)), now_ns);
       log::Warn("{} — still waiting; verdict: {}", StallMessage(*stall),
-                verdicts.empty() ? std::string("unknown")
-                                 : fmt::format("{}: {}", VerdictKindName(verdicts[0].kind), verdicts[0].message));
+                verdicts.empty()
+                    ? std::string("unknown")
+                    : fmt::format("{}: {}", VerdictKindName(verdicts[0].kind), verdicts[0].message));
       DecideOnStall(&comm, *stall, verdicts, now_ns);
     }
   }
@@ -304,9 +310,10 @@ void Watchdog::DecideOnStall(CommState* comm, const Stall& stall, const std::vec
   }
   comm->stall_recheck_ns = now_ns + ToNs(config_.timeout);
   if (config_.action != Action::kWarn) {
-    log::Warn("not acting yet (NCCLGUARD_ACTION={}): the late rank is busy outside NCCL; acting after "
-              "NCCLGUARD_HARD_TIMEOUT={} s unless that changes",
-              ActionName(config_.action), config_.hard_timeout.value);
+    log::Warn(
+        "not acting yet (NCCLGUARD_ACTION={}): the late rank is busy outside NCCL; acting after "
+        "NCCLGUARD_HARD_TIMEOUT={} s unless that changes",
+        ActionName(config_.action), config_.hard_timeout.value);
   }
 }
 
@@ -328,28 +335,32 @@ void Watchdog::Act(CommState* culprit, const char* what, const std::vector<Verdi
       return;
     case Action::kAbort:
       if (culprit == nullptr) {
-        log::Warn("NCCLGUARD_ACTION=abort: nothing to abort for {} (the communicator does not exist yet)", what);
+        log::Warn("NCCLGUARD_ACTION=abort: nothing to abort for {} (the communicator does not exist yet)",
+                  what);
         return;
       }
       log::Warn("aborting comm {} (NCCLGUARD_ACTION=abort): its calls now return errors", culprit->id);
       effects_.Abort(*culprit);
       return;
     case Action::kExit:
-      ExitForRestart(fmt::format("exiting with code {} after {} (NCCLGUARD_ACTION=exit)", kRestartExitCode, what));
+      ExitForRestart(
+          fmt::format("exiting with code {} after {} (NCCLGUARD_ACTION=exit)", kRestartExitCode, what));
       return;
     case Action::kReinit: {
       const VerdictKind verdict = verdicts.empty() ? VerdictKind::kUnknown : verdicts[0].kind;
       if (verdict == VerdictKind::kP2pSuspect) {
         if (const std::optional<std::string> path = RecordP2pVerdict(culprit, verdicts[0])) {
-          ExitForRestart(fmt::format("recorded p2p_suspect in {}; exiting with {} so that the job restarts with "
-                                     "NCCL_P2P_DISABLE=1 (NCCLGUARD_ACTION=reinit)",
-                                     *path, kRestartExitCode));
+          ExitForRestart(
+              fmt::format("recorded p2p_suspect in {}; exiting with {} so that the job restarts with "
+                          "NCCL_P2P_DISABLE=1 (NCCLGUARD_ACTION=reinit)",
+                          *path, kRestartExitCode));
           return;
         }
       }
-      ExitForRestart(fmt::format("exiting with code {} after {} (NCCLGUARD_ACTION=reinit; verdict {}: the restarted "
-                                 "job keeps its P2P setting)",
-                                 kRestartExitCode, what, VerdictKindName(verdict)));
+      ExitForRestart(
+          fmt::format("exiting with code {} after {} (NCCLGUARD_ACTION=reinit; verdict {}: the restarted "
+                      "job keeps its P2P setting)",
+                      kRestartExitCode, what, VerdictKindName(verdict)));
       return;
     }
   }
@@ -361,9 +372,10 @@ std::optional<std::string> Watchdog::RecordP2pVerdict(CommState* culprit, const 
     // NCCL_P2P_DISABLE=1 leaves no p2p_suspect to get here; any other explicit setting is the
     // user's, and it wins at the next attempt too.
     if (std::ranges::find(kNcclP2pVariables, name) != std::end(kNcclP2pVariables)) {
-      log::Warn("p2p_suspect, but {}={} is set explicitly: a restart would not change P2P, so no P2P verdict is "
-                "recorded",
-                name, value);
+      log::Warn(
+          "p2p_suspect, but {}={} is set explicitly: a restart would not change P2P, so no P2P verdict is "
+          "recorded",
+          name, value);
       return std::nullopt;
     }
   }
@@ -378,7 +390,8 @@ std::optional<std::string> Watchdog::RecordP2pVerdict(CommState* culprit, const 
       .rank = culprit != nullptr ? culprit->rank.load(std::memory_order_relaxed) : LauncherRank(facts),
       .time_ns = effects_.WallNowNs()});
   if (!path.ok()) {
-    log::Error("cannot record p2p_suspect for the next attempt ({}): it will keep P2P", std::string(path.status().message()));
+    log::Error("cannot record p2p_suspect for the next attempt ({}): it will keep P2P",
+               std::string(path.status().message()));
     return std::nullopt;
   }
   // The processes that have not stalled (yet) look for the record when they see this request.

@@ -17,13 +17,13 @@
 #include "watchdog/common/clock.h"
 #include "watchdog/common/config.h"
 #include "watchdog/common/mutex.h"
-#include "watchdog/report/facts.h"
-#include "watchdog/state/gpu_events.h"
-#include "watchdog/recover/p2p_verdict.h"
 #include "watchdog/detect/progress.h"
-#include "watchdog/state/registry.h"
-#include "watchdog/report/snapshot.h"
 #include "watchdog/diagnose/verdicts.h"
+#include "watchdog/recover/p2p_verdict.h"
+#include "watchdog/report/facts.h"
+#include "watchdog/report/snapshot.h"
+#include "watchdog/state/gpu_events.h"
+#include "watchdog/state/registry.h"
 
 namespace ncclguard {
 
@@ -162,6 +162,5 @@ class Watchdog {
   std::int64_t last_dump_wall_ns_ = 0;
   std::set<std::string> reported_inits_;
 };
-
 
 }  // namespace ncclguard

@@ -16,9 +16,10 @@ using classifier::Json;
 Verdict Unknown(const JobView& job) {
   std::string message = "the job directory holds no readable status file or dump";
   if (!job.problems.empty()) {
-    message += fmt::format(" ({} could not be read; first: {})",
-                           job.problems.size() == 1 ? std::string("1 file") : fmt::format("{} files", job.problems.size()),
-                           job.problems.front());
+    message += fmt::format(
+        " ({} could not be read; first: {})",
+        job.problems.size() == 1 ? std::string("1 file") : fmt::format("{} files", job.problems.size()),
+        job.problems.front());
   } else {
     message += ": no process of the job wrote there, or its files could not be written";
   }
@@ -47,12 +48,13 @@ std::vector<Verdict> Classify(const JobView& job, const std::vector<KnownBadEntr
   classifier::ClassifyUnexplained(job, buckets);
   std::vector<Verdict> verdicts = buckets.TakeAll();
   if (verdicts.empty()) {
-    verdicts.push_back(Verdict{.kind = VerdictKind::kHealthy,
-                               .comm = "",
-                               .seq = 0,
-                               .ranks = {},
-                               .message = fmt::format("nothing wrong found in {} processes", job.processes.size()),
-                               .evidence = Json::object()});
+    verdicts.push_back(
+        Verdict{.kind = VerdictKind::kHealthy,
+                .comm = "",
+                .seq = 0,
+                .ranks = {},
+                .message = fmt::format("nothing wrong found in {} processes", job.processes.size()),
+                .evidence = Json::object()});
   }
   return verdicts;
 }

@@ -47,10 +47,12 @@ std::string DescribeOp(const OpSnapshot* op, std::uint64_t seq) {
 }
 
 Json OpJson(const OpSnapshot& op) {
-  return Json{{"seq", op.seq},       {"op", op.op},          {"dtype", op.dtype},
-              {"count", op.count},   {"bytes", op.bytes},    {"root", op.root},
-              {"peer", op.peer},     {"reduction", op.reduction}, {"state", op.state},
-              {"enqueue_ns", op.enqueue_ns}, {"start_ns", op.start_ns}};
+  return Json{{"seq", op.seq},          {"op", op.op},
+              {"dtype", op.dtype},      {"count", op.count},
+              {"bytes", op.bytes},      {"root", op.root},
+              {"peer", op.peer},        {"reduction", op.reduction},
+              {"state", op.state},      {"enqueue_ns", op.enqueue_ns},
+              {"start_ns", op.start_ns}};
 }
 
 const OpSnapshot* FindOp(const CommSnapshot& comm, std::uint64_t seq) {
@@ -120,14 +122,18 @@ bool IsGone(const ProcessView& process, const JobView& job) {
           StatusAgeSeconds(process, job) > kStaleIntervals * job.status_interval_seconds);
 }
 
-
 const char* WhereaboutsName(Whereabouts where) {
   switch (where) {
-    case Whereabouts::kFinished: return "finished";
-    case Whereabouts::kGone: return "gone";
-    case Whereabouts::kInsideNccl: return "inside_nccl";
-    case Whereabouts::kBusyOutsideNccl: return "busy_outside_nccl";
-    case Whereabouts::kNoReport: return "no_report";
+    case Whereabouts::kFinished:
+      return "finished";
+    case Whereabouts::kGone:
+      return "gone";
+    case Whereabouts::kInsideNccl:
+      return "inside_nccl";
+    case Whereabouts::kBusyOutsideNccl:
+      return "busy_outside_nccl";
+    case Whereabouts::kNoReport:
+      return "no_report";
   }
   return "unknown";
 }
@@ -141,7 +147,8 @@ Whereabouts Locate(const ProcessView& process, const JobView& job) {
 
 std::vector<Verdict> Buckets::TakeAll() {
   std::vector<Verdict> verdicts;
-  for (std::vector<Verdict>& bucket : by_kind_) std::move(bucket.begin(), bucket.end(), std::back_inserter(verdicts));
+  for (std::vector<Verdict>& bucket : by_kind_)
+    std::move(bucket.begin(), bucket.end(), std::back_inserter(verdicts));
   return verdicts;
 }
 
@@ -157,7 +164,8 @@ Verdict& Add(Buckets& buckets, VerdictKind kind, std::string comm, std::uint64_t
 
 std::string GoneHow(const ProcessView& process, const JobView& job) {
   if (process.liveness == ProcessView::Liveness::kGone) return "is gone";
-  return fmt::format("stopped updating its status {} ago (presumed gone)", Seconds(StatusAgeSeconds(process, job)));
+  return fmt::format("stopped updating its status {} ago (presumed gone)",
+                     Seconds(StatusAgeSeconds(process, job)));
 }
 
 std::string JoinClauses(const std::vector<std::string>& clauses) {

@@ -1,7 +1,5 @@
 // Reads a job directory: every dump and status file in it, merged per process (a status newer
 // than the dump brings its progress forward), within a deadline.
-#include "watchdog/diagnose/job_view.h"
-
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -17,6 +15,7 @@
 #include "watchdog/common/config.h"
 #include "watchdog/common/files.h"
 #include "watchdog/common/log.h"
+#include "watchdog/diagnose/job_view.h"
 #include "watchdog/diagnose/op_states.h"
 #include "watchdog/report/dump.h"
 #include "watchdog/report/dump_reader.h"
@@ -66,7 +65,6 @@ void MergeNewerStatus(ProcessSnapshot& snapshot, const ProcessSnapshot& status) 
     }
   }
 }
-
 
 ProcessView::Liveness CheckLiveness(const std::string& host, int pid, const std::string& own_host) {
   if (own_host.empty() || host != own_host || pid <= 0) return ProcessView::Liveness::kUnknown;
@@ -138,7 +136,8 @@ JobView ReadOpenJobDirectory(int directory_fd, const std::string& directory,
   absl::StatusOr<std::vector<std::string>> dump_names = ListNamesAt(directory_fd, "dump-", ".json");
   if (!dump_names.ok()) job.problems.push_back(absl::StrCat("dumps: ", dump_names.status().message()));
   // Dumps written with the default ring are read in full whatever this process's ring.
-  const std::size_t max_dump_bytes = MaxDumpBytes(std::max(GetConfig().ring_size.value, Config{}.ring_size.value));
+  const std::size_t max_dump_bytes =
+      MaxDumpBytes(std::max(GetConfig().ring_size.value, Config{}.ring_size.value));
   RankSlots slots;
   // A process keeps its dump with the latest time.
   for (const std::string& name : dump_names.ok() ? *dump_names : std::vector<std::string>()) {
@@ -147,7 +146,8 @@ JobView ReadOpenJobDirectory(int directory_fd, const std::string& directory,
       break;
     }
     absl::StatusOr<std::string> content = ReadFileAt(directory_fd, name, max_dump_bytes);
-    absl::StatusOr<ParsedDump> dump = content.ok() ? ParseDump(*content) : absl::StatusOr<ParsedDump>(content.status());
+    absl::StatusOr<ParsedDump> dump =
+        content.ok() ? ParseDump(*content) : absl::StatusOr<ParsedDump>(content.status());
     if (absl::Status admitted = dump.ok() ? slots.Admit(dump->snapshot) : absl::OkStatus(); !admitted.ok()) {
       dump = admitted;
     }

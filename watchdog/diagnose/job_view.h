@@ -20,17 +20,17 @@ namespace ncclguard {
 struct ProcessView {
   std::string host;
   int pid = -1;
-  std::string status_file;       // "" when none
-  std::string dump_file;         // the newest dump, "" when none
-  std::string dump_reason;       // its reason
-  std::int64_t last_seen_ns = 0; // the newest time of its status or dump (epoch ns)
+  std::string status_file;        // "" when none
+  std::string dump_file;          // the newest dump, "" when none
+  std::string dump_reason;        // its reason
+  std::int64_t last_seen_ns = 0;  // the newest time of its status or dump (epoch ns)
   // Whether the process exists now: checked with kill(pid, 0) when it ran on this host; unknown
   // on other hosts (then the status file's age decides).
   enum class Liveness { kAlive, kGone, kUnknown };
   Liveness liveness = Liveness::kUnknown;
-  bool exited = false;           // it wrote a final status or dump on its way out (a normal exit)
+  bool exited = false;  // it wrote a final status or dump on its way out (a normal exit)
   ProcessSnapshot snapshot;
-  ProcessFacts facts;            // from the dump, else the status file (no memory figures)
+  ProcessFacts facts;  // from the dump, else the status file (no memory figures)
 };
 
 struct JobView {
@@ -38,7 +38,7 @@ struct JobView {
   std::int64_t now_ns = 0;             // when it was read (epoch ns)
   double status_interval_seconds = 2;  // a status older than 3 intervals is stale
   std::vector<ProcessView> processes;
-  std::vector<std::string> problems;   // files that could not be read, and why
+  std::vector<std::string> problems;  // files that could not be read, and why
 };
 
 // Whose job directory is read. kNamedByUser (`ncclguard analyze`): a relative path or a symbolic

@@ -17,10 +17,10 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "watchdog/report/dump.h"
-#include "watchdog/report/dump_reader.h"
 #include "watchdog/common/log.h"
 #include "watchdog/common/version.h"
+#include "watchdog/report/dump.h"
+#include "watchdog/report/dump_reader.h"
 
 namespace ncclguard {
 namespace {
@@ -74,11 +74,13 @@ bool OlderThan(std::vector<int> release, std::vector<int> threshold) {
 }
 
 KnownBadCriteria ParseCriteria(const Json& match) {
-  if (!match.is_object() || match.empty()) throw FormatError{"\"match\" must be an object with at least one criterion"};
+  if (!match.is_object() || match.empty())
+    throw FormatError{"\"match\" must be an object with at least one criterion"};
   KnownBadCriteria criteria;
   for (const auto& [name, value] : match.items()) {
     if (name == "driver_versions") {
-      if (!value.is_array() || value.empty()) throw FormatError{"\"driver_versions\" must be a non-empty array of strings"};
+      if (!value.is_array() || value.empty())
+        throw FormatError{"\"driver_versions\" must be a non-empty array of strings"};
       for (const Json& version : value) {
         if (!version.is_string() || version.get<std::string>().empty()) {
           throw FormatError{"\"driver_versions\" must be a non-empty array of strings"};
@@ -86,7 +88,8 @@ KnownBadCriteria ParseCriteria(const Json& match) {
         criteria.driver_versions.push_back(version.get<std::string>());
       }
     } else if (name == "gpu_name") {
-      if (!value.is_string() || value.get<std::string>().empty()) throw FormatError{"\"gpu_name\" must be a non-empty string"};
+      if (!value.is_string() || value.get<std::string>().empty())
+        throw FormatError{"\"gpu_name\" must be a non-empty string"};
       criteria.gpu_name = value.get<std::string>();
       try {
         criteria.gpu_name_pattern.emplace(*criteria.gpu_name, std::regex::ECMAScript | std::regex::optimize);
@@ -101,15 +104,17 @@ KnownBadCriteria ParseCriteria(const Json& match) {
       }
       criteria.kernel_older_than = numbers;
     } else if (name == "min_gpus") {
-      if (!value.is_number_integer() || value.get<int>() < 1) throw FormatError{"\"min_gpus\" must be an integer of at least 1"};
+      if (!value.is_number_integer() || value.get<int>() < 1)
+        throw FormatError{"\"min_gpus\" must be an integer of at least 1"};
       criteria.min_gpus = value.get<int>();
     } else if (name == "p2p_enabled" || name == "peer_access") {
       if (!value.is_boolean()) throw FormatError{fmt::format("\"{}\" must be true or false", name)};
       (name == "p2p_enabled" ? criteria.p2p_enabled : criteria.peer_access) = value.get<bool>();
     } else {
-      throw FormatError{fmt::format("unknown criterion \"{}\" (known: driver_versions, gpu_name, kernel_older_than, "
-                                    "min_gpus, p2p_enabled, peer_access)",
-                                    name)};
+      throw FormatError{
+          fmt::format("unknown criterion \"{}\" (known: driver_versions, gpu_name, kernel_older_than, "
+                      "min_gpus, p2p_enabled, peer_access)",
+                      name)};
     }
   }
   return criteria;
@@ -149,7 +154,8 @@ std::optional<std::string> SomePeerPair(const std::vector<std::vector<int>>& acc
 }
 
 // The facts that make `criteria` hold; `all_hold` says whether every criterion did.
-std::vector<MatchedFact> MatchCriteria(const KnownBadCriteria& criteria, const ProcessFacts& facts, bool* all_hold) {
+std::vector<MatchedFact> MatchCriteria(const KnownBadCriteria& criteria, const ProcessFacts& facts,
+                                       bool* all_hold) {
   std::vector<MatchedFact> matched;
   *all_hold = true;
   auto require = [&](bool holds, const char* criterion, std::string value, std::string description) {
@@ -161,8 +167,8 @@ std::vector<MatchedFact> MatchCriteria(const KnownBadCriteria& criteria, const P
   };
   if (!criteria.driver_versions.empty()) {
     const auto& versions = criteria.driver_versions;
-    require(std::find(versions.begin(), versions.end(), facts.driver_version) != versions.end(), "driver_versions",
-            facts.driver_version, "driver " + facts.driver_version);
+    require(std::find(versions.begin(), versions.end(), facts.driver_version) != versions.end(),
+            "driver_versions", facts.driver_version, "driver " + facts.driver_version);
   }
   if (criteria.gpu_name_pattern) {
     // The process's GPUs, else the host's (before the process initialised CUDA).
@@ -177,15 +183,17 @@ std::vector<MatchedFact> MatchCriteria(const KnownBadCriteria& criteria, const P
   }
   if (criteria.kernel_older_than) {
     const std::optional<std::vector<int>> release = ReleaseNumbers(facts.kernel_release);
-    require(release && OlderThan(*release, *criteria.kernel_older_than), "kernel_older_than", facts.kernel_release,
+    require(release && OlderThan(*release, *criteria.kernel_older_than), "kernel_older_than",
+            facts.kernel_release,
             fmt::format("kernel {} (older than {})", facts.kernel_release,
                         absl::StrJoin(*criteria.kernel_older_than, ".")));
   }
   if (criteria.min_gpus) {
     // The GPUs visible to the process, else the host's (before the process initialised CUDA).
     const bool visible = facts.cuda.device_count >= 0;
-    const int count = visible ? facts.cuda.device_count
-                              : facts.host_gpu_names.empty() ? -1 : static_cast<int>(facts.host_gpu_names.size());
+    const int count = visible                        ? facts.cuda.device_count
+                      : facts.host_gpu_names.empty() ? -1
+                                                     : static_cast<int>(facts.host_gpu_names.size());
     require(count >= *criteria.min_gpus, "min_gpus", std::to_string(count),
             fmt::format("{} GPUs {}", count, visible ? "visible" : "on the host"));
   }
@@ -216,7 +224,8 @@ Json KnownBadEntryJson(const KnownBadEntry& entry) {
               {"source", entry.source}};
 }
 
-absl::StatusOr<std::vector<KnownBadEntry>> ParseKnownBad(const std::string& content, const std::string& file) {
+absl::StatusOr<std::vector<KnownBadEntry>> ParseKnownBad(const std::string& content,
+                                                         const std::string& file) {
   Json document;
   try {
     document = ParseBoundedJson(content);
@@ -230,7 +239,8 @@ absl::StatusOr<std::vector<KnownBadEntry>> ParseKnownBad(const std::string& cont
       throw FormatError{fmt::format("\"format\" is {}, not \"ncclguard-known-bad\"", format.dump())};
     }
     if (const Json& version = Field(document, "format_version"); version != kKnownBadFormatVersion) {
-      throw FormatError{fmt::format("\"format_version\" is {}, not {}", version.dump(), kKnownBadFormatVersion)};
+      throw FormatError{
+          fmt::format("\"format_version\" is {}, not {}", version.dump(), kKnownBadFormatVersion)};
     }
     const Json& entries = Field(document, "entries");
     if (!entries.is_array()) throw FormatError{"\"entries\" is not an array"};
@@ -255,7 +265,9 @@ absl::StatusOr<std::vector<KnownBadEntry>> ParseKnownBad(const std::string& cont
 
 absl::StatusOr<std::vector<KnownBadEntry>> LoadKnownBad(const std::string& path) {
   const absl::StatusOr<std::string> content = ReadRegularFile(path, kMaxKnownBadBytes);
-  if (!content.ok()) return absl::Status(content.status().code(), fmt::format("cannot read {}", std::string(content.status().message())));
+  if (!content.ok())
+    return absl::Status(content.status().code(),
+                        fmt::format("cannot read {}", std::string(content.status().message())));
   return ParseKnownBad(*content, path);
 }
 
@@ -269,8 +281,8 @@ std::string DefaultKnownBadPath() {
   }
   // The main program's link map has an empty name: this code is then in the ncclguard command.
   const bool in_program = object->l_name == nullptr || object->l_name[0] == '\0';
-  const std::unique_ptr<char, decltype(&free)> resolved(realpath(in_program ? "/proc/self/exe" : object->l_name, nullptr),
-                                                        &free);
+  const std::unique_ptr<char, decltype(&free)> resolved(
+      realpath(in_program ? "/proc/self/exe" : object->l_name, nullptr), &free);
   if (resolved == nullptr) return "";
   const std::filesystem::path object_directory = std::filesystem::path(resolved.get()).parent_path();
   return (object_directory / (in_program ? kDataDirFromBinDir : kDataDirFromLibDir) / kKnownBadFileName)
@@ -289,7 +301,8 @@ const KnownBadList& ProcessKnownBad() noexcept {
       loaded.path = KnownBadPath(GetConfig());
       if (loaded.path.empty()) {
         loaded.status = absl::NotFoundError("cannot find ncclguard's data directory");
-      } else if (absl::StatusOr<std::vector<KnownBadEntry>> entries = LoadKnownBad(loaded.path); entries.ok()) {
+      } else if (absl::StatusOr<std::vector<KnownBadEntry>> entries = LoadKnownBad(loaded.path);
+                 entries.ok()) {
         loaded.entries = std::move(*entries);
       } else {
         loaded.status = entries.status();
@@ -307,7 +320,8 @@ const KnownBadList& ProcessKnownBad() noexcept {
   return list;
 }
 
-std::vector<KnownBadMatch> MatchKnownBad(const std::vector<KnownBadEntry>& entries, const ProcessFacts& facts) {
+std::vector<KnownBadMatch> MatchKnownBad(const std::vector<KnownBadEntry>& entries,
+                                         const ProcessFacts& facts) {
   std::vector<KnownBadMatch> matches;
   for (const KnownBadEntry& entry : entries) {
     bool all_hold = false;

@@ -84,7 +84,8 @@ struct KnownBadList {
 const KnownBadList& ProcessKnownBad() noexcept;
 
 // The entries whose every criterion holds for `facts`, in the entries' order.
-std::vector<KnownBadMatch> MatchKnownBad(const std::vector<KnownBadEntry>& entries, const ProcessFacts& facts);
+std::vector<KnownBadMatch> MatchKnownBad(const std::vector<KnownBadEntry>& entries,
+                                         const ProcessFacts& facts);
 
 // "[id] fact, fact: summary" — one match for a log line.
 std::string DescribeMatch(const KnownBadMatch& match);

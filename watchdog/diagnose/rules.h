@@ -117,8 +117,8 @@ std::optional<std::uint64_t> ClassifyMismatch(const Communicator& communicator, 
 
 // Where the communicator stands on the oldest operation some rank has not completed.
 void ClassifyStuckOperation(const Communicator& communicator, const JobView& job,
-                            const std::vector<KnownBadEntry>& known_bad, std::optional<std::uint64_t> mismatch_seq,
-                            Buckets& buckets);
+                            const std::vector<KnownBadEntry>& known_bad,
+                            std::optional<std::uint64_t> mismatch_seq, Buckets& buckets);
 
 void ClassifyStuckInits(const JobView& job, const std::vector<Communicator>& communicators, Buckets& buckets);
 

@@ -26,7 +26,8 @@ bool StallResolved(const StallSnapshot& stall, const ProcessSnapshot& snapshot) 
 std::string DescribeStall(const StallSnapshot& stall) {
   if (stall.kind == "init") return fmt::format("an initialisation of communicator {}", stall.comm_id);
   return fmt::format("#{} on communicator {} ({}, {})", stall.seq, stall.comm_id,
-                     stall.kind == "not_started" ? "not started on the GPU" : "not completed", Seconds(stall.seconds));
+                     stall.kind == "not_started" ? "not started on the GPU" : "not completed",
+                     Seconds(stall.seconds));
 }
 
 }  // namespace
@@ -69,11 +70,13 @@ void ClassifyFailedCalls(const Communicator& communicator, Buckets& buckets) {
   Json calls = Json::array();
   for (const Member& member : communicator.members) {
     const auto& ring = member.comm->ring;
-    const auto failed = std::find_if(ring.begin(), ring.end(), [](const OpSnapshot& op) { return StateOf(op) == OpState::kFailed; });
+    const auto failed = std::find_if(ring.begin(), ring.end(),
+                                     [](const OpSnapshot& op) { return StateOf(op) == OpState::kFailed; });
     if (failed == ring.end()) continue;
     const std::string result(ResultName(static_cast<ncclResult_t>(failed->result)));
     ranks.push_back(member.rank);
-    clauses.push_back(fmt::format("rank {}'s {} returned {}", member.rank, DescribeOp(&*failed, failed->seq), result));
+    clauses.push_back(
+        fmt::format("rank {}'s {} returned {}", member.rank, DescribeOp(&*failed, failed->seq), result));
     Json call = OpJson(*failed);
     call["rank"] = member.rank;
     call["result"] = result;
@@ -101,7 +104,8 @@ void ClassifyUnexplained(const JobView& job, Buckets& buckets) {
     const auto& stall = process.snapshot.stall;
     if (stall && !explained_comms.contains(stall->comm_id) && !StallResolved(*stall, process.snapshot)) {
       what = fmt::format("reported a stall of {}", DescribeStall(*stall));
-    } else if (!errors_explained && (process.dump_reason == "async_error" || process.dump_reason == "error_return")) {
+    } else if (!errors_explained &&
+               (process.dump_reason == "async_error" || process.dump_reason == "error_return")) {
       what = process.dump_reason == "async_error" ? "dumped after an asynchronous NCCL error"
                                                   : "dumped after an NCCL call returned an error";
     } else {
@@ -115,7 +119,9 @@ void ClassifyUnexplained(const JobView& job, Buckets& buckets) {
              {"host", process.host},
              {"pid", process.pid},
              {"dump_reason", process.dump_reason},
-             {"stall", stall ? Json{{"kind", stall->kind}, {"comm_id", stall->comm_id}, {"seq", stall->seq},
+             {"stall", stall ? Json{{"kind", stall->kind},
+                                    {"comm_id", stall->comm_id},
+                                    {"seq", stall->seq},
                                     {"seconds", stall->seconds}}
                              : Json(nullptr)}});
   }

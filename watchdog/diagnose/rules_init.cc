@@ -21,8 +21,9 @@ void AddDeadInInit(Buckets& buckets, const JobView& job, const std::string& comm
   Json dead = Json::array();
   for (const auto& [process, rank] : gone) {
     dead_ranks.push_back(rank);
-    clauses.push_back(fmt::format("rank {} (pid {} on host {}) {}: it died in {} for communicator {} ({} ranks)",
-                                  rank, process->pid, process->host, GoneHow(*process, job), api, comm_id, nranks));
+    clauses.push_back(
+        fmt::format("rank {} (pid {} on host {}) {}: it died in {} for communicator {} ({} ranks)", rank,
+                    process->pid, process->host, GoneHow(*process, job), api, comm_id, nranks));
     dead.push_back(Json{{"rank", rank},
                         {"host", process->host},
                         {"pid", process->pid},
@@ -37,17 +38,17 @@ void AddDeadInInit(Buckets& buckets, const JobView& job, const std::string& comm
   const std::string others =
       waiting.empty() ? std::string() : fmt::format("; {} wait for it", Ranks(waiting));
   Add(buckets, kRankDead, comm_id, 0, dead_ranks,
-      fmt::format("{}{} — {} killed or crashed (e.g. out of memory), not a network fault", JoinClauses(clauses),
-                  others, dead_ranks.size() == 1 ? "it was" : "they were"),
+      fmt::format("{}{} — {} killed or crashed (e.g. out of memory), not a network fault",
+                  JoinClauses(clauses), others, dead_ranks.size() == 1 ? "it was" : "they were"),
       Json{{"api", api}, {"nranks", nranks}, {"dead_ranks", std::move(dead)}, {"waiting_ranks", waiting}});
 }
 
 // The processes that died inside an initialisation while another process of it lived on (alive,
 // or writing its status for several intervals more). When all of them stopped together, a
 // launcher ended the whole job: that is no rank's death.
-std::vector<std::pair<const ProcessView*, int>> DiedInInit(const JobView& job,
-                                                           const std::vector<std::pair<const ProcessView*, int>>& pending,
-                                                           const std::vector<const ProcessView*>& involved) {
+std::vector<std::pair<const ProcessView*, int>> DiedInInit(
+    const JobView& job, const std::vector<std::pair<const ProcessView*, int>>& pending,
+    const std::vector<const ProcessView*>& involved) {
   const auto stale_window_ns = static_cast<std::int64_t>(kStaleIntervals * job.status_interval_seconds * 1e9);
   std::vector<std::pair<const ProcessView*, int>> dead;
   for (const auto& [process, rank] : pending) {
@@ -65,7 +66,8 @@ std::vector<std::pair<const ProcessView*, int>> DiedInInit(const JobView& job,
 
 }  // namespace
 
-void ClassifyStuckInits(const JobView& job, const std::vector<Communicator>& communicators, Buckets& buckets) {
+void ClassifyStuckInits(const JobView& job, const std::vector<Communicator>& communicators,
+                        Buckets& buckets) {
   struct Init {
     std::string api;
     int nranks = 0;
@@ -86,15 +88,17 @@ void ClassifyStuckInits(const JobView& job, const std::vector<Communicator>& com
       init.pending.insert(pending.rank);
       init.waited_seconds = std::max(init.waited_seconds, waited);
       const auto& stall = process.snapshot.stall;
-      init.stall_reported = init.stall_reported || (stall && stall->kind == "init" && stall->comm_id == pending.comm_id);
+      init.stall_reported =
+          init.stall_reported || (stall && stall->kind == "init" && stall->comm_id == pending.comm_id);
     }
   }
   for (const auto& [comm_id, init] : inits) {
     std::set<int> arrived = init.pending;
     std::vector<const ProcessView*> involved;
     for (const auto& [process, rank] : init.processes) involved.push_back(process);
-    const auto communicator = std::lower_bound(communicators.begin(), communicators.end(), comm_id,
-                                               [](const Communicator& c, const std::string& id) { return c.id < id; });
+    const auto communicator =
+        std::lower_bound(communicators.begin(), communicators.end(), comm_id,
+                         [](const Communicator& c, const std::string& id) { return c.id < id; });
     if (communicator != communicators.end() && communicator->id == comm_id) {
       for (const Member& member : communicator->members) {
         arrived.insert(member.rank);
@@ -122,13 +126,15 @@ void ClassifyStuckInits(const JobView& job, const std::vector<Communicator>& com
                                          comm_id, init.api, init.nranks, Seconds(init.waited_seconds));
     std::string message =
         missing.empty()
-            ? fmt::format("{} although all {} ranks arrived: stuck inside NCCL's bootstrap or transport setup "
-                          "(network interfaces, firewall, NCCL_SOCKET_IFNAME)",
-                          what, init.nranks)
-            : fmt::format("{}: {} arrived, {} did not — {} never called {} for it (not started, crashed "
-                          "before, or given another unique id)",
-                          what, Ranks(arrived_ranks), Ranks(missing), missing.size() == 1 ? "that rank" : "those ranks",
-                          init.api);
+            ? fmt::format(
+                  "{} although all {} ranks arrived: stuck inside NCCL's bootstrap or transport setup "
+                  "(network interfaces, firewall, NCCL_SOCKET_IFNAME)",
+                  what, init.nranks)
+            : fmt::format(
+                  "{}: {} arrived, {} did not — {} never called {} for it (not started, crashed "
+                  "before, or given another unique id)",
+                  what, Ranks(arrived_ranks), Ranks(missing),
+                  missing.size() == 1 ? "that rank" : "those ranks", init.api);
     Add(buckets, kStuckInInit, comm_id, 0, missing.empty() ? arrived_ranks : missing, std::move(message),
         Json{{"api", init.api},
              {"nranks", init.nranks},

@@ -58,8 +58,9 @@ std::vector<KnownCall> KnownCalls(const Communicator& communicator) {
       }
     }
   }
-  std::sort(calls.begin(), calls.end(),
-            [](const KnownCall& a, const KnownCall& b) { return a.seq != b.seq ? a.seq < b.seq : a.rank < b.rank; });
+  std::sort(calls.begin(), calls.end(), [](const KnownCall& a, const KnownCall& b) {
+    return a.seq != b.seq ? a.seq < b.seq : a.rank < b.rank;
+  });
   return calls;
 }
 
@@ -114,7 +115,6 @@ std::vector<CallGroup> GroupCalls(std::vector<KnownCall>::const_iterator begin,
   return groups;
 }
 
-
 }  // namespace
 
 // The first seq at which the ranks' calls differ, from their rings and, where a rank left no
@@ -122,7 +122,8 @@ std::vector<CallGroup> GroupCalls(std::vector<KnownCall>::const_iterator begin,
 std::optional<std::uint64_t> ClassifyMismatch(const Communicator& communicator, Buckets& buckets) {
   const std::vector<KnownCall> calls = KnownCalls(communicator);
   for (auto begin = calls.begin(); begin != calls.end();) {
-    auto end = std::find_if(begin, calls.end(), [&](const KnownCall& call) { return call.seq != begin->seq; });
+    auto end =
+        std::find_if(begin, calls.end(), [&](const KnownCall& call) { return call.seq != begin->seq; });
     std::vector<CallGroup> groups = GroupCalls(begin, end);
     const std::uint64_t seq = begin->seq;
     begin = end;
@@ -140,10 +141,10 @@ std::optional<std::uint64_t> ClassifyMismatch(const Communicator& communicator, 
       const bool count_only = other.call.op != nullptr && majority.call.op != nullptr &&
                               DifferOnlyInCount(*other.call.op, *majority.call.op);
       counts_only = counts_only && count_only;
-      clauses.push_back(count_only ? fmt::format("{} issued {} with {} {} elements", Ranks(other.ranks),
-                                                 OpName(other.call.op, seq), other.call.op->count,
-                                                 other.call.op->dtype)
-                                   : fmt::format("{} issued {}", Ranks(other.ranks), DescribeCall(other, seq)));
+      clauses.push_back(
+          count_only ? fmt::format("{} issued {} with {} {} elements", Ranks(other.ranks),
+                                   OpName(other.call.op, seq), other.call.op->count, other.call.op->dtype)
+                     : fmt::format("{} issued {}", Ranks(other.ranks), DescribeCall(other, seq)));
       culprits.insert(culprits.end(), other.ranks.begin(), other.ranks.end());
       sides.push_back(SideJson(other));
     }
@@ -153,11 +154,11 @@ std::optional<std::uint64_t> ClassifyMismatch(const Communicator& communicator, 
                                              [](const CallGroup& group) { return group.call.op == nullptr; });
     std::sort(culprits.begin(), culprits.end());
     Add(buckets, kMismatch, communicator.id, seq, culprits,
-        fmt::format("{} while {} issued {}{} — the ranks' calls are out of step (a desync in the "
-                    "application), not a network fault",
-                    absl::StrJoin(clauses, " and "), Ranks(majority.ranks), majority_call,
-                    signatures_only ? " (operation signatures from status files: no record of the call itself)"
-                                    : ""),
+        fmt::format(
+            "{} while {} issued {}{} — the ranks' calls are out of step (a desync in the "
+            "application), not a network fault",
+            absl::StrJoin(clauses, " and "), Ranks(majority.ranks), majority_call,
+            signatures_only ? " (operation signatures from status files: no record of the call itself)" : ""),
         Json{{"sides", std::move(sides)}});
     return seq;
   }

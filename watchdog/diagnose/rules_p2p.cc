@@ -29,9 +29,9 @@ bool MentionsP2pTrouble(const std::string& warning) {
 Json P2pEvidence(const Communicator& communicator, const std::vector<KnownBadEntry>& entries) {
   std::set<std::string> hosts;
   bool shares_a_host = false;
-  std::set<std::string> gpus;     // GPU names that a known-bad entry matched
-  std::set<std::string> drivers;  // driver versions that a known-bad entry matched
-  Json known_bad = Json::array(); // per matching entry, in the data file's order of first match
+  std::set<std::string> gpus;      // GPU names that a known-bad entry matched
+  std::set<std::string> drivers;   // driver versions that a known-bad entry matched
+  Json known_bad = Json::array();  // per matching entry, in the data file's order of first match
   std::vector<std::string> warnings;
   for (const Member& member : communicator.members) {
     const ProcessView& process = *member.process;
@@ -53,21 +53,26 @@ Json P2pEvidence(const Communicator& communicator, const std::vector<KnownBadEnt
       (*entry)["ranks"].push_back(member.rank);
     }
     const std::string& warning = process.snapshot.last_nccl_warning;
-    if (MentionsP2pTrouble(warning) && std::find(warnings.begin(), warnings.end(), warning) == warnings.end()) {
+    if (MentionsP2pTrouble(warning) &&
+        std::find(warnings.begin(), warnings.end(), warning) == warnings.end()) {
       warnings.push_back(warning);
     }
   }
   if (!shares_a_host || (known_bad.empty() && warnings.empty())) return nullptr;
-  return Json{{"consumer_gpus", gpus}, {"drivers", drivers}, {"known_bad", known_bad}, {"warnings", warnings}};
+  return Json{
+      {"consumer_gpus", gpus}, {"drivers", drivers}, {"known_bad", known_bad}, {"warnings", warnings}};
 }
 
-std::string P2pMessage(const std::string& what, const Json& evidence, const std::vector<KnownBadEntry>& entries) {
+std::string P2pMessage(const std::string& what, const Json& evidence,
+                       const std::vector<KnownBadEntry>& entries) {
   std::string message = what + " with P2P in use";
   if (!evidence["consumer_gpus"].empty()) {
-    message += fmt::format(" on {} GPUs", absl::StrJoin(evidence["consumer_gpus"].get<std::vector<std::string>>(), ", "));
+    message += fmt::format(" on {} GPUs",
+                           absl::StrJoin(evidence["consumer_gpus"].get<std::vector<std::string>>(), ", "));
   }
   if (!evidence["drivers"].empty()) {
-    message += fmt::format(" with driver {}", absl::StrJoin(evidence["drivers"].get<std::vector<std::string>>(), ", "));
+    message += fmt::format(" with driver {}",
+                           absl::StrJoin(evidence["drivers"].get<std::vector<std::string>>(), ", "));
   }
   // Entries that name no GPU or driver (a kernel release, the number of GPUs) are named by their id.
   std::vector<std::string> other_entries;
@@ -78,7 +83,8 @@ std::string P2pMessage(const std::string& what, const Json& evidence, const std:
       }
     }
   }
-  if (!other_entries.empty()) message += fmt::format(" on a known-bad configuration ({})", absl::StrJoin(other_entries, ", "));
+  if (!other_entries.empty())
+    message += fmt::format(" on a known-bad configuration ({})", absl::StrJoin(other_entries, ", "));
   if (!evidence["warnings"].empty()) {
     message += fmt::format(" (NCCL warned: \"{}\")", evidence["warnings"][0].get<std::string>());
   }

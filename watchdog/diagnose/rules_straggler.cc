@@ -38,8 +38,9 @@ void ClassifyStraggler(const Communicator& communicator, Buckets& buckets) {
       if (op.enqueue_ns > 0 && !IsPointToPoint(op)) arrivals.push_back(Arrival{op.seq, i, op.enqueue_ns});
     }
   }
-  std::sort(arrivals.begin(), arrivals.end(),
-            [](const Arrival& a, const Arrival& b) { return a.seq != b.seq ? a.seq < b.seq : a.member < b.member; });
+  std::sort(arrivals.begin(), arrivals.end(), [](const Arrival& a, const Arrival& b) {
+    return a.seq != b.seq ? a.seq < b.seq : a.member < b.member;
+  });
   std::vector<std::pair<size_t, size_t>> common;  // [begin, end) of each seq every rank holds
   std::vector<size_t> latest_count(nranks, 0);
   for (size_t begin = 0; begin < arrivals.size();) {
@@ -47,15 +48,16 @@ void ClassifyStraggler(const Communicator& communicator, Buckets& buckets) {
     while (end < arrivals.size() && arrivals[end].seq == arrivals[begin].seq) ++end;
     if (end - begin == nranks) {
       common.emplace_back(begin, end);
-      const auto latest = std::max_element(arrivals.begin() + begin, arrivals.begin() + end,
-                                           [](const Arrival& a, const Arrival& b) { return a.enqueue_ns < b.enqueue_ns; });
+      const auto latest =
+          std::max_element(arrivals.begin() + begin, arrivals.begin() + end,
+                           [](const Arrival& a, const Arrival& b) { return a.enqueue_ns < b.enqueue_ns; });
       ++latest_count[latest->member];
     }
     begin = end;
   }
   if (common.size() < kMinCommonOps) return;
-  const size_t candidate = static_cast<size_t>(
-      std::max_element(latest_count.begin(), latest_count.end()) - latest_count.begin());
+  const size_t candidate =
+      static_cast<size_t>(std::max_element(latest_count.begin(), latest_count.end()) - latest_count.begin());
   if (latest_count[candidate] < kLatestShare * static_cast<double>(common.size())) return;
   std::vector<double> candidate_lateness_ms;
   std::vector<double> others_median_ms;
@@ -78,9 +80,10 @@ void ClassifyStraggler(const Communicator& communicator, Buckets& buckets) {
   if (median_ms < kMinLatenessMs || median_ms < kMinRatio * others_ms) return;
   const int rank = communicator.members[candidate].rank;
   Add(buckets, kStraggler, communicator.id, 0, {rank},
-      fmt::format("rank {} enters collectives a median {:.0f} ms after the others (latest in {} of {}): it is "
-                  "slow outside NCCL (data loading, compute)",
-                  rank, median_ms, latest_count[candidate], common.size()),
+      fmt::format(
+          "rank {} enters collectives a median {:.0f} ms after the others (latest in {} of {}): it is "
+          "slow outside NCCL (data loading, compute)",
+          rank, median_ms, latest_count[candidate], common.size()),
       Json{{"median_lateness_ms", median_ms},
            {"others_median_lateness_ms", others_ms},
            {"latest_in", latest_count[candidate]},

@@ -90,10 +90,12 @@ std::optional<std::uint64_t> OldestUnfinishedAbove(const CommSnapshot& comm, std
   return std::nullopt;
 }
 
-std::string LastCompleted(const Member& member, const Communicator& communicator, std::uint64_t done_everywhere) {
+std::string LastCompleted(const Member& member, const Communicator& communicator,
+                          std::uint64_t done_everywhere) {
   const std::uint64_t last = CompletedUpTo(*member.comm, done_everywhere);
   if (last == 0) return "issued nothing on this communicator";
-  return fmt::format("completed {} and issued nothing after", OpName(FindOpInCommunicator(communicator, last), last));
+  return fmt::format("completed {} and issued nothing after",
+                     OpName(FindOpInCommunicator(communicator, last), last));
 }
 
 // The #N this member's own watchdog reported stalled on this communicator, when the member has
@@ -102,7 +104,8 @@ std::string LastCompleted(const Member& member, const Communicator& communicator
 std::optional<std::uint64_t> ReportedStall(const Member& member, const Communicator& communicator) {
   const std::optional<StallSnapshot>& stall = member.process->snapshot.stall;
   if (!stall || stall->kind == "init" || stall->comm_id != communicator.id) return std::nullopt;
-  if (stall->seq <= member.comm->last_completed || stall->seq > member.comm->last_enqueued) return std::nullopt;
+  if (stall->seq <= member.comm->last_completed || stall->seq > member.comm->last_enqueued)
+    return std::nullopt;
   return stall->seq;
 }
 
@@ -123,8 +126,12 @@ std::string CompletedClause(const std::vector<const Member*>& finished, const Co
   for (const Member* member : finished) {
     std::string next;
     switch (Locate(*member->process, job)) {
-      case Whereabouts::kFinished: next = "exited"; break;
-      case Whereabouts::kGone: next = "then vanished (presumed killed)"; break;
+      case Whereabouts::kFinished:
+        next = "exited";
+        break;
+      case Whereabouts::kGone:
+        next = "then vanished (presumed killed)";
+        break;
       default:
         if (const auto seq = WaitingIn(*member, communicator, done_everywhere)) {
           next = fmt::format("went on to {}", OpName(FindOpInCommunicator(communicator, *seq), *seq));
@@ -134,7 +141,8 @@ std::string CompletedClause(const std::vector<const Member*>& finished, const Co
           next = "went on outside NCCL";
         }
     }
-    auto group = std::find_if(groups.begin(), groups.end(), [&](const auto& known) { return known.first == next; });
+    auto group =
+        std::find_if(groups.begin(), groups.end(), [&](const auto& known) { return known.first == next; });
     if (group == groups.end()) {
       groups.emplace_back(next, std::vector<int>{member->rank});
     } else {
@@ -142,7 +150,8 @@ std::string CompletedClause(const std::vector<const Member*>& finished, const Co
     }
   }
   std::vector<std::string> clauses;
-  for (const auto& [next, ranks] : groups) clauses.push_back(fmt::format("{} completed it and {}", Ranks(ranks), next));
+  for (const auto& [next, ranks] : groups)
+    clauses.push_back(fmt::format("{} completed it and {}", Ranks(ranks), next));
   return absl::StrJoin(clauses, ", ");
 }
 
@@ -166,7 +175,7 @@ struct Absentees {
   std::vector<int> not_joined_ranks;
   std::vector<std::string> not_joined_clauses;
   Json not_joined_evidence = Json::array();
-  bool all_finished = true;  // every one that did not join finished its loop
+  bool all_finished = true;           // every one that did not join finished its loop
   bool all_busy_outside_nccl = true;  // every one that did not join is alive and busy outside NCCL
 };
 
@@ -190,19 +199,25 @@ void AddLateMember(const Member& member, const Communicator& communicator, const
   }
   absent.all_finished = absent.all_finished && where == Whereabouts::kFinished;
   absent.all_busy_outside_nccl = absent.all_busy_outside_nccl && where == Whereabouts::kBusyOutsideNccl;
-  std::string clause = fmt::format("rank {} {}; ", member.rank, LastCompleted(member, communicator, done_everywhere));
+  std::string clause =
+      fmt::format("rank {} {}; ", member.rank, LastCompleted(member, communicator, done_everywhere));
   // Its peers wait in a communicator that it closed: it will never issue #N there.
   const std::optional<CommLifecycle> lifecycle = LifecycleOf(*member.comm);
   if (lifecycle == CommLifecycle::kDestroyed || lifecycle == CommLifecycle::kAborted ||
       lifecycle == CommLifecycle::kFinalized || lifecycle == CommLifecycle::kRevoked) {
-    clause += fmt::format("its communicator is {} (the application closed it); ", CommLifecycleName(*lifecycle));
+    clause +=
+        fmt::format("its communicator is {} (the application closed it); ", CommLifecycleName(*lifecycle));
   }
   switch (where) {
-    case Whereabouts::kFinished: clause += "it finished its loop (exited normally)"; break;
+    case Whereabouts::kFinished:
+      clause += "it finished its loop (exited normally)";
+      break;
     case Whereabouts::kInsideNccl:
       clause += fmt::format("it is inside {} (not in this operation)", process.snapshot.in_nccl_call);
       break;
-    default: clause += "it is alive and busy outside NCCL (e.g. saving a checkpoint or evaluating)"; break;
+    default:
+      clause += "it is alive and busy outside NCCL (e.g. saving a checkpoint or evaluating)";
+      break;
   }
   absent.not_joined_ranks.push_back(member.rank);
   absent.not_joined_clauses.push_back(std::move(clause));
@@ -210,23 +225,24 @@ void AddLateMember(const Member& member, const Communicator& communicator, const
 }
 
 // A rank with no record on the communicator: still initialising it (alive or dead), or silent.
-void AddUnreportedRank(int rank, const Communicator& communicator, const JobView& job, std::uint64_t stuck_seq,
-                       Absentees& absent) {
+void AddUnreportedRank(int rank, const Communicator& communicator, const JobView& job,
+                       std::uint64_t stuck_seq, Absentees& absent) {
   absent.all_finished = false;
   const PendingInitSnapshot* init = nullptr;
   const ProcessView* initialising = InitialisingProcess(job, communicator.id, rank, &init);
   if (initialising != nullptr && IsGone(*initialising, job)) {
     absent.dead_ranks.push_back(rank);
-    absent.dead_clauses.push_back(fmt::format("rank {} (pid {} on host {}) {}: it was still in {} for this "
-                                              "communicator and never entered #{}",
-                                              rank, initialising->pid, initialising->host,
-                                              GoneHow(*initialising, job), init->api, stuck_seq));
+    absent.dead_clauses.push_back(fmt::format(
+        "rank {} (pid {} on host {}) {}: it was still in {} for this "
+        "communicator and never entered #{}",
+        rank, initialising->pid, initialising->host, GoneHow(*initialising, job), init->api, stuck_seq));
     absent.dead_evidence.push_back(InitialisingJson(*initialising, *init, Whereabouts::kGone, job));
     return;
   }
   absent.not_joined_ranks.push_back(rank);
   if (initialising != nullptr) {
-    absent.not_joined_clauses.push_back(fmt::format("rank {} is still in {} for this communicator", rank, init->api));
+    absent.not_joined_clauses.push_back(
+        fmt::format("rank {} is still in {} for this communicator", rank, init->api));
     const Whereabouts where = Locate(*initialising, job);
     absent.all_busy_outside_nccl = absent.all_busy_outside_nccl && where == Whereabouts::kBusyOutsideNccl;
     absent.not_joined_evidence.push_back(InitialisingJson(*initialising, *init, where, job));
@@ -239,22 +255,25 @@ void AddUnreportedRank(int rank, const Communicator& communicator, const JobView
       "trace, never created the communicator, or closed it)",
       rank));
   absent.all_busy_outside_nccl = false;
-  absent.not_joined_evidence.push_back(Json{{"rank", rank}, {"where", WhereaboutsName(Whereabouts::kNoReport)}});
+  absent.not_joined_evidence.push_back(
+      Json{{"rank", rank}, {"where", WhereaboutsName(Whereabouts::kNoReport)}});
 }
 
 void AddStuckInsideNccl(Buckets& buckets, const Communicator& communicator,
                         const std::vector<KnownBadEntry>& known_bad, std::uint64_t stuck_seq,
-                        const OpSnapshot* stuck_op, const std::vector<int>& waiting_ranks, bool some_completed,
-                        std::string where, Json evidence) {
+                        const OpSnapshot* stuck_op, const std::vector<int>& waiting_ranks,
+                        bool some_completed, std::string where, Json evidence) {
   where += ": stuck inside NCCL, a transport fault (network, P2P or driver), not the application";
   // A collective that needs every rank's data completed on some ranks only: their transport
   // failed the others, or the ranks' calls went out of step before anything recorded shows.
   if (some_completed && Symmetric(stuck_op)) {
-    where += fmt::format(", unless the ranks' calls went out of step (a desync) before the oldest operation "
-                         "recorded: {} cannot complete on some ranks only",
-                         stuck_op->op);
+    where += fmt::format(
+        ", unless the ranks' calls went out of step (a desync) before the oldest operation "
+        "recorded: {} cannot complete on some ranks only",
+        stuck_op->op);
   }
-  Add(buckets, kStuckInsideNccl, communicator.id, stuck_seq, waiting_ranks, std::move(where), std::move(evidence));
+  Add(buckets, kStuckInsideNccl, communicator.id, stuck_seq, waiting_ranks, std::move(where),
+      std::move(evidence));
   AddP2pSuspectIfAny(buckets, communicator, known_bad, stuck_seq, waiting_ranks, "stuck inside NCCL");
 }
 
@@ -271,17 +290,20 @@ struct StuckOperation {
 };
 
 // Nothing when every member completed everything it issued.
-std::optional<StuckOperation> FindStuckOperation(const Communicator& communicator, std::uint64_t done_everywhere) {
+std::optional<StuckOperation> FindStuckOperation(const Communicator& communicator,
+                                                 std::uint64_t done_everywhere) {
   StuckOperation stuck;
   stuck.seq = std::numeric_limits<std::uint64_t>::max();
   for (const Member& member : communicator.members) {
-    if (const auto oldest = WaitingIn(member, communicator, done_everywhere)) stuck.seq = std::min(stuck.seq, *oldest);
+    if (const auto oldest = WaitingIn(member, communicator, done_everywhere))
+      stuck.seq = std::min(stuck.seq, *oldest);
   }
   if (stuck.seq == std::numeric_limits<std::uint64_t>::max()) return std::nullopt;
 
   for (const Member& member : communicator.members) {
     const ProcessSnapshot& snapshot = member.process->snapshot;
-    stuck.stall_reported = stuck.stall_reported || (snapshot.stall && snapshot.stall->comm_id == communicator.id);
+    stuck.stall_reported =
+        stuck.stall_reported || (snapshot.stall && snapshot.stall->comm_id == communicator.id);
     if (member.comm->last_enqueued < stuck.seq) {
       stuck.late.push_back(&member);
       continue;
@@ -306,7 +328,8 @@ std::optional<StuckOperation> FindStuckOperation(const Communicator& communicato
 std::vector<int> UnreportedRanks(const Communicator& communicator) {
   std::vector<int> unreported;
   for (int rank = 0, next = 0; rank < communicator.nranks; ++rank) {
-    while (next < static_cast<int>(communicator.members.size()) && communicator.members[next].rank < rank) ++next;
+    while (next < static_cast<int>(communicator.members.size()) && communicator.members[next].rank < rank)
+      ++next;
     if (next >= static_cast<int>(communicator.members.size()) || communicator.members[next].rank != rank) {
       unreported.push_back(rank);
     }
@@ -315,23 +338,25 @@ std::vector<int> UnreportedRanks(const Communicator& communicator) {
 }
 
 // rank_dead and rank_not_joined for the ranks that never entered the stuck operation.
-void AddAbsentees(Buckets& buckets, const Communicator& communicator, const StuckOperation& stuck, Absentees absent,
-                  const std::string& completed, const Json& common) {
+void AddAbsentees(Buckets& buckets, const Communicator& communicator, const StuckOperation& stuck,
+                  Absentees absent, const std::string& completed, const Json& common) {
   const std::string described = DescribeOp(stuck.op, stuck.seq);
   const std::vector<int> waiting_ranks = RanksOf(stuck.waiting);
   if (!absent.dead_ranks.empty()) {
     Json evidence = common;
     evidence["dead_ranks"] = std::move(absent.dead_evidence);
     Add(buckets, kRankDead, communicator.id, stuck.seq, absent.dead_ranks,
-        fmt::format("{}; the others wait in {} — {} killed or crashed (e.g. out of memory), not a network fault",
-                    JoinClauses(absent.dead_clauses), described, absent.dead_ranks.size() == 1 ? "it was" : "they were"),
+        fmt::format(
+            "{}; the others wait in {} — {} killed or crashed (e.g. out of memory), not a network fault",
+            JoinClauses(absent.dead_clauses), described,
+            absent.dead_ranks.size() == 1 ? "it was" : "they were"),
         std::move(evidence));
   }
   if (!absent.not_joined_ranks.empty()) {
     Json evidence = common;
     evidence["late_ranks"] = std::move(absent.not_joined_evidence);
-    std::string others =
-        fmt::format("{} {} in {}", Ranks(waiting_ranks), waiting_ranks.size() == 1 ? "waits" : "wait", described);
+    std::string others = fmt::format("{} {} in {}", Ranks(waiting_ranks),
+                                     waiting_ranks.size() == 1 ? "waits" : "wait", described);
     if (!stuck.finished.empty()) others += fmt::format(" ({})", completed);
     Verdict& verdict =
         Add(buckets, kRankNotJoined, communicator.id, stuck.seq, absent.not_joined_ranks,
@@ -345,8 +370,8 @@ void AddAbsentees(Buckets& buckets, const Communicator& communicator, const Stuc
 }  // namespace
 
 void ClassifyStuckOperation(const Communicator& communicator, const JobView& job,
-                            const std::vector<KnownBadEntry>& known_bad, std::optional<std::uint64_t> mismatch_seq,
-                            Buckets& buckets) {
+                            const std::vector<KnownBadEntry>& known_bad,
+                            std::optional<std::uint64_t> mismatch_seq, Buckets& buckets) {
   const std::uint64_t done_everywhere = HighestCompleted(communicator);
   const std::optional<StuckOperation> found = FindStuckOperation(communicator, done_everywhere);
   if (!found) return;
@@ -357,7 +382,8 @@ void ClassifyStuckOperation(const Communicator& communicator, const JobView& job
   const std::vector<int> unreported = UnreportedRanks(communicator);
 
   Absentees absent;
-  for (const Member* member : stuck.late) AddLateMember(*member, communicator, job, done_everywhere, stuck.seq, absent);
+  for (const Member* member : stuck.late)
+    AddLateMember(*member, communicator, job, done_everywhere, stuck.seq, absent);
   for (const int rank : unreported) AddUnreportedRank(rank, communicator, job, stuck.seq, absent);
 
   const std::vector<int> waiting_ranks = RanksOf(stuck.waiting);
@@ -369,7 +395,8 @@ void ClassifyStuckOperation(const Communicator& communicator, const JobView& job
   AddAbsentees(buckets, communicator, stuck, std::move(absent), completed, common);
   // A desync explains the hang better than the transport.
   if (mismatch_seq && *mismatch_seq <= stuck.seq) {
-    if (*mismatch_seq < stuck.seq) NoteLaterStall(buckets, communicator.id, waiting_ranks, described, completed);
+    if (*mismatch_seq < stuck.seq)
+      NoteLaterStall(buckets, communicator.id, waiting_ranks, described, completed);
     return;
   }
   if (!stuck.late.empty() || !unreported.empty()) return;
@@ -378,7 +405,8 @@ void ClassifyStuckOperation(const Communicator& communicator, const JobView& job
           ? fmt::format("all {} ranks entered {} and none has completed it", stuck.waiting.size(), described)
           : fmt::format("{} — {}, {} {} not", described, completed, Ranks(waiting_ranks),
                         stuck.waiting.size() == 1 ? "has" : "have");
-  AddStuckInsideNccl(buckets, communicator, known_bad, stuck.seq, stuck.op, waiting_ranks, !stuck.finished.empty(),
+  AddStuckInsideNccl(buckets, communicator, known_bad, stuck.seq, stuck.op, waiting_ranks,
+                     !stuck.finished.empty(),
                      fmt::format("{} (waiting {})", where, Seconds(stuck.waited_seconds)), std::move(common));
 }
 

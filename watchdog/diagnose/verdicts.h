@@ -40,11 +40,11 @@ std::optional<VerdictKind> ParseVerdictKind(std::string_view name);
 
 struct Verdict {
   VerdictKind kind = VerdictKind::kUnknown;
-  std::string comm;             // communicator id, "" for job-wide verdicts
-  std::uint64_t seq = 0;        // the operation #N concerned, 0 when none
-  std::vector<int> ranks;       // the ranks the verdict is about (the culprits)
-  std::string message;          // one sentence a user can act on
-  nlohmann::json evidence;      // what the verdict rests on (per-rank facts, texts, ...)
+  std::string comm;         // communicator id, "" for job-wide verdicts
+  std::uint64_t seq = 0;    // the operation #N concerned, 0 when none
+  std::vector<int> ranks;   // the ranks the verdict is about (the culprits)
+  std::string message;      // one sentence a user can act on
+  nlohmann::json evidence;  // what the verdict rests on (per-rank facts, texts, ...)
   // rank_not_joined: every rank that did not join is alive and busy outside NCCL, so it will
   // come back (a checkpoint save, an evaluation). Not in the JSON: its late_ranks evidence says so.
   bool late_ranks_busy_outside_nccl = false;

@@ -18,9 +18,12 @@ constexpr std::array<std::string_view, static_cast<size_t>(VerdictKind::kUnknown
 
 const char* LivenessName(ProcessView::Liveness liveness) {
   switch (liveness) {
-    case ProcessView::Liveness::kAlive: return "alive";
-    case ProcessView::Liveness::kGone: return "gone";
-    case ProcessView::Liveness::kUnknown: return "unknown";
+    case ProcessView::Liveness::kAlive:
+      return "alive";
+    case ProcessView::Liveness::kGone:
+      return "gone";
+    case ProcessView::Liveness::kUnknown:
+      return "unknown";
   }
   return "unknown";
 }

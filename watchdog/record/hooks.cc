@@ -11,14 +11,14 @@
 #include <cstring>
 #include <mutex>
 
+#include "watchdog/common/config.h"
 #include "watchdog/common/launcher.h"
 #include "watchdog/common/libraries.h"
-#include "watchdog/common/config.h"
 #include "watchdog/common/log.h"
+#include "watchdog/common/version.h"
 #include "watchdog/detect/runtime.h"
 #include "watchdog/recover/p2p_policy.h"
 #include "watchdog/state/registry.h"
-#include "watchdog/common/version.h"
 
 namespace ncclguard {
 
@@ -74,9 +74,9 @@ bool Start(RealLibraries& libraries) noexcept {
   } catch (const std::exception& error) {
     // Fail open: say so once, on stderr since the log may be what failed, and forward every call.
     char line[512];
-    const int length = std::snprintf(line, sizeof(line),
-                                     "ncclguard: cannot start (%s); NCCL calls pass through unwatched\n",
-                                     error.what());
+    const int length =
+        std::snprintf(line, sizeof(line), "ncclguard: cannot start (%s); NCCL calls pass through unwatched\n",
+                      error.what());
     if (length > 0) (void)!write(STDERR_FILENO, line, std::min<size_t>(length, sizeof(line) - 1));
   } catch (...) {
     static constexpr char kLine[] = "ncclguard: cannot start; NCCL calls pass through unwatched\n";

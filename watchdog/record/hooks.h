@@ -55,8 +55,8 @@ void AfterOperation(const Ticket& ticket, ncclResult_t result) noexcept;
 
 Ticket BeforeCreation(Api api, const CreationArguments& arguments) noexcept;
 // `comms` are the communicators the call returned (several for ncclCommInitAll).
-void AfterCreation(const Ticket& ticket, Api api, int library, ncclResult_t result,
-                   const ncclComm_t* comms, int count) noexcept;
+void AfterCreation(const Ticket& ticket, Api api, int library, ncclResult_t result, const ncclComm_t* comms,
+                   int count) noexcept;
 
 Ticket BeforeGroupCall(Api api) noexcept;
 void AfterGroupCall(Api api, ncclResult_t result) noexcept;
@@ -67,7 +67,6 @@ void AfterCommCall(Api api, ncclComm_t comm, ncclResult_t result) noexcept;
 // The application's own ncclCommGetAsyncError: an error it returns is recorded as if the watchdog
 // had found it.
 void AfterAsyncErrorQuery(ncclComm_t comm, const ncclResult_t* async_error, ncclResult_t result) noexcept;
-
 
 namespace hooks {
 

@@ -4,8 +4,6 @@
 // outermost end; a creation registers communicators; a closing call gives unfinished operations
 // their final state; a failed call is logged and dumped. Apart from hooks.cc, which starts
 // ncclguard and logs calls.
-#include "watchdog/record/hooks.h"
-
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -16,15 +14,16 @@
 #include <utility>
 #include <vector>
 
-#include "watchdog/common/libraries.h"
 #include "watchdog/common/clock.h"
 #include "watchdog/common/config.h"
 #include "watchdog/common/describe.h"
+#include "watchdog/common/libraries.h"
 #include "watchdog/common/log.h"
-#include "watchdog/state/registry.h"
 #include "watchdog/detect/runtime.h"
 #include "watchdog/detect/watchdog.h"
+#include "watchdog/record/hooks.h"
 #include "watchdog/state/registration.h"
+#include "watchdog/state/registry.h"
 
 namespace ncclguard {
 namespace {
@@ -81,14 +80,15 @@ void NoteFailedCall(Api api, CommState* comm, ncclResult_t result) noexcept {
 
 void RecordStart(OpRecord& op) {
   op.start_recorded.store(
-      DriverEvents().Record(op.start_event, reinterpret_cast<GpuStream>(op.stream.load(std::memory_order_relaxed))),
+      DriverEvents().Record(op.start_event,
+                            reinterpret_cast<GpuStream>(op.stream.load(std::memory_order_relaxed))),
       std::memory_order_release);
 }
 
 void RecordEnd(OpRecord& op) {
-  op.end_recorded.store(
-      DriverEvents().Record(op.end_event, reinterpret_cast<GpuStream>(op.stream.load(std::memory_order_relaxed))),
-      std::memory_order_release);
+  op.end_recorded.store(DriverEvents().Record(op.end_event, reinterpret_cast<GpuStream>(
+                                                                op.stream.load(std::memory_order_relaxed))),
+                        std::memory_order_release);
 }
 
 // After NCCL took (or refused) the launch of an operation.
@@ -297,8 +297,8 @@ Ticket BeforeCreation(Api api, const CreationArguments& arguments) noexcept {
     } else if (CommState* parent = GetRegistry().Find(arguments.parent)) {
       ticket.comm = parent;
       const std::uint32_t ordinal = parent->children.fetch_add(1, std::memory_order_relaxed);
-      init.comm_id = ChildCommId(parent->id, api == Api::ncclCommSplit ? "split" : "shrink", ordinal,
-                                 arguments.color);
+      init.comm_id =
+          ChildCommId(parent->id, api == Api::ncclCommSplit ? "split" : "shrink", ordinal, arguments.color);
     } else {  // ncclCommInitAll: one process holds every rank
       static std::atomic<std::uint32_t> init_all_calls{0};
       init.comm_id = ChildCommId(std::to_string(getpid()), "initall",
@@ -312,8 +312,8 @@ Ticket BeforeCreation(Api api, const CreationArguments& arguments) noexcept {
   return ticket;
 }
 
-void AfterCreation(const Ticket& ticket, Api api, int library, ncclResult_t result,
-                   const ncclComm_t* comms, int count) noexcept {
+void AfterCreation(const Ticket& ticket, Api api, int library, ncclResult_t result, const ncclComm_t* comms,
+                   int count) noexcept {
   try {
     Registry& registry = GetRegistry();
     // Inside a group NCCL only records the initialisation: it runs at the outermost ncclGroupEnd.
@@ -331,7 +331,8 @@ void AfterCreation(const Ticket& ticket, Api api, int library, ncclResult_t resu
       CommState* comm = registry.Add(
           comms[i], library, static_cast<std::size_t>(GetConfig().ring_size.value), [&](CommState& state) {
             std::memcpy(state.id, ticket.comm_id, sizeof(state.id));
-            if (ticket.comm != nullptr) std::memcpy(state.parent_id, ticket.comm->id, sizeof(state.parent_id));
+            if (ticket.comm != nullptr)
+              std::memcpy(state.parent_id, ticket.comm->id, sizeof(state.parent_id));
             state.created_by = api;
             state.init_start_ns = ticket.start_ns;
             state.context = DriverEvents().CurrentContext();
@@ -363,10 +364,10 @@ Ticket BeforeCommCall(Api api, ncclComm_t handle) noexcept {
     // ncclguard aborted it, so NCCL has freed it: nothing may reach NCCL with this handle. The
     // application's own clean-up succeeds; anything else is told the communicator is unusable.
     ticket.forward = false;
-    ticket.result = (api == Api::ncclCommDestroy || api == Api::ncclCommAbort) ? ncclSuccess
-                                                                                : ncclInvalidUsage;
-    log::Debug("{} on comm {} answered {} without NCCL: ncclguard aborted it", Describe(api).name,
-               comm->id, ResultName(ticket.result));
+    ticket.result =
+        (api == Api::ncclCommDestroy || api == Api::ncclCommAbort) ? ncclSuccess : ncclInvalidUsage;
+    log::Debug("{} on comm {} answered {} without NCCL: ncclguard aborted it", Describe(api).name, comm->id,
+               ResultName(ticket.result));
     return ticket;
   }
   if (api == Api::ncclCommDestroy || api == Api::ncclCommAbort || api == Api::ncclCommFinalize) {

@@ -7,9 +7,9 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_join.h"
+#include "watchdog/common/log.h"
 #include "watchdog/report/dump.h"
 #include "watchdog/report/job_dir.h"
-#include "watchdog/common/log.h"
 
 namespace ncclguard {
 namespace {
@@ -85,7 +85,8 @@ std::vector<NcclConfigFile> ReadNcclConfigFiles(const EnvironmentReader& read_en
 void ReadEarlierVerdict(const Config& config, P2pPolicyInputs& inputs) {
   const std::optional<std::string> job_id = NamedJobId(inputs.read_environment);
   inputs.job_id_known = job_id.has_value();
-  if (inputs.mode == P2pMode::kAuto && job_id) inputs.verdict = ReadP2pVerdict(JobDirectory(config, *job_id), *job_id);
+  if (inputs.mode == P2pMode::kAuto && job_id)
+    inputs.verdict = ReadP2pVerdict(JobDirectory(config, *job_id), *job_id);
 }
 
 P2pDecision DecideP2p(const P2pPolicyInputs& inputs) {
@@ -111,16 +112,18 @@ P2pDecision DecideP2p(const P2pPolicyInputs& inputs) {
   if (inputs.mode == P2pMode::kAuto) {
     if (!inputs.job_id_known) {
       decision.infos.push_back(
-          "no job id before the first communicator (neither NCCLGUARD_JOB_ID nor a launcher's job id is set): no "
+          "no job id before the first communicator (neither NCCLGUARD_JOB_ID nor a launcher's job id is "
+          "set): no "
           "P2P verdict of an earlier attempt can be found");
     } else if (inputs.verdict && inputs.verdict->ok()) {
       const P2pVerdictRecord& record = **inputs.verdict;
-      reasons.push_back(fmt::format("an earlier attempt of job {} found P2P at fault ({}: {}, recorded by rank {} "
-                                    "on {}, pid {})",
-                                    record.job_id, record.comm, record.message, record.rank, record.host, record.pid));
+      reasons.push_back(
+          fmt::format("an earlier attempt of job {} found P2P at fault ({}: {}, recorded by rank {} "
+                      "on {}, pid {})",
+                      record.job_id, record.comm, record.message, record.rank, record.host, record.pid));
     } else if (inputs.verdict && !absl::IsNotFound(inputs.verdict->status())) {
-      decision.warnings.push_back(
-          fmt::format("P2P verdict of an earlier attempt not used: {}", std::string(inputs.verdict->status().message())));
+      decision.warnings.push_back(fmt::format("P2P verdict of an earlier attempt not used: {}",
+                                              std::string(inputs.verdict->status().message())));
     }
     for (const KnownBadMatch& match : matches) {
       if (match.entry->action == KnownBadAction::kDisable) {
@@ -139,7 +142,8 @@ P2pDecision DecideP2p(const P2pPolicyInputs& inputs) {
   } else if (!reasons.empty()) {
     decision.set_environment.emplace_back("NCCL_P2P_DISABLE", "1");
     // The matches describe the process as it was: say that it no longer is.
-    if (!decision.known_bad_report.empty()) decision.known_bad_report += " (now moot: P2P is turned off, see below)";
+    if (!decision.known_bad_report.empty())
+      decision.known_bad_report += " (now moot: P2P is turned off, see below)";
     decision.warnings.push_back(fmt::format("NCCL_P2P_DISABLE=1 set before the first communicator: {}",
                                             absl::StrJoin(reasons, "; ")));
   }

@@ -10,9 +10,9 @@
 
 #include "absl/status/statusor.h"
 #include "watchdog/common/config.h"
-#include "watchdog/report/facts.h"
 #include "watchdog/diagnose/known_bad.h"
 #include "watchdog/recover/p2p_verdict.h"
+#include "watchdog/report/facts.h"
 
 namespace ncclguard {
 

@@ -28,7 +28,8 @@ constexpr std::size_t kMaxRecordBytes = 64 << 10;
 P2pVerdictRecord ParseRecord(const std::string& content) {
   const nlohmann::json document = ParseBoundedJson(content);
   if (!document.is_object() || document.value("format", "") != kFormat) {
-    throw std::runtime_error(absl::StrCat("not an ncclguard P2P verdict (\"format\" is not \"", kFormat, "\")"));
+    throw std::runtime_error(
+        absl::StrCat("not an ncclguard P2P verdict (\"format\" is not \"", kFormat, "\")"));
   }
   if (const int version = document.at("format_version").get<int>(); version != kP2pVerdictFormatVersion) {
     throw std::runtime_error(
@@ -65,18 +66,19 @@ absl::StatusOr<P2pVerdictRecord> ReadNow(const std::string& job_dir, const std::
   if (!exists) return absl::NotFoundError(absl::StrCat(path, " does not exist"));
   if (!content.ok()) {
     // A symbolic link, a file too large or unreadable: something is there, and it is not a record.
-    return absl::InvalidArgumentError(absl::StrCat(path, ": cannot be read as a P2P verdict: ",
-                                                   content.status().message()));
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": cannot be read as a P2P verdict: ", content.status().message()));
   }
   P2pVerdictRecord record;
   try {
     record = ParseRecord(*content);
   } catch (const std::exception& error) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": not a P2P verdict of this ncclguard: ", error.what()));
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": not a P2P verdict of this ncclguard: ", error.what()));
   }
   if (record.job_id != job_id) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": the record of job '", record.job_id,
-                                                   "', not of this job '", job_id, "'"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": the record of job '", record.job_id, "', not of this job '", job_id, "'"));
   }
   return record;
 }
@@ -86,18 +88,12 @@ absl::StatusOr<P2pVerdictRecord> ReadNow(const std::string& job_dir, const std::
 absl::Status WriteP2pVerdict(const std::string& job_dir, const P2pVerdictRecord& record) noexcept {
   std::string content;
   try {
-    content = Json{{"format", kFormat},
-                   {"format_version", kP2pVerdictFormatVersion},
-                   {"job_id", record.job_id},
-                   {"verdict", VerdictKindName(VerdictKind::kP2pSuspect)},
-                   {"message", record.message},
-                   {"comm", record.comm},
-                   {"seq", record.seq},
-                   {"ranks", record.ranks},
-                   {"host", record.host},
-                   {"pid", record.pid},
-                   {"rank", record.rank},
-                   {"time", IsoTime(record.time_ns)},
+    content = Json{{"format", kFormat},         {"format_version", kP2pVerdictFormatVersion},
+                   {"job_id", record.job_id},   {"verdict", VerdictKindName(VerdictKind::kP2pSuspect)},
+                   {"message", record.message}, {"comm", record.comm},
+                   {"seq", record.seq},         {"ranks", record.ranks},
+                   {"host", record.host},       {"pid", record.pid},
+                   {"rank", record.rank},       {"time", IsoTime(record.time_ns)},
                    {"time_ns", record.time_ns}}
                   .dump(-1, ' ', false, Json::error_handler_t::replace);
   } catch (...) {
@@ -108,12 +104,14 @@ absl::Status WriteP2pVerdict(const std::string& job_dir, const P2pVerdictRecord&
   return written.status();
 }
 
-absl::StatusOr<P2pVerdictRecord> ReadP2pVerdict(const std::string& job_dir, const std::string& job_id) noexcept {
+absl::StatusOr<P2pVerdictRecord> ReadP2pVerdict(const std::string& job_dir,
+                                                const std::string& job_id) noexcept {
   try {
     absl::StatusOr<P2pVerdictRecord> record = RunWithDeadline<P2pVerdictRecord>(
         [job_dir, job_id] { return ReadNow(job_dir, job_id); }, kWriteDeadline);
     if (absl::IsDeadlineExceeded(record.status()) || absl::IsUnavailable(record.status())) {
-      return absl::UnavailableError(absl::StrCat(job_dir, "/", kP2pVerdictFile, ": ", record.status().message()));
+      return absl::UnavailableError(
+          absl::StrCat(job_dir, "/", kP2pVerdictFile, ": ", record.status().message()));
     }
     return record;
   } catch (...) {

@@ -17,15 +17,15 @@ inline constexpr char kP2pVerdictFile[] = "p2p-verdict.json";
 inline constexpr int kP2pVerdictFormatVersion = 1;
 
 struct P2pVerdictRecord {
-  std::string job_id;       // the job directory's name: a record of another job is foreign
-  std::string message;      // the verdict's sentence
-  std::string comm;         // the communicator and operation it was about
+  std::string job_id;   // the job directory's name: a record of another job is foreign
+  std::string message;  // the verdict's sentence
+  std::string comm;     // the communicator and operation it was about
   std::uint64_t seq = 0;
   std::vector<int> ranks;
-  std::string host;         // who wrote it
+  std::string host;  // who wrote it
   int pid = -1;
   int rank = -1;
-  std::int64_t time_ns = 0; // when (epoch ns)
+  std::int64_t time_ns = 0;  // when (epoch ns)
 };
 
 // Writes <job_dir>/p2p-verdict.json atomically (several processes may write it at once; any one
@@ -36,6 +36,7 @@ absl::Status WriteP2pVerdict(const std::string& job_dir, const P2pVerdictRecord&
 // file and says what is wrong with it, when the file is not a record in this format (corrupt,
 // truncated, another program's, another format version) or is the record of another job.
 // Unavailable when the file system did not answer within kWriteDeadline. Never blocks longer.
-absl::StatusOr<P2pVerdictRecord> ReadP2pVerdict(const std::string& job_dir, const std::string& job_id) noexcept;
+absl::StatusOr<P2pVerdictRecord> ReadP2pVerdict(const std::string& job_dir,
+                                                const std::string& job_id) noexcept;
 
 }  // namespace ncclguard

@@ -56,7 +56,8 @@ ProcessSnapshot ReadSnapshot(const Json& document) {
   document.at("last_nccl_warning").get_to(snapshot.last_nccl_warning);
   // Added to format version 1 later: earlier dumps lack them.
   if (const auto inits = document.find("pending_inits"); inits != document.end()) {
-    snapshot.pending_inits = ReadArray(*inits, [](const Json& init) { return init.get<PendingInitSnapshot>(); });
+    snapshot.pending_inits =
+        ReadArray(*inits, [](const Json& init) { return init.get<PendingInitSnapshot>(); });
   }
   snapshot.exiting = document.value("exiting", false);
   return snapshot;
@@ -138,7 +139,8 @@ void CheckRanks(int rank, int nranks) {
 }
 
 EnvironmentVariables ParseVariables(const nlohmann::json& object) {
-  if (!object.is_object()) throw std::runtime_error(absl::StrCat("variables are an object, not ", object.type_name()));
+  if (!object.is_object())
+    throw std::runtime_error(absl::StrCat("variables are an object, not ", object.type_name()));
   EnvironmentVariables variables;
   for (const auto& [name, value] : object.items()) variables.emplace_back(name, value.get<std::string>());
   return variables;
@@ -156,11 +158,12 @@ void ParseSystemFacts(const nlohmann::json& system, ProcessFacts& facts) {
   facts.host_memory_total_bytes = system.value("host_memory_total_bytes", std::int64_t{-1});
   facts.host_memory_available_bytes = system.value("host_memory_available_bytes", std::int64_t{-1});
   for (const Json& gpu : CheckedArray(system.at("gpus"))) {
-    facts.cuda.gpus.push_back(GpuFacts{.device = gpu.at("device").get<int>(),
-                                       .name = gpu.at("name").get<std::string>(),
-                                       .pci_bus_id = gpu.at("pci_bus_id").get<std::string>(),
-                                       .memory_free_bytes = gpu.value("memory_free_bytes", std::int64_t{-1}),
-                                       .memory_total_bytes = gpu.value("memory_total_bytes", std::int64_t{-1})});
+    facts.cuda.gpus.push_back(
+        GpuFacts{.device = gpu.at("device").get<int>(),
+                 .name = gpu.at("name").get<std::string>(),
+                 .pci_bus_id = gpu.at("pci_bus_id").get<std::string>(),
+                 .memory_free_bytes = gpu.value("memory_free_bytes", std::int64_t{-1}),
+                 .memory_total_bytes = gpu.value("memory_total_bytes", std::int64_t{-1})});
   }
 }
 

@@ -1,5 +1,6 @@
 #include "watchdog/report/facts.h"
 
+#include <cuda.h>
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <sys/utsname.h>
@@ -8,12 +9,10 @@
 #include <algorithm>
 #include <array>
 #include <cerrno>
-#include <set>
 #include <initializer_list>
+#include <set>
 #include <string_view>
 #include <utility>
-
-#include <cuda.h>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -23,8 +22,8 @@
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
 #include "watchdog/common/launcher.h"
-#include "watchdog/common/log.h"
 #include "watchdog/common/libraries.h"
+#include "watchdog/common/log.h"
 
 extern char** environ;
 
@@ -36,14 +35,37 @@ namespace {
 #define NCCLGUARD_SYMBOL_NAME(function) NCCLGUARD_SYMBOL_NAME_TEXT(function)
 #define NCCLGUARD_SYMBOL_NAME_TEXT(function) #function
 
-constexpr std::array kLauncherVariables = {
-    "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
-    "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT",
-    "SLURM_JOB_ID", "SLURM_STEP_ID", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS",
-    "SLURM_NODEID", "SLURM_NODELIST", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
-    "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE", "PMI_RANK", "PMI_SIZE",
-    "PMIX_RANK", "PMIX_NAMESPACE", "PADDLE_TRAINER_ID", "PADDLE_TRAINERS_NUM", "PADDLE_JOB_ID",
-    "LSB_JOBID", "PBS_JOBID", "FLUX_JOB_ID"};
+constexpr std::array kLauncherVariables = {"RANK",
+                                           "LOCAL_RANK",
+                                           "WORLD_SIZE",
+                                           "LOCAL_WORLD_SIZE",
+                                           "GROUP_RANK",
+                                           "ROLE_RANK",
+                                           "MASTER_ADDR",
+                                           "MASTER_PORT",
+                                           "TORCHELASTIC_RUN_ID",
+                                           "TORCHELASTIC_RESTART_COUNT",
+                                           "SLURM_JOB_ID",
+                                           "SLURM_STEP_ID",
+                                           "SLURM_PROCID",
+                                           "SLURM_LOCALID",
+                                           "SLURM_NTASKS",
+                                           "SLURM_NODEID",
+                                           "SLURM_NODELIST",
+                                           "OMPI_COMM_WORLD_RANK",
+                                           "OMPI_COMM_WORLD_SIZE",
+                                           "OMPI_COMM_WORLD_LOCAL_RANK",
+                                           "OMPI_COMM_WORLD_LOCAL_SIZE",
+                                           "PMI_RANK",
+                                           "PMI_SIZE",
+                                           "PMIX_RANK",
+                                           "PMIX_NAMESPACE",
+                                           "PADDLE_TRAINER_ID",
+                                           "PADDLE_TRAINERS_NUM",
+                                           "PADDLE_JOB_ID",
+                                           "LSB_JOBID",
+                                           "PBS_JOBID",
+                                           "FLUX_JOB_ID"};
 
 template <typename T, typename Source, typename... Args>
 T Ask(const Source& source, T fallback, const Args&... args) noexcept {
@@ -364,7 +386,8 @@ std::vector<std::string> RedactCommandLine(std::vector<std::string> arguments) {
     }
     if (!absl::StartsWith(argument, "--")) continue;
     const size_t equals = argument.find('=');
-    if (!ContainsAnyWord(absl::string_view(argument).substr(0, equals), {"KEY", "TOKEN", "PASSWORD"})) continue;
+    if (!ContainsAnyWord(absl::string_view(argument).substr(0, equals), {"KEY", "TOKEN", "PASSWORD"}))
+      continue;
     if (equals != std::string::npos) {
       argument = absl::StrCat(argument.substr(0, equals + 1), kRedacted);
     } else {
@@ -440,7 +463,8 @@ namespace {
 void AddMatchingFacts(const FactSources& sources, const std::vector<int>& devices, ProcessFacts& facts) {
   for (auto& [name, value] : Ask(sources.environment, EnvironmentVariables())) {
     if (!IsAllowlistedVariable(name)) continue;
-    facts.environment.emplace_back(name, NamesSecretVariable(name) ? std::string(kRedacted) : std::move(value));
+    facts.environment.emplace_back(name,
+                                   NamesSecretVariable(name) ? std::string(kRedacted) : std::move(value));
   }
   std::sort(facts.environment.begin(), facts.environment.end());
   facts.kernel_release = KnownOr(Ask(sources.kernel_release, std::string()));
@@ -461,8 +485,7 @@ ProcessFacts CollectProcessFacts(const FactSources& sources, const std::vector<i
   ProcessFacts facts = CollectIdentityFacts(sources);
   AddMatchingFacts(sources, devices, facts);
   using OptionalText = std::optional<std::string>;
-  facts.program = KnownOr(Ask(sources.read_link, OptionalText(), std::string("/proc/self/exe"))
-                              .value_or(""));
+  facts.program = KnownOr(Ask(sources.read_link, OptionalText(), std::string("/proc/self/exe")).value_or(""));
   if (const OptionalText command_line =
           Ask(sources.read_file, OptionalText(), std::string("/proc/self/cmdline"))) {
     facts.command_line = RedactCommandLine(SplitNulSeparated(*command_line));

@@ -13,7 +13,7 @@
 namespace ncclguard {
 
 struct GpuFacts {
-  int device = -1;                       // CUDA device ordinal
+  int device = -1;  // CUDA device ordinal
   std::string name = "unknown";
   std::string pci_bus_id = "unknown";
   // Read in the device's primary context, and only when the process already has it active.
@@ -45,7 +45,7 @@ struct ProcessFacts {
   // Every GPU of the host, from NVML, whatever CUDA_VISIBLE_DEVICES says: known before the process
   // initialises CUDA (when `cuda` knows nothing yet). Empty when unknown.
   std::vector<std::string> host_gpu_names;
-  int nccl_version = 0;                    // ncclGetVersion's code of the default libnccl, 0: unknown
+  int nccl_version = 0;  // ncclGetVersion's code of the default libnccl, 0: unknown
   CudaFacts cuda;
   std::int64_t host_memory_total_bytes = -1;
   std::int64_t host_memory_available_bytes = -1;

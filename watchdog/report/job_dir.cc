@@ -20,9 +20,9 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "watchdog/common/clock.h"
+#include "watchdog/common/log.h"
 #include "watchdog/report/dump.h"
 #include "watchdog/report/dump_reader.h"
-#include "watchdog/common/log.h"
 #include "watchdog/report/op_signature.h"
 #include "watchdog/report/snapshot_json.h"
 
@@ -34,7 +34,7 @@ using Json = nlohmann::ordered_json;
 constexpr char kGenerationFile[] = "generation";
 constexpr char kRequestPrefix[] = "dump-request-";
 constexpr char kStatusPrefix[] = "status-";
-constexpr size_t kMaxReadBytes = 1 << 20;  // a status file is a few KiB; anything bigger is not ours
+constexpr size_t kMaxReadBytes = 1 << 20;    // a status file is a few KiB; anything bigger is not ours
 constexpr size_t kMaxGenerationBytes = 256;  // one request's name
 
 std::atomic<std::uint64_t> g_request_counter{0};
@@ -43,7 +43,6 @@ std::string HostName() {
   const std::string host = log::HostName();
   return host.empty() ? "unknown" : host;
 }
-
 
 class ScopedFd {
  public:
@@ -76,20 +75,21 @@ Json StatusJson(const ProcessSnapshot& snapshot, const ProcessFacts& facts) {
     communicators.push_back(std::move(entry));
   }
   const std::int64_t time_ns = snapshot.time_ns != 0 ? snapshot.time_ns : WallNowNs();
-  return Json{{"format", "ncclguard-status"},
-              {"format_version", kStatusFormatVersion},
-              {"host", facts.host},
-              {"pid", facts.pid},
-              {"rank", snapshot.rank >= 0 ? snapshot.rank : LauncherRank(facts)},
-              {"time", IsoTime(time_ns)},
-              {"time_ns", time_ns},
-              {"in_nccl_call", snapshot.in_nccl_call},
-              {"stall", snapshot.stall ? StallJson(*snapshot.stall, SnapshotDocument::kStatus) : Json(nullptr)},
-              {"communicators", std::move(communicators)},
-              {"pending_inits", snapshot.pending_inits},
-              {"exiting", snapshot.exiting},
-              {"environment", VariablesJson(facts.environment)},
-              {"system", SystemFactsJson(facts, /*with_memory=*/false)}};
+  return Json{
+      {"format", "ncclguard-status"},
+      {"format_version", kStatusFormatVersion},
+      {"host", facts.host},
+      {"pid", facts.pid},
+      {"rank", snapshot.rank >= 0 ? snapshot.rank : LauncherRank(facts)},
+      {"time", IsoTime(time_ns)},
+      {"time_ns", time_ns},
+      {"in_nccl_call", snapshot.in_nccl_call},
+      {"stall", snapshot.stall ? StallJson(*snapshot.stall, SnapshotDocument::kStatus) : Json(nullptr)},
+      {"communicators", std::move(communicators)},
+      {"pending_inits", snapshot.pending_inits},
+      {"exiting", snapshot.exiting},
+      {"environment", VariablesJson(facts.environment)},
+      {"system", SystemFactsJson(facts, /*with_memory=*/false)}};
 }
 
 void CheckStatusFormat(const nlohmann::json& document) {
@@ -97,8 +97,8 @@ void CheckStatusFormat(const nlohmann::json& document) {
     throw std::runtime_error("not an ncclguard status file");
   }
   if (const int version = document.at("format_version").get<int>(); version != kStatusFormatVersion) {
-    throw std::runtime_error(absl::StrCat("status format version ", version, " is not ",
-                                          kStatusFormatVersion));
+    throw std::runtime_error(
+        absl::StrCat("status format version ", version, " is not ", kStatusFormatVersion));
   }
 }
 
@@ -160,7 +160,7 @@ DumpRequest ParseRequest(const std::string& name, const absl::StatusOr<std::stri
 
 // The requests of the job directory not in `already_handled`; none when nobody ever asked.
 absl::StatusOr<std::vector<DumpRequest>> ListRequestsNow(const std::string& job_dir,
-                                                        const std::set<std::string>& already_handled) {
+                                                         const std::set<std::string>& already_handled) {
   const std::string requests_directory = absl::StrCat(job_dir, "/", kDumpRequestsDirectory);
   absl::StatusOr<int> directory_fd =
       OpenPrivateDirectory(requests_directory, /*create=*/false, /*levels_below_job_directory=*/1);
@@ -220,15 +220,16 @@ std::optional<std::string> NamedJobId(const EnvironmentReader& read_environment)
       {"PBS_JOBID", "pbs-", ""},
       {"FLUX_JOB_ID", "flux-", ""}};
   for (const auto& [name, prefix, shared_default] : kLaunchers) {
-    if (std::string id = variable(name); !id.empty() && id != shared_default) return SafeFileName(prefix + id);
+    if (std::string id = variable(name); !id.empty() && id != shared_default)
+      return SafeFileName(prefix + id);
   }
   return std::nullopt;
 }
 
 std::string JobId(const EnvironmentReader& read_environment, const std::string& first_unique_id_hex) {
   if (std::optional<std::string> named = NamedJobId(read_environment)) return *std::move(named);
-  return SafeFileName("nccl-" + (first_unique_id_hex.empty() ? std::string("unknown")
-                                                             : first_unique_id_hex.substr(0, 32)));
+  return SafeFileName(
+      "nccl-" + (first_unique_id_hex.empty() ? std::string("unknown") : first_unique_id_hex.substr(0, 32)));
 }
 
 std::string JobDirectory(const Config& config, const std::string& job_id) {
@@ -236,8 +237,8 @@ std::string JobDirectory(const Config& config, const std::string& job_id) {
   if (base.empty()) {
     const char* temporary = std::getenv("TMPDIR");
     // Per user: the directory is created 0700, so a shared name would lock out every other user.
-    base = absl::StrCat(temporary != nullptr && temporary[0] == '/' ? temporary : "/tmp",
-                        "/ncclguard-", getuid());
+    base = absl::StrCat(temporary != nullptr && temporary[0] == '/' ? temporary : "/tmp", "/ncclguard-",
+                        getuid());
   }
   while (base.size() > 1 && base.back() == '/') base.pop_back();
   return absl::StrCat(base, "/", SafeFileName(job_id));
@@ -257,9 +258,9 @@ absl::StatusOr<std::string> WriteStatus(const std::string& job_dir, const Proces
   }
   // Not fsync()ed: a status file is rewritten every few seconds and a reader skips one that a
   // crash left empty; flushing every rewrite would cost every rank a disk (or NFS COMMIT) round trip.
-  return WriteFileAtomically(
-      job_dir, absl::StrCat(kStatusPrefix, SafeFileName(facts.host), "-", facts.pid, ".json"),
-      content + "\n", /*durable=*/false);
+  return WriteFileAtomically(job_dir,
+                             absl::StrCat(kStatusPrefix, SafeFileName(facts.host), "-", facts.pid, ".json"),
+                             content + "\n", /*durable=*/false);
 }
 
 StatusScan ReadStatusesAt(int directory_fd, std::chrono::steady_clock::time_point deadline) {
@@ -303,16 +304,17 @@ absl::StatusOr<std::string> RequestDumps(const std::string& job_dir, const std::
     const std::string host = HostName();
     const int pid = static_cast<int>(getpid());
     const std::int64_t now = WallNowNs();
-    name = absl::StrCat(kRequestPrefix, SafeFileName(host), "-", pid, "-",
-                        g_request_counter.fetch_add(1) + 1);
-    content = Json{{"format", "ncclguard-dump-request"},
-                   {"format_version", 1},
-                   {"requester", requester},
-                   {"host", host},
-                   {"pid", pid},
-                   {"time", IsoTime(now)},
-                   {"time_ns", now}}
-                  .dump(-1, ' ', false, Json::error_handler_t::replace);
+    name =
+        absl::StrCat(kRequestPrefix, SafeFileName(host), "-", pid, "-", g_request_counter.fetch_add(1) + 1);
+    content = Json{
+        {"format", "ncclguard-dump-request"},
+        {"format_version", 1},
+        {"requester", requester},
+        {"host", host},
+        {"pid", pid},
+        {"time", IsoTime(now)},
+        {"time_ns",
+         now}}.dump(-1, ' ', false, Json::error_handler_t::replace);
   } catch (...) {
     return absl::ResourceExhaustedError("cannot format the dump request");
   }
@@ -333,8 +335,7 @@ absl::StatusOr<std::vector<DumpRequest>> PendingDumpRequests(
     const std::string& job_dir, const std::set<std::string>& already_handled) noexcept {
   try {
     return RunWithDeadline<std::vector<DumpRequest>>(
-        [job_dir, already_handled] { return ListRequestsNow(job_dir, already_handled); },
-        kReadDeadline);
+        [job_dir, already_handled] { return ListRequestsNow(job_dir, already_handled); }, kReadDeadline);
   } catch (...) {
     return absl::ResourceExhaustedError("cannot list the dump requests");
   }
@@ -342,8 +343,7 @@ absl::StatusOr<std::vector<DumpRequest>> PendingDumpRequests(
 
 DumpRequestWatcher::DumpRequestWatcher(std::string job_dir, const std::string& own_host, int own_pid,
                                        std::int64_t fresh_since_ns)
-    : job_dir_(std::move(job_dir)), own_host_(own_host), own_pid_(own_pid),
-      fresh_since_ns_(fresh_since_ns) {}
+    : job_dir_(std::move(job_dir)), own_host_(own_host), own_pid_(own_pid), fresh_since_ns_(fresh_since_ns) {}
 
 absl::StatusOr<std::vector<DumpRequest>> DumpRequestWatcher::Poll() noexcept {
   try {

@@ -64,8 +64,8 @@ struct PeerStatus {
 };
 
 struct StatusScan {
-  std::vector<PeerStatus> statuses;  // sorted by file name
-  std::vector<std::string> problems; // "file: why" for each status file that could not be read
+  std::vector<PeerStatus> statuses;   // sorted by file name
+  std::vector<std::string> problems;  // "file: why" for each status file that could not be read
 };
 
 // Every status file of the job directory, including those of processes that have ended (they are

@@ -25,7 +25,8 @@ std::uint32_t OperationSignature(const OpSnapshot& op) {
 std::string SignaturesToHex(const std::vector<std::uint32_t>& signatures) {
   std::string hex;
   hex.reserve(signatures.size() * 8);
-  for (const std::uint32_t signature : signatures) fmt::format_to(std::back_inserter(hex), "{:08x}", signature);
+  for (const std::uint32_t signature : signatures)
+    fmt::format_to(std::back_inserter(hex), "{:08x}", signature);
   return hex;
 }
 

@@ -11,46 +11,46 @@ namespace ncclguard {
 
 // One collective or point-to-point operation, as recorded in a communicator's ring.
 struct OpSnapshot {
-  std::uint64_t seq = 0;        // per communicator, from 1; the same on every rank
-  std::string op;               // "AllReduce", "Broadcast", "Send", ...
-  std::string dtype;            // "float32", "bfloat16", ...
-  std::uint64_t count = 0;      // elements, as passed to NCCL
-  std::uint64_t bytes = 0;      // count × element size
-  int root = -1;                // rooted collectives
-  int peer = -1;                // Send/Recv
-  std::string reduction;        // "sum", "max", ..., "" when none
-  std::uint64_t stream = 0;     // the cudaStream_t, as a number
-  std::uint64_t group = 0;      // id of the ncclGroupStart/End block, 0 when not grouped
-  std::int64_t host_thread = 0; // kernel thread id of the caller
+  std::uint64_t seq = 0;         // per communicator, from 1; the same on every rank
+  std::string op;                // "AllReduce", "Broadcast", "Send", ...
+  std::string dtype;             // "float32", "bfloat16", ...
+  std::uint64_t count = 0;       // elements, as passed to NCCL
+  std::uint64_t bytes = 0;       // count × element size
+  int root = -1;                 // rooted collectives
+  int peer = -1;                 // Send/Recv
+  std::string reduction;         // "sum", "max", ..., "" when none
+  std::uint64_t stream = 0;      // the cudaStream_t, as a number
+  std::uint64_t group = 0;       // id of the ncclGroupStart/End block, 0 when not grouped
+  std::int64_t host_thread = 0;  // kernel thread id of the caller
   // Times in nanoseconds since the Unix epoch; 0 when not (yet) known. start/end are when the
   // watchdog saw the GPU reach the start/end event, gpu_ms the GPU's own elapsed time.
   std::int64_t enqueue_ns = 0;
   std::int64_t start_ns = 0;
   std::int64_t end_ns = 0;
   double gpu_ms = -1;
-  int result = 0;               // what the NCCL call returned
-  std::string state;            // enqueued|started|completed|failed|aborted|captured
+  int result = 0;     // what the NCCL call returned
+  std::string state;  // enqueued|started|completed|failed|aborted|captured
 };
 
 struct CommSnapshot {
-  std::string id;               // 16 hex digits, the same on every rank of the communicator
-  std::uint64_t handle = 0;     // the ncclComm_t in this process
+  std::string id;            // 16 hex digits, the same on every rank of the communicator
+  std::uint64_t handle = 0;  // the ncclComm_t in this process
   int rank = -1;
   int nranks = 0;
   int device = -1;
-  std::string created_by;       // "ncclCommInitRank", "ncclCommSplit", ...
-  std::string parent_id;        // for split/shrink children
-  std::string library_path;     // the libnccl serving it
+  std::string created_by;    // "ncclCommInitRank", "ncclCommSplit", ...
+  std::string parent_id;     // for split/shrink children
+  std::string library_path;  // the libnccl serving it
   int nccl_version = 0;
-  std::string state;            // initializing|ready|failed|aborted|revoked|finalized|destroyed
+  std::string state;  // initializing|ready|failed|aborted|revoked|finalized|destroyed
   std::int64_t init_start_ns = 0;
   std::int64_t init_end_ns = 0;
   std::uint64_t last_enqueued = 0;   // highest seq enqueued
   std::uint64_t last_started = 0;    // highest seq seen started on the GPU
   std::uint64_t last_completed = 0;  // highest seq seen completed
-  std::string async_error;      // ncclCommGetAsyncError's answer when not success, else ""
-  std::uint64_t dropped = 0;    // operations not recorded (ring full of unfinished ones)
-  std::vector<OpSnapshot> ring; // oldest first; empty in status files
+  std::string async_error;           // ncclCommGetAsyncError's answer when not success, else ""
+  std::uint64_t dropped = 0;         // operations not recorded (ring full of unfinished ones)
+  std::vector<OpSnapshot> ring;      // oldest first; empty in status files
   // Status files only: OperationSignature (op_signature.h) of the latest operations, the first
   // for #signatures_first_seq, kNoSignature where nothing can be compared.
   std::uint64_t signatures_first_seq = 0;
@@ -59,7 +59,7 @@ struct CommSnapshot {
 
 // What the watchdog found wrong.
 struct StallSnapshot {
-  std::string kind;             // "not_completed" (started on the GPU), "not_started", "init"
+  std::string kind;  // "not_completed" (started on the GPU), "not_started", "init"
   std::string comm_id;
   std::uint64_t seq = 0;        // 0 for "init"
   double seconds = 0;           // for how long
@@ -71,22 +71,22 @@ struct StallSnapshot {
 // A communicator initialisation that had not returned when the snapshot was taken.
 struct PendingInitSnapshot {
   std::string comm_id;
-  std::string api;              // "ncclCommInitRank", ...
+  std::string api;  // "ncclCommInitRank", ...
   int rank = -1;
   int nranks = 0;
-  std::int64_t start_ns = 0;    // since the Unix epoch
+  std::int64_t start_ns = 0;  // since the Unix epoch
 };
 
 struct ProcessSnapshot {
-  std::string reason;           // "stall", "async_error", "error_return", "signal", "peer_request", "exit"
-  std::int64_t time_ns = 0;     // since the Unix epoch
-  int rank = -1;                // best known: a communicator's rank, else the launcher's
-  std::string in_nccl_call;     // the NCCL function a thread of this process is inside now, or ""
+  std::string reason;        // "stall", "async_error", "error_return", "signal", "peer_request", "exit"
+  std::int64_t time_ns = 0;  // since the Unix epoch
+  int rank = -1;             // best known: a communicator's rank, else the launcher's
+  std::string in_nccl_call;  // the NCCL function a thread of this process is inside now, or ""
   std::vector<CommSnapshot> comms;
   std::optional<StallSnapshot> stall;
-  std::string last_nccl_warning; // ncclGetLastError's text
+  std::string last_nccl_warning;  // ncclGetLastError's text
   std::vector<PendingInitSnapshot> pending_inits;
-  bool exiting = false;         // taken on the way out of a normal exit (atexit)
+  bool exiting = false;  // taken on the way out of a normal exit (atexit)
 };
 
 }  // namespace ncclguard

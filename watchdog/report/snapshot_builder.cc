@@ -6,8 +6,8 @@
 
 #include <fmt/format.h>
 
-#include "watchdog/common/libraries.h"
 #include "watchdog/common/describe.h"
+#include "watchdog/common/libraries.h"
 #include "watchdog/report/op_signature.h"
 
 namespace ncclguard {
@@ -55,7 +55,8 @@ void SignLatestOperations(const CommState& comm, std::int64_t to_wall, CommSnaps
 
 // The operations' part of a communicator's copy (the ring, or its status form, and the signatures),
 // from `copy.last_enqueued` and `copy.last_completed`.
-void CopyOperations(const CommState& comm, bool with_rings, bool sign, std::int64_t to_wall, CommSnapshot& copy) {
+void CopyOperations(const CommState& comm, bool with_rings, bool sign, std::int64_t to_wall,
+                    CommSnapshot& copy) {
   if (comm.ring == nullptr) {  // closed and freed: what its last status said of its operations
     if (comm.closed_status != nullptr) {
       if (sign) {
@@ -130,7 +131,8 @@ ProcessSnapshot BuildSnapshot(Registry& registry, const std::string& reason, boo
   for (CommState* comm : registry.All()) {
     // Status files sign only the first communicators (job_dir.h): no need to sign the others.
     const bool sign = !with_rings && snapshot.comms.size() < kMaxSignedCommunicators;
-    CommSnapshot& copy = snapshot.comms.emplace_back(SnapshotOfCommunicator(*comm, with_rings, sign, to_wall));
+    CommSnapshot& copy =
+        snapshot.comms.emplace_back(SnapshotOfCommunicator(*comm, with_rings, sign, to_wall));
     auto [library, added] = libraries.try_emplace(comm->library);
     if (added) library->second = {Real().Path(comm->library), Real().Version(comm->library)};
     copy.library_path = library->second.first;

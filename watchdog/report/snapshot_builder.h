@@ -3,8 +3,8 @@
 #include <optional>
 #include <string>
 
-#include "watchdog/state/registry.h"
 #include "watchdog/report/snapshot.h"
+#include "watchdog/state/registry.h"
 
 namespace ncclguard {
 

@@ -33,7 +33,8 @@ std::uint64_t ParseHex(const Json& value) {
 // Throws unless every key is present.
 void Require(const Json& json, std::initializer_list<const char*> keys) {
   for (const char* key : keys) {
-    if (!json.is_object() || !json.contains(key)) throw std::runtime_error(absl::StrCat("key '", key, "' not found"));
+    if (!json.is_object() || !json.contains(key))
+      throw std::runtime_error(absl::StrCat("key '", key, "' not found"));
   }
 }
 
@@ -115,7 +116,8 @@ void ReadStatusOps(const Json& entry, CommSnapshot& comm) {
 }  // namespace
 
 const Json& CheckedArray(const Json& json) {
-  if (!json.is_array()) throw std::runtime_error(absl::StrCat("an array was expected, not ", json.type_name()));
+  if (!json.is_array())
+    throw std::runtime_error(absl::StrCat("an array was expected, not ", json.type_name()));
   return json;
 }
 

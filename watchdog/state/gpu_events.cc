@@ -13,10 +13,10 @@ namespace {
 
 // The driver functions used, under the names cuda.h maps them to (cuEventDestroy is
 // cuEventDestroy_v2, ...): the stringification happens after macro expansion.
-#define NCCLGUARD_DRIVER_FUNCTIONS(X)                                                         \
-  X(cuCtxGetCurrent) X(cuCtxPushCurrent) X(cuCtxPopCurrent) X(cuStreamIsCapturing)           \
-  X(cuEventCreate) X(cuEventRecord) X(cuEventQuery) X(cuEventElapsedTime) X(cuEventDestroy)  \
-  X(cuThreadExchangeStreamCaptureMode)
+#define NCCLGUARD_DRIVER_FUNCTIONS(X)                                                             \
+  X(cuCtxGetCurrent)                                                                              \
+  X(cuCtxPushCurrent) X(cuCtxPopCurrent) X(cuStreamIsCapturing) X(cuEventCreate) X(cuEventRecord) \
+      X(cuEventQuery) X(cuEventElapsedTime) X(cuEventDestroy) X(cuThreadExchangeStreamCaptureMode)
 #define NCCLGUARD_STRINGIFY_EXPANDED(name) NCCLGUARD_STRINGIFY(name)
 #define NCCLGUARD_STRINGIFY(name) #name
 
@@ -45,17 +45,20 @@ class DriverEventsImpl final : public GpuEvents {
   }
 
   bool Record(GpuEvent event, GpuStream stream) override {
-    return Load() && cuEventRecord_(static_cast<CUevent>(event), static_cast<CUstream>(stream)) ==
-                         CUDA_SUCCESS;
+    return Load() &&
+           cuEventRecord_(static_cast<CUevent>(event), static_cast<CUstream>(stream)) == CUDA_SUCCESS;
   }
 
   EventStatus Query(GpuContext context, GpuEvent event) override {
     if (!Load()) return EventStatus::kError;
     ContextScope scope(*this, context);
     switch (cuEventQuery_(static_cast<CUevent>(event))) {
-      case CUDA_SUCCESS: return EventStatus::kReached;
-      case CUDA_ERROR_NOT_READY: return EventStatus::kNotReached;
-      default: return EventStatus::kError;
+      case CUDA_SUCCESS:
+        return EventStatus::kReached;
+      case CUDA_ERROR_NOT_READY:
+        return EventStatus::kNotReached;
+      default:
+        return EventStatus::kError;
     }
   }
 
@@ -87,9 +90,9 @@ class DriverEventsImpl final : public GpuEvents {
   class ContextScope {
    public:
     ContextScope(DriverEventsImpl& driver, GpuContext context)
-        : driver_(driver), pushed_(context != nullptr &&
-                                   driver.cuCtxPushCurrent_(static_cast<CUcontext>(context)) ==
-                                       CUDA_SUCCESS) {}
+        : driver_(driver),
+          pushed_(context != nullptr &&
+                  driver.cuCtxPushCurrent_(static_cast<CUcontext>(context)) == CUDA_SUCCESS) {}
     ~ContextScope() {
       CUcontext popped = nullptr;
       if (pushed_) driver_.cuCtxPopCurrent_(&popped);
@@ -109,11 +112,12 @@ class DriverEventsImpl final : public GpuEvents {
     void* handle = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
     if (handle == nullptr) handle = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
     bool complete = handle != nullptr;
-#define NCCLGUARD_RESOLVE(name)                                                            \
-    name##_ = complete ? reinterpret_cast<decltype(&::name)>(                            \
-                             Real().Symbol(handle, NCCLGUARD_STRINGIFY_EXPANDED(name))) \
-                       : nullptr;                                                          \
-    complete = complete && name##_ != nullptr;
+#define NCCLGUARD_RESOLVE(name)                                                                            \
+  name##_ =                                                                                                \
+      complete                                                                                             \
+          ? reinterpret_cast<decltype(&::name)>(Real().Symbol(handle, NCCLGUARD_STRINGIFY_EXPANDED(name))) \
+          : nullptr;                                                                                       \
+  complete = complete && name##_ != nullptr;
     NCCLGUARD_DRIVER_FUNCTIONS(NCCLGUARD_RESOLVE)
 #undef NCCLGUARD_RESOLVE
     state_.store(complete ? kLoaded : kMissing, std::memory_order_release);

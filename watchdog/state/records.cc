@@ -7,7 +7,8 @@
 namespace ncclguard {
 
 RingPointer MapRing(std::size_t size) {
-  void* memory = mmap(nullptr, size * sizeof(OpRecord), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  void* memory =
+      mmap(nullptr, size * sizeof(OpRecord), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (memory == MAP_FAILED) throw std::bad_alloc();
   auto* ring = static_cast<OpRecord*>(memory);
   for (std::size_t i = 0; i < size; ++i) new (&ring[i]) OpRecord();
@@ -39,51 +40,84 @@ std::string_view OperationName(Api api) {
 
 std::string_view DatatypeName(int datatype) {
   switch (datatype) {
-    case ncclInt8: return "int8";
-    case ncclUint8: return "uint8";
-    case ncclInt32: return "int32";
-    case ncclUint32: return "uint32";
-    case ncclInt64: return "int64";
-    case ncclUint64: return "uint64";
-    case ncclFloat16: return "float16";
-    case ncclFloat32: return "float32";
-    case ncclFloat64: return "float64";
+    case ncclInt8:
+      return "int8";
+    case ncclUint8:
+      return "uint8";
+    case ncclInt32:
+      return "int32";
+    case ncclUint32:
+      return "uint32";
+    case ncclInt64:
+      return "int64";
+    case ncclUint64:
+      return "uint64";
+    case ncclFloat16:
+      return "float16";
+    case ncclFloat32:
+      return "float32";
+    case ncclFloat64:
+      return "float64";
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 10, 0)
-    case ncclBfloat16: return "bfloat16";
+    case ncclBfloat16:
+      return "bfloat16";
 #endif
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 24, 0)
-    case ncclFloat8e4m3: return "float8_e4m3";
-    case ncclFloat8e5m2: return "float8_e5m2";
+    case ncclFloat8e4m3:
+      return "float8_e4m3";
+    case ncclFloat8e5m2:
+      return "float8_e5m2";
 #endif
-    default: return "unknown";
+    default:
+      return "unknown";
   }
 }
 
 std::size_t DatatypeSize(int datatype) {
   switch (datatype) {
-    case ncclInt8: case ncclUint8: return 1;
-    case ncclFloat16: return 2;
-    case ncclInt32: case ncclUint32: case ncclFloat32: return 4;
-    case ncclInt64: case ncclUint64: case ncclFloat64: return 8;
+    case ncclInt8:
+    case ncclUint8:
+      return 1;
+    case ncclFloat16:
+      return 2;
+    case ncclInt32:
+    case ncclUint32:
+    case ncclFloat32:
+      return 4;
+    case ncclInt64:
+    case ncclUint64:
+    case ncclFloat64:
+      return 8;
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 10, 0)
-    case ncclBfloat16: return 2;
+    case ncclBfloat16:
+      return 2;
 #endif
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 24, 0)
-    case ncclFloat8e4m3: case ncclFloat8e5m2: return 1;
+    case ncclFloat8e4m3:
+    case ncclFloat8e5m2:
+      return 1;
 #endif
-    default: return 0;
+    default:
+      return 0;
   }
 }
 
 std::string ReductionName(int reduction) {
   switch (reduction) {
-    case -1: return "";
-    case ncclSum: return "sum";
-    case ncclProd: return "prod";
-    case ncclMax: return "max";
-    case ncclMin: return "min";
-    case ncclAvg: return "avg";
-    default: return "premulsum#" + std::to_string(reduction);  // a user-created reduction
+    case -1:
+      return "";
+    case ncclSum:
+      return "sum";
+    case ncclProd:
+      return "prod";
+    case ncclMax:
+      return "max";
+    case ncclMin:
+      return "min";
+    case ncclAvg:
+      return "avg";
+    default:
+      return "premulsum#" + std::to_string(reduction);  // a user-created reduction
   }
 }
 

@@ -25,9 +25,7 @@ enum class OpState : std::uint8_t {
   kUntimed,    // no CUDA driver to time it with
 };
 
-constexpr bool IsFinished(OpState state) {
-  return state != OpState::kEnqueued && state != OpState::kStarted;
-}
+constexpr bool IsFinished(OpState state) { return state != OpState::kEnqueued && state != OpState::kStarted; }
 std::string_view OpStateName(OpState state);
 
 // One operation in a communicator's ring. Every field is atomic: the application's thread writes
@@ -66,7 +64,13 @@ struct OpRecord {
 };
 
 enum class CommLifecycle : std::uint8_t {
-  kInitializing, kReady, kFailed, kAborted, kRevoked, kFinalized, kDestroyed
+  kInitializing,
+  kReady,
+  kFailed,
+  kAborted,
+  kRevoked,
+  kFinalized,
+  kDestroyed
 };
 std::string_view CommLifecycleName(CommLifecycle lifecycle);
 
@@ -106,7 +110,7 @@ struct CommState {
   // Created inside a group that has not ended yet: NCCL creates it only at the outermost
   // ncclGroupEnd, and any call on it before then warns and changes ncclGetLastError.
   std::atomic<bool> awaiting_group_end{false};
-  std::atomic<std::uint32_t> children{0};  // splits and shrinks made from it, for their ids
+  std::atomic<std::uint32_t> children{0};   // splits and shrinks made from it, for their ids
   std::atomic<bool> failure_dumped{false};  // a failed call on it was dumped already
 
   // Closing (destroy, abort, finalize) and the watchdog's own NCCL calls on it exclude each other:
@@ -119,9 +123,9 @@ struct CommState {
   std::uint64_t watch_cursor = 1;
   std::uint64_t reported_stall_seq = 0;
   int reported_async_error = ncclSuccess;
-  bool stall_acted_on = false;         // the action for that stall was taken
-  std::int64_t stall_recheck_ns = 0;   // when to look at a stall not acted on again
-  std::int64_t closed_seen_ns = 0;     // when it freed the ring of a closed communicator
+  bool stall_acted_on = false;        // the action for that stall was taken
+  std::int64_t stall_recheck_ns = 0;  // when to look at a stall not acted on again
+  std::int64_t closed_seen_ns = 0;    // when it freed the ring of a closed communicator
 
   const std::size_t ring_size;
   // Freed (null) by the watchdog thread once the application has closed the communicator and

@@ -22,12 +22,14 @@ bool CompleteRegistration(CommState& comm, std::int64_t steady_now_ns) noexcept 
     using Function = typename decltype(type)::type;
     auto function = reinterpret_cast<Function>(Real().Function(comm.library, api));
     int value = -1;
-    if (function != nullptr && function(comm.handle, &value) == ncclSuccess) field.store(value, std::memory_order_relaxed);
+    if (function != nullptr && function(comm.handle, &value) == ncclSuccess)
+      field.store(value, std::memory_order_relaxed);
   };
   query(Api::ncclCommUserRank, std::type_identity<decltype(&::ncclCommUserRank)>{}, comm.rank);
   query(Api::ncclCommCount, std::type_identity<decltype(&::ncclCommCount)>{}, comm.nranks);
   query(Api::ncclCommCuDevice, std::type_identity<decltype(&::ncclCommCuDevice)>{}, comm.device);
-  if (comm.init_end_ns.load(std::memory_order_acquire) == 0) comm.init_end_ns.store(steady_now_ns, std::memory_order_release);
+  if (comm.init_end_ns.load(std::memory_order_acquire) == 0)
+    comm.init_end_ns.store(steady_now_ns, std::memory_order_release);
   if (comm.parent_id[0] == '\0') log::SetRank(comm.rank.load(std::memory_order_relaxed));
   const int version = Real().Version(comm.library);
   log::Info("comm {} rank {}/{} on device {} created by {} in {:.1f} ms through NCCL {}.{}.{} at {}", comm.id,
@@ -40,7 +42,8 @@ bool CompleteRegistration(CommState& comm, std::int64_t steady_now_ns) noexcept 
 bool RecordAsyncError(CommState& comm, ncclResult_t error) noexcept {
   int known = comm.async_error.load(std::memory_order_acquire);
   while (!IsNcclError(static_cast<ncclResult_t>(known))) {
-    if (comm.async_error.compare_exchange_weak(known, error, std::memory_order_acq_rel)) return IsNcclError(error);
+    if (comm.async_error.compare_exchange_weak(known, error, std::memory_order_acq_rel))
+      return IsNcclError(error);
   }
   return false;
 }

@@ -88,8 +88,7 @@ Registry& GetRegistry();
 std::string CommIdFromUniqueId(const ncclUniqueId& id);
 // For a communicator made from `parent` (split or shrink): every rank makes the same calls on the
 // parent in the same order, so (parent id, how, how many before, color) is the same everywhere.
-std::string ChildCommId(const std::string& parent_id, std::string_view how, std::uint32_t ordinal,
-                        int color);
+std::string ChildCommId(const std::string& parent_id, std::string_view how, std::uint32_t ordinal, int color);
 
 // How many threads of the process are inside an NCCL call now, and the last one entered; for
 // status files ("is this rank blocked in NCCL?").
