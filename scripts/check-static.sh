@@ -40,5 +40,8 @@ if ((${#changed[@]} == 0)); then
   echo "no C++ source changed"
   exit 0
 fi
+# Findings are errors only with the clang-tidy the tree is kept clean with; an older one reports.
+strict=()
+[[ "$(basename "$tidy")" == clang-tidy-19 ]] || strict=(--warnings-as-errors=-*)
 echo "checking ${#changed[@]} files with $tidy"
-printf '%s\n' "${changed[@]}" | xargs -P "$jobs" -n 1 "$tidy" -p build-clang --quiet
+printf '%s\n' "${changed[@]}" | xargs -P "$jobs" -n 1 "$tidy" -p build-clang --quiet "${strict[@]}"

@@ -78,7 +78,7 @@ std::string P2pMessage(const std::string& what, const Json& evidence,
   std::vector<std::string> other_entries;
   for (const Json& matched : evidence["known_bad"]) {
     for (const KnownBadEntry& entry : entries) {
-      if (entry.id == matched["id"] && !entry.match.gpu_name && entry.match.driver_versions.empty()) {
+      if (matched["id"] == Json(entry.id) && !entry.match.gpu_name && entry.match.driver_versions.empty()) {
         other_entries.push_back(entry.id);
       }
     }
