@@ -4,6 +4,7 @@
 // and why. Exit status: 0 healthy, 1 something is wrong, 2 usage error or unreadable directory.
 #include <algorithm>
 #include <cctype>
+#include <cstddef>
 #include <filesystem>
 #include <functional>
 #include <iostream>
@@ -11,11 +12,14 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -25,11 +29,12 @@
 #include "watchdog/common/config.h"
 #include "watchdog/common/escape.h"
 #include "watchdog/common/ranks.h"
+#include "watchdog/diagnose/job_view.h"
 #include "watchdog/diagnose/known_bad.h"
 #include "watchdog/diagnose/op_states.h"
 #include "watchdog/diagnose/verdicts.h"
-#include "watchdog/report/dump.h"
 #include "watchdog/report/job_dir.h"
+#include "watchdog/report/snapshot.h"
 
 namespace ncclguard {
 namespace {
@@ -114,6 +119,7 @@ std::string LastCompleted(const ProcessView& process) {
   const std::vector<CommSnapshot>& comms = process.snapshot.comms;
   if (comms.size() == 1) return absl::StrCat("#", comms[0].last_completed);
   std::vector<std::string> parts;
+  parts.reserve(comms.size());
   for (const CommSnapshot& comm : comms)
     parts.push_back(absl::StrCat(comm.id.substr(0, 6), ":#", comm.last_completed));
   return parts.empty() ? "-" : absl::StrJoin(parts, " ");
@@ -236,7 +242,8 @@ int Analyze(const AnalyzeOptions& options) {
 
 // The setting's own range; NaN and infinities fail it too (CLI::PositiveNumber lets NaN through).
 CLI::Validator StatusIntervalValidator() {
-  const SettingRange range = *RangeOf("NCCLGUARD_STATUS_INTERVAL");
+  // The settings table gives every numeric setting a range.
+  const SettingRange range = RangeOf("NCCLGUARD_STATUS_INTERVAL").value();
   const std::string description = absl::StrCat("seconds between ", range.least, " and ", range.greatest);
   return CLI::Validator(
       [range, description](std::string& text) -> std::string {

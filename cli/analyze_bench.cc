@@ -1,19 +1,26 @@
 // analyze_bench [--ranks N] [--keep DIR]: writes a synthetic job of N ranks in which one rank never
 // joined the last AllReduce, then times what `ncclguard analyze` does with it (ReadJobDirectory
 // and Classify) and reports the process's peak memory. Exit status 1 when the verdict is wrong.
+#include <stdlib.h>
 #include <sys/resource.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <exception>
 #include <filesystem>
 #include <iostream>
 #include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/str_join.h"
 #include "cli/synthetic_job.h"
+#include "watchdog/diagnose/job_view.h"
+#include "watchdog/diagnose/known_bad.h"
 #include "watchdog/diagnose/verdicts.h"
 
 namespace {
@@ -32,7 +39,7 @@ std::string MakeTemporaryDirectory() {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int main(int argc, char** argv) try {
   CLI::App app{"Times ncclguard's analysis of a large synthetic job."};
   int ranks = 16384;
   std::string kept_directory;
@@ -94,4 +101,10 @@ int main(int argc, char** argv) {
             << '\n';
   if (!verdicts.empty()) std::cout << "message: " << verdicts[0].message << '\n';
   return expected ? 0 : 1;
+} catch (const std::exception& error) {
+  std::cerr << "analyze_bench: " << error.what() << '\n';
+  return 1;
+} catch (...) {
+  std::cerr << "analyze_bench: unexpected error\n";
+  return 1;
 }

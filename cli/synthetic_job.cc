@@ -1,5 +1,11 @@
 #include "cli/synthetic_job.h"
 
+#include <cstdint>
+#include <string>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "watchdog/common/clock.h"
 #include "watchdog/report/dump.h"
@@ -67,6 +73,80 @@ ProcessFacts Facts(const SyntheticJob& job, int rank) {
   return facts;
 }
 
+// When each operation of the synthetic job was issued: #N at base + N steps, the last one started
+// `stalled_seconds` before now.
+struct Timeline {
+  std::int64_t now_ns;
+  std::uint64_t last;  // the job's highest operation
+  std::int64_t base_ns;
+  std::int64_t EnqueueTime(std::uint64_t seq) const {
+    return base_ns + static_cast<std::int64_t>(seq) * kStepNs;
+  }
+};
+
+// What rank `rank` recorded of the communicator: operations up to `issued`, the last completed or not.
+CommSnapshot RankComm(const SyntheticJob& job, const Timeline& timeline, int rank, std::uint64_t issued,
+                      bool last_issued_completed) {
+  CommSnapshot comm;
+  comm.id = job.comm_id;
+  comm.handle = 0x55550000 + static_cast<std::uint64_t>(rank);
+  comm.rank = rank;
+  comm.nranks = job.ranks;
+  comm.device = rank % job.ranks_per_host;
+  comm.created_by = "ncclCommInitRank";
+  comm.library_path = "/usr/lib/x86_64-linux-gnu/libnccl.so.2";
+  comm.nccl_version = 22809;
+  comm.state = "ready";
+  comm.init_start_ns = timeline.base_ns - 2 * kNsPerSecond;
+  comm.init_end_ns = timeline.base_ns - kNsPerSecond;
+  comm.last_enqueued = issued;
+  comm.last_started = issued;
+  comm.last_completed = last_issued_completed ? issued : issued - 1;
+  const std::uint64_t first_kept =
+      issued > static_cast<std::uint64_t>(job.ring_entries) ? issued - job.ring_entries + 1 : 1;
+  for (std::uint64_t seq = first_kept; seq <= issued; ++seq) {
+    comm.ring.push_back(AllReduce(seq, timeline.EnqueueTime(seq), seq < issued || last_issued_completed));
+  }
+  return comm;
+}
+
+// Rank `rank`'s snapshot: healthy, stalled in the last operation, or the late rank.
+ProcessSnapshot RankSnapshot(const SyntheticJob& job, const Timeline& timeline, int rank) {
+  const bool faulty = job.scenario != SyntheticJob::Scenario::kHealthy;
+  const bool late = job.scenario == SyntheticJob::Scenario::kRankNotJoined && rank == job.late_rank;
+  // The highest operation this rank issued, and whether that one completed.
+  const std::uint64_t issued = late ? timeline.last - 1 : timeline.last;
+  ProcessSnapshot snapshot;
+  snapshot.rank = rank;
+  snapshot.comms.push_back(RankComm(job, timeline, rank, issued, !faulty || late));
+  snapshot.time_ns = timeline.now_ns - kNsPerSecond / 2;
+  snapshot.reason = "signal";
+  if (faulty && !late) {
+    snapshot.reason = "stall";
+    StallSnapshot stall;
+    stall.kind = "not_completed";
+    stall.comm_id = job.comm_id;
+    stall.seq = timeline.last;
+    stall.seconds = job.stalled_seconds;
+    stall.message = absl::StrCat("rank ", rank, " comm ", job.comm_id, ": AllReduce #", timeline.last,
+                                 " (float32 x ", kCount, ", sum) started on the GPU ", job.stalled_seconds,
+                                 " s ago and has not completed");
+    snapshot.stall = std::move(stall);
+  } else if (late) {
+    snapshot.reason = "peer_request";
+    // A rank that left the loop or died stopped writing shortly after its last operation.
+    const std::int64_t stopped_ns = timeline.EnqueueTime(issued) + kNsPerSecond;
+    if (job.late_rank_state == SyntheticJob::LateRank::kExited) {
+      snapshot.reason = "exit";
+      snapshot.exiting = true;
+      snapshot.time_ns = stopped_ns;
+    } else if (job.late_rank_state == SyntheticJob::LateRank::kGone) {
+      snapshot.time_ns = stopped_ns;
+    }
+  }
+  return snapshot;
+}
+
 }  // namespace
 
 absl::Status WriteSyntheticJob(const std::string& job_dir, const SyntheticJob& job) {
@@ -74,78 +154,24 @@ absl::Status WriteSyntheticJob(const std::string& job_dir, const SyntheticJob& j
     return absl::InvalidArgumentError(
         "a synthetic job needs at least one rank, operation, ring entry and rank per host");
   }
-  const bool faulty = job.scenario != SyntheticJob::Scenario::kHealthy;
   if (job.scenario == SyntheticJob::Scenario::kRankNotJoined &&
       (job.late_rank < 0 || job.late_rank >= job.ranks)) {
     return absl::InvalidArgumentError("the late rank is not a rank of the job");
   }
-  const std::int64_t now_ns = job.now_ns != 0 ? job.now_ns : WallNowNs();
-  const auto last = static_cast<std::uint64_t>(job.operations);
+  Timeline timeline;
+  timeline.now_ns = job.now_ns != 0 ? job.now_ns : WallNowNs();
+  timeline.last = static_cast<std::uint64_t>(job.operations);
   const std::int64_t stalled_ns = static_cast<std::int64_t>(job.stalled_seconds * kNsPerSecond);
-  // Operation #N is issued at base + N steps; the last one started `stalled_seconds` before now.
-  const std::int64_t base_ns = now_ns - stalled_ns - kLaunchNs - static_cast<std::int64_t>(last) * kStepNs;
-  auto enqueue_time = [&](std::uint64_t seq) { return base_ns + static_cast<std::int64_t>(seq) * kStepNs; };
+  timeline.base_ns =
+      timeline.now_ns - stalled_ns - kLaunchNs - static_cast<std::int64_t>(timeline.last) * kStepNs;
 
   for (int rank = 0; rank < job.ranks; ++rank) {
-    const bool late = job.scenario == SyntheticJob::Scenario::kRankNotJoined && rank == job.late_rank;
-    // The highest operation this rank issued, and whether that one completed.
-    const std::uint64_t issued = late ? last - 1 : last;
-    const bool last_issued_completed = !faulty || late;
-
-    CommSnapshot comm;
-    comm.id = job.comm_id;
-    comm.handle = 0x55550000 + static_cast<std::uint64_t>(rank);
-    comm.rank = rank;
-    comm.nranks = job.ranks;
-    comm.device = rank % job.ranks_per_host;
-    comm.created_by = "ncclCommInitRank";
-    comm.library_path = "/usr/lib/x86_64-linux-gnu/libnccl.so.2";
-    comm.nccl_version = 22809;
-    comm.state = "ready";
-    comm.init_start_ns = base_ns - 2 * kNsPerSecond;
-    comm.init_end_ns = base_ns - kNsPerSecond;
-    comm.last_enqueued = issued;
-    comm.last_started = issued;
-    comm.last_completed = last_issued_completed ? issued : issued - 1;
-    const std::uint64_t first_kept =
-        issued > static_cast<std::uint64_t>(job.ring_entries) ? issued - job.ring_entries + 1 : 1;
-    for (std::uint64_t seq = first_kept; seq <= issued; ++seq) {
-      comm.ring.push_back(AllReduce(seq, enqueue_time(seq), seq < issued || last_issued_completed));
-    }
-
-    ProcessSnapshot snapshot;
-    snapshot.rank = rank;
-    snapshot.comms.push_back(std::move(comm));
-    snapshot.time_ns = now_ns - kNsPerSecond / 2;
-    snapshot.reason = "signal";
-    if (faulty && !late) {
-      snapshot.reason = "stall";
-      StallSnapshot stall;
-      stall.kind = "not_completed";
-      stall.comm_id = job.comm_id;
-      stall.seq = last;
-      stall.seconds = job.stalled_seconds;
-      stall.message =
-          absl::StrCat("rank ", rank, " comm ", job.comm_id, ": AllReduce #", last, " (float32 x ", kCount,
-                       ", sum) started on the GPU ", job.stalled_seconds, " s ago and has not completed");
-      snapshot.stall = std::move(stall);
-    } else if (late) {
-      snapshot.reason = "peer_request";
-      // A rank that left the loop or died stopped writing shortly after its last operation.
-      const std::int64_t stopped_ns = enqueue_time(issued) + kNsPerSecond;
-      if (job.late_rank_state == SyntheticJob::LateRank::kExited) {
-        snapshot.reason = "exit";
-        snapshot.exiting = true;
-        snapshot.time_ns = stopped_ns;
-      } else if (job.late_rank_state == SyntheticJob::LateRank::kGone) {
-        snapshot.time_ns = stopped_ns;
-      }
-    }
-
+    const ProcessSnapshot snapshot = RankSnapshot(job, timeline, rank);
     const ProcessFacts facts = Facts(job, rank);
     if (absl::StatusOr<std::string> status = WriteStatus(job_dir, snapshot, facts); !status.ok()) {
       return status.status();
     }
+    const bool late = job.scenario == SyntheticJob::Scenario::kRankNotJoined && rank == job.late_rank;
     const bool dead = late && job.late_rank_state == SyntheticJob::LateRank::kGone;
     if (!dead) {
       if (DumpResult dump = WriteDump(job_dir, snapshot, facts); !dump.ok()) return dump.status();

@@ -2,15 +2,22 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <fstream>
+#include <ios>
 #include <map>
 #include <set>
+#include <string>
 #include <utility>
+#include <vector>
 
+#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "watchdog/common/clock.h"
-#include "watchdog/report/dump.h"
+#include "watchdog/diagnose/job_view.h"
+#include "watchdog/diagnose/verdicts.h"
+#include "watchdog/report/snapshot.h"
 
 namespace ncclguard {
 namespace {
@@ -200,6 +207,7 @@ class TraceBuilder {
 
 Json ChromeTrace(const JobView& job, const std::vector<Verdict>& verdicts) {
   std::vector<const ProcessView*> processes;
+  processes.reserve(job.processes.size());
   for (const ProcessView& process : job.processes) processes.push_back(&process);
   // Ranks in order, processes of unknown rank last.
   std::stable_sort(processes.begin(), processes.end(), [](const ProcessView* a, const ProcessView* b) {

@@ -2,6 +2,9 @@
 
 #include <time.h>
 
+#include <cstdint>
+#include <string>
+
 #include "absl/time/time.h"
 
 namespace ncclguard {

@@ -1,12 +1,18 @@
 #include "watchdog/common/config.h"
 
+#include <signal.h>
+#include <string.h>
+
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <optional>
+#include <string>
+#include <string_view>
 #include <tuple>
 #include <type_traits>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -14,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
+#include "watchdog/common/config_table.h"
 
 namespace ncclguard {
 namespace {

@@ -1,6 +1,9 @@
 #include "watchdog/common/describe.h"
 
+#include <nccl.h>
+
 #include <iterator>
+#include <string_view>
 
 namespace ncclguard {
 

@@ -1,6 +1,8 @@
 #include "watchdog/common/escape.h"
 
 #include <cstdio>
+#include <string>
+#include <string_view>
 
 namespace ncclguard {
 

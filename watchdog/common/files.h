@@ -113,6 +113,7 @@ absl::StatusOr<T> RunWithDeadline(std::function<absl::StatusOr<T>()> work,
   if (!shared->finished.wait_for(lock, deadline, [&] { return shared->result.has_value(); })) {
     return absl::DeadlineExceededError("the file system did not answer in time");
   }
+  // NOLINTNEXTLINE(bugprone-unchecked-optional-access): the wait returned with a result
   return std::move(*shared->result);
 }
 

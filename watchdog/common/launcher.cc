@@ -1,6 +1,9 @@
 #include "watchdog/common/launcher.h"
 
 #include <cstdlib>
+#include <optional>
+#include <string>
+#include <string_view>
 
 #include "absl/strings/numbers.h"
 

@@ -3,6 +3,9 @@
 #include <dlfcn.h>
 
 #include <atomic>
+#include <string>
+
+#include "watchdog/common/nccl_api.h"
 
 namespace ncclguard {
 namespace {

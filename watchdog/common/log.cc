@@ -2,14 +2,22 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
+#include <cstddef>
+#include <iterator>
 #include <memory>
 #include <mutex>
+#include <string>
+#include <string_view>
+#include <utility>
 
 #include <spdlog/sinks/base_sink.h>
 #include <spdlog/sinks/stdout_sinks.h>
 
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "watchdog/common/config.h"
 #include "watchdog/common/escape.h"
 #include "watchdog/common/files.h"
 

@@ -2,6 +2,9 @@
 #include "watchdog/common/ranks.h"
 
 #include <algorithm>
+#include <cstddef>
+#include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"

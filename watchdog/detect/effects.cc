@@ -1,22 +1,37 @@
 // The real effects of the watchdog (see effects.h).
 #include "watchdog/detect/effects.h"
 
-#include <time.h>
+#include <nccl.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
 #include <thread>
 #include <utility>
+#include <vector>
 
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "watchdog/common/clock.h"
 #include "watchdog/common/config.h"
 #include "watchdog/common/describe.h"
 #include "watchdog/common/libraries.h"
 #include "watchdog/common/log.h"
+#include "watchdog/common/mutex.h"
+#include "watchdog/common/nccl_api.h"
+#include "watchdog/diagnose/job_view.h"
 #include "watchdog/diagnose/known_bad.h"
+#include "watchdog/diagnose/verdicts.h"
 #include "watchdog/recover/p2p_verdict.h"
 #include "watchdog/report/dump.h"
 #include "watchdog/report/facts.h"
+#include "watchdog/report/job_dir.h"
+#include "watchdog/report/snapshot.h"
+#include "watchdog/state/records.h"
 #include "watchdog/state/registry.h"
 
 namespace ncclguard {

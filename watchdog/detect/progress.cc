@@ -1,8 +1,22 @@
 #include "watchdog/detect/progress.h"
 
+#include <nccl.h>
+
 #include <algorithm>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
 
 #include <fmt/format.h>
+
+#include "watchdog/common/nccl_api.h"
+#include "watchdog/report/snapshot.h"
+#include "watchdog/state/gpu_events.h"
+#include "watchdog/state/records.h"
+#include "watchdog/state/registry.h"
 
 namespace ncclguard {
 namespace {

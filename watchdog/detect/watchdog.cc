@@ -5,20 +5,36 @@
 // The threads that run the rounds are the runtime's (detect/runtime.h).
 #include "watchdog/detect/watchdog.h"
 
-#include <time.h>
+#include <nccl.h>
 
 #include <algorithm>
-#include <mutex>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "watchdog/common/clock.h"
+#include "watchdog/common/config.h"
 #include "watchdog/common/describe.h"
 #include "watchdog/common/log.h"
+#include "watchdog/common/mutex.h"
+#include "watchdog/detect/progress.h"
+#include "watchdog/diagnose/verdicts.h"
 #include "watchdog/recover/p2p_verdict.h"
+#include "watchdog/report/facts.h"
 #include "watchdog/report/job_dir.h"
+#include "watchdog/report/snapshot.h"
 #include "watchdog/report/snapshot_builder.h"
+#include "watchdog/state/gpu_events.h"
+#include "watchdog/state/records.h"
 #include "watchdog/state/registration.h"
+#include "watchdog/state/registry.h"
 
 namespace ncclguard {
 

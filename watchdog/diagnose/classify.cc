@@ -1,7 +1,15 @@
 // The classifier's entry point: every rule over every communicator, verdicts in order of
 // importance; and whether a stall with these verdicts is acted on at NCCLGUARD_TIMEOUT.
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
 #include <fmt/format.h>
 
+#include "watchdog/diagnose/job_view.h"
+#include "watchdog/diagnose/known_bad.h"
 #include "watchdog/diagnose/rules.h"
 #include "watchdog/diagnose/verdicts.h"
 

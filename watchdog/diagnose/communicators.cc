@@ -1,16 +1,25 @@
 // Communicators as the classifier sees them (every rank that left a record of one), where each
 // process is, and how verdict messages describe operations and ranks.
 #include <algorithm>
+#include <cstddef>
+#include <cstdint>
 #include <iterator>
+#include <optional>
+#include <string>
 #include <unordered_map>
+#include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "watchdog/common/ranks.h"
+#include "watchdog/diagnose/job_view.h"
 #include "watchdog/diagnose/op_states.h"
 #include "watchdog/diagnose/rules.h"
+#include "watchdog/diagnose/verdicts.h"
+#include "watchdog/report/snapshot.h"
 
 namespace ncclguard::classifier {
 namespace {
@@ -99,6 +108,7 @@ std::vector<Communicator> GroupByCommunicator(const JobView& job) {
 
 std::vector<int> RanksOf(const std::vector<const Member*>& members) {
   std::vector<int> ranks;
+  ranks.reserve(members.size());
   for (const Member* member : members) ranks.push_back(member->rank);
   return ranks;
 }

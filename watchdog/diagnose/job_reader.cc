@@ -1,16 +1,22 @@
 // Reads a job directory: every dump and status file in it, merged per process (a status newer
 // than the dump brings its progress forward), within a deadline.
-#include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
+#include <cstdint>
 #include <cstring>
+#include <string>
 #include <tuple>
 #include <unordered_map>
+#include <utility>
+#include <vector>
 
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "watchdog/common/config.h"
 #include "watchdog/common/files.h"
@@ -20,6 +26,8 @@
 #include "watchdog/report/dump.h"
 #include "watchdog/report/dump_reader.h"
 #include "watchdog/report/job_dir.h"
+#include "watchdog/report/snapshot.h"
+#include "watchdog/state/records.h"
 
 namespace ncclguard {
 namespace {

@@ -7,20 +7,31 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <exception>
 #include <filesystem>
 #include <memory>
+#include <optional>
+#include <regex>
 #include <set>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "watchdog/common/config.h"
+#include "watchdog/common/files.h"
 #include "watchdog/common/log.h"
 #include "watchdog/common/version.h"
-#include "watchdog/report/dump.h"
 #include "watchdog/report/dump_reader.h"
+#include "watchdog/report/facts.h"
 
 namespace ncclguard {
 namespace {
@@ -173,6 +184,7 @@ std::vector<MatchedFact> MatchCriteria(const KnownBadCriteria& criteria, const P
   if (criteria.gpu_name_pattern) {
     // The process's GPUs, else the host's (before the process initialised CUDA).
     std::vector<std::string> names;
+    names.reserve(facts.cuda.gpus.size());
     for (const GpuFacts& gpu : facts.cuda.gpus) names.push_back(gpu.name);
     if (names.empty()) names = facts.host_gpu_names;
     const auto name = std::find_if(names.begin(), names.end(), [&](const std::string& candidate) {
@@ -333,6 +345,7 @@ std::vector<KnownBadMatch> MatchKnownBad(const std::vector<KnownBadEntry>& entri
 
 std::string DescribeMatch(const KnownBadMatch& match) {
   std::vector<std::string> facts;
+  facts.reserve(match.facts.size());
   for (const MatchedFact& fact : match.facts) facts.push_back(fact.description);
   return fmt::format("[{}] {}: {}", match.entry->id, absl::StrJoin(facts, ", "), match.entry->summary);
 }

@@ -1,6 +1,11 @@
 // Snapshot state names to enums and back (op_states.h).
 #include "watchdog/diagnose/op_states.h"
 
+#include <optional>
+
+#include "watchdog/report/snapshot.h"
+#include "watchdog/state/records.h"
+
 namespace ncclguard {
 
 std::optional<OpState> StateOf(const OpSnapshot& op) {

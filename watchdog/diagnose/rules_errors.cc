@@ -1,13 +1,24 @@
 // Errors: asynchronous NCCL errors (async_error), calls that returned an error to the application
 // (failed_call), and what a process recorded that no other verdict explains (unexplained).
+#include <nccl.h>
+
 #include <algorithm>
+#include <cstdint>
 #include <set>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 
 #include "watchdog/common/describe.h"
+#include "watchdog/diagnose/job_view.h"
+#include "watchdog/diagnose/known_bad.h"
 #include "watchdog/diagnose/op_states.h"
 #include "watchdog/diagnose/rules.h"
+#include "watchdog/diagnose/verdicts.h"
+#include "watchdog/report/snapshot.h"
+#include "watchdog/state/records.h"
 
 namespace ncclguard::classifier {
 namespace {

@@ -1,12 +1,19 @@
 // Communicator initialisations: stuck_in_init (which ranks arrived and which did not), and
 // rank_dead for a process that died inside one while others waited.
 #include <algorithm>
+#include <cstdint>
 #include <map>
 #include <set>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 
+#include "watchdog/diagnose/job_view.h"
 #include "watchdog/diagnose/rules.h"
+#include "watchdog/diagnose/verdicts.h"
+#include "watchdog/report/snapshot.h"
 
 namespace ncclguard::classifier {
 namespace {
@@ -95,6 +102,7 @@ void ClassifyStuckInits(const JobView& job, const std::vector<Communicator>& com
   for (const auto& [comm_id, init] : inits) {
     std::set<int> arrived = init.pending;
     std::vector<const ProcessView*> involved;
+    involved.reserve(init.processes.size());
     for (const auto& [process, rank] : init.processes) involved.push_back(process);
     const auto communicator =
         std::lower_bound(communicators.begin(), communicators.end(), comm_id,

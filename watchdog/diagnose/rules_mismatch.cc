@@ -1,6 +1,12 @@
 // mismatch: the same #N issued as different calls on different ranks (a desync in the
 // application), from the ranks' rings and, where a rank left none, its status file's signatures.
 #include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -8,6 +14,7 @@
 #include "absl/strings/str_join.h"
 #include "watchdog/diagnose/rules.h"
 #include "watchdog/report/op_signature.h"
+#include "watchdog/report/snapshot.h"
 
 namespace ncclguard::classifier {
 namespace {

@@ -2,14 +2,20 @@
 // their facts (known-bad entries) or in NCCL's warnings.
 #include <algorithm>
 #include <cctype>
+#include <cstdint>
 #include <set>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
+#include "watchdog/diagnose/job_view.h"
 #include "watchdog/diagnose/known_bad.h"
 #include "watchdog/diagnose/rules.h"
+#include "watchdog/report/facts.h"
 
 namespace ncclguard::classifier {
 namespace {

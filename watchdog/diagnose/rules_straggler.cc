@@ -1,10 +1,15 @@
 // straggler: one rank consistently last into the collectives, by a large margin.
 #include <algorithm>
+#include <cstddef>
+#include <cstdint>
 #include <limits>
+#include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 
 #include "watchdog/diagnose/rules.h"
+#include "watchdog/report/snapshot.h"
 
 namespace ncclguard::classifier {
 namespace {

@@ -1,13 +1,23 @@
 // Where a communicator stands on the oldest operation some rank has not completed: ranks that
 // never entered it (rank_dead, rank_not_joined), or every rank inside it (stuck_inside_nccl).
 #include <algorithm>
+#include <cstdint>
 #include <limits>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 
 #include "absl/strings/str_join.h"
+#include "watchdog/diagnose/job_view.h"
+#include "watchdog/diagnose/known_bad.h"
 #include "watchdog/diagnose/op_states.h"
 #include "watchdog/diagnose/rules.h"
+#include "watchdog/diagnose/verdicts.h"
+#include "watchdog/report/snapshot.h"
+#include "watchdog/state/records.h"
 
 namespace ncclguard::classifier {
 namespace {
@@ -150,6 +160,7 @@ std::string CompletedClause(const std::vector<const Member*>& finished, const Co
     }
   }
   std::vector<std::string> clauses;
+  clauses.reserve(groups.size());
   for (const auto& [next, ranks] : groups)
     clauses.push_back(fmt::format("{} completed it and {}", Ranks(ranks), next));
   return absl::StrJoin(clauses, ", ");

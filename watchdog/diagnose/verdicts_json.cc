@@ -2,9 +2,14 @@
 // (docs/verdicts.md).
 #include <algorithm>
 #include <array>
+#include <cstddef>
+#include <optional>
+#include <string_view>
+#include <utility>
+#include <vector>
 
 #include "watchdog/common/clock.h"
-#include "watchdog/common/files.h"
+#include "watchdog/diagnose/job_view.h"
 #include "watchdog/diagnose/verdicts.h"
 
 namespace ncclguard {

@@ -4,17 +4,22 @@
 #include "watchdog/record/hooks.h"
 
 #include <pthread.h>
+#include <sys/types.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <mutex>
+#include <string>
 
 #include "watchdog/common/config.h"
 #include "watchdog/common/launcher.h"
 #include "watchdog/common/libraries.h"
 #include "watchdog/common/log.h"
+#include "watchdog/common/nccl_api.h"
 #include "watchdog/common/version.h"
 #include "watchdog/detect/runtime.h"
 #include "watchdog/recover/p2p_policy.h"

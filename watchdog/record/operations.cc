@@ -4,12 +4,15 @@
 // outermost end; a creation registers communicators; a closing call gives unfinished operations
 // their final state; a failed call is logged and dumped. Apart from hooks.cc, which starts
 // ncclguard and logs calls.
+#include <nccl.h>
 #include <sys/syscall.h>
-#include <time.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <string>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -19,9 +22,11 @@
 #include "watchdog/common/describe.h"
 #include "watchdog/common/libraries.h"
 #include "watchdog/common/log.h"
+#include "watchdog/common/nccl_api.h"
 #include "watchdog/detect/runtime.h"
-#include "watchdog/detect/watchdog.h"
 #include "watchdog/record/hooks.h"
+#include "watchdog/state/gpu_events.h"
+#include "watchdog/state/records.h"
 #include "watchdog/state/registration.h"
 #include "watchdog/state/registry.h"
 
@@ -55,7 +60,7 @@ bool Launched(ncclResult_t result) { return result == ncclSuccess || result == n
 
 // A call that returned an error: logged (a few times per process) and dumped once per
 // communicator, before the call returns to the application.
-void NoteFailedCall(Api api, CommState* comm, ncclResult_t result) noexcept {
+void LogFailedCall(Api api, const CommState* comm, ncclResult_t result) {
   using GetLastError = decltype(&::ncclGetLastError);
   auto last_error = reinterpret_cast<GetLastError>(
       Real().Function(comm != nullptr ? comm->library : 0, Api::ncclGetLastError));
@@ -70,6 +75,13 @@ void NoteFailedCall(Api api, CommState* comm, ncclResult_t result) noexcept {
     log::Warn("{}{} returned {}: {}{}", Describe(api).name, on, ResultName(result),
               text != nullptr && *text != '\0' ? text : "NCCL gave no warning text",
               count + 1 == kLoggedFailures ? " (further failed calls are not logged)" : "");
+  }
+}
+
+void NoteFailedCall(Api api, CommState* comm, ncclResult_t result) noexcept {
+  try {
+    LogFailedCall(api, comm, result);
+  } catch (...) {  // out of memory: the dump below still says it
   }
   static std::atomic<bool> dumped_without_comm{false};
   std::atomic<bool>& dumped = comm != nullptr ? comm->failure_dumped : dumped_without_comm;
@@ -269,7 +281,9 @@ void AfterGroupCall(Api api, ncclResult_t result) noexcept {
     if (result != ncclSuccess && t_group_depth > 0) --t_group_depth;
     return;
   }
-  if (t_group_depth == 0 || --t_group_depth > 0) return;
+  if (t_group_depth == 0) return;
+  --t_group_depth;
+  if (t_group_depth > 0) return;  // not the outermost end
   FinishGroupedCreations(api, result);
   for (const GroupedOperation& grouped : t_grouped) {
     if (api == Api::ncclGroupEnd) {

@@ -1,14 +1,28 @@
 #include "watchdog/recover/p2p_policy.h"
 
+#include <stdlib.h>
+
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
+#include <exception>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_join.h"
+#include "watchdog/common/config.h"
+#include "watchdog/common/files.h"
 #include "watchdog/common/log.h"
-#include "watchdog/report/dump.h"
+#include "watchdog/diagnose/known_bad.h"
+#include "watchdog/recover/p2p_verdict.h"
+#include "watchdog/report/facts.h"
 #include "watchdog/report/job_dir.h"
 
 namespace ncclguard {
@@ -100,6 +114,7 @@ P2pDecision DecideP2p(const P2pPolicyInputs& inputs) {
   const std::vector<KnownBadMatch> matches = MatchKnownBad(inputs.known_bad, facts);
   if (!matches.empty()) {
     std::vector<std::string> described;
+    described.reserve(matches.size());
     for (const KnownBadMatch& match : matches) {
       described.push_back(fmt::format("{} — {}", DescribeMatch(match), match.entry->remedy));
     }

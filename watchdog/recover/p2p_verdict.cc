@@ -5,14 +5,21 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstddef>
+#include <cstdint>
 #include <exception>
+#include <stdexcept>
+#include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "watchdog/common/clock.h"
+#include "watchdog/common/files.h"
 #include "watchdog/diagnose/verdicts.h"
-#include "watchdog/report/dump.h"
 #include "watchdog/report/dump_reader.h"
 
 namespace ncclguard {

@@ -2,16 +2,20 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdint>
 #include <cstring>
+#include <string>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
-#include "absl/strings/match.h"
+#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "watchdog/common/clock.h"
-#include "watchdog/common/log.h"
+#include "watchdog/common/files.h"
 #include "watchdog/common/version.h"
+#include "watchdog/report/facts.h"
+#include "watchdog/report/snapshot.h"
 #include "watchdog/report/snapshot_json.h"
 
 namespace ncclguard {

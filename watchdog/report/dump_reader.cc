@@ -1,11 +1,20 @@
 #include "watchdog/report/dump_reader.h"
 
+#include <cstddef>
+#include <cstdint>
 #include <exception>
+#include <stdexcept>
+#include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "watchdog/report/dump.h"
+#include "watchdog/report/facts.h"
+#include "watchdog/report/snapshot.h"
 #include "watchdog/report/snapshot_json.h"
 
 namespace ncclguard {

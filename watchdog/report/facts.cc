@@ -3,16 +3,22 @@
 #include <cuda.h>
 #include <dlfcn.h>
 #include <fcntl.h>
+#include <sys/types.h>
 #include <sys/utsname.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <array>
 #include <cerrno>
+#include <cstddef>
+#include <cstdint>
 #include <initializer_list>
+#include <optional>
 #include <set>
+#include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -306,7 +312,7 @@ std::vector<std::string> SplitNulSeparated(absl::string_view text) {
   return absl::StrSplit(text, '\0');
 }
 
-std::string KnownOr(std::string value) { return value.empty() ? "unknown" : value; }
+std::string KnownOr(const std::string& value) { return value.empty() ? "unknown" : value; }
 
 }  // namespace
 

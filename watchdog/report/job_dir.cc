@@ -1,6 +1,5 @@
 #include "watchdog/report/job_dir.h"
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -9,21 +8,33 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
+#include <optional>
+#include <set>
+#include <stdexcept>
+#include <string>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/ascii.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "watchdog/common/clock.h"
+#include "watchdog/common/config.h"
+#include "watchdog/common/files.h"
 #include "watchdog/common/log.h"
 #include "watchdog/report/dump.h"
 #include "watchdog/report/dump_reader.h"
+#include "watchdog/report/facts.h"
 #include "watchdog/report/op_signature.h"
+#include "watchdog/report/snapshot.h"
 #include "watchdog/report/snapshot_json.h"
 
 namespace ncclguard {
@@ -211,7 +222,7 @@ std::optional<std::string> NamedJobId(const EnvironmentReader& read_environment)
   }
   // The launchers' defaults when the user names nothing (torchrun's --rdzv-id "none", Paddle's
   // --job_id "default") are shared by unrelated runs, so they are not ids.
-  const std::tuple<const char*, const char*, const char*> kLaunchers[] = {
+  static constexpr std::tuple<const char*, const char*, const char*> kLaunchers[] = {
       {"TORCHELASTIC_RUN_ID", "torchelastic-", "none"},
       {"PADDLE_JOB_ID", "paddle-", "default"},
       {"OMPI_MCA_ess_base_jobid", "ompi-", ""},

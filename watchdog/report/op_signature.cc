@@ -1,12 +1,18 @@
 #include "watchdog/report/op_signature.h"
 
 #include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <iterator>
+#include <string>
+#include <vector>
 
 #include <fmt/format.h>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/string_view.h"
+#include "watchdog/report/snapshot.h"
 
 namespace ncclguard {
 

@@ -1,14 +1,23 @@
 #include "watchdog/report/snapshot_builder.h"
 
+#include <nccl.h>
+
 #include <algorithm>
+#include <atomic>
+#include <cstdint>
 #include <map>
+#include <string>
 #include <utility>
 
 #include <fmt/format.h>
 
 #include "watchdog/common/describe.h"
 #include "watchdog/common/libraries.h"
+#include "watchdog/common/nccl_api.h"
 #include "watchdog/report/op_signature.h"
+#include "watchdog/report/snapshot.h"
+#include "watchdog/state/records.h"
+#include "watchdog/state/registry.h"
 
 namespace ncclguard {
 namespace {

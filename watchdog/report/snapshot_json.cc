@@ -4,7 +4,7 @@
 #include <initializer_list>
 #include <stdexcept>
 #include <string>
-#include <string_view>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -14,6 +14,7 @@
 #include "watchdog/report/dump_reader.h"
 #include "watchdog/report/facts.h"
 #include "watchdog/report/op_signature.h"
+#include "watchdog/report/snapshot.h"
 
 namespace ncclguard {
 namespace {
@@ -115,6 +116,7 @@ void ReadStatusOps(const Json& entry, CommSnapshot& comm) {
 
 }  // namespace
 
+// NOLINTNEXTLINE(bugprone-return-const-ref-from-parameter): always called on a part of a document
 const Json& CheckedArray(const Json& json) {
   if (!json.is_array())
     throw std::runtime_error(absl::StrCat("an array was expected, not ", json.type_name()));
@@ -162,7 +164,7 @@ void from_json(const Json& json, OpSnapshot& op) {
 }
 
 OrderedJson OpJson(const OpSnapshot& op, OpFields fields) {
-  const OrderedJson all = op;
+  OrderedJson all = op;
   switch (fields) {
     case OpFields::kAll:
       return all;
@@ -280,7 +282,7 @@ void ReadProgress(const Json& json, std::vector<CommSnapshot>& comms) {
 }
 
 OrderedJson StallJson(const StallSnapshot& stall, SnapshotDocument document) {
-  const OrderedJson all = stall;
+  OrderedJson all = stall;
   if (document == SnapshotDocument::kDump) return all;
   return Pick(all, {"kind", "comm_id", "seq", "seconds", "verdict"});
 }

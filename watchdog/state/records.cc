@@ -1,8 +1,15 @@
 #include "watchdog/state/records.h"
 
+#include <nccl.h>
 #include <sys/mman.h>
 
+#include <cstddef>
+#include <memory>
 #include <new>
+#include <string>
+#include <string_view>
+
+#include "watchdog/common/nccl_api.h"
 
 namespace ncclguard {
 

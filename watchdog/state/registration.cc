@@ -1,12 +1,17 @@
 // What NCCL says of a registered communicator (see registration.h).
 #include "watchdog/state/registration.h"
 
+#include <nccl.h>
+
 #include <atomic>
+#include <cstdint>
 #include <type_traits>
 
 #include "watchdog/common/describe.h"
 #include "watchdog/common/libraries.h"
 #include "watchdog/common/log.h"
+#include "watchdog/common/nccl_api.h"
+#include "watchdog/state/records.h"
 
 namespace ncclguard {
 

@@ -1,8 +1,23 @@
 #include "watchdog/state/registry.h"
 
+#include <nccl.h>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
 #include <fmt/format.h>
 
 #include "watchdog/common/log.h"
+#include "watchdog/common/mutex.h"
+#include "watchdog/common/nccl_api.h"
+#include "watchdog/state/records.h"
 
 namespace ncclguard {
 namespace {
