@@ -11,6 +11,7 @@
 #include <memory>
 #include <optional>
 #include <set>
+#include <stdexcept>
 #include <string>
 #include <system_error>
 #include <vector>
@@ -242,8 +243,9 @@ int Analyze(const AnalyzeOptions& options) {
 
 // The setting's own range; NaN and infinities fail it too (CLI::PositiveNumber lets NaN through).
 CLI::Validator StatusIntervalValidator() {
-  // The settings table gives every numeric setting a range.
-  const SettingRange range = RangeOf("NCCLGUARD_STATUS_INTERVAL").value();
+  const std::optional<SettingRange> known = RangeOf("NCCLGUARD_STATUS_INTERVAL");
+  if (!known) throw std::logic_error("NCCLGUARD_STATUS_INTERVAL has no range in the settings table");
+  const SettingRange range = *known;
   const std::string description = absl::StrCat("seconds between ", range.least, " and ", range.greatest);
   return CLI::Validator(
       [range, description](std::string& text) -> std::string {

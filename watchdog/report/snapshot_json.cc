@@ -116,12 +116,14 @@ void ReadStatusOps(const Json& entry, CommSnapshot& comm) {
 
 }  // namespace
 
-// NOLINTNEXTLINE(bugprone-return-const-ref-from-parameter): always called on a part of a document
+// Always called on a part of a document that outlives the loop over it.
+// NOLINTBEGIN(bugprone-return-const-ref-from-parameter)
 const Json& CheckedArray(const Json& json) {
   if (!json.is_array())
     throw std::runtime_error(absl::StrCat("an array was expected, not ", json.type_name()));
   return json;
 }
+// NOLINTEND(bugprone-return-const-ref-from-parameter)
 
 void to_json(OrderedJson& json, const OpSnapshot& op) {
   json = OrderedJson{{"seq", op.seq},
