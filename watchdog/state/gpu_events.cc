@@ -13,12 +13,19 @@ namespace {
 
 // The driver functions used, under the names cuda.h maps them to (cuEventDestroy is
 // cuEventDestroy_v2, ...): the stringification happens after macro expansion.
-#define NCCLGUARD_DRIVER_FUNCTIONS(X)                                                            \
-  X(cuCtxGetCurrent)                                                                             \
-  X(cuCtxPushCurrent)                                                                            \
-  X(cuCtxPopCurrent)                                                                             \
-  X(cuStreamIsCapturing) X(cuEventCreate) X(cuEventRecord) X(cuEventQuery) X(cuEventElapsedTime) \
-      X(cuEventDestroy) X(cuThreadExchangeStreamCaptureMode)
+// clang-format off: one function a line (clang-format 14 does not settle on one layout here)
+#define NCCLGUARD_DRIVER_FUNCTIONS(X) \
+  X(cuCtxGetCurrent)                  \
+  X(cuCtxPushCurrent)                 \
+  X(cuCtxPopCurrent)                  \
+  X(cuStreamIsCapturing)              \
+  X(cuEventCreate)                    \
+  X(cuEventRecord)                    \
+  X(cuEventQuery)                     \
+  X(cuEventElapsedTime)               \
+  X(cuEventDestroy)                   \
+  X(cuThreadExchangeStreamCaptureMode)
+// clang-format on
 #define NCCLGUARD_STRINGIFY_EXPANDED(name) NCCLGUARD_STRINGIFY(name)
 #define NCCLGUARD_STRINGIFY(name) #name
 
