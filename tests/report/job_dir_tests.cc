@@ -1,12 +1,18 @@
 // The job's coordination directory: job ids, status files, dump requests.
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <string>
+#include <thread>
+#include <vector>
 
 #include <catch2/catch.hpp>
 
@@ -201,6 +207,41 @@ TEST_CASE("status files are small, and read back", "[job_dir]") {
   CHECK(second.snapshot.time_ns == 5'000'000'000);
   CHECK_FALSE(second.snapshot.stall.has_value());
   CHECK(second.snapshot.comms.empty());
+}
+
+// Every process rewrites its status file every interval, by renaming a new file over it: a
+// reader that looks at the file just before a rename and opens it just after must read the new
+// one, not report the process's status as unreadable (a live rank would look absent).
+TEST_CASE("a status file replaced while it is being read is read and not reported as a problem", "[job_dir]") {
+  TemporaryDirectory temporary;
+  const std::string job_dir = temporary.path() + "/job";
+  REQUIRE(WriteStatus(job_dir, BusySnapshot(2), Identity("gpu-node-1", 100)).ok());
+  std::atomic<bool> stop{false};
+  std::atomic<long> rewrites{0};
+  std::thread rewriter([&] {
+    while (!stop.load()) {
+      if (WriteStatus(job_dir, BusySnapshot(2), Identity("gpu-node-1", 100)).ok()) ++rewrites;
+    }
+  });
+  int reads = 0;
+  std::vector<std::string> problems;
+  std::size_t statuses = 1;
+  // Enough reads to land between a look and an open a few times over (about one in 2,000 does).
+  // Read in this thread: ReadStatuses would start one per read, faster than they end.
+  const int directory_fd = open(job_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  for (; directory_fd >= 0 && reads < 20000 && problems.empty() && statuses == 1; ++reads) {
+    const StatusScan scan = ReadStatusesAt(directory_fd, std::chrono::steady_clock::now() + kReadDeadline);
+    problems = scan.problems;
+    statuses = scan.statuses.size();
+  }
+  stop = true;
+  rewriter.join();
+  REQUIRE(directory_fd >= 0);
+  close(directory_fd);
+  INFO(rewrites.load() << " rewrites during " << reads << " reads");
+  CHECK(rewrites.load() > 0);
+  CHECK(statuses == 1);
+  CHECK(problems == std::vector<std::string>{});
 }
 
 // What the P2P evidence and the known-bad entries match on, for a process that has not dumped.

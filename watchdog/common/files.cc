@@ -337,22 +337,33 @@ absl::StatusOr<std::string> WriteFileAtomically(const std::string& directory, co
 }
 
 absl::StatusOr<std::string> ReadFileAt(int directory_fd, const std::string& name, std::size_t max_bytes) {
-  // Examined before it is opened: opening a device can have effects of its own.
-  struct stat entry {};
-  if (fstatat(directory_fd, name.c_str(), &entry, AT_SYMLINK_NOFOLLOW) != 0) {
-    return absl::NotFoundError(std::strerror(errno));
+  // Every writer replaces a file by renaming a new one over it: one replaced between the look and
+  // the open is looked at again. A few times at most: a file replaced that often is not the job's.
+  constexpr int kLooks = 5;
+  for (int look = 1;; ++look) {
+    // Examined before it is opened: opening a device can have effects of its own.
+    struct stat entry {};
+    if (fstatat(directory_fd, name.c_str(), &entry, AT_SYMLINK_NOFOLLOW) != 0) {
+      return absl::NotFoundError(std::strerror(errno));
+    }
+    if (absl::Status type = CheckReadable(entry, max_bytes); !type.ok()) return type;
+    struct stat directory {};
+    if (fstat(directory_fd, &directory) != 0) return ErrnoError("cannot examine the directory", errno);
+    if (entry.st_uid != geteuid() && entry.st_uid != 0 && entry.st_uid != directory.st_uid) {
+      return absl::PermissionDeniedError(
+          absl::StrCat("belongs to uid ", entry.st_uid, ", neither this user (", geteuid(),
+                       "), root nor the directory's owner (", directory.st_uid, ")"));
+    }
+    const int fd = openat(directory_fd, name.c_str(), kReadFlags | O_NOFOLLOW);
+    if (fd < 0) return absl::NotFoundError(std::strerror(errno));
+    struct stat opened {};
+    if (look < kLooks && fstat(fd, &opened) == 0 &&
+        (opened.st_dev != entry.st_dev || opened.st_ino != entry.st_ino)) {
+      close(fd);
+      continue;
+    }
+    return ReadOpenFile(fd, &entry, max_bytes);
   }
-  if (absl::Status type = CheckReadable(entry, max_bytes); !type.ok()) return type;
-  struct stat directory {};
-  if (fstat(directory_fd, &directory) != 0) return ErrnoError("cannot examine the directory", errno);
-  if (entry.st_uid != geteuid() && entry.st_uid != 0 && entry.st_uid != directory.st_uid) {
-    return absl::PermissionDeniedError(absl::StrCat("belongs to uid ", entry.st_uid, ", neither this user (",
-                                                    geteuid(), "), root nor the directory's owner (",
-                                                    directory.st_uid, ")"));
-  }
-  const int fd = openat(directory_fd, name.c_str(), kReadFlags | O_NOFOLLOW);
-  if (fd < 0) return absl::NotFoundError(std::strerror(errno));
-  return ReadOpenFile(fd, &entry, max_bytes);
 }
 
 absl::StatusOr<std::string> ReadOwnFile(const std::string& path, std::size_t max_bytes) {

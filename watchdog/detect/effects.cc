@@ -109,7 +109,12 @@ std::vector<Verdict> SystemEffects::Classify(const ProcessSnapshot& own_status) 
   const double interval = StatusIntervalSeconds(GetConfig().status_interval.value, 0);
   const absl::StatusOr<JobView> job =
       ReadJobDirectory(JobDir(), ::ncclguard::WallNowNs(), interval, JobDirectoryOrigin::kOwn);
-  if (!job.ok()) return {};
+  if (!job.ok()) {
+    log::Warn("no verdict: {}", std::string(job.status().message()));
+    return {};
+  }
+  // A file not read can make a live rank look absent: the verdict's reader should know.
+  for (const std::string& problem : job->problems) log::Warn("the verdict leaves out {}", problem);
   return ncclguard::Classify(*job, ProcessKnownBad().entries);
 }
 
