@@ -103,6 +103,7 @@ void LogCall(const Result* returned, const Args&... args) {
     fmt::format_to(std::back_inserter(value), "void");
   }
   hooks::LogCall(
+      detail,
       detail == hooks::CallDetail::kArguments ? DescribeCall(A, args...) : std::string(Describe(A).name),
       fmt::to_string(value));
 }

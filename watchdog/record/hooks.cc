@@ -117,9 +117,9 @@ CallDetail LoggedCallDetail() noexcept {
   return log::Enabled(spdlog::level::debug) ? CallDetail::kName : CallDetail::kNone;
 }
 
-void LogCall(const std::string& call, const std::string& returned) noexcept {
-  log::Write(LoggedCallDetail() == CallDetail::kArguments ? spdlog::level::trace : spdlog::level::debug,
-             "{} -> {}", call, returned);
+void LogCall(CallDetail detail, const std::string& call, const std::string& returned) noexcept {
+  log::Write(detail == CallDetail::kArguments ? spdlog::level::trace : spdlog::level::debug, "{} -> {}", call,
+             returned);
 }
 
 void ReportMissingFunction(Api api, int library) noexcept {

@@ -98,8 +98,8 @@ void LeaveNccl() noexcept;
 // (trace).
 enum class CallDetail { kNone, kName, kArguments };
 CallDetail LoggedCallDetail() noexcept;
-// `call` is the name, or "name(arguments)" when the detail asks for them.
-void LogCall(const std::string& call, const std::string& returned) noexcept;
+// `call` is the name, or "name(arguments)" when `detail` (what LoggedCallDetail said) asks for them.
+void LogCall(CallDetail detail, const std::string& call, const std::string& returned) noexcept;
 
 }  // namespace hooks
 }  // namespace ncclguard
