@@ -339,3 +339,21 @@ TEST_CASE("a process whose stream waits forever on a word still exits", "[memops
           return cuStreamQuery(nullptr) == CUDA_ERROR_NOT_READY && runs == 0 ? 9 : 5;
         }) == 9);
 }
+
+TEST_CASE("destroying a context ends its registrations and leaves the memory to the application", "[memops]") {
+  REQUIRE(cuInit(0) == CUDA_SUCCESS);
+  CUcontext context = nullptr;
+  REQUIRE(cuCtxCreate(&context, nullptr, 0, 0) == CUDA_SUCCESS);
+  auto* words = static_cast<cuuint32_t*>(std::malloc(4096));
+  REQUIRE(words != nullptr);
+  REQUIRE(cuMemHostRegister(words, 4096, 0) == CUDA_SUCCESS);
+  REQUIRE(cuCtxDestroy(context) == CUDA_SUCCESS);
+  words[1023] = 5;  // still the application's memory
+  PrimaryContext primary;
+  CUdeviceptr device_word = 0;
+  CHECK(cuMemHostGetDevicePointer(&device_word, words, 0) == CUDA_ERROR_INVALID_VALUE);
+  REQUIRE(cuMemHostRegister(words, 4096, 0) == CUDA_SUCCESS);
+  REQUIRE(cuMemHostUnregister(words) == CUDA_SUCCESS);
+  CHECK(words[1023] == 5);
+  std::free(words);
+}
