@@ -32,11 +32,16 @@ template <typename Word>
 bool conditionHolds(Word current, Word value, unsigned condition) {
   using Signed = std::make_signed_t<Word>;
   switch (condition) {
-    case CU_STREAM_WAIT_VALUE_GEQ: return static_cast<Signed>(current - value) >= 0;  // cyclic, as documented
-    case CU_STREAM_WAIT_VALUE_EQ: return current == value;
-    case CU_STREAM_WAIT_VALUE_AND: return (current & value) != 0;
-    case CU_STREAM_WAIT_VALUE_NOR: return static_cast<Word>(~(current | value)) != 0;
-    default: return false;
+    case CU_STREAM_WAIT_VALUE_GEQ:
+      return static_cast<Signed>(current - value) >= 0;  // cyclic, as documented
+    case CU_STREAM_WAIT_VALUE_EQ:
+      return current == value;
+    case CU_STREAM_WAIT_VALUE_AND:
+      return (current & value) != 0;
+    case CU_STREAM_WAIT_VALUE_NOR:
+      return static_cast<Word>(~(current | value)) != 0;
+    default:
+      return false;
   }
 }
 
@@ -69,7 +74,9 @@ CUresult enqueueWait(const StreamPtr& stream, CUdeviceptr address, Word value, u
   auto* word = reinterpret_cast<Word*>(address);
   return ncclemu::enqueueWork(
       stream, [word, value, condition] { waitForValue(word, value, condition); },
-      [address, value, condition](const StreamPtr& target) { return enqueueWait(target, address, value, condition); });
+      [address, value, condition](const StreamPtr& target) {
+        return enqueueWait(target, address, value, condition);
+      });
 }
 
 template <typename Word>
@@ -88,7 +95,8 @@ CUresult enqueueWrite(const StreamPtr& stream, CUdeviceptr address, Word value) 
 template <typename Word>
 CUresult streamWaitValue(CUstream handle, CUdeviceptr address, Word value, unsigned flags) {
   const unsigned condition = flags & kWaitConditionMask;
-  if ((flags & ~(kWaitConditionMask | CU_STREAM_WAIT_VALUE_FLUSH)) != 0 || condition > CU_STREAM_WAIT_VALUE_NOR) {
+  if ((flags & ~(kWaitConditionMask | CU_STREAM_WAIT_VALUE_FLUSH)) != 0 ||
+      condition > CU_STREAM_WAIT_VALUE_NOR) {
     return CUDA_ERROR_INVALID_VALUE;
   }
   State& s = ncclemu::state();
@@ -133,7 +141,8 @@ CUresult cuMemHostRegister(void* p, size_t bytesize, unsigned int Flags) {
   // Any overlap with memory the driver already knows is refused, as CUDA refuses a second
   // registration of the same pages.
   auto next = s.allocations.lower_bound(begin);
-  if (next != s.allocations.end() && next->first < begin + bytesize) return CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
+  if (next != s.allocations.end() && next->first < begin + bytesize)
+    return CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
   if (next != s.allocations.begin()) {
     auto previous = std::prev(next);
     if (previous->first + previous->second.size > begin) return CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
@@ -206,10 +215,18 @@ CUresult cuStreamWriteValue64(CUstream stream, CUdeviceptr addr, cuuint64_t valu
 #undef cuStreamWaitValue64
 #undef cuStreamWriteValue32
 #undef cuStreamWriteValue64
-NCCLEMU_EXPORT CUresult cuStreamWaitValue32(CUstream, CUdeviceptr, cuuint32_t, unsigned int) { return CUDA_ERROR_NOT_SUPPORTED; }
-NCCLEMU_EXPORT CUresult cuStreamWaitValue64(CUstream, CUdeviceptr, cuuint64_t, unsigned int) { return CUDA_ERROR_NOT_SUPPORTED; }
-NCCLEMU_EXPORT CUresult cuStreamWriteValue32(CUstream, CUdeviceptr, cuuint32_t, unsigned int) { return CUDA_ERROR_NOT_SUPPORTED; }
-NCCLEMU_EXPORT CUresult cuStreamWriteValue64(CUstream, CUdeviceptr, cuuint64_t, unsigned int) { return CUDA_ERROR_NOT_SUPPORTED; }
+NCCLEMU_EXPORT CUresult cuStreamWaitValue32(CUstream, CUdeviceptr, cuuint32_t, unsigned int) {
+  return CUDA_ERROR_NOT_SUPPORTED;
+}
+NCCLEMU_EXPORT CUresult cuStreamWaitValue64(CUstream, CUdeviceptr, cuuint64_t, unsigned int) {
+  return CUDA_ERROR_NOT_SUPPORTED;
+}
+NCCLEMU_EXPORT CUresult cuStreamWriteValue32(CUstream, CUdeviceptr, cuuint32_t, unsigned int) {
+  return CUDA_ERROR_NOT_SUPPORTED;
+}
+NCCLEMU_EXPORT CUresult cuStreamWriteValue64(CUstream, CUdeviceptr, cuuint64_t, unsigned int) {
+  return CUDA_ERROR_NOT_SUPPORTED;
+}
 
 #undef cuMemHostRegister
 NCCLEMU_EXPORT CUresult cuMemHostRegister(void* p, size_t bytesize, unsigned int Flags) {

@@ -2,6 +2,7 @@
 // the word, cuStreamWriteValue32/64, the conditions and flags, the memory they accept (page-locked,
 // registered, device), their symbols and cuGetProcAddress, capture, and a process whose stream
 // waits forever still exiting.
+#include <dlfcn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -9,7 +10,6 @@
 #include <chrono>
 #include <cstdlib>
 #include <ctime>
-#include <dlfcn.h>
 #include <future>
 #include <thread>
 
@@ -133,12 +133,14 @@ TEST_CASE("each wait condition and the 64-bit forms", "[memops]") {
   }
 
   std::atomic_ref<cuuint64_t>(*wide).store(0x100000000ull);
-  REQUIRE(cuStreamWaitValue64(stream, wide_address, 0x100000001ull, CU_STREAM_WAIT_VALUE_GEQ) == CUDA_SUCCESS);
+  REQUIRE(cuStreamWaitValue64(stream, wide_address, 0x100000001ull, CU_STREAM_WAIT_VALUE_GEQ) ==
+          CUDA_SUCCESS);
   std::this_thread::sleep_for(20ms);
   CHECK(cuStreamQuery(stream) == CUDA_ERROR_NOT_READY);
   std::atomic_ref<cuuint64_t>(*wide).store(0x100000001ull);
   CHECK(drainsWithin(stream, 20s));
-  REQUIRE(cuStreamWriteValue64(stream, wide_address, 0x123456789abcull, CU_STREAM_WRITE_VALUE_DEFAULT) == CUDA_SUCCESS);
+  REQUIRE(cuStreamWriteValue64(stream, wide_address, 0x123456789abcull, CU_STREAM_WRITE_VALUE_DEFAULT) ==
+          CUDA_SUCCESS);
   REQUIRE(cuStreamSynchronize(stream) == CUDA_SUCCESS);
   CHECK(*wide == 0x123456789abcull);
 
@@ -160,13 +162,17 @@ TEST_CASE("stream memory operations check their arguments", "[memops]") {
 
   CHECK(cuStreamWaitValue32(stream, address + 2, 1, 0) == CUDA_ERROR_INVALID_VALUE);  // misaligned
   CHECK(cuStreamWaitValue64(stream, address + 4, 1, 0) == CUDA_ERROR_INVALID_VALUE);
-  CHECK(cuStreamWaitValue32(stream, address + 256, 1, 0) == CUDA_ERROR_INVALID_VALUE);  // past the end (256-byte rounding)
-  CHECK(cuStreamWaitValue32(stream, reinterpret_cast<CUdeviceptr>(&unknown_memory), 1, 0) == CUDA_ERROR_INVALID_VALUE);
+  CHECK(cuStreamWaitValue32(stream, address + 256, 1, 0) ==
+        CUDA_ERROR_INVALID_VALUE);  // past the end (256-byte rounding)
+  CHECK(cuStreamWaitValue32(stream, reinterpret_cast<CUdeviceptr>(&unknown_memory), 1, 0) ==
+        CUDA_ERROR_INVALID_VALUE);
   CHECK(cuStreamWaitValue32(stream, address, 1, 4) == CUDA_ERROR_INVALID_VALUE);  // no such condition
   CHECK(cuStreamWaitValue32(stream, address, 1, CU_STREAM_WAIT_VALUE_FLUSH) == CUDA_ERROR_NOT_SUPPORTED);
-  CHECK(cuStreamWriteValue32(stream, address, 1, CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER) == CUDA_ERROR_NOT_SUPPORTED);
+  CHECK(cuStreamWriteValue32(stream, address, 1, CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER) ==
+        CUDA_ERROR_NOT_SUPPORTED);
   CHECK(cuStreamWriteValue32(stream, address, 1, 2) == CUDA_ERROR_INVALID_VALUE);
-  CHECK(cuStreamWaitValue32(reinterpret_cast<CUstream>(&unknown_memory), address, 1, 0) == CUDA_ERROR_INVALID_HANDLE);
+  CHECK(cuStreamWaitValue32(reinterpret_cast<CUstream>(&unknown_memory), address, 1, 0) ==
+        CUDA_ERROR_INVALID_HANDLE);
   CHECK(cuStreamQuery(stream) == CUDA_SUCCESS);  // nothing was queued
 
   // Device memory works too; the default stream resolves through the current context.
@@ -191,8 +197,8 @@ TEST_CASE("registered host memory gates a stream through its device pointer", "[
   alignas(64) static cuuint32_t words[16];
   CUdeviceptr device_word = 0;
   CHECK(cuMemHostGetDevicePointer(&device_word, words, 0) == CUDA_ERROR_INVALID_VALUE);  // not registered yet
-  REQUIRE(cuMemHostRegister(words, sizeof(words), CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP) ==
-          CUDA_SUCCESS);
+  REQUIRE(cuMemHostRegister(words, sizeof(words),
+                            CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP) == CUDA_SUCCESS);
   CHECK(cuMemHostRegister(words + 4, 8, 0) == CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED);
   CHECK(cuMemHostRegister(words, 4, CU_MEMHOSTREGISTER_READ_ONLY) == CUDA_ERROR_NOT_SUPPORTED);
   REQUIRE(cuMemHostGetDevicePointer(&device_word, words + 2, 0) == CUDA_SUCCESS);
@@ -245,10 +251,10 @@ TEST_CASE("stream memory operations carry cuda.h 13.0's symbol names", "[memops]
   PrimaryContext context;
   void* library = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
   REQUIRE(library != nullptr);
-  for (const char* name : {"cuStreamWaitValue32_v2", "cuStreamWaitValue64_v2", "cuStreamWriteValue32_v2",
-                           "cuStreamWriteValue64_v2", "cuMemHostRegister_v2", "cuMemHostGetDevicePointer_v2",
-                           "cuMemHostAlloc", "cuMemHostGetFlags", "cuMemHostUnregister", "cuStreamWaitValue32",
-                           "cuMemHostRegister"}) {
+  for (const char* name :
+       {"cuStreamWaitValue32_v2", "cuStreamWaitValue64_v2", "cuStreamWriteValue32_v2",
+        "cuStreamWriteValue64_v2", "cuMemHostRegister_v2", "cuMemHostGetDevicePointer_v2", "cuMemHostAlloc",
+        "cuMemHostGetFlags", "cuMemHostUnregister", "cuStreamWaitValue32", "cuMemHostRegister"}) {
     INFO(name);
     CHECK(dlsym(library, name) != nullptr);
   }
@@ -330,7 +336,8 @@ TEST_CASE("a process whose stream waits forever on a word still exits", "[memops
           void* host = nullptr;
           if (cuMemAllocHost(&host, 16) != CUDA_SUCCESS) return 2;
           *static_cast<cuuint32_t*>(host) = 0;
-          if (cuStreamWaitValue32(nullptr, reinterpret_cast<CUdeviceptr>(host), 1, CU_STREAM_WAIT_VALUE_EQ) != CUDA_SUCCESS) {
+          if (cuStreamWaitValue32(nullptr, reinterpret_cast<CUdeviceptr>(host), 1, CU_STREAM_WAIT_VALUE_EQ) !=
+              CUDA_SUCCESS) {
             return 3;
           }
           std::atomic<int> runs{0};
@@ -340,7 +347,8 @@ TEST_CASE("a process whose stream waits forever on a word still exits", "[memops
         }) == 9);
 }
 
-TEST_CASE("destroying a context ends its registrations and leaves the memory to the application", "[memops]") {
+TEST_CASE("destroying a context ends its registrations and leaves the memory to the application",
+          "[memops]") {
   REQUIRE(cuInit(0) == CUDA_SUCCESS);
   CUcontext context = nullptr;
   REQUIRE(cuCtxCreate(&context, nullptr, 0, 0) == CUDA_SUCCESS);

@@ -131,15 +131,16 @@ TEST_CASE("cudart: registered and mapped host memory gate a runtime stream throu
   void* device_pointer = nullptr;
   CHECK(cudaHostGetDevicePointer(&device_pointer, words, 0) == cudaErrorInvalidValue);
   REQUIRE(cudaHostRegister(words, sizeof(words), cudaHostRegisterMapped) == cudaSuccess);
-  CHECK(cudaHostRegister(words, sizeof(words), cudaHostRegisterDefault) == cudaErrorHostMemoryAlreadyRegistered);
+  CHECK(cudaHostRegister(words, sizeof(words), cudaHostRegisterDefault) ==
+        cudaErrorHostMemoryAlreadyRegistered);
   REQUIRE(cudaHostGetDevicePointer(&device_pointer, words, 0) == cudaSuccess);
   CHECK(device_pointer == static_cast<void*>(words));
 
   cudaStream_t stream;
   REQUIRE(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess);
   std::atomic<int> runs{0};
-  REQUIRE(cuStreamWaitValue32(stream, reinterpret_cast<CUdeviceptr>(device_pointer), 1, CU_STREAM_WAIT_VALUE_EQ) ==
-          CUDA_SUCCESS);
+  REQUIRE(cuStreamWaitValue32(stream, reinterpret_cast<CUdeviceptr>(device_pointer), 1,
+                              CU_STREAM_WAIT_VALUE_EQ) == CUDA_SUCCESS);
   REQUIRE(cudaLaunchHostFunc(stream, addOne, &runs) == cudaSuccess);
   std::this_thread::sleep_for(std::chrono::milliseconds(20));
   CHECK(cudaStreamQuery(stream) == cudaErrorNotReady);

@@ -9,7 +9,6 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <catch2/catch.hpp>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -17,6 +16,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <catch2/catch.hpp>
 
 #include "tests/support/process.h"
 
@@ -124,7 +125,8 @@ Comm initComm(const Nccl& nccl, const Devices& devices) {
 }
 
 // Queues one in-place sum over the ranks' buffers, filled with rank + step + element % 5.
-void launchAllReduce(const Nccl& nccl, const Comm& comm, Devices& devices, CUstream const* streams, int step) {
+void launchAllReduce(const Nccl& nccl, const Comm& comm, Devices& devices, CUstream const* streams,
+                     int step) {
   for (int r = 0; r < kRanks; ++r) {
     for (size_t e = 0; e < kCount; ++e) devices.buffers[r][e] = r + step + static_cast<int32_t>(e % 5);
   }
@@ -175,8 +177,8 @@ void checkStreamsGoOnAfterAbort(const Nccl& nccl, Comm& comm, Devices& devices) 
   std::atomic<int> later_work{0};
   for (int r = 0; r < kRanks; ++r) {
     REQUIRE(cuCtxSetCurrent(devices.contexts[r]) == CUDA_SUCCESS);
-    REQUIRE(cuMemsetD32Async(reinterpret_cast<CUdeviceptr>(devices.buffers[r]), 0xabc, kCount, devices.streams[r]) ==
-            CUDA_SUCCESS);
+    REQUIRE(cuMemsetD32Async(reinterpret_cast<CUdeviceptr>(devices.buffers[r]), 0xabc, kCount,
+                             devices.streams[r]) == CUDA_SUCCESS);
     REQUIRE(cuLaunchHostFunc(devices.streams[r], countRun, &later_work) == CUDA_SUCCESS);
   }
   CUstream first = devices.streams[0];
@@ -227,8 +229,8 @@ TEST_CASE("a copy of libnccl is a separate instance: P2P on the linked one, SHM 
     REQUIRE(linked.groupStart() == ncclSuccess);
     for (int r = 0; r < kRanks; ++r) {
       for (size_t e = 0; e < kCount; ++e) other[r * kCount + e] = 10 * r + round;
-      REQUIRE(linked.allReduce(&other[r * kCount], &other[r * kCount], kCount, ncclInt32, ncclSum, on_linked.ranks[r],
-                               second_streams[r]) == ncclSuccess);
+      REQUIRE(linked.allReduce(&other[r * kCount], &other[r * kCount], kCount, ncclInt32, ncclSum,
+                               on_linked.ranks[r], second_streams[r]) == ncclSuccess);
     }
     REQUIRE(linked.groupEnd() == ncclSuccess);
     launchAllReduce(copy, on_copy, devices, devices.streams, round);
@@ -281,7 +283,50 @@ TEST_CASE("a unique id serves the instance that made it, and another one too", "
   destroyComm(copy, comm);
 }
 
-TEST_CASE("ncclCommAbort ends a hung collective; the stream goes on; new communicators work", "[abort_hang]") {
+// NCCL calls some of its exported functions through the PLT (ncclBcast calls ncclBroadcast), so
+// in a copy loaded with RTLD_LOCAL that call binds to the first definition in the global scope:
+// the linked library's (or an LD_PRELOAD'ed wrapper's). RTLD_DEEPBIND keeps it in the copy.
+// Which instance ran the call shows in whose ncclGetLastError the argument check's WARN lands.
+TEST_CASE("a copy's internal calls bind to the global scope unless loaded with RTLD_DEEPBIND",
+          "[instances_plt]") {
+  ncclguard::testing::TemporaryDirectory directory;
+  Devices devices;
+  const std::string path = directory.path() + "/libnccl.so.2";
+  std::filesystem::copy_file(std::string(EMU_LIB_DIR) + "/libnccl.so.2", path);
+  const std::string deep_path = directory.path() + "/deep-libnccl.so.2";
+  std::filesystem::copy_file(std::string(EMU_LIB_DIR) + "/libnccl.so.2", deep_path);
+  const Nccl linked = linkedInstance();
+  using LastError = decltype(&ncclGetLastError);
+  using Bcast = decltype(&ncclBcast);
+  auto lastErrorOf = [](void* library) {
+    return reinterpret_cast<LastError>(dlsym(library, "ncclGetLastError"));
+  };
+  const LastError linked_last_error = lastErrorOf(linked.handle);
+
+  for (const bool deep : {false, true}) {
+    INFO((deep ? "RTLD_DEEPBIND" : "RTLD_LOCAL"));
+    const Nccl copy(
+        dlopen((deep ? deep_path : path).c_str(), RTLD_NOW | RTLD_LOCAL | (deep ? RTLD_DEEPBIND : 0)));
+    Comm comm = initComm(copy, devices);
+    const auto bcast = reinterpret_cast<Bcast>(dlsym(copy.handle, "ncclBcast"));
+    REQUIRE(bcast != nullptr);
+    const std::string root = deep ? "9" : "7";
+    int32_t value = 0;
+    CHECK(bcast(&value, 1, ncclInt32, std::stoi(root), comm.ranks[0], devices.streams[0]) ==
+          ncclInvalidArgument);
+    const std::string copy_text = lastErrorOf(copy.handle)(nullptr), linked_text = linked_last_error(nullptr);
+    const bool in_copy = copy_text.find("invalid root " + root) != std::string::npos;
+    const bool in_linked = linked_text.find("invalid root " + root) != std::string::npos;
+    CHECK(in_copy == deep);
+    CHECK(in_linked == !deep);
+    // The copy's own ncclBroadcast stays in the copy either way.
+    REQUIRE(allReduceCompletes(copy, comm, devices, 1));
+    destroyComm(copy, comm);
+  }
+}
+
+TEST_CASE("ncclCommAbort ends a hung collective; the stream goes on; new communicators work",
+          "[abort_hang]") {
   ncclguard::testing::TemporaryDirectory directory;
   // Rank 1's second operation of the first communicator never completes; rank 0 waits for it.
   setenv("NCCLEMU_FAULTS", "hang:rank=1,seq=2,comm=1", 1);
@@ -336,8 +381,8 @@ TEST_CASE("p2p_stall stalls the instance with P2P; the copy without it completes
     REQUIRE(copy.groupStart() == ncclSuccess);
     for (int r = 0; r < kRanks; ++r) {
       for (size_t e = 0; e < kCount; ++e) data[r * kCount + e] = r + step;
-      REQUIRE(copy.allReduce(&data[r * kCount], &data[r * kCount], kCount, ncclInt32, ncclSum, recovered.ranks[r],
-                             other_streams[r]) == ncclSuccess);
+      REQUIRE(copy.allReduce(&data[r * kCount], &data[r * kCount], kCount, ncclInt32, ncclSum,
+                             recovered.ranks[r], other_streams[r]) == ncclSuccess);
     }
     REQUIRE(copy.groupEnd() == ncclSuccess);
     for (CUstream stream : other_streams) REQUIRE(waitForStream(stream, 20s));
