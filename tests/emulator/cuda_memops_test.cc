@@ -3,6 +3,7 @@
 // registered, device), their symbols and cuGetProcAddress, capture, and a process whose stream
 // waits forever still exiting.
 #include <dlfcn.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -364,4 +365,32 @@ TEST_CASE("destroying a context ends its registrations and leaves the memory to 
   REQUIRE(cuMemHostUnregister(words) == CUDA_SUCCESS);
   CHECK(words[1023] == 5);
   std::free(words);
+}
+
+TEST_CASE("a wait sees a word of shared memory that another process writes", "[memops]") {
+  PrimaryContext context;
+  void* shared = mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  REQUIRE(shared != MAP_FAILED);
+  auto* word = static_cast<cuuint32_t*>(shared);
+  REQUIRE(cuMemHostRegister(shared, 4096, CU_MEMHOSTREGISTER_PORTABLE) == CUDA_SUCCESS);
+  CUdeviceptr device_word = 0;
+  REQUIRE(cuMemHostGetDevicePointer(&device_word, shared, 0) == CUDA_SUCCESS);
+  CUstream stream;
+  REQUIRE(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+  REQUIRE(cuStreamWaitValue32(stream, device_word, 42, CU_STREAM_WAIT_VALUE_EQ) == CUDA_SUCCESS);
+  std::this_thread::sleep_for(20ms);
+  CHECK(cuStreamQuery(stream) == CUDA_ERROR_NOT_READY);
+
+  const pid_t writer = fork();
+  REQUIRE(writer >= 0);
+  if (writer == 0) {
+    std::atomic_ref<cuuint32_t>(*word).store(42);
+    _exit(0);
+  }
+  int status = 0;
+  REQUIRE(waitpid(writer, &status, 0) == writer);
+  CHECK(drainsWithin(stream, 20s));
+  cuStreamDestroy(stream);
+  REQUIRE(cuMemHostUnregister(shared) == CUDA_SUCCESS);
+  munmap(shared, 4096);
 }
