@@ -216,6 +216,19 @@ std::size_t copyName(char* out, int length, const std::string& text) {
 
 }  // namespace
 
+CUresult ncclemu::enqueueWork(const StreamPtr& stream, Work work, Replay replay) {
+  return enqueue(stream, std::move(work), std::move(replay));
+}
+
+const ncclemu::Allocation* ncclemu::findAllocation(State& s, std::uintptr_t address, std::size_t bytes) {
+  auto found = s.allocations.upper_bound(address);
+  if (found == s.allocations.begin()) return nullptr;
+  --found;
+  const auto& [base, allocation] = *found;
+  if (address + bytes > base + allocation.size) return nullptr;
+  return &allocation;
+}
+
 // --- Initialisation and devices ----------------------------------------------------------------
 
 CUresult cuInit(unsigned int Flags) {
@@ -337,6 +350,10 @@ CUresult cuDeviceGetAttribute(int* pi, CUdevice_attribute attrib, CUdevice dev) 
     case CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH:
     case CU_DEVICE_ATTRIBUTE_STREAM_PRIORITIES_SUPPORTED:
     case CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM:
+    // The v2 stream memory operations (cuStreamWaitValue32_v2, ...), 64-bit ones and the NOR
+    // condition included; the v1 API (the *_V1 attributes) needs a driver option and reads 0.
+    case CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS:
+    case CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_WAIT_VALUE_NOR:
     case CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED: *pi = 1; break;
     case CU_DEVICE_ATTRIBUTE_COMPUTE_MODE: *pi = CU_COMPUTEMODE_DEFAULT; break;
     // Everything else (integrated, TCC, ECC, GPUDirect RDMA, ...) reads as absent.
@@ -568,20 +585,24 @@ CUresult cuMemAlloc(CUdeviceptr* dptr, size_t bytesize) {
   return CUDA_SUCCESS;
 }
 
-CUresult cuMemAllocHost(void** pp, size_t bytesize) {
+// Page-locked host memory is always mapped (unified addressing): its device pointer is its address.
+CUresult cuMemHostAlloc(void** pp, size_t bytesize, unsigned int Flags) {
   Driver d;
   if (!d.initialized()) return CUDA_ERROR_NOT_INITIALIZED;
-  if (pp == nullptr || bytesize == 0) return CUDA_ERROR_INVALID_VALUE;
+  constexpr unsigned kKnownFlags = CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_WRITECOMBINED;
+  if (pp == nullptr || bytesize == 0 || (Flags & ~kKnownFlags) != 0) return CUDA_ERROR_INVALID_VALUE;
   CUctx_st* context = currentContext(d.s);
   if (context == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
   if (CUresult result = refuseIfCaptureForbids(d.s); result != CUDA_SUCCESS) return result;
   const std::size_t rounded = (bytesize + 255) & ~static_cast<std::size_t>(255);
   void* memory = std::aligned_alloc(256, rounded);
   if (memory == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
-  d.s.allocations.emplace(reinterpret_cast<std::uintptr_t>(memory), ncclemu::Allocation{rounded, context, true});
+  d.s.allocations.emplace(reinterpret_cast<std::uintptr_t>(memory), ncclemu::Allocation{rounded, context, true, false, Flags});
   *pp = memory;
   return CUDA_SUCCESS;
 }
+
+CUresult cuMemAllocHost(void** pp, size_t bytesize) { return cuMemHostAlloc(pp, bytesize, 0); }
 
 namespace {
 
@@ -590,7 +611,7 @@ CUresult freeAllocation(std::uintptr_t address, bool host) {
   if (!d.initialized()) return CUDA_ERROR_NOT_INITIALIZED;
   if (CUresult result = refuseIfCaptureForbids(d.s); result != CUDA_SUCCESS) return result;
   auto found = d.s.allocations.find(address);
-  if (found == d.s.allocations.end() || found->second.host != host) return CUDA_ERROR_INVALID_VALUE;
+  if (found == d.s.allocations.end() || found->second.host != host || found->second.registered) return CUDA_ERROR_INVALID_VALUE;
   if (!host) d.s.devices[found->second.context->device].allocated_bytes -= found->second.size;
   d.s.allocations.erase(found);
   std::free(reinterpret_cast<void*>(address));

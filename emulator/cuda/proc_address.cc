@@ -52,6 +52,10 @@ std::vector<ProcEntry> currentEntries() {
       NCCLEMU_PROC(cuGraphExecDestroy, 0), NCCLEMU_PROC(cuGraphLaunch, 0), NCCLEMU_PROC(cuUserObjectCreate, 0),
       NCCLEMU_PROC(cuUserObjectRetain, 0), NCCLEMU_PROC(cuUserObjectRelease, 0),
       NCCLEMU_PROC(cuGraphRetainUserObject, 0), NCCLEMU_PROC(cuGraphReleaseUserObject, 0),
+      NCCLEMU_PROC(cuMemHostAlloc, 0), NCCLEMU_PROC(cuMemHostGetDevicePointer, 3020), NCCLEMU_PROC(cuMemHostGetFlags, 0),
+      NCCLEMU_PROC(cuMemHostRegister, 6050), NCCLEMU_PROC(cuMemHostUnregister, 0),
+      NCCLEMU_PROC(cuStreamWaitValue32, 11070), NCCLEMU_PROC(cuStreamWaitValue64, 11070),
+      NCCLEMU_PROC(cuStreamWriteValue32, 11070), NCCLEMU_PROC(cuStreamWriteValue64, 11070),
   };
 }
 #undef NCCLEMU_PROC
@@ -130,6 +134,20 @@ NCCLEMU_EXPORT CUresult cuGraphInstantiate(CUgraphExec* phGraphExec, CUgraph hGr
   return cuGraphInstantiate_v2(phGraphExec, hGraph, phErrorNode, logBuffer, bufferSize);
 }
 
+// Defined with the stream memory operations.
+#undef cuStreamWaitValue32
+#undef cuStreamWaitValue64
+#undef cuStreamWriteValue32
+#undef cuStreamWriteValue64
+#undef cuMemHostRegister
+extern "C" {
+CUresult cuStreamWaitValue32(CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags);
+CUresult cuStreamWaitValue64(CUstream stream, CUdeviceptr addr, cuuint64_t value, unsigned int flags);
+CUresult cuStreamWriteValue32(CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags);
+CUresult cuStreamWriteValue64(CUstream stream, CUdeviceptr addr, cuuint64_t value, unsigned int flags);
+CUresult cuMemHostRegister(void* p, size_t bytesize, unsigned int Flags);
+}
+
 namespace {
 
 std::vector<ProcEntry> earlierEntries() {
@@ -149,6 +167,11 @@ std::vector<ProcEntry> earlierEntries() {
       {"cuStreamGetCaptureInfo", 10010, reinterpret_cast<void*>(&cuStreamGetCaptureInfo)},
       {"cuStreamGetCaptureInfo", 11030, reinterpret_cast<void*>(&cuStreamGetCaptureInfo_v2)},
       {"cuGraphInstantiate", 0, reinterpret_cast<void*>(&cuGraphInstantiate_v2)},
+      {"cuStreamWaitValue32", 8000, reinterpret_cast<void*>(&cuStreamWaitValue32)},
+      {"cuStreamWaitValue64", 9000, reinterpret_cast<void*>(&cuStreamWaitValue64)},
+      {"cuStreamWriteValue32", 8000, reinterpret_cast<void*>(&cuStreamWriteValue32)},
+      {"cuStreamWriteValue64", 9000, reinterpret_cast<void*>(&cuStreamWriteValue64)},
+      {"cuMemHostRegister", 4000, reinterpret_cast<void*>(&cuMemHostRegister)},
   };
 }
 

@@ -227,7 +227,8 @@ void releaseContextResources(State& s, CUctx_st* context) {
       continue;
     }
     if (!it->second.host) s.devices[context->device].allocated_bytes -= it->second.size;
-    if (idle) std::free(reinterpret_cast<void*>(it->first));
+    // Registered host memory is the application's: the registration ends, the memory stays.
+    if (idle && !it->second.registered) std::free(reinterpret_cast<void*>(it->first));
     it = s.allocations.erase(it);
   }
 }

@@ -145,6 +145,9 @@ struct Allocation {
   std::size_t size;
   CUctx_st* context;
   bool host;
+  // Host memory the application owns, registered with cuMemHostRegister: never freed by the driver.
+  bool registered = false;
+  unsigned host_flags = 0;  // CU_MEMHOSTALLOC_* or CU_MEMHOSTREGISTER_* as given
 };
 
 struct Device {
@@ -210,5 +213,9 @@ void releaseContextResources(State& s, CUctx_st* context);
 void retainUserObjects(const UserObjectReferences& references);
 void releaseUserObject(State& s, CUuserObject_st* object, unsigned count);
 void releaseUserObjects(State& s, UserObjectReferences& references);
+// Queues work on a stream, or appends `replay` to the graph of the capture the stream is in.
+CUresult enqueueWork(const StreamPtr& stream, Work work, Replay replay);
+// The allocation containing [address, address + bytes), or null.
+const Allocation* findAllocation(State& s, std::uintptr_t address, std::size_t bytes);
 
 }  // namespace ncclemu

@@ -36,27 +36,29 @@ cudaError_t cudaMallocHost(void** ptr, size_t size) {
   return onDevice([&] { return cuMemAllocHost(ptr, size); });
 }
 
-cudaError_t cudaHostAlloc(void** pHost, size_t size, unsigned int /*flags*/) {
-  return onDevice([&] { return cuMemAllocHost(pHost, size); });
+// cudaHostAlloc's flags carry the driver's CU_MEMHOSTALLOC_* values.
+cudaError_t cudaHostAlloc(void** pHost, size_t size, unsigned int flags) {
+  return onDevice([&] { return cuMemHostAlloc(pHost, size, flags); });
 }
 
 cudaError_t cudaFreeHost(void* ptr) {
   return onDevice([&] { return ptr == nullptr ? CUDA_SUCCESS : cuMemFreeHost(ptr); });
 }
 
-// Registering host memory has nothing to do: the emulated device reads host memory as it is.
-cudaError_t cudaHostRegister(void* ptr, size_t size, unsigned int /*flags*/) {
-  return onDevice([&] { return ptr == nullptr || size == 0 ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS; });
+// Registration is the driver's (cudaHostRegister's flags carry the CU_MEMHOSTREGISTER_* values),
+// so the driver's stream memory operations accept registered memory.
+cudaError_t cudaHostRegister(void* ptr, size_t size, unsigned int flags) {
+  return onDevice([&] { return cuMemHostRegister(ptr, size, flags); });
 }
 
 cudaError_t cudaHostUnregister(void* ptr) {
-  return onDevice([&] { return ptr == nullptr ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS; });
+  return onDevice([&] { return cuMemHostUnregister(ptr); });
 }
 
+// With unified addressing the device pointer of page-locked or registered memory is its address.
 cudaError_t cudaHostGetDevicePointer(void** pDevice, void* pHost, unsigned int flags) {
-  if (pDevice == nullptr || pHost == nullptr || flags != 0) return remember(cudaErrorInvalidValue);
-  *pDevice = pHost;
-  return cudaSuccess;
+  if (pDevice == nullptr) return remember(cudaErrorInvalidValue);
+  return onDevice([&] { return cuMemHostGetDevicePointer(reinterpret_cast<CUdeviceptr*>(pDevice), pHost, flags); });
 }
 
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, cudaMemcpyKind kind) {

@@ -291,9 +291,16 @@ ncclResult_t rendezvous(CommCore& core, const InitRequest& request) {
   const uint32_t arrived = rendezvous->arrived.fetch_add(1, std::memory_order_acq_rel) + 1;
   const size_t comm_bytes = CommShared::bytesFor(core.nranks);
   if (arrived == static_cast<uint32_t>(core.nranks)) {
+    // The pid and a count make the name unique in this instance; the instance's own random tag
+    // keeps it apart from another loaded copy's communicators of the same id in this process.
     static std::atomic<uint32_t> created{0};
-    snprintf(rendezvous->comm_segment_name, sizeof(rendezvous->comm_segment_name), "/ncclemu-comm-%016lx-%d-%u",
-             static_cast<unsigned long>(request.magic), getpid(), created.fetch_add(1));
+    static const uint32_t instance_tag = [] {
+      uint32_t tag = 0;
+      if (getrandom(&tag, sizeof(tag), 0) != sizeof(tag)) tag = static_cast<uint32_t>(mixBits(reinterpret_cast<uintptr_t>(&created)));
+      return tag;
+    }();
+    snprintf(rendezvous->comm_segment_name, sizeof(rendezvous->comm_segment_name), "/ncclemu-comm-%016lx-%d-%08x-%u",
+             static_cast<unsigned long>(request.magic), getpid(), instance_tag, created.fetch_add(1));
     if (int error = core.shared.segment.map(rendezvous->comm_segment_name, comm_bytes,
                                             SharedSegment::Open::CreateExclusive)) {
       EMU_WARN("%s: cannot create communicator segment %s: %s", request.caller, rendezvous->comm_segment_name,

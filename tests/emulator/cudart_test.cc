@@ -6,6 +6,8 @@
 
 #include <atomic>
 #include <catch2/catch.hpp>
+#include <chrono>
+#include <cstdint>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -121,6 +123,44 @@ TEST_CASE("cudart: memory, copies, streams and events", "[cudart]") {
   REQUIRE(cudaFree(device_buffer) == cudaSuccess);
   REQUIRE(cudaFreeHost(host_buffer) == cudaSuccess);
   REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+}
+
+TEST_CASE("cudart: registered and mapped host memory gate a runtime stream through the driver", "[cudart]") {
+  REQUIRE(cudaSetDevice(0) == cudaSuccess);
+  alignas(64) static uint32_t words[16];
+  void* device_pointer = nullptr;
+  CHECK(cudaHostGetDevicePointer(&device_pointer, words, 0) == cudaErrorInvalidValue);
+  REQUIRE(cudaHostRegister(words, sizeof(words), cudaHostRegisterMapped) == cudaSuccess);
+  CHECK(cudaHostRegister(words, sizeof(words), cudaHostRegisterDefault) ==
+        cudaErrorHostMemoryAlreadyRegistered);
+  REQUIRE(cudaHostGetDevicePointer(&device_pointer, words, 0) == cudaSuccess);
+  CHECK(device_pointer == static_cast<void*>(words));
+
+  cudaStream_t stream;
+  REQUIRE(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess);
+  std::atomic<int> runs{0};
+  REQUIRE(cuStreamWaitValue32(stream, reinterpret_cast<CUdeviceptr>(device_pointer), 1,
+                              CU_STREAM_WAIT_VALUE_EQ) == CUDA_SUCCESS);
+  REQUIRE(cudaLaunchHostFunc(stream, addOne, &runs) == cudaSuccess);
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  CHECK(cudaStreamQuery(stream) == cudaErrorNotReady);
+  CHECK(runs == 0);
+  std::atomic_ref<uint32_t>(words[0]).store(1);
+  REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess);
+  CHECK(runs == 1);
+  REQUIRE(cudaStreamDestroy(stream) == cudaSuccess);
+  REQUIRE(cudaHostUnregister(words) == cudaSuccess);
+  CHECK(cudaHostUnregister(words) == cudaErrorHostMemoryNotRegistered);
+
+  void* mapped = nullptr;
+  REQUIRE(cudaHostAlloc(&mapped, 64, cudaHostAllocMapped | cudaHostAllocPortable) == cudaSuccess);
+  REQUIRE(cudaHostGetDevicePointer(&device_pointer, mapped, 0) == cudaSuccess);
+  CHECK(device_pointer == mapped);
+  unsigned flags = 0;
+  REQUIRE(cuMemHostGetFlags(&flags, mapped) == CUDA_SUCCESS);
+  CHECK(flags == (CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE));
+  REQUIRE(cudaFreeHost(mapped) == cudaSuccess);
+  cudaGetLastError();
 }
 
 TEST_CASE("cudart: stream callbacks run once, in order; not in a capture", "[cudart]") {
