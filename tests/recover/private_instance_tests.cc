@@ -270,6 +270,25 @@ TEST_CASE("a copy held by another process is not removed") {
   for (int fd : {ready[0], ready[1], finish[0], finish[1]}) close(fd);
 }
 
+TEST_CASE("a forked child's release leaves the parent's copy alone") {
+  TemporaryDirectory directory;
+  auto instance = LoadOrFail(FAKE_NCCL_LIBRARY, CopiesDirectory(directory));
+  const std::string path = instance->CopyPath();
+  const pid_t child = fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    instance->Release();  // as an exit hook inherited by a forked worker would
+    _exit(std::filesystem::exists(path) ? 0 : 1);
+  }
+  int status = 0;
+  REQUIRE(waitpid(child, &status, 0) == child);
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+  CHECK(std::filesystem::exists(path));
+  instance->Release();
+  CHECK_FALSE(std::filesystem::exists(path));
+}
+
 TEST_CASE("failures are errors that say what and where") {
   TemporaryDirectory directory;
   const std::string copies = CopiesDirectory(directory);

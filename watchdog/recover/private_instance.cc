@@ -431,6 +431,7 @@ absl::StatusOr<std::unique_ptr<PrivateNcclInstance>> PrivateNcclInstance::Load(
       MutexLock lock(instance->mutex_);
       instance->copy_fd_ = std::exchange(lease->copy_fd, -1);
       instance->directory_fd_ = std::exchange(lease->directory_fd, -1);
+      instance->loaded_by_ = getpid();
     }
     if (absl::Status loaded = instance->Open(); !loaded.ok()) return loaded;  // ~instance releases
     return instance;
@@ -491,6 +492,9 @@ void PrivateNcclInstance::Release() noexcept {
       lease->copy_fd = std::exchange(copy_fd_, -1);
       lease->directory_fd = std::exchange(directory_fd_, -1);
       lease->path = copy_path_;
+      // flock() locks belong to the open file, which a forked child shares with its parent: the
+      // child's lock request would change the parent's lock.
+      if (getpid() != loaded_by_) return;  // the lease closes the child's descriptors only
     }
     // The lease closes with the work, whenever a hung file system lets it finish.
     RunWithDeadline<bool>(

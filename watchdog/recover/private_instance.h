@@ -70,7 +70,8 @@ class PrivateNcclInstance {
   // Gives up this process's use of the copy's file: the shared lock goes, and the copy is
   // removed when no other process holds it (then a later process makes it again). The loaded
   // instance stays usable: its mapping does not need the file. Idempotent; safe from an atexit
-  // hook; bounded in time on a file system that stops answering.
+  // hook; bounded in time on a file system that stops answering. In a child forked after Load, it
+  // only closes the child's descriptors: the lock belongs to the open file the parent shares.
   void Release() noexcept;
 
  private:
@@ -81,6 +82,7 @@ class PrivateNcclInstance {
   Mutex mutex_;
   int copy_fd_ ABSL_GUARDED_BY(mutex_) = -1;       // read-only, holding a shared flock
   int directory_fd_ ABSL_GUARDED_BY(mutex_) = -1;  // the copies' directory
+  pid_t loaded_by_ ABSL_GUARDED_BY(mutex_) = -1;   // the process whose lock copy_fd_ holds
   // Written by Load before the object is handed out, read-only afterwards.
   std::string library_path_;
   std::string copy_path_;
