@@ -444,7 +444,7 @@ absl::StatusOr<std::unique_ptr<PrivateNcclInstance>> PrivateNcclInstance::Load(
 
 absl::Status PrivateNcclInstance::Open() {
   // ncclguard does not interpose dlopen(): this is glibc's. RTLD_LOCAL keeps the copy's symbols out
-  // of the process's global scope, where they would shadow nothing but could be found by name.
+  // of the process's global scope: no lookup by name from the application finds the private one.
   handle_ = dlopen(copy_path_.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (handle_ == nullptr) {
     const char* why = dlerror();

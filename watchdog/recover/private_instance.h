@@ -38,7 +38,8 @@ class PrivateNcclInstance {
   // directory (OpenPrivateDirectory; <job dir>/nccl-instances is 1) and is created 0700. Finding or
   // making the copy takes `deadline` at most. Each failure is a Status that says what and where;
   // nothing throws. Two loads of the same copy in one process share one loaded instance (glibc
-  // loads a file once).
+  // loads a file once). The file work runs on one of the private-file layer's bounded threads
+  // (RunWithDeadline).
   static absl::StatusOr<std::unique_ptr<PrivateNcclInstance>> Load(
       const std::string& library_path, const std::string& copies_directory,
       int levels_below_job_directory = 1, std::chrono::milliseconds deadline = kPrivateCopyDeadline) noexcept;
