@@ -100,7 +100,8 @@ int main(int argc, char** argv) {
   CUcontext contexts[kRanks];
   if (cuInit(0) != CUDA_SUCCESS) return Fail("cuInit");
   for (int rank = 0; rank < kRanks; ++rank) {
-    if (cuDevicePrimaryCtxRetain(&contexts[rank], rank) != CUDA_SUCCESS) return Fail("cuDevicePrimaryCtxRetain");
+    if (cuDevicePrimaryCtxRetain(&contexts[rank], rank) != CUDA_SUCCESS)
+      return Fail("cuDevicePrimaryCtxRetain");
   }
 
   Say("phase default");
@@ -115,11 +116,16 @@ int main(int argc, char** argv) {
   if (!instance.ok()) return Fail(std::string(instance.status().message()));
   Say("phase private " + (*instance)->CopyPath() + " version " + std::to_string((*instance)->Version()));
   NcclFunctions private_nccl;
-  private_nccl.get_unique_id = reinterpret_cast<decltype(&ncclGetUniqueId)>((*instance)->Function(Api::ncclGetUniqueId));
-  private_nccl.group_start = reinterpret_cast<decltype(&ncclGroupStart)>((*instance)->Function(Api::ncclGroupStart));
-  private_nccl.group_end = reinterpret_cast<decltype(&ncclGroupEnd)>((*instance)->Function(Api::ncclGroupEnd));
-  private_nccl.init_rank = reinterpret_cast<decltype(&ncclCommInitRank)>((*instance)->Function(Api::ncclCommInitRank));
-  private_nccl.all_reduce = reinterpret_cast<decltype(&ncclAllReduce)>((*instance)->Function(Api::ncclAllReduce));
+  private_nccl.get_unique_id =
+      reinterpret_cast<decltype(&ncclGetUniqueId)>((*instance)->Function(Api::ncclGetUniqueId));
+  private_nccl.group_start =
+      reinterpret_cast<decltype(&ncclGroupStart)>((*instance)->Function(Api::ncclGroupStart));
+  private_nccl.group_end =
+      reinterpret_cast<decltype(&ncclGroupEnd)>((*instance)->Function(Api::ncclGroupEnd));
+  private_nccl.init_rank =
+      reinterpret_cast<decltype(&ncclCommInitRank)>((*instance)->Function(Api::ncclCommInitRank));
+  private_nccl.all_reduce =
+      reinterpret_cast<decltype(&ncclAllReduce)>((*instance)->Function(Api::ncclAllReduce));
   if (private_nccl.init_rank == &ncclCommInitRank) return Fail("the private instance is the process's");
   ncclComm_t private_comms[kRanks] = {};
   const ncclResult_t created = ncclguard::PrivateNcclInstance::WithP2pDisabled(
@@ -128,7 +134,8 @@ int main(int argc, char** argv) {
   Say("phase after");
   SayVariable("NCCL_P2P_DISABLE");
   SayVariable("NCCL_P2P_LEVEL");
-  Say(std::string("private allreduce ") + (AllReduceWorks(private_nccl, contexts, private_comms) ? "ok" : "wrong"));
+  Say(std::string("private allreduce ") +
+      (AllReduceWorks(private_nccl, contexts, private_comms) ? "ok" : "wrong"));
   (*instance)->Release();
   Say("released");
   return 0;

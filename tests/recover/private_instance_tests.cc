@@ -14,7 +14,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <catch2/catch.hpp>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
@@ -28,6 +27,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <catch2/catch.hpp>
 
 #include "absl/status/status.h"
 #include "tests/support/process.h"
@@ -49,7 +50,9 @@ using CountCall = int (*)();
 using GetVersion = decltype(&ncclGetVersion);
 
 // <temporary>/job/nccl-instances, the copies' directory one level below a job directory.
-std::string CopiesDirectory(const TemporaryDirectory& directory) { return directory.path() + "/job/nccl-instances"; }
+std::string CopiesDirectory(const TemporaryDirectory& directory) {
+  return directory.path() + "/job/nccl-instances";
+}
 
 std::vector<std::string> NamesIn(const std::string& directory) {
   std::vector<std::string> names;
@@ -135,7 +138,8 @@ TEST_CASE("the copy is an instance of its own, named by host and library build")
   CHECK(instance->Function(Api::ncclCommInitRank) == nullptr);
   const absl::StatusOr<void*> missing = instance->RequiredFunction(Api::ncclCommInitRank);
   CHECK(absl::IsUnimplemented(missing.status()));
-  CHECK_THAT(std::string(missing.status().message()), Catch::Contains("ncclCommInitRank") && Catch::Contains(copy));
+  CHECK_THAT(std::string(missing.status().message()),
+             Catch::Contains("ncclCommInitRank") && Catch::Contains(copy));
   CHECK(instance->RequiredFunction(Api::ncclGetVersion).ok());
 }
 
@@ -303,7 +307,8 @@ TEST_CASE("failures are errors that say what and where") {
     const auto instance = PrivateNcclInstance::Load(missing, copies);
     REQUIRE_FALSE(instance.ok());
     CHECK(absl::IsNotFound(instance.status()));
-    CHECK_THAT(std::string(instance.status().message()), Catch::Contains(missing) && Catch::Contains("No such file"));
+    CHECK_THAT(std::string(instance.status().message()),
+               Catch::Contains(missing) && Catch::Contains("No such file"));
     CHECK(NamesIn(copies).empty());
   }
   SECTION("the directory cannot be written") {
@@ -315,7 +320,8 @@ TEST_CASE("failures are errors that say what and where") {
     if (geteuid() != 0) {  // permissions do not stop root
       std::filesystem::remove(directory.path() + "/job");
       std::filesystem::create_directories(copies);
-      std::filesystem::permissions(copies, std::filesystem::perms::owner_read | std::filesystem::perms::owner_exec);
+      std::filesystem::permissions(copies,
+                                   std::filesystem::perms::owner_read | std::filesystem::perms::owner_exec);
       const auto read_only = PrivateNcclInstance::Load(FAKE_NCCL_LIBRARY, copies);
       REQUIRE_FALSE(read_only.ok());
       CHECK(absl::IsPermissionDenied(read_only.status()));
@@ -328,7 +334,8 @@ TEST_CASE("failures are errors that say what and where") {
     std::ofstream(text) << "not an ELF file";
     const auto instance = PrivateNcclInstance::Load(text, copies);
     REQUIRE_FALSE(instance.ok());
-    CHECK_THAT(std::string(instance.status().message()), Catch::Contains("cannot be loaded") && Catch::Contains(text));
+    CHECK_THAT(std::string(instance.status().message()),
+               Catch::Contains("cannot be loaded") && Catch::Contains(text));
     CHECK(NamesIn(copies).empty());  // its only user removed it
   }
   SECTION("the library is not NCCL") {
@@ -350,8 +357,11 @@ TEST_CASE("copying streams in chunks and keeps to its deadline") {
   const std::string target = directory.path() + "/target";
   constexpr std::uint64_t kSize = (20 << 20) + 12345;  // several chunks and a piece
   {
-    std::ofstream out(source, std::ios::binary);
-    for (std::uint64_t i = 0; i < kSize; ++i) out.put(static_cast<char>((i * 7) % 251));
+    // A pattern that does not repeat at chunk boundaries, so a misplaced chunk shows.
+    std::string content(kSize, '\0');
+    for (std::uint64_t i = 0; i < kSize; ++i) content[i] = static_cast<char>((i * 7) % 251);
+    std::ofstream(source, std::ios::binary)
+        .write(content.data(), static_cast<std::streamsize>(content.size()));
   }
   const int from = open(source.c_str(), O_RDONLY | O_CLOEXEC);
   const int to = open(target.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
@@ -359,21 +369,33 @@ TEST_CASE("copying streams in chunks and keeps to its deadline") {
   REQUIRE(to >= 0);
 
   SECTION("a whole file") {
-    const absl::Status copied =
-        ncclguard::detail::CopyFileContents(from, to, kSize, std::chrono::steady_clock::now() + std::chrono::minutes(5));
+    const absl::Status copied = ncclguard::detail::CopyFileContents(
+        from, to, kSize, std::chrono::steady_clock::now() + std::chrono::minutes(5));
     INFO(copied.ToString());
     CHECK(copied.ok());
     close(to);
-    std::ifstream a(source, std::ios::binary);
-    std::ifstream b(target, std::ios::binary);
-    const std::string left((std::istreambuf_iterator<char>(a)), std::istreambuf_iterator<char>());
-    const std::string right((std::istreambuf_iterator<char>(b)), std::istreambuf_iterator<char>());
+    const std::string left = ncclguard::testing::ReadFile(source);
+    const std::string right = ncclguard::testing::ReadFile(target);
     CHECK(left.size() == kSize);
     CHECK(left == right);
   }
+  SECTION("to another file system, where the kernel may refuse to copy and read()/write() do it") {
+    close(to);
+    const std::string other = "/dev/shm/ncclguard-copy-test-" + std::to_string(getpid());
+    const int shm = open(other.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (shm >= 0) {
+      const absl::Status copied = ncclguard::detail::CopyFileContents(
+          from, shm, kSize, std::chrono::steady_clock::now() + std::chrono::minutes(5));
+      INFO(copied.ToString());
+      CHECK(copied.ok());
+      close(shm);
+      CHECK(ncclguard::testing::ReadFile(other) == ncclguard::testing::ReadFile(source));
+      unlink(other.c_str());
+    }
+  }
   SECTION("past the deadline") {
-    const absl::Status copied =
-        ncclguard::detail::CopyFileContents(from, to, kSize, std::chrono::steady_clock::now() - std::chrono::seconds(1));
+    const absl::Status copied = ncclguard::detail::CopyFileContents(
+        from, to, kSize, std::chrono::steady_clock::now() - std::chrono::seconds(1));
     CHECK(absl::IsDeadlineExceeded(copied));
     close(to);
   }
@@ -426,8 +448,7 @@ TEST_CASE("on the emulator, only the private instance has P2P off, and the envir
     std::optional<std::string> disable;
     std::optional<std::string> level;
   };
-  const Case user =
-      GENERATE(Case{std::nullopt, std::nullopt}, Case{std::string("0"), std::string("SYS")});
+  const Case user = GENERATE(Case{std::nullopt, std::nullopt}, Case{std::string("0"), std::string("SYS")});
   if (std::string(PRIVATE_INSTANCE_PROBE).empty()) {
     WARN("the emulator is not built: nothing to test");
     return;
@@ -460,8 +481,9 @@ TEST_CASE("on the emulator, only the private instance has P2P off, and the envir
   CHECK_THAT(private_part, !Catch::Contains("NCCL_P2P_LEVEL set by environment"));
   CHECK_THAT(private_part, Catch::Contains(copies + "/libnccl-") && Catch::Contains("version 22809"));
   CHECK_THAT(result.out, Catch::Contains("probe: private allreduce ok"));
-  CHECK_THAT(result.out, Catch::Contains(user.disable ? "probe: after: NCCL_P2P_DISABLE=" + *user.disable + "\n"
-                                                      : "probe: after: NCCL_P2P_DISABLE unset\n"));
+  CHECK_THAT(result.out,
+             Catch::Contains(user.disable ? "probe: after: NCCL_P2P_DISABLE=" + *user.disable + "\n"
+                                          : "probe: after: NCCL_P2P_DISABLE unset\n"));
   CHECK_THAT(result.out, Catch::Contains(user.level ? "probe: after: NCCL_P2P_LEVEL=" + *user.level + "\n"
                                                     : "probe: after: NCCL_P2P_LEVEL unset\n"));
   // Its only user released it.
@@ -483,7 +505,8 @@ TEST_CASE("the real NCCL's copy loads and answers") {
   int version = 0;
   CHECK(get_version(&version) == ncclSuccess);
   CHECK(version == 22809);
-  const auto get_unique_id = reinterpret_cast<decltype(&ncclGetUniqueId)>(instance->Function(Api::ncclGetUniqueId));
+  const auto get_unique_id =
+      reinterpret_cast<decltype(&ncclGetUniqueId)>(instance->Function(Api::ncclGetUniqueId));
   REQUIRE(get_unique_id != nullptr);
   ncclUniqueId id;
   std::memset(&id, 0, sizeof(id));
