@@ -38,6 +38,7 @@ struct RankPlan {
   bool present = true;  // false: this rank never comes to the meeting
   bool ready = true;
   std::string not_ready_reason;
+  milliseconds late{0};  // how long after the others it comes
 };
 
 // Rank 0's way to make a unique id: a recognisable one, or `failure`, counting its calls.
@@ -86,6 +87,7 @@ std::vector<absl::StatusOr<RendezvousOutcome>> Meet(const std::string& job_dir, 
   for (int rank = 0; rank < nranks; ++rank) {
     if (!plans[static_cast<std::size_t>(rank)].present) continue;
     ranks.emplace_back([&, rank] {
+      std::this_thread::sleep_for(plans[static_cast<std::size_t>(rank)].late);
       const RendezvousRequest request =
           Request(job_dir, epoch, nranks, rank, plans[static_cast<std::size_t>(rank)], timeout);
       outcomes[static_cast<std::size_t>(rank)] = MeetToRecover(request, rank == 0 ? maker : UniqueIdMaker{});
@@ -105,6 +107,18 @@ void CheckAllFellBack(const std::vector<absl::StatusOr<RendezvousOutcome>>& outc
     INFO(outcomes[rank]->reason);
     CHECK_FALSE(outcomes[rank]->recover);
     for (const std::string& needle : needles) CHECK_THAT(outcomes[rank]->reason, Catch::Contains(needle));
+  }
+}
+
+// Checks that every present rank read the same decision: one reason, word for word.
+void CheckOneDecision(const std::vector<absl::StatusOr<RendezvousOutcome>>& outcomes,
+                      const std::vector<RankPlan>& plans) {
+  std::string first;
+  for (std::size_t rank = 0; rank < outcomes.size(); ++rank) {
+    if (!plans[rank].present || !outcomes[rank].ok()) continue;
+    if (first.empty()) first = outcomes[rank]->reason;
+    INFO("rank " << rank);
+    CHECK(outcomes[rank]->reason == first);
   }
 }
 
@@ -168,6 +182,38 @@ TEST_CASE("four ready ranks all recover with the unique id rank 0 made, made onc
     CHECK(entry.path().filename().string()[0] != '.');
 }
 
+TEST_CASE("ranks that come at different times are waited for", "[rendezvous]") {
+  TemporaryDirectory base;
+  UniqueIdSource source;
+  std::vector<RankPlan> plans(4);
+  plans[0].late = milliseconds(150);  // rank 0 comes after votes are there
+  plans[3].late = milliseconds(400);  // rank 0 waits for the last vote
+  const auto outcomes = Meet(base.path() + "/job", 1, plans, milliseconds(60'000), source);
+  CHECK(source.calls.load() == 1);
+  for (const auto& outcome : outcomes) {
+    REQUIRE(outcome.ok());
+    INFO(outcome->reason);
+    CHECK(outcome->recover);
+    CHECK(SameId(outcome->unique_id, UniqueIdSource::Made()));
+  }
+}
+
+TEST_CASE("a rank that comes after the decision follows it", "[rendezvous]") {
+  TemporaryDirectory base;
+  const std::string job_dir = base.path() + "/job";
+  UniqueIdSource source;
+  std::vector<RankPlan> plans(3);
+  plans[2].present = false;
+  const auto outcomes = Meet(job_dir, 1, plans, milliseconds(500), source);
+  CheckAllFellBack(outcomes, plans, {"rank 2 did not vote"});
+  // Ready, but too late: the meeting is over and its decision stands.
+  const absl::StatusOr<RendezvousOutcome> late =
+      MeetToRecover(Request(job_dir, 1, 3, 2, {}, milliseconds(60'000)), UniqueIdMaker{});
+  REQUIRE(late.ok());
+  CHECK_FALSE(late->recover);
+  CHECK(late->reason == outcomes[0]->reason);
+}
+
 TEST_CASE("a single rank recovers on its own", "[rendezvous]") {
   TemporaryDirectory base;
   UniqueIdSource source;
@@ -190,6 +236,7 @@ TEST_CASE("one rank that cannot recover makes every rank fall back at once, nami
   CHECK(SecondsSince(start) < 60);
   CHECK(source.calls.load() == 0);
   CheckAllFellBack(outcomes, plans, {"rank " + std::to_string(not_ready), kInPlaceReason});
+  CheckOneDecision(outcomes, plans);
   const nlohmann::json decision = ReadJson(MeetingDirectory(base.path() + "/job", 1) + "/decision.json");
   CHECK(decision.at("decision") == "fallback");
   CHECK_FALSE(decision.contains("unique_id"));
@@ -207,6 +254,8 @@ TEST_CASE("a rank that never comes makes the others fall back by the deadline, n
   CHECK(source.calls.load() == 0);
   CheckAllFellBack(outcomes, plans,
                    {"no decision within 1500 ms", "rank " + std::to_string(absent) + " did not vote"});
+  // Several ranks gave up at about the same time; the first to publish decided for all.
+  CheckOneDecision(outcomes, plans);
 }
 
 TEST_CASE("several missing ranks are all named", "[rendezvous]") {
@@ -314,6 +363,7 @@ TEST_CASE("a decision file that is not a decision makes every rank fall back, wi
   const auto outcomes = Meet(job_dir, 1, plans, milliseconds(3'000), source);
   CHECK(source.calls.load() == 0);
   CheckAllFellBack(outcomes, plans, {"decision.json is not a decision"});
+  CheckOneDecision(outcomes, plans);
 }
 
 TEST_CASE("a vote file that is not a vote makes every rank fall back, without hanging", "[rendezvous]") {
@@ -347,6 +397,7 @@ TEST_CASE("a vote file that is not a vote makes every rank fall back, without ha
   CHECK(SecondsSince(start) < 60);
   CHECK(source.calls.load() == 0);
   CheckAllFellBack(outcomes, plans, {"the vote of rank 3", "vote-3.json"});
+  CheckOneDecision(outcomes, plans);
 }
 
 TEST_CASE("a meeting directory that is a symbolic link is not met in", "[rendezvous]") {
