@@ -314,6 +314,9 @@ class Meeting {
                     std::chrono::milliseconds(0));
   }
   bool Expired() const { return Clock::now() >= deadline_; }
+  // When to stop retrying a file operation begun now: at the deadline, but never before it has
+  // had kMinFileDeadline (a busy process may refuse a moment; see RunWithDeadline).
+  Clock::time_point RetryUntil() const { return std::max(deadline_, Clock::now() + kMinFileDeadline); }
   // A file operation's deadline: the time left, but never so little that an answer on disk is missed.
   std::chrono::milliseconds FileDeadline() const {
     return std::clamp(Remaining(), kMinFileDeadline, kReadDeadline);
@@ -361,12 +364,13 @@ absl::Status Meeting::WriteVote() {
   vote["ready"] = request_.ready;
   vote["reason"] = request_.ready ? "" : Truncated(request_.not_ready_reason);
   const std::string content = Stamped(std::move(vote));
+  const Clock::time_point give_up = RetryUntil();
   for (;;) {
     // Not durable: the meeting matters only while the job runs.
     absl::StatusOr<std::string> written =
         WriteFileAtomically(place_.directory, VoteName(request_.rank), content,
                             /*durable=*/false, kLevelsBelowJobDirectory);
-    if (written.ok() || !IsTransient(written.status()) || Expired()) return written.status();
+    if (written.ok() || !IsTransient(written.status()) || Clock::now() >= give_up) return written.status();
     Sleep();
   }
 }
@@ -457,12 +461,13 @@ RendezvousOutcome Meeting::Conclude(const Decision& proposal) {
   }
   document["reason"] = Truncated(proposal.reason);
   const std::string content = Stamped(std::move(document));
+  const Clock::time_point give_up = RetryUntil();
   for (;;) {
     const absl::Status published = PublishFileOnce(place_.directory, kRecoveryDecisionFile, content,
                                                    kLevelsBelowJobDirectory, FileDeadline());
     if (published.ok()) return OutcomeOf(proposal);
     if (absl::IsAlreadyExists(published)) return FollowPublishedDecision();
-    if (!IsTransient(published) || Expired()) {
+    if (!IsTransient(published) || Clock::now() >= give_up) {
       // The others cannot learn this from the directory; they fall back when their deadline passes.
       return OutcomeOf(
           Fallback(absl::StrCat(proposal.recover ? "all ranks are ready" : proposal.reason, "; rank ",
@@ -475,7 +480,7 @@ RendezvousOutcome Meeting::Conclude(const Decision& proposal) {
 // The decision exists: every rank that reads it follows it, so it is read even past the deadline,
 // for the least time a file operation is given.
 RendezvousOutcome Meeting::FollowPublishedDecision() const {
-  const Clock::time_point give_up = std::max(deadline_, Clock::now() + kMinFileDeadline);
+  const Clock::time_point give_up = RetryUntil();
   for (;;) {
     absl::StatusOr<Decision> decision = ReadDecision();
     if (decision.ok()) return OutcomeOf(*decision);
