@@ -51,8 +51,9 @@ using UniqueIdMaker = std::function<absl::StatusOr<ncclUniqueId>()>;
 
 // Takes part in the meeting as `request.rank` and returns what was decided. Rank 0 calls
 // `make_unique_id` (at most once, and only when every rank voted ready); other ranks may pass an
-// empty function. Blocks until the decision is known or the timeout has passed (plus at most one
-// bounded file operation), polling every kRendezvousPollInterval.
+// empty function. Blocks until the decision is known or the timeout has passed, polling every
+// kRendezvousPollInterval. Past the timeout, the file operations that publish or read the decision
+// still get a few seconds (a file system that stops answering holds a write up to kWriteDeadline).
 //
 // A fallback is an outcome, not an error: the caller then goes on as without recovery. A non-OK
 // status means the request itself is invalid (or memory ran out): this rank took no part, and the
