@@ -167,11 +167,10 @@ absl::Status PublishFileNow(const std::string& directory, const std::string& nam
   if (status.ok() && linkat(*directory_fd, temporary->c_str(), *directory_fd, name.c_str(), 0) != 0) {
     int error = errno;
     // A file system without hard links may still rename without replacing.
-    if ((error == EPERM || error == EOPNOTSUPP) &&
-        renameat2(*directory_fd, temporary->c_str(), *directory_fd, name.c_str(), RENAME_NOREPLACE) == 0) {
-      error = 0;
-    } else if (error == EPERM || error == EOPNOTSUPP) {
-      error = errno == EEXIST ? EEXIST : error;
+    if (error == EPERM || error == EOPNOTSUPP) {
+      error = renameat2(*directory_fd, temporary->c_str(), *directory_fd, name.c_str(), RENAME_NOREPLACE) == 0
+                  ? 0
+                  : errno;
     }
     // Over NFS a retransmitted link() can fail with EEXIST although the first transmission made
     // the link: two links on the temporary file say that it did.
