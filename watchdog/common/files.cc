@@ -111,21 +111,15 @@ absl::Status WriteAll(int fd, const std::string& content) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::string> WriteFileNow(const std::string& directory, const std::string& name,
-                                         const std::string& content, bool durable,
-                                         int levels_below_job_directory) {
-  absl::StatusOr<int> directory_fd =
-      OpenPrivateDirectory(directory, /*create=*/true, levels_below_job_directory);
-  if (!directory_fd.ok()) return directory_fd.status();
-  const std::string temporary =
-      absl::StrCat(".tmp-", name, ".", getpid(), ".", g_temporary_counter.fetch_add(1));
+// Writes `content` into a new hidden file of the directory open as `directory_fd` (O_EXCL,
+// O_NOFOLLOW, mode 0600), fsync()ed when `durable`, and returns its name; removed again on failure.
+absl::StatusOr<std::string> WriteTemporaryFile(int directory_fd, const std::string& directory,
+                                               const std::string& name, const std::string& content,
+                                               bool durable) {
+  std::string temporary = absl::StrCat(".tmp-", name, ".", getpid(), ".", g_temporary_counter.fetch_add(1));
   const int fd =
-      openat(*directory_fd, temporary.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
-  if (fd < 0) {
-    const int error = errno;
-    close(*directory_fd);
-    return ErrnoError(absl::StrCat("cannot create a file in ", directory), error);
-  }
+      openat(directory_fd, temporary.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd < 0) return ErrnoError(absl::StrCat("cannot create a file in ", directory), errno);
   absl::Status status = absl::OkStatus();
   // The umask may have taken bits away; 0600 is what a dump must have, exactly.
   if (fchmod(fd, 0600) != 0) status = ErrnoError("fchmod", errno);
@@ -133,12 +127,26 @@ absl::StatusOr<std::string> WriteFileNow(const std::string& directory, const std
   if (status.ok() && durable && fsync(fd) != 0) status = ErrnoError("fsync", errno);
   // NFS reports a failed write as late as close().
   if (close(fd) != 0 && status.ok()) status = ErrnoError("close", errno);
-  if (status.ok() && renameat(*directory_fd, temporary.c_str(), *directory_fd, name.c_str()) != 0) {
-    status = ErrnoError("rename", errno);
-  }
   if (!status.ok()) {
-    unlinkat(*directory_fd, temporary.c_str(), 0);
-  } else if (durable) {
+    unlinkat(directory_fd, temporary.c_str(), 0);
+    return status;
+  }
+  return temporary;
+}
+
+absl::StatusOr<std::string> WriteFileNow(const std::string& directory, const std::string& name,
+                                         const std::string& content, bool durable,
+                                         int levels_below_job_directory) {
+  absl::StatusOr<int> directory_fd =
+      OpenPrivateDirectory(directory, /*create=*/true, levels_below_job_directory);
+  if (!directory_fd.ok()) return directory_fd.status();
+  absl::StatusOr<std::string> temporary =
+      WriteTemporaryFile(*directory_fd, directory, name, content, durable);
+  absl::Status status = temporary.status();
+  if (status.ok() && renameat(*directory_fd, temporary->c_str(), *directory_fd, name.c_str()) != 0) {
+    status = ErrnoError("rename", errno);
+    unlinkat(*directory_fd, temporary->c_str(), 0);
+  } else if (status.ok() && durable) {
     fsync(*directory_fd);  // makes the rename itself survive a crash of the node
   }
   close(*directory_fd);
@@ -147,6 +155,42 @@ absl::StatusOr<std::string> WriteFileNow(const std::string& directory, const std
                         absl::StrCat("cannot write ", directory, "/", name, ": ", status.message()));
   }
   return absl::StrCat(directory, "/", name);
+}
+
+absl::Status PublishFileNow(const std::string& directory, const std::string& name, const std::string& content,
+                            int levels_below_job_directory) {
+  absl::StatusOr<int> directory_fd =
+      OpenPrivateDirectory(directory, /*create=*/true, levels_below_job_directory);
+  if (!directory_fd.ok()) return directory_fd.status();
+  absl::StatusOr<std::string> temporary = WriteTemporaryFile(*directory_fd, directory, name, content, false);
+  absl::Status status = temporary.status();
+  if (status.ok() && linkat(*directory_fd, temporary->c_str(), *directory_fd, name.c_str(), 0) != 0) {
+    int error = errno;
+    // A file system without hard links may still rename without replacing.
+    if (error == EPERM || error == EOPNOTSUPP) {
+      error = renameat2(*directory_fd, temporary->c_str(), *directory_fd, name.c_str(), RENAME_NOREPLACE) == 0
+                  ? 0
+                  : errno;
+    }
+    // Over NFS a retransmitted link() can fail with EEXIST although the first transmission made
+    // the link: two links on the temporary file say that it did.
+    struct stat linked {};
+    const bool made_anyway =
+        error == 0 ||
+        (error == EEXIST && fstatat(*directory_fd, temporary->c_str(), &linked, AT_SYMLINK_NOFOLLOW) == 0 &&
+         linked.st_nlink == 2);
+    if (!made_anyway) {
+      status = error == EEXIST ? absl::AlreadyExistsError(absl::StrCat(directory, "/", name, " exists"))
+                               : ErrnoError(absl::StrCat("cannot write ", directory, "/", name), error);
+    }
+  }
+  if (temporary.ok()) unlinkat(*directory_fd, temporary->c_str(), 0);
+  close(*directory_fd);
+  if (!status.ok() && !absl::IsAlreadyExists(status)) {
+    return absl::Status(status.code(),
+                        absl::StrCat("cannot write ", directory, "/", name, ": ", status.message()));
+  }
+  return status;
 }
 
 // Never blocks in open(): a FIFO without a writer or a device would hold the reader for ever.
@@ -334,6 +378,28 @@ absl::StatusOr<std::string> WriteFileAtomically(const std::string& directory, co
   }
   if (!result.ok()) LogFirstWriteFailure(std::string(result.status().message()));
   return result;
+}
+
+absl::Status PublishFileOnce(const std::string& directory, const std::string& name,
+                             const std::string& content, int levels_below_job_directory,
+                             std::chrono::milliseconds deadline) noexcept {
+  try {
+    absl::StatusOr<bool> published = RunWithDeadline<bool>(
+        [directory, name, content, levels_below_job_directory]() -> absl::StatusOr<bool> {
+          absl::Status status = PublishFileNow(directory, name, content, levels_below_job_directory);
+          if (!status.ok()) return status;
+          return true;
+        },
+        deadline);
+    if (absl::IsDeadlineExceeded(published.status())) {
+      return absl::DeadlineExceededError(absl::StrCat("writing ", directory, "/", name, " took longer than ",
+                                                      deadline.count(),
+                                                      " ms; given up (the file may still appear)"));
+    }
+    return published.status();
+  } catch (...) {
+    return absl::ResourceExhaustedError(absl::StrCat("cannot write ", directory, "/", name));
+  }
 }
 
 absl::StatusOr<std::string> ReadFileAt(int directory_fd, const std::string& name, std::size_t max_bytes) {

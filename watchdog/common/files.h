@@ -31,6 +31,16 @@ absl::StatusOr<std::string> WriteFileAtomically(const std::string& directory, co
                                                 const std::string& content, bool durable,
                                                 int levels_below_job_directory = 0) noexcept;
 
+// Writes `content` as directory/name unless that name exists already: of several writers, in this
+// process or on other hosts of a shared file system, exactly one wins; the others get
+// AlreadyExists and find the winner's file there (or whatever else took the name first). A
+// temporary file written as WriteFileAtomically writes it is hard-linked to `name`, as link()
+// never replaces a file, NFS included (which has no rename without replacing). Not fsync()ed: for
+// files that matter only while the job runs. Bounded by `deadline`; failures are not logged.
+absl::Status PublishFileOnce(const std::string& directory, const std::string& name,
+                             const std::string& content, int levels_below_job_directory,
+                             std::chrono::milliseconds deadline) noexcept;
+
 // Opens `path` (NCCLGUARD_LOG_FILE) for appending the way ncclguard writes every file: missing
 // parent directories are created 0700 and the file 0600, a symbolic link is not followed, the
 // open never blocks (a FIFO), and only a regular file of this user is accepted. Returns the
