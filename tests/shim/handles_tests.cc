@@ -104,7 +104,7 @@ TEST_CASE("a library the core adopts gets a slot of its own that serves its func
   CHECK(count == ncclguard::shim::RealDlsym()(second.handle, "ncclCommCount"));
   CHECK(ObjectOf(count) == second.path);
   // A function the copy lacks is missing from its slot, not found elsewhere.
-  CHECK(ncclguard::shim::RealFunction(second.slot, ncclguard::Api::ncclAllReduce) == nullptr);
+  CHECK(ncclguard::shim::RealFunction(second.slot, ncclguard::Api::ncclBroadcast) == nullptr);
   // Neither nothing nor a library without NCCL's functions takes a slot.
   CHECK(ncclguard::shim::Libraries().AdoptLibrary(nullptr, "") == -1);
   void* libm = dlopen("libm.so.6", RTLD_NOW | RTLD_LOCAL);
