@@ -106,6 +106,7 @@ typename Signature<A>::Result Forward(Args... args) noexcept {
         library = ticket.slot;
         t_calls.outer_library = library;
         real = reinterpret_cast<Function>(RealFunction(library, A));
+        if (real == nullptr) hooks::ReportMissingFunction(A, library);
       }
     }
     const Result result = real != nullptr ? real(args...) : MissingFunctionResult<Result>();
