@@ -1,11 +1,12 @@
 // Creates communicators every way that does not need a launcher, in one process of four devices:
-// ncclCommInitAll, ncclCommSplit of those (rank 3 with NCCL_SPLIT_NOCOLOR), an AllReduce on each,
-// then closes them (the splits destroyed, the first communicator aborted, the rest destroyed).
+// ncclCommInitAll, ncclCommSplit of those (rank 3 with NCCL_SPLIT_NOCOLOR), ncclCommShrink of them
+// without rank 3, an AllReduce on each, then closes them (the splits and shrunk ones destroyed, the
+// first communicator aborted, the rest destroyed).
 //
 // Prints the address of every communicator the application holds ("comm R: 0x..."), what NCCL
-// says of each ("rank R: rank R of N"; "split R: rank r of n" or "split R: none"), and whether each
-// AllReduce delivered the expected sum: with NCCL_DEBUG=INFO, the tests compare the addresses with
-// those of NCCL's own "Init COMPLETE" lines.
+// says of each ("rank R: rank R of N"; "split R: rank r of n" or "split R: none"; "shrink R: ..."),
+// and whether each AllReduce delivered the expected sum. The tests compare the addresses with
+// those ncclguard's wrappers passed to NCCL (NCCLGUARD_LOG_LEVEL=trace).
 #include <cstdio>
 #include <vector>
 
@@ -103,8 +104,30 @@ int main() {
   }
   AllReduce("split", devices, splits, {1 + 3, 2, 1 + 3, 0});
 
-  for (ncclComm_t split : splits) {
-    if (split != nullptr) e2e::CheckNccl(ncclCommDestroy(split), "ncclCommDestroy");
+  // Ranks 0 to 2 without rank 3, which does not take part.
+  std::vector<ncclComm_t> shrunk(kRanks, nullptr);
+  int excluded[] = {3};
+  e2e::CheckNccl(ncclGroupStart(), "ncclGroupStart");
+  for (int r = 0; r < kRanks - 1; ++r) {
+    MakeCurrent(devices[r]);
+    e2e::CheckNccl(ncclCommShrink(comms[r], excluded, 1, &shrunk[r], nullptr, NCCL_SHRINK_DEFAULT),
+                   "ncclCommShrink");
+  }
+  e2e::CheckNccl(ncclGroupEnd(), "ncclGroupEnd");
+  for (int r = 0; r < kRanks - 1; ++r) {
+    int user_rank = -1, count = 0;
+    e2e::CheckNccl(ncclCommUserRank(shrunk[r], &user_rank), "ncclCommUserRank");
+    e2e::CheckNccl(ncclCommCount(shrunk[r], &count), "ncclCommCount");
+    std::printf("comm shrink %d: %p\nshrink %d: rank %d of %d\n", r, static_cast<void*>(shrunk[r]), r,
+                user_rank, count);
+  }
+  AllReduce("shrink", devices, shrunk, {6, 6, 6, 0});
+
+  for (ncclComm_t comm : splits) {
+    if (comm != nullptr) e2e::CheckNccl(ncclCommDestroy(comm), "ncclCommDestroy");
+  }
+  for (ncclComm_t comm : shrunk) {
+    if (comm != nullptr) e2e::CheckNccl(ncclCommDestroy(comm), "ncclCommDestroy");
   }
   e2e::CheckNccl(ncclCommAbort(comms[0]), "ncclCommAbort");
   for (int r = 1; r < kRanks; ++r) e2e::CheckNccl(ncclCommDestroy(comms[r]), "ncclCommDestroy");

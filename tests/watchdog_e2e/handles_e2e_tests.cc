@@ -65,8 +65,9 @@ bool Contains(const std::string& text, const std::string& needle) {
 std::vector<std::string> ResultLines(const std::string& out) {
   std::vector<std::string> lines;
   for (const std::string& line : SplitLines(out)) {
-    if (!line.starts_with("comm ") && (line.starts_with("rank ") || line.starts_with("split ") ||
-                                       Contains(line, "allreduce") || line == "closed")) {
+    if (!line.starts_with("comm ") &&
+        (line.starts_with("rank ") || line.starts_with("split ") || line.starts_with("shrink ") ||
+         Contains(line, "allreduce") || line == "closed")) {
       lines.push_back(line);
     }
   }
@@ -143,8 +144,10 @@ TEST_CASE("communicators created inside groups work as before when the applicati
   }
 }
 
-TEST_CASE("ncclCommInitAll and ncclCommSplit hand out ncclguard's handles and NOCOLOR stays null",
-          "[handles]") {
+TEST_CASE(
+    "ncclCommInitAll and ncclCommSplit and ncclCommShrink hand out ncclguard's handles and NOCOLOR stays "
+    "null",
+    "[handles]") {
   const Environment debug = {{"NCCLGUARD_LOG_LEVEL", "trace"}};
   TemporaryDirectory dump_dir;
   const Run bare = RunOnEmulator(dump_dir, {COMM_HANDLES_PROGRAM}, debug, /*guarded=*/false);
@@ -154,6 +157,7 @@ TEST_CASE("ncclCommInitAll and ncclCommSplit hand out ncclguard's handles and NO
   CHECK(std::count(expected.begin(), expected.end(), "world allreduce ok") == 1);
   CHECK(std::count(expected.begin(), expected.end(), "split allreduce ok") == 1);
   CHECK(std::count(expected.begin(), expected.end(), "split 3: none") == 1);
+  CHECK(std::count(expected.begin(), expected.end(), "shrink allreduce ok") == 1);
   CHECK(std::count(expected.begin(), expected.end(), "closed") == 1);
 
   SECTION("NCCLGUARD_RECOVER=off: the application holds NCCL's own communicators") {
@@ -162,7 +166,7 @@ TEST_CASE("ncclCommInitAll and ncclCommSplit hand out ncclguard's handles and NO
     REQUIRE(run.result.exit_code == 0);
     CHECK(ResultLines(run.result.out) == expected);
     const std::set<std::string> held = ApplicationComms(run.result.out);
-    CHECK(held.size() == 7);
+    CHECK(held.size() == 10);
     CHECK(held == NcclComms(run.result.err));
   }
   SECTION("NCCLGUARD_RECOVER=inprocess: it holds ncclguard's handles, and gets the same results") {
@@ -174,11 +178,12 @@ TEST_CASE("ncclCommInitAll and ncclCommSplit hand out ncclguard's handles and NO
     CHECK(ResultLines(run.result.out) == expected);
     const std::set<std::string> held = ApplicationComms(run.result.out);
     const std::set<std::string> nccl = NcclComms(run.result.err);
-    CHECK(held.size() == 7);
-    CHECK(nccl.size() == 7);
+    CHECK(held.size() == 10);
+    CHECK(nccl.size() == 10);
     for (const std::string& comm : held) CHECK(nccl.count(comm) == 0);
     CHECK(Contains(run.result.err, "created by ncclCommSplit"));
     CHECK(Contains(run.result.err, "created by ncclCommInitAll"));
+    CHECK(Contains(run.result.err, "created by ncclCommShrink"));
     CHECK_FALSE(Contains(run.result.out + run.result.err, "was already destroyed or aborted"));
   }
 }
