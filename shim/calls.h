@@ -82,7 +82,7 @@ void FinishCreation(const Ticket& ticket, int library, ncclResult_t result, cons
     const auto [comms, ndev, devlist] = std::forward_as_tuple(args...);
     AfterCreation(ticket, A, library, result, comms, ndev);
   } else {
-    const ncclComm_t* created = nullptr;
+    ncclComm_t* created = nullptr;
     auto take = [&created](const auto& value) {
       if constexpr (std::is_same_v<std::decay_t<decltype(value)>, ncclComm_t*>) created = value;
     };

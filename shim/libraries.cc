@@ -232,6 +232,35 @@ int SlotForLookup(void* handle, Api api, void* real_function) noexcept {
   }
 }
 
+int AdoptLibrary(void* dl_handle, const std::string& path) noexcept {
+  if (dl_handle == nullptr) return -1;
+  const link_map* identity = nullptr;
+  if (dlinfo(dl_handle, RTLD_DI_LINKMAP, static_cast<void*>(&identity)) != 0 || identity == nullptr ||
+      identity == OwnLinkMap()) {
+    return -1;
+  }
+  void* get_version = RealDlsym()(dl_handle, "ncclGetVersion");
+  if (get_version == nullptr || LinkMapOf(get_version) != identity) return -1;
+  try {
+    RegisterForkHandlersOnce();
+    std::lock_guard<std::mutex> lock(g_registry_mutex);
+    ResolveDefaultLibrary();  // slot 0 stays the process's default NCCL
+    for (int i = 0; i < kMaxLibraries; ++i) {
+      const Library& library = g_libraries[i];
+      if (library.known.load(std::memory_order_acquire) && library.identity == identity) return i;
+    }
+    for (int i = 1; i < kMaxLibraries; ++i) {
+      Library& library = g_libraries[i];
+      if (!library.known.load(std::memory_order_acquire)) {
+        Publish(library, dl_handle, identity, path.c_str());
+        return i;
+      }
+    }
+  } catch (...) {
+  }
+  return -1;
+}
+
 std::string LibraryPath(int slot) {
   const Library& library = g_libraries[slot];
   return library.known.load(std::memory_order_acquire) ? library.path : "";
@@ -258,6 +287,9 @@ class ShimLibraries final : public RealLibraries {
   std::string Path(int slot) override { return LibraryPath(slot); }
   int Version(int slot) noexcept override { return LibraryVersion(slot); }
   void* Symbol(void* handle, const char* name) noexcept override { return RealDlsym()(handle, name); }
+  int AdoptLibrary(void* dl_handle, const std::string& path) noexcept override {
+    return shim::AdoptLibrary(dl_handle, path);
+  }
 };
 
 // Constant-initialised: no constructor runs when the library is loaded.

@@ -31,6 +31,9 @@ void* RealFunction(int slot, Api api) noexcept;
 // function is ncclguard's own or no slot is left (the caller then hands out the real function).
 int SlotForLookup(void* handle, Api api, void* real_function) noexcept;
 
+// A library the core dlopen()ed itself, given a slot of its own (RealLibraries::AdoptLibrary).
+int AdoptLibrary(void* dl_handle, const std::string& path) noexcept;
+
 // Path of the library in `slot` ("" while unknown) and its NCCL version code (0 while unknown).
 std::string LibraryPath(int slot);
 int LibraryVersion(int slot) noexcept;

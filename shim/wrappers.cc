@@ -9,6 +9,7 @@
 
 #include "shim/calls.h"
 #include "shim/libraries.h"
+#include "watchdog/common/comm_handle.h"
 #include "watchdog/common/nccl_api.h"
 #include "watchdog/common/nccl_api_table.h"
 #include "watchdog/record/hooks.h"
@@ -60,15 +61,29 @@ Result MissingFunctionResult() {
   }
 }
 
+// A communicator argument as NCCL must see it: the real communicator behind one of ncclguard's
+// handles, with `*library` set to the slot that serves it. Any other argument is unchanged.
+template <typename T>
+T RealArgument(T value, int* library) noexcept {
+  if constexpr (std::is_same_v<T, ncclComm_t>) {
+    return ResolveComm(value, library);
+  } else {
+    return value;
+  }
+}
+
 template <Api A, int Library, typename... Args>
 typename Signature<A>::Result Forward(Args... args) noexcept {
   using Function = typename Signature<A>::Function;
   using Result = typename Signature<A>::Result;
   const bool nested = t_calls.depth > 0;
-  const int library = nested ? t_calls.outer_library : Library;
+  int library = nested ? t_calls.outer_library : Library;
+  // Before anything else, so that the core sees NCCL's communicators only. Nested calls come
+  // from NCCL itself and carry its own.
+  if (!nested) ((args = RealArgument(args, &library)), ...);
   // Started before the real function is looked up, so that what the lookup says is logged.
   const bool active = !nested && hooks::Active(Libraries());
-  const auto real = reinterpret_cast<Function>(RealFunction(library, A));
+  auto real = reinterpret_cast<Function>(RealFunction(library, A));
   if (real == nullptr) {
     if (active) hooks::ReportMissingFunction(A, library);
     return MissingFunctionResult<Result>();
@@ -86,8 +101,15 @@ typename Signature<A>::Result Forward(Args... args) noexcept {
   } else {
     if constexpr (std::is_same_v<Result, ncclResult_t>) {
       if (!ticket.forward) return ticket.result;
+      if (ticket.slot >= 0 && ticket.slot < kMaxLibraries && ticket.slot != library) {
+        // The core sends this call to another library instance.
+        library = ticket.slot;
+        t_calls.outer_library = library;
+        real = reinterpret_cast<Function>(RealFunction(library, A));
+        if (real == nullptr) hooks::ReportMissingFunction(A, library);
+      }
     }
-    const Result result = real(args...);
+    const Result result = real != nullptr ? real(args...) : MissingFunctionResult<Result>();
     AfterCall<A>(ticket, library, result, args...);
     return result;
   }

@@ -29,6 +29,7 @@ namespace {
 constexpr const char* kLogLevelNames[] = {"trace", "debug", "info", "warn", "error", "off"};
 constexpr const char* kActionNames[] = {"warn", "abort", "exit", "reinit"};
 constexpr const char* kP2pModeNames[] = {"auto", "on", "off"};
+constexpr const char* kRecoverModeNames[] = {"off", "inprocess"};
 
 // A value that must be one of `names`, case-insensitive; the enum's values are in the same order.
 template <typename Enum, size_t N>
@@ -58,6 +59,10 @@ absl::StatusOr<Action> ParseValue(std::string_view text, Action*) {
 
 absl::StatusOr<P2pMode> ParseValue(std::string_view text, P2pMode*) {
   return ParseNamed<P2pMode>(text, kP2pModeNames);
+}
+
+absl::StatusOr<RecoverMode> ParseValue(std::string_view text, RecoverMode*) {
+  return ParseNamed<RecoverMode>(text, kRecoverModeNames);
 }
 
 absl::StatusOr<Seconds> ParseValue(std::string_view text, Seconds*) {
@@ -129,6 +134,7 @@ const char* TypeName(const LogLevel*) { return "level"; }
 const char* TypeName(const std::string*) { return "text"; }
 const char* TypeName(const Action*) { return "action"; }
 const char* TypeName(const P2pMode*) { return "auto|on|off"; }
+const char* TypeName(const RecoverMode*) { return "off|inprocess"; }
 const char* TypeName(const Seconds*) { return "seconds"; }
 const char* TypeName(const Count*) { return "count"; }
 const char* TypeName(const Signal*) { return "signal"; }
@@ -146,6 +152,7 @@ std::string FormatValue(LogLevel value) { return std::string(LogLevelName(value)
 std::string FormatValue(const std::string& value) { return value.empty() ? "unset" : value; }
 std::string FormatValue(Action value) { return std::string(ActionName(value)); }
 std::string FormatValue(P2pMode value) { return std::string(P2pModeName(value)); }
+std::string FormatValue(RecoverMode value) { return std::string(RecoverModeName(value)); }
 std::string FormatValue(Seconds value) { return absl::StrCat(value.value); }
 std::string FormatValue(Count value) { return absl::StrCat(value.value); }
 std::string FormatValue(Signal value) {
@@ -197,6 +204,7 @@ bool ReadProcessEnvironment(const char* name, std::string* value) {
 std::string_view LogLevelName(LogLevel level) { return kLogLevelNames[static_cast<int>(level)]; }
 std::string_view ActionName(Action action) { return kActionNames[static_cast<int>(action)]; }
 std::string_view P2pModeName(P2pMode mode) { return kP2pModeNames[static_cast<int>(mode)]; }
+std::string_view RecoverModeName(RecoverMode mode) { return kRecoverModeNames[static_cast<int>(mode)]; }
 
 std::optional<SettingRange> RangeOf(std::string_view variable) {
 #define NCCLGUARD_RANGE_OF(name, least, greatest) \

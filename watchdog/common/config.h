@@ -16,6 +16,7 @@ enum class LogLevel { kTrace, kDebug, kInfo, kWarn, kError, kOff };
 enum class Action { kWarn, kAbort, kExit, kReinit };
 // NCCLGUARD_P2P: whether ncclguard may turn NCCL's P2P transport off before the first init.
 enum class P2pMode { kAuto, kOn, kOff };
+enum class RecoverMode { kOff, kInProcess };
 
 // Value types of settings that need more than a C++ type says.
 struct Seconds {  // a positive number of seconds
@@ -72,5 +73,6 @@ std::string OptionsMarkdownTable();
 std::string_view LogLevelName(LogLevel level);
 std::string_view ActionName(Action action);
 std::string_view P2pModeName(P2pMode mode);
+std::string_view RecoverModeName(RecoverMode mode);
 
 }  // namespace ncclguard

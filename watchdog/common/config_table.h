@@ -34,6 +34,11 @@
     "and exit with code 75, which launchers can restart on) or `reinit` (like `exit`; when the "    \
     "verdict is `p2p_suspect`, every process of the job also records it in the job directory, "     \
     "so that the restarted job runs with P2P disabled).")                                           \
+  X(RECOVER, recover, RecoverMode, RecoverMode::kOff,                                               \
+    "`inprocess`: ncclguard hands the application communicator handles of its own instead of "      \
+    "NCCL's, so that in-process recovery can re-point them at a new communicator; until that "      \
+    "recovery is in place a stall ends as `NCCLGUARD_ACTION` says. `off`: the application gets "    \
+    "NCCL's own handles.")                                                                          \
   X(P2P, p2p, P2pMode, P2pMode::kAuto,                                                              \
     "Before the process's first communicator: `off` sets `NCCL_P2P_DISABLE=1`; `auto` sets it "     \
     "when an earlier attempt of this job recorded a `p2p_suspect` verdict or a known-bad entry "    \

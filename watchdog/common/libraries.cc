@@ -16,6 +16,7 @@ class NoLibraries final : public RealLibraries {
   std::string Path(int) override { return ""; }
   int Version(int) noexcept override { return 0; }
   void* Symbol(void* handle, const char* name) noexcept override { return dlsym(handle, name); }
+  int AdoptLibrary(void*, const std::string&) noexcept override { return -1; }
 };
 
 NoLibraries g_no_libraries;

@@ -21,6 +21,11 @@ class RealLibraries {
   // glibc's dlsym(), for CUDA and NVML lookups: a lookup by name from inside libncclguard would
   // reach ncclguard's own interposed dlsym().
   virtual void* Symbol(void* handle, const char* name) noexcept = 0;
+  // Gives a library the core dlopen()ed itself (a private instance of libnccl) a slot of its own,
+  // so that Function(slot, api) reaches its functions; `dl_handle` must stay open for ever.
+  // Returns the slot (the existing one when that library already has a slot), or -1 when no slot
+  // is left or `dl_handle` is not an NCCL library.
+  virtual int AdoptLibrary(void* dl_handle, const std::string& path) noexcept = 0;
 };
 
 // Called by the shim before any call reaches the core. A program that links the core without the

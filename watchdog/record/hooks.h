@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <string>
 
+#include "watchdog/common/comm_handle.h"
 #include "watchdog/common/nccl_api.h"
 
 namespace ncclguard {
@@ -28,7 +29,14 @@ struct Ticket {
   int init_token = -1;
   std::int64_t start_ns = 0;
   char comm_id[17] = {};  // of the communicator being created
+  // The library slot that is to serve the call instead of the wrapper's own (-1): lets the core
+  // send a communicator's creation to another library instance.
+  int slot = -1;
 };
+
+// Every wrapper first turns each communicator it is given into the real one behind it, and the
+// library slot to call: ResolveComm (common/comm_handle.h), inlined, leaves NCCL's own
+// communicators and null as they are. The core only ever sees real communicators.
 
 // An operation's arguments, found by type: every collective and point-to-point call has exactly
 // one count, datatype and communicator, at most one reduction and at most one int (root or peer).
@@ -54,8 +62,10 @@ Ticket BeforeOperation(Api api, int library, const OperationArguments& arguments
 void AfterOperation(const Ticket& ticket, ncclResult_t result) noexcept;
 
 Ticket BeforeCreation(Api api, const CreationArguments& arguments) noexcept;
-// `comms` are the communicators the call returned (several for ncclCommInitAll).
-void AfterCreation(const Ticket& ticket, Api api, int library, ncclResult_t result, const ncclComm_t* comms,
+// `comms` are the communicators the call returned (several for ncclCommInitAll), created by the
+// library in slot `library`. With NCCLGUARD_RECOVER=inprocess each is replaced, in place, by a
+// handle of ncclguard's that stands for it (null stays null).
+void AfterCreation(const Ticket& ticket, Api api, int library, ncclResult_t result, ncclComm_t* comms,
                    int count) noexcept;
 
 Ticket BeforeGroupCall(Api api) noexcept;

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "watchdog/common/clock.h"
+#include "watchdog/common/comm_handle.h"
 #include "watchdog/common/config.h"
 #include "watchdog/common/describe.h"
 #include "watchdog/common/libraries.h"
@@ -26,6 +27,7 @@
 #include "watchdog/detect/runtime.h"
 #include "watchdog/record/hooks.h"
 #include "watchdog/state/gpu_events.h"
+#include "watchdog/state/handles.h"
 #include "watchdog/state/records.h"
 #include "watchdog/state/registration.h"
 #include "watchdog/state/registry.h"
@@ -318,6 +320,8 @@ Ticket BeforeCreation(Api api, const CreationArguments& arguments) noexcept {
       init.comm_id = ChildCommId(std::to_string(getpid()), "initall",
                                  init_all_calls.fetch_add(1, std::memory_order_relaxed), 0);
     }
+    // A split or shrink follows its parent's library.
+    if (arguments.unique_id != nullptr || api == Api::ncclCommInitAll) ticket.slot = CreationSlot();
     std::snprintf(ticket.comm_id, sizeof(ticket.comm_id), "%s", init.comm_id.c_str());
     ticket.start_ns = init.start_ns;
     ticket.init_token = GetRegistry().BeginInit(std::move(init));
@@ -326,8 +330,26 @@ Ticket BeforeCreation(Api api, const CreationArguments& arguments) noexcept {
   return ticket;
 }
 
-void AfterCreation(const Ticket& ticket, Api api, int library, ncclResult_t result, const ncclComm_t* comms,
-                   int count) noexcept {
+namespace {
+
+// With NCCLGUARD_RECOVER=inprocess the application holds ncclguard's handles, not NCCL's
+// communicators: NCCL wrote them at call time, even inside a group or for a creation still in
+// progress, so they are replaced before the call returns.
+void HandOutHandles(int library, ncclComm_t* comms, int count) noexcept {
+  try {
+    if (GetConfig().recover != RecoverMode::kInProcess) return;
+  } catch (...) {
+    return;
+  }
+  for (int i = 0; i < count; ++i) {
+    if (comms[i] == nullptr) continue;  // e.g. ncclCommSplit with NCCL_SPLIT_NOCOLOR
+    if (CommHandle* handle = NewCommHandle(comms[i], library))
+      comms[i] = reinterpret_cast<ncclComm_t>(handle);
+  }
+}
+
+void RegisterCreated(const Ticket& ticket, Api api, int library, ncclResult_t result, const ncclComm_t* comms,
+                     int count) noexcept {
   try {
     Registry& registry = GetRegistry();
     // Inside a group NCCL only records the initialisation: it runs at the outermost ncclGroupEnd.
@@ -367,6 +389,14 @@ void AfterCreation(const Ticket& ticket, Api api, int library, ncclResult_t resu
     if (completed) WriteStatusAtInit();
   } catch (...) {
   }
+}
+
+}  // namespace
+
+void AfterCreation(const Ticket& ticket, Api api, int library, ncclResult_t result, ncclComm_t* comms,
+                   int count) noexcept {
+  RegisterCreated(ticket, api, library, result, comms, count);
+  if (Launched(result) && comms != nullptr) HandOutHandles(library, comms, count);
 }
 
 Ticket BeforeCommCall(Api api, ncclComm_t handle) noexcept {

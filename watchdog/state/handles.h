@@ -1,0 +1,37 @@
+// The table of ncclguard's communicator handles (common/comm_handle.h): made when a communicator
+// is created under NCCLGUARD_RECOVER=inprocess, and re-pointed at a new communicator by in-process
+// recovery. Here in state/ so that both the recording path (record/) and the watchdog (detect/)
+// reach it.
+#pragma once
+
+#include <nccl.h>
+
+#include "watchdog/common/comm_handle.h"
+
+namespace ncclguard {
+
+// A new handle standing for `real`, served by the library in `slot`. Handles are never freed: a
+// call on a destroyed communicator must still be recognised as one of ours, and a handle with its
+// targets costs a few dozen bytes per communicator the process ever made. nullptr when out of
+// memory (the caller then hands out `real` itself).
+CommHandle* NewCommHandle(ncclComm_t real, int slot) noexcept;
+
+// The handle `comm` is, or nullptr when it is not one of ncclguard's.
+CommHandle* AsCommHandle(ncclComm_t comm) noexcept;
+
+// The handle that stands for `real` now, or nullptr when none does.
+CommHandle* FindCommHandle(ncclComm_t real) noexcept;
+
+// From now on, calls on `handle` go to `new_real` through the library in `new_slot`. Atomic: a
+// call made at the same time sees either the old pair or the new one, never a mix. False when out
+// of memory (the handle is then unchanged).
+bool RepointHandle(CommHandle* handle, ncclComm_t new_real, int new_slot) noexcept;
+
+// The library slot that new communicators made from a unique id (ncclCommInitRank, its Config and
+// Scalable forms, ncclCommInitAll) are to be created on from now on, e.g. a private instance after
+// in-process recovery; -1 (the default): the library the application called. Splits and shrinks
+// always follow their parent's library.
+void SendCreationsTo(int slot) noexcept;
+int CreationSlot() noexcept;
+
+}  // namespace ncclguard
