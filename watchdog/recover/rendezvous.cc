@@ -330,7 +330,7 @@ class Meeting {
   std::string Stamped(Json document) const;
   absl::Status WriteVote();
   absl::StatusOr<Decision> ReadDecision() const;
-  std::optional<Decision> LookForDecision() const;
+  std::optional<Decision> LookForDecision(bool* surely_none) const;
   Decision HostileDecision(const absl::Status& refusal) const;
   std::optional<std::string> CollectVotes();
   Decision MakeRecoverDecision(const UniqueIdMaker& make_unique_id) const;
@@ -379,8 +379,11 @@ absl::StatusOr<Decision> Meeting::ReadDecision() const {
   return RunWithDeadline<Decision>([place = place_] { return ReadDecisionNow(place); }, FileDeadline());
 }
 
-std::optional<Decision> Meeting::LookForDecision() const {
+// The decision, if one is there. `*surely_none` says whether the look found the name free, rather
+// than failing to look (the file layer busy, a file system slow to answer).
+std::optional<Decision> Meeting::LookForDecision(bool* surely_none) const {
   absl::StatusOr<Decision> decision = ReadDecision();
+  *surely_none = absl::IsNotFound(decision.status());
   if (decision.ok()) return *decision;
   if (IsTransient(decision.status())) return std::nullopt;
   return HostileDecision(decision.status());
@@ -511,8 +514,11 @@ RendezvousOutcome Meeting::Run(const UniqueIdMaker& make_unique_id) {
     return outcome;
   }
   for (;;) {
-    if (std::optional<Decision> decision = LookForDecision()) return OutcomeOf(*decision);
-    if (rank == 0) {
+    bool surely_none = false;
+    if (std::optional<Decision> decision = LookForDecision(&surely_none)) return OutcomeOf(*decision);
+    // Rank 0 makes a unique id only once it has seen that no decision exists: an id made in vain
+    // leaves the private instance's bootstrap thread waiting for ranks that never come.
+    if (rank == 0 && surely_none) {
       if (std::optional<std::string> problem = CollectVotes()) return Conclude(Fallback(*problem));
       if (ready_count_ == place_.nranks) return Conclude(MakeRecoverDecision(make_unique_id));
     }
