@@ -34,6 +34,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "watchdog/common/files.h"
+#include "watchdog/common/fnv1a.h"
 #include "watchdog/common/libraries.h"
 #include "watchdog/common/log.h"
 #include "watchdog/common/mutex.h"
@@ -72,12 +73,6 @@ absl::StatusCode CodeOfErrno(int error) {
 
 absl::Status FileError(const std::string& what, int error) {
   return ErrnoError(CodeOfErrno(error), what, error);
-}
-
-std::string HostName() {
-  char host[256] = {};
-  if (gethostname(host, sizeof(host) - 1) != 0) return "unknown";
-  return host;
 }
 
 bool SameFile(const struct stat& a, const struct stat& b) {
@@ -232,7 +227,7 @@ absl::StatusOr<CopyLease> AcquireCopy(const CopyRequest& request) {
   }
   const auto size = static_cast<std::uint64_t>(library.st_size);
   const std::string name = PrivateCopyName(
-      HostName(), library.st_dev, library.st_ino, library.st_size,
+      log::HostName(), library.st_dev, library.st_ino, library.st_size,
       static_cast<std::int64_t>(library.st_mtim.tv_sec) * 1'000'000'000 + library.st_mtim.tv_nsec);
   CopyLease lease;
   absl::StatusOr<int> directory_fd =
@@ -323,15 +318,12 @@ class SavedVariable {
 
 std::string PrivateCopyName(const std::string& host, dev_t device, ino_t inode, std::int64_t size,
                             std::int64_t modified_ns) {
-  // FNV-1a over the identity of the build: stable across processes and hosts, unlike std::hash.
-  std::uint64_t hash = 0xcbf29ce484222325ULL;
+  // Stable across processes and hosts, unlike std::hash. (An empty host becomes "unknown" below.)
+  std::uint64_t hash = kFnv1aOffsetBasis;
   for (const std::uint64_t value :
        {static_cast<std::uint64_t>(device), static_cast<std::uint64_t>(inode),
         static_cast<std::uint64_t>(size), static_cast<std::uint64_t>(modified_ns)}) {
-    for (int byte = 0; byte < 8; ++byte) {
-      hash ^= (value >> (8 * byte)) & 0xff;
-      hash *= 0x100000001b3ULL;
-    }
+    hash = Fnv1a(&value, sizeof(value), hash);
   }
   char hex[17];
   std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(hash));

@@ -14,6 +14,7 @@
 
 #include <fmt/format.h>
 
+#include "watchdog/common/fnv1a.h"
 #include "watchdog/common/log.h"
 #include "watchdog/common/mutex.h"
 #include "watchdog/common/nccl_api.h"
@@ -27,15 +28,6 @@ std::size_t HashOf(ncclComm_t handle) {
   bits ^= bits >> 17;
   bits *= 0x9e3779b97f4a7c15ULL;
   return static_cast<std::size_t>(bits >> 20);
-}
-
-std::uint64_t Fnv1a(const void* data, std::size_t size, std::uint64_t hash = 0xcbf29ce484222325ULL) {
-  const auto* bytes = static_cast<const unsigned char*>(data);
-  for (std::size_t i = 0; i < size; ++i) {
-    hash ^= bytes[i];
-    hash *= 0x100000001b3ULL;
-  }
-  return hash;
 }
 
 }  // namespace
