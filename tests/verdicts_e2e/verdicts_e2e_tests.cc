@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <optional>
 #include <regex>
@@ -431,6 +432,32 @@ TEST_CASE("a hang inside NCCL with every rank joined is stuck_inside_nccl", "[st
   for (const auto& [rank, pid] : pids) {
     INFO("rank " << rank);
     CHECK(OnlineVerdict(job.result.err, pid).starts_with("stuck_inside_nccl: "));
+  }
+}
+
+// Files the reader refuses are said at each stall, but a job directory full of junk must not flood
+// every rank's log: five lines and a count.
+TEST_CASE("files a verdict leaves out are logged, a few lines at most", "[stuck_inside_nccl][hostile]") {
+  TemporaryDirectory dump_dir;
+  const std::filesystem::path job_dir = std::filesystem::path(dump_dir.path()) / kJobId;
+  std::filesystem::create_directory(job_dir);
+  std::filesystem::permissions(job_dir, std::filesystem::perms::owner_all);
+  constexpr int kJunkFiles = 8;
+  for (int i = 0; i < kJunkFiles; ++i) {
+    std::ofstream(job_dir / ("status-junk-" + std::to_string(i) + ".json")) << "not a status file";
+  }
+  const Job job = RunHangInsideNccl(dump_dir);
+  INFO(job.transcript);
+  REQUIRE_FALSE(job.result.timed_out);
+  const std::map<int, int> pids = RankPids(job.result.out);
+  REQUIRE(pids.size() == 4);
+  for (const auto& [rank, pid] : pids) {
+    INFO("rank " << rank);
+    CHECK(OnlineVerdict(job.result.err, pid).starts_with("stuck_inside_nccl: "));
+    // Five named and a count of the other three, at every verdict the rank worked out.
+    const std::size_t verdicts = LogLinesOf(job.result.err, pid, "the verdict leaves out 3 more files of ").size();
+    CHECK(verdicts >= 1);
+    CHECK(LogLinesOf(job.result.err, pid, "the verdict leaves out status-junk-").size() == 5 * verdicts);
   }
 }
 

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -113,8 +114,15 @@ std::vector<Verdict> SystemEffects::Classify(const ProcessSnapshot& own_status) 
     log::Warn("no verdict: {}", std::string(job.status().message()));
     return {};
   }
-  // A file not read can make a live rank look absent: the verdict's reader should know.
-  for (const std::string& problem : job->problems) log::Warn("the verdict leaves out {}", problem);
+  // A file not read can make a live rank look absent: the verdict's reader should know. A few
+  // lines at most: a directory full of junk must not flood the log at every stall.
+  constexpr std::size_t kProblemsLogged = 5;
+  for (std::size_t i = 0; i < std::min(job->problems.size(), kProblemsLogged); ++i) {
+    log::Warn("the verdict leaves out {}", job->problems[i]);
+  }
+  if (job->problems.size() > kProblemsLogged) {
+    log::Warn("the verdict leaves out {} more files of {}", job->problems.size() - kProblemsLogged, JobDir());
+  }
   return ncclguard::Classify(*job, ProcessKnownBad().entries);
 }
 
