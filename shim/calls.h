@@ -13,7 +13,8 @@
 namespace ncclguard::shim {
 
 // An operation's arguments, found by type: every collective and point-to-point call has exactly
-// one count, datatype and communicator, at most one reduction and at most one int (root or peer).
+// one count, datatype and communicator, at most one reduction, at most one int (root or peer), at
+// most one input (`const void*`) and at most one output (`void*`) buffer.
 template <typename... Args>
 OperationArguments SortOperationArguments(const Args&... args) {
   OperationArguments sorted;
@@ -31,6 +32,10 @@ OperationArguments SortOperationArguments(const Args&... args) {
       sorted.reduction = value;
     else if constexpr (std::is_same_v<T, int>)
       sorted.root_or_peer = value;
+    else if constexpr (std::is_same_v<T, const void*>)
+      sorted.send = value;
+    else if constexpr (std::is_same_v<T, void*>)
+      sorted.recv = value;
   };
   (take(args), ...);
   return sorted;

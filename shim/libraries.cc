@@ -279,24 +279,5 @@ int LibraryVersion(int slot) noexcept {
   return 0;
 }
 
-namespace {
-
-class ShimLibraries final : public RealLibraries {
- public:
-  void* Function(int slot, Api api) noexcept override { return RealFunction(slot, api); }
-  std::string Path(int slot) override { return LibraryPath(slot); }
-  int Version(int slot) noexcept override { return LibraryVersion(slot); }
-  void* Symbol(void* handle, const char* name) noexcept override { return RealDlsym()(handle, name); }
-  int AdoptLibrary(void* dl_handle, const std::string& path) noexcept override {
-    return shim::AdoptLibrary(dl_handle, path);
-  }
-};
-
-// Constant-initialised: no constructor runs when the library is loaded.
-constinit ShimLibraries g_shim_libraries;
-
-}  // namespace
-
-RealLibraries& Libraries() noexcept { return g_shim_libraries; }
 
 }  // namespace ncclguard::shim

@@ -38,7 +38,8 @@ int AdoptLibrary(void* dl_handle, const std::string& path) noexcept;
 std::string LibraryPath(int slot);
 int LibraryVersion(int slot) noexcept;
 
-// The functions above, as the core's way to the real libraries (handed to it at its start).
+// The functions above, as the core's way to the real libraries (handed to it at its start);
+// defined with the wrappers (wrappers.cc), whose call scope it uses.
 RealLibraries& Libraries() noexcept;
 
 }  // namespace ncclguard::shim

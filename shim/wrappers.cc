@@ -4,12 +4,15 @@
 
 #include <nccl.h>
 
+#include <string>
 #include <type_traits>
 #include <utility>
 
+#include "absl/functional/function_ref.h"
 #include "shim/calls.h"
 #include "shim/libraries.h"
 #include "watchdog/common/comm_handle.h"
+#include "watchdog/common/libraries.h"
 #include "watchdog/common/nccl_api.h"
 #include "watchdog/common/nccl_api_table.h"
 #include "watchdog/record/hooks.h"
@@ -52,6 +55,27 @@ class CallScope {
   ThreadCallState previous_;
 };
 
+// The core's way to the NCCL libraries (watchdog/common/libraries.h). Here rather than in
+// libraries.cc, which the command line tool links without the wrappers, because CallAs runs a call
+// in the wrappers' own call scope.
+class ShimLibraries final : public RealLibraries {
+ public:
+  void* Function(int slot, Api api) noexcept override { return RealFunction(slot, api); }
+  std::string Path(int slot) override { return LibraryPath(slot); }
+  int Version(int slot) noexcept override { return LibraryVersion(slot); }
+  void* Symbol(void* handle, const char* name) noexcept override { return RealDlsym()(handle, name); }
+  int AdoptLibrary(void* dl_handle, const std::string& path) noexcept override {
+    return shim::AdoptLibrary(dl_handle, path);
+  }
+  void CallAs(int slot, Api api, absl::FunctionRef<void()> call) noexcept override {
+    CallScope scope(api, slot);
+    call();
+  }
+};
+
+// Constant-initialised: no constructor runs when the library is loaded.
+constinit ShimLibraries g_shim_libraries;
+
 template <typename Result>
 Result MissingFunctionResult() {
   if constexpr (std::is_same_v<Result, ncclResult_t>) {
@@ -66,6 +90,8 @@ Result MissingFunctionResult() {
 template <typename T>
 T RealArgument(T value, int* library) noexcept {
   if constexpr (std::is_same_v<T, ncclComm_t>) {
+    // While in-process recovery re-points handles, calls that name a communicator wait for it.
+    if (g_recoveries_under_way.load(std::memory_order_relaxed) > 0) hooks::WaitForRecoveries();
     return ResolveComm(value, library);
   } else {
     return value;
@@ -145,6 +171,8 @@ void* WrapperIn(int library, Api api, std::integer_sequence<int, Libraries...>) 
 }
 
 }  // namespace
+
+RealLibraries& Libraries() noexcept { return g_shim_libraries; }
 
 void* Wrapper(int library, Api api) noexcept {
   return WrapperIn(library, api, std::make_integer_sequence<int, kMaxLibraries>());

@@ -140,7 +140,14 @@ class RecordingEffects final : public WatchdogEffects {
     comm.lifecycle.store(CommLifecycle::kAborted);
   }
   bool holding_application_calls = false;
+  // In-process recoveries asked for: the operation and this rank's reason not to (or "").
+  std::vector<std::pair<std::uint64_t, std::string>> recoveries;
+  RecoveryOutcome recovery_outcome;
   void HoldApplicationCalls() override { holding_application_calls = true; }
+  RecoveryOutcome RecoverInProcess(CommState&, ProbationOp& op, const std::string& not_ready_reason) override {
+    recoveries.push_back({op.seq, not_ready_reason});
+    return recovery_outcome;
+  }
   [[noreturn]] void Exit(int code) override { throw ExitCalled(code); }
   std::int64_t WallNowNs() override { return wall_ns; }
 };

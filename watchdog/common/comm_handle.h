@@ -31,6 +31,10 @@ struct CommHandle {
 // NCCLGUARD_RECOVER=inprocess passes every communicator to NCCL exactly as before.
 inline std::atomic<bool> g_comm_handles_made{false};
 
+// How many in-process recoveries are re-creating communicators now: application calls that name a
+// communicator wait (hooks::WaitForRecoveries) rather than reach one being replaced.
+inline std::atomic<int> g_recoveries_under_way{0};
+
 // The communicator `comm` stands for: for one of ncclguard's handles, its current real
 // communicator, with `*slot` set to the library slot that serves it; anything else (NCCL's own
 // communicator, a foreign pointer, null) is returned unchanged and `*slot` left alone. No lock,

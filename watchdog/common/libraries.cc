@@ -5,6 +5,8 @@
 #include <atomic>
 #include <string>
 
+#include "absl/functional/function_ref.h"
+
 #include "watchdog/common/nccl_api.h"
 
 namespace ncclguard {
@@ -17,6 +19,7 @@ class NoLibraries final : public RealLibraries {
   int Version(int) noexcept override { return 0; }
   void* Symbol(void* handle, const char* name) noexcept override { return dlsym(handle, name); }
   int AdoptLibrary(void*, const std::string&) noexcept override { return -1; }
+  void CallAs(int, Api, absl::FunctionRef<void()> call) noexcept override { call(); }
 };
 
 NoLibraries g_no_libraries;

@@ -5,6 +5,8 @@
 
 #include <string>
 
+#include "absl/functional/function_ref.h"
+
 #include "watchdog/common/nccl_api.h"
 
 namespace ncclguard {
@@ -26,6 +28,11 @@ class RealLibraries {
   // Returns the slot (the existing one when that library already has a slot), or -1 when no slot
   // is left or `dl_handle` is not an NCCL library.
   virtual int AdoptLibrary(void* dl_handle, const std::string& path) noexcept = 0;
+  // Runs `call`, which calls functions of the library in `slot` directly, as the wrappers run a
+  // call of `api` on it: the library's calls of its own exported functions, which bind to
+  // ncclguard's wrappers, then reach that library too (not the process's default NCCL) and are
+  // not reported as calls of their own.
+  virtual void CallAs(int slot, Api api, absl::FunctionRef<void()> call) noexcept = 0;
 };
 
 // Called by the shim before any call reaches the core. A program that links the core without the

@@ -27,6 +27,7 @@
 #include "watchdog/diagnose/job_view.h"
 #include "watchdog/diagnose/known_bad.h"
 #include "watchdog/diagnose/verdicts.h"
+#include "watchdog/recover/in_process.h"
 #include "watchdog/recover/p2p_verdict.h"
 #include "watchdog/report/dump.h"
 #include "watchdog/report/facts.h"
@@ -142,10 +143,10 @@ std::int64_t SystemEffects::TakePeerDumpRequest() {
 
 ncclResult_t SystemEffects::AsyncError(CommState& comm) {
   using Function = decltype(&::ncclCommGetAsyncError);
-  auto get = reinterpret_cast<Function>(Real().Function(comm.library, Api::ncclCommGetAsyncError));
+  auto get = reinterpret_cast<Function>(Real().Function(comm.library.load(), Api::ncclCommGetAsyncError));
   ncclResult_t error = ncclSuccess;
   if (get == nullptr || !EnterComm(comm)) return ncclSuccess;
-  if (get(comm.handle, &error) != ncclSuccess) error = ncclSuccess;
+  if (get(comm.handle.load(), &error) != ncclSuccess) error = ncclSuccess;
   LeaveComm(comm);
   return error;
 }
@@ -159,13 +160,30 @@ std::string SystemEffects::LastNcclError() {
 
 void SystemEffects::Abort(CommState& comm) {
   using Function = decltype(&::ncclCommAbort);
-  auto abort = reinterpret_cast<Function>(Real().Function(comm.library, Api::ncclCommAbort));
+  auto abort = reinterpret_cast<Function>(Real().Function(comm.library.load(), Api::ncclCommAbort));
   if (abort == nullptr || !EnterComm(comm)) return;
   comm.aborted_by_ncclguard.store(true, std::memory_order_release);
-  const ncclResult_t result = abort(comm.handle);
+  const ncclResult_t result = abort(comm.handle.load());
   comm.lifecycle.store(CommLifecycle::kAborted, std::memory_order_release);
   LeaveComm(comm);
   if (result != ncclSuccess) log::Warn("ncclCommAbort of comm {} returned {}", comm.id, ResultName(result));
+}
+
+RecoveryOutcome SystemEffects::RecoverInProcess(CommState& comm, ProbationOp& op,
+                                                const std::string& not_ready_reason) {
+  const std::string job_dir = JobDir();
+  const Config& config = GetConfig();
+  // Every rank finds the stall within about one timeout of the others; a meeting shorter than a
+  // few seconds would fall back for a rank that merely polled later.
+  const auto timeout = std::chrono::milliseconds(
+      static_cast<std::int64_t>(std::clamp(config.timeout.value, 5.0, 60.0) * 1000));
+  return RecoverCommunicator(comm, op,
+                             RecoveryRequest{.job_dir = job_dir,
+                                             .not_ready_reason = job_dir.empty() && not_ready_reason.empty()
+                                                                     ? "the job directory is not known"
+                                                                     : not_ready_reason,
+                                             .meeting_timeout = timeout,
+                                             .replay_timeout = timeout});
 }
 
 void SystemEffects::HoldApplicationCalls() {

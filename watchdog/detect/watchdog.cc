@@ -321,6 +321,7 @@ void Watchdog::DecideOnStall(CommState* comm, const Stall& stall, const std::vec
                        stall.seconds >= config_.hard_timeout.value;
   if (act_now) {
     if (comm != nullptr) comm->stall_acted_on = true;
+    if (comm != nullptr && TryRecoverInProcess(*comm, stall, verdicts, now_ns)) return;
     Act(comm, "the stall", verdicts);
     return;
   }
@@ -331,6 +332,54 @@ void Watchdog::DecideOnStall(CommState* comm, const Stall& stall, const std::vec
         "NCCLGUARD_HARD_TIMEOUT={} s unless that changes",
         ActionName(config_.action), config_.hard_timeout.value);
   }
+}
+
+bool Watchdog::TryRecoverInProcess(CommState& comm, const Stall& stall, const std::vector<Verdict>& verdicts,
+                                   std::int64_t now_ns) {
+  if (config_.recover != RecoverMode::kInProcess) return false;
+  ProbationOp* op = nullptr;
+  const int taken = std::min(comm.probation_taken.load(std::memory_order_acquire), kMaxProbationOps);
+  for (int i = 0; i < taken; ++i) {
+    if (comm.probation[i].seq == stall.seq &&
+        comm.probation[i].state.load(std::memory_order_acquire) == ProbationState::kPending) {
+      op = &comm.probation[i];
+    }
+  }
+  if (op == nullptr) return false;  // outside probation nothing changes
+  const VerdictKind verdict = verdicts.empty() ? VerdictKind::kUnknown : verdicts[0].kind;
+  std::string not_ready;
+  if (verdict != VerdictKind::kStuckInsideNccl && verdict != VerdictKind::kP2pSuspect) {
+    not_ready = fmt::format("its verdict is {}, which a communicator with P2P off does not mend",
+                            VerdictKindName(verdict));
+  }
+  const std::string what = fmt::format("comm {} #{} {}", comm.id, stall.seq, OperationName(stall.api));
+  log::Warn("{} stalled on probation: recovering it in-process (NCCLGUARD_RECOVER=inprocess){}", what,
+            not_ready.empty() ? "" : fmt::format("; this rank cannot: {}", not_ready));
+  RecoveryOutcome outcome;
+  {
+    Activity activity(*this, "recovering a communicator in-process");
+    outcome = effects_.RecoverInProcess(comm, *op, not_ready);
+  }
+  switch (outcome.result) {
+    case RecoveryOutcome::Result::kRecovered: {
+      log::Warn("{}: re-created with P2P disabled on a private NCCL instance and replayed ({}); the "
+                "application goes on, {} ms after the stall was found",
+                what, outcome.detail, (outcome.replay_completed_ns - now_ns) / 1'000'000);
+      MutexLock lock(status_mutex_);
+      reported_stall_.reset();
+      next_status_ns_ = 0;  // the others see at once that it completed
+      return true;
+    }
+    case RecoveryOutcome::Result::kFellBack:
+      log::Warn("{}: in-process recovery falls back: {}", what, outcome.detail);
+      return false;
+    case RecoveryOutcome::Result::kBroken:
+      ExitForRestart(fmt::format("{}: in-process recovery failed after the communicator was aborted ({}); exiting "
+                                 "with code {}",
+                                 what, outcome.detail, kRestartExitCode));
+      return true;
+  }
+  return false;
 }
 
 void Watchdog::OnAsyncError(CommState& comm, ncclResult_t error, std::int64_t now_ns, bool act) {

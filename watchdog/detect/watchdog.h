@@ -19,6 +19,7 @@
 #include "watchdog/common/mutex.h"
 #include "watchdog/detect/progress.h"
 #include "watchdog/diagnose/verdicts.h"
+#include "watchdog/recover/in_process.h"
 #include "watchdog/recover/p2p_verdict.h"
 #include "watchdog/report/facts.h"
 #include "watchdog/report/snapshot.h"
@@ -59,6 +60,10 @@ class WatchdogEffects {
   virtual ncclResult_t AsyncError(CommState& comm) = 0;
   virtual std::string LastNcclError() = 0;
   virtual void Abort(CommState& comm) = 0;
+  // NCCLGUARD_RECOVER=inprocess: takes part in the recovery of `op`, an operation of `comm` on
+  // probation that stalled (recover/in_process.h); `not_ready_reason` says why this rank cannot
+  // recover ("" when it can), which makes every rank fall back.
+  virtual RecoveryOutcome RecoverInProcess(CommState& comm, ProbationOp& op, const std::string& not_ready_reason) = 0;
   // From now on, application threads that call NCCL wait: the process is about to exit, and an
   // aborted communicator would otherwise let the application exit first with its own code.
   virtual void HoldApplicationCalls() = 0;
@@ -121,6 +126,11 @@ class Watchdog {
   // says why it waits and when it will look again.
   void DecideOnStall(CommState* comm, const Stall& stall, const std::vector<Verdict>& verdicts,
                      std::int64_t now_ns);
+  // NCCLGUARD_RECOVER=inprocess, for a stall of an operation on probation: recovers the
+  // communicator in-process, all ranks or none. True when the stall is dealt with (recovered, or
+  // the process is exiting); false when it fell back and the stall goes on as without recovery.
+  bool TryRecoverInProcess(CommState& comm, const Stall& stall, const std::vector<Verdict>& verdicts,
+                           std::int64_t now_ns);
   std::vector<Verdict> CurrentVerdicts(const StallSnapshot& stall, std::int64_t now_ns);
   // Reports the communicator's asynchronous error unless reported already; acts on it when `act`
   // (not for a communicator already closed, nor at exit). True when it reported one.

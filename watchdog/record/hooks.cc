@@ -14,7 +14,12 @@
 #include <exception>
 #include <mutex>
 #include <string>
+#include <thread>
+#include <chrono>
+#include <cstdint>
 
+#include "watchdog/common/clock.h"
+#include "watchdog/common/comm_handle.h"
 #include "watchdog/common/config.h"
 #include "watchdog/common/launcher.h"
 #include "watchdog/common/libraries.h"
@@ -23,6 +28,7 @@
 #include "watchdog/common/version.h"
 #include "watchdog/detect/runtime.h"
 #include "watchdog/recover/p2p_policy.h"
+#include "watchdog/state/handles.h"
 #include "watchdog/state/registry.h"
 
 namespace ncclguard {
@@ -108,6 +114,17 @@ void NestedCall(Api api, Api outer) noexcept {
 }
 
 void WaitIfExiting() noexcept { ::ncclguard::WaitIfExiting(); }
+
+void WaitForRecoveries() noexcept {
+  if (OnRecoveringThread()) return;
+  // A recovery ends within its deadlines (the meeting, the new communicator, the replay); this
+  // bound only keeps a thread from waiting for ever on one that went wrong.
+  constexpr std::int64_t kLongestWaitNs = 600'000'000'000;
+  const std::int64_t give_up = SteadyNowNs() + kLongestWaitNs;
+  while (g_recoveries_under_way.load(std::memory_order_seq_cst) > 0 && SteadyNowNs() < give_up) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
 
 void EnterNccl(Api api) noexcept { ::ncclguard::EnterNccl(api); }
 void LeaveNccl() noexcept { ::ncclguard::LeaveNccl(); }

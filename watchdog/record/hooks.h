@@ -18,6 +18,7 @@ namespace ncclguard {
 
 class RealLibraries;
 struct CommState;
+struct ProbationOp;
 
 // What the shim must do with a call, and what the After hook needs to know.
 struct Ticket {
@@ -32,6 +33,7 @@ struct Ticket {
   // The library slot that is to serve the call instead of the wrapper's own (-1): lets the core
   // send a communicator's creation to another library instance.
   int slot = -1;
+  ProbationOp* probation = nullptr;  // the operation is on probation: its stream is gated after it
 };
 
 // Every wrapper first turns each communicator it is given into the real one behind it, and the
@@ -47,6 +49,8 @@ struct OperationArguments {
   int datatype = -1;
   int reduction = -1;
   int root_or_peer = -1;
+  const void* send = nullptr;  // the input buffer (`const void*`): none for ncclRecv and ncclBcast
+  void* recv = nullptr;        // the output buffer (`void*`): ncclBcast's only buffer
 };
 
 // How a communicator creation call identifies the new communicator.
@@ -99,6 +103,10 @@ void ReportMissingFunction(Api api, int library) noexcept;
 // Called at the start of every reported call: waits for ever once the watchdog is exiting the
 // process (NCCLGUARD_ACTION=exit).
 void WaitIfExiting() noexcept;
+
+// Waits, a bounded time, until no in-process recovery is under way (g_recoveries_under_way), unless
+// this thread is the one recovering.
+void WaitForRecoveries() noexcept;
 
 // Around the real call: how many threads are inside NCCL, and in which function.
 void EnterNccl(Api api) noexcept;

@@ -8,7 +8,9 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -25,9 +27,11 @@
 #include "watchdog/common/log.h"
 #include "watchdog/common/nccl_api.h"
 #include "watchdog/detect/runtime.h"
+#include "watchdog/report/facts.h"
 #include "watchdog/record/hooks.h"
 #include "watchdog/state/gpu_events.h"
 #include "watchdog/state/handles.h"
+#include "watchdog/state/probation.h"
 #include "watchdog/state/records.h"
 #include "watchdog/state/registration.h"
 #include "watchdog/state/registry.h"
@@ -65,7 +69,7 @@ bool Launched(ncclResult_t result) { return result == ncclSuccess || result == n
 void LogFailedCall(Api api, const CommState* comm, ncclResult_t result) {
   using GetLastError = decltype(&::ncclGetLastError);
   auto last_error = reinterpret_cast<GetLastError>(
-      Real().Function(comm != nullptr ? comm->library : 0, Api::ncclGetLastError));
+      Real().Function(comm != nullptr ? comm->library.load() : 0, Api::ncclGetLastError));
   const char* text = last_error != nullptr ? last_error(nullptr) : nullptr;
   const std::string on = comm != nullptr ? fmt::format(" on comm {}", comm->id) : std::string();
   // An application that retries in a loop must not flood the log or the job directory: a few
@@ -190,6 +194,53 @@ void FinishGroupedCreations(Api api, ncclResult_t result) {
   if (completed) WriteStatusAtInit();
 }
 
+// Probation (NCCLGUARD_RECOVER=inprocess). Any operation issued while an earlier one is on
+// probation is queued behind it on the same communicator: were that one replayed on a new
+// communicator, this one would still run on the old one.
+void MarkProbationUnsafe(CommState& comm) {
+  const int taken = comm.probation_taken.load(std::memory_order_relaxed);
+  for (int i = 0; i < taken && i < kMaxProbationOps; ++i) {
+    ProbationOp& earlier = comm.probation[i];
+    if (earlier.state.load(std::memory_order_acquire) == ProbationState::kPending) {
+      earlier.unsafe.store("a later operation on the communicator was queued behind it",
+                           std::memory_order_release);
+    }
+  }
+}
+
+// The probation slot of operation `seq`, or nullptr when it is not held: probation is over (the
+// first NCCLGUARD_PROBATION_OPS operations, held or not, are its span), or the operation cannot be
+// held (captured into a graph, untimed, inside a group). Its in-place input is copied now, on the
+// stream, before NCCL queues the operation.
+ProbationOp* TakeProbation(CommState& comm, std::uint64_t seq, Api api, const OperationArguments& arguments,
+                           bool holdable) {
+  if (comm.probation_limit == 0) return nullptr;
+  MarkProbationUnsafe(comm);
+  const int taken = comm.probation_taken.load(std::memory_order_relaxed);
+  if (taken >= comm.probation_limit) return nullptr;
+  comm.probation_taken.store(taken + 1, std::memory_order_release);
+  if (!holdable) return nullptr;
+  ProbationOp& op = comm.probation[taken];
+  op.seq = seq;
+  op.api = api;
+  op.send = arguments.send;
+  op.recv = arguments.recv;
+  op.count = arguments.count;
+  op.datatype = arguments.datatype;
+  op.reduction = arguments.reduction;
+  op.root_or_peer = arguments.root_or_peer;
+  op.stream = arguments.stream;
+  const std::size_t overwritten =
+      OverwrittenInputBytes(op, comm.rank.load(std::memory_order_relaxed), comm.nranks.load(std::memory_order_relaxed));
+  if (overwritten > static_cast<std::size_t>(GetConfig().probation_max_bytes.value)) {
+    op.unsafe.store("its input is its output, and larger than NCCLGUARD_PROBATION_MAX_BYTES",
+                    std::memory_order_release);
+  } else if (overwritten > 0 && !SaveInput(op, overwritten)) {
+    op.unsafe.store("its input is its output, and could not be copied", std::memory_order_release);
+  }
+  return &op;
+}
+
 }  // namespace
 
 Ticket BeforeOperation(Api api, int library, const OperationArguments& arguments) noexcept {
@@ -244,6 +295,7 @@ Ticket BeforeOperation(Api api, int library, const OperationArguments& arguments
     if (op.start_event == nullptr || op.end_event == nullptr) initial = OpState::kUntimed;
   }
   const bool grouped = t_group_depth > 0;
+  ticket.probation = TakeProbation(*comm, seq, api, arguments, initial == OpState::kEnqueued && !grouped);
   if (initial == OpState::kEnqueued && !grouped) RecordStart(op);
   op.seq.store(seq, std::memory_order_relaxed);
   op.state.store(initial, std::memory_order_release);
@@ -260,6 +312,10 @@ void AfterOperation(const Ticket& ticket, ncclResult_t result) noexcept {
   }
   if (t_group_depth > 0 && Launched(result)) return;  // launched at the outermost ncclGroupEnd
   FinishLaunch(*ticket.comm, ticket.seq, result);
+  // Queued on the stream (ncclInProgress: not yet, so the gate could come before it): held.
+  if (ticket.probation != nullptr && result == ncclSuccess && !GateStream(*ticket.probation)) {
+    log::Debug("comm {} #{} is not on probation: its stream could not be gated", ticket.comm->id, ticket.seq);
+  }
 }
 
 Ticket BeforeGroupCall(Api api) noexcept {
@@ -332,6 +388,19 @@ Ticket BeforeCreation(Api api, const CreationArguments& arguments) noexcept {
 
 namespace {
 
+// How many of a new communicator's first operations go on probation: none unless in-process
+// recovery could help them, i.e. NCCLGUARD_RECOVER=inprocess, a driver that can hold a stream,
+// P2P left to NCCL (a recovery turns it off; a user's own setting wins) and not already a
+// communicator of the private instance, whose P2P is off.
+int ProbationLimit(int library) {
+  const Config& config = GetConfig();
+  if (config.recover != RecoverMode::kInProcess || library == CreationSlot() || !ProbationAvailable()) return 0;
+  for (const char* name : kNcclP2pVariables) {
+    if (std::getenv(name) != nullptr) return 0;
+  }
+  return static_cast<int>(std::min<long>(config.probation_ops.value, kMaxProbationOps));
+}
+
 // With NCCLGUARD_RECOVER=inprocess the application holds ncclguard's handles, not NCCL's
 // communicators: NCCL wrote them at call time, even inside a group or for a creation still in
 // progress, so they are replaced before the call returns.
@@ -373,6 +442,7 @@ void RegisterCreated(const Ticket& ticket, Api api, int library, ncclResult_t re
             state.init_start_ns = ticket.start_ns;
             state.context = DriverEvents().CurrentContext();
             state.awaiting_group_end.store(grouped, std::memory_order_relaxed);
+            state.probation_limit = ProbationLimit(library);
             if (result == ncclSuccess && !grouped) state.init_end_ns.store(now, std::memory_order_relaxed);
           });
       if (grouped && comm != nullptr) {

@@ -96,7 +96,7 @@ void CopyOperations(const CommState& comm, bool with_rings, bool sign, std::int6
 CommSnapshot SnapshotOfCommunicator(const CommState& comm, bool with_rings, bool sign, std::int64_t to_wall) {
   CommSnapshot copy;
   copy.id = comm.id;
-  copy.handle = reinterpret_cast<std::uint64_t>(comm.handle);
+  copy.handle = reinterpret_cast<std::uint64_t>(comm.handle.load());
   copy.rank = comm.rank.load(std::memory_order_relaxed);
   copy.nranks = comm.nranks.load(std::memory_order_relaxed);
   copy.device = comm.device.load(std::memory_order_relaxed);
@@ -142,8 +142,8 @@ ProcessSnapshot BuildSnapshot(Registry& registry, const std::string& reason, boo
     const bool sign = !with_rings && snapshot.comms.size() < kMaxSignedCommunicators;
     CommSnapshot& copy =
         snapshot.comms.emplace_back(SnapshotOfCommunicator(*comm, with_rings, sign, to_wall));
-    auto [library, added] = libraries.try_emplace(comm->library);
-    if (added) library->second = {Real().Path(comm->library), Real().Version(comm->library)};
+    auto [library, added] = libraries.try_emplace(comm->library.load());
+    if (added) library->second = {Real().Path(comm->library.load()), Real().Version(comm->library.load())};
     copy.library_path = library->second.first;
     copy.nccl_version = library->second.second;
     if (snapshot.rank < 0) snapshot.rank = copy.rank;

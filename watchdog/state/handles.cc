@@ -75,6 +75,22 @@ bool RepointHandle(CommHandle* handle, ncclComm_t new_real, int new_slot) noexce
   return true;
 }
 
+namespace {
+thread_local bool t_recovering = false;  // plain data: no TLS constructor
+}  // namespace
+
+RecoveryUnderWay::RecoveryUnderWay() noexcept {
+  t_recovering = true;
+  g_recoveries_under_way.fetch_add(1, std::memory_order_seq_cst);
+}
+
+RecoveryUnderWay::~RecoveryUnderWay() {
+  g_recoveries_under_way.fetch_sub(1, std::memory_order_seq_cst);
+  t_recovering = false;
+}
+
+bool OnRecoveringThread() noexcept { return t_recovering; }
+
 void SendCreationsTo(int slot) noexcept { g_creation_slot.store(slot, std::memory_order_release); }
 
 int CreationSlot() noexcept { return g_creation_slot.load(std::memory_order_acquire); }

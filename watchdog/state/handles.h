@@ -32,6 +32,18 @@ bool RepointHandle(CommHandle* handle, ncclComm_t new_real, int new_slot) noexce
 // in-process recovery; -1 (the default): the library the application called. Splits and shrinks
 // always follow their parent's library.
 void SendCreationsTo(int slot) noexcept;
+
+// In-process recovery holds the application's calls that name a communicator while it re-points
+// handles (g_recoveries_under_way); its own thread, and NCCL's calls made on it, must not wait.
+// A scope on the recovering thread: counts the recovery as under way and marks the thread.
+class RecoveryUnderWay {
+ public:
+  RecoveryUnderWay() noexcept;
+  ~RecoveryUnderWay();
+  RecoveryUnderWay(const RecoveryUnderWay&) = delete;
+  RecoveryUnderWay& operator=(const RecoveryUnderWay&) = delete;
+};
+bool OnRecoveringThread() noexcept;
 int CreationSlot() noexcept;
 
 }  // namespace ncclguard

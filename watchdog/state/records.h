@@ -83,14 +83,50 @@ struct RingUnmapper {
 using RingPointer = std::unique_ptr<OpRecord[], RingUnmapper>;
 RingPointer MapRing(std::size_t size);  // throws std::bad_alloc when there is no memory
 
+// Probation (NCCLGUARD_RECOVER=inprocess): one of a communicator's first operations, with what a
+// replay needs. The application's stream waits on the GPU after it, at a gate word, until the
+// operation is seen complete (then the word is set) or replayed on a new communicator.
+enum class ProbationState : std::uint8_t {
+  kNone,        // not on probation
+  kPending,     // gated; outcome not known yet
+  kReleased,    // it completed: the gate is open
+  kRecovering,  // the watchdog took it over: only a replay opens the gate
+};
+
+struct ProbationOp {
+  // Published by `state` (release): the application's thread writes the rest first, once.
+  std::atomic<ProbationState> state{ProbationState::kNone};
+  std::uint64_t seq = 0;
+  Api api{};
+  const void* send = nullptr;
+  void* recv = nullptr;
+  std::size_t count = 0;
+  int datatype = 0;
+  int reduction = 0;
+  int root_or_peer = -1;
+  void* stream = nullptr;
+  // A copy of an in-place operation's input, taken on the stream before the operation (0: none).
+  std::uint64_t saved_input = 0;
+  std::size_t saved_bytes = 0;
+  // Page-locked host word the stream waits on (>= 1), and its device address.
+  std::atomic<std::uint32_t>* gate = nullptr;
+  std::uint64_t gate_device = 0;
+  // Why a replay would not give the application what the operation would have (nullptr: it
+  // would): set by the application's thread, also after `state` is published.
+  std::atomic<const char*> unsafe{nullptr};
+};
+inline constexpr int kMaxProbationOps = 16;  // NCCLGUARD_PROBATION_OPS's upper bound
+
 struct CommSnapshot;
 
 struct CommState {
   CommState(ncclComm_t handle, int library, std::size_t ring_size)
       : handle(handle), library(library), ring_size(ring_size), ring(MapRing(ring_size)) {}
 
-  const ncclComm_t handle;
-  const int library;  // slot of the NCCL library serving it
+  // NCCL's communicator and the slot of the library serving it: changed only by in-process
+  // recovery (Registry::Rekey), while the application's calls are held.
+  std::atomic<ncclComm_t> handle;
+  std::atomic<int> library;
   char id[17] = {};   // the same on every rank: from the unique id, or the parent's id + lineage
   char parent_id[17] = {};
   Api created_by = Api::ncclCommInitRank;
@@ -139,6 +175,15 @@ struct CommState {
   std::atomic<std::uint64_t> last_started{0};
   std::atomic<std::uint64_t> last_completed{0};
   std::atomic<std::uint64_t> dropped{0};
+
+  // Probation: how many of its first operations may still go on probation (set when it is
+  // registered), how many did, and theirs. Written by the application's thread that issues
+  // operations (NCCL wants one at a time per communicator).
+  int probation_limit = 0;
+  std::atomic<int> probation_taken{0};
+  ProbationOp probation[kMaxProbationOps];
+  // Set by the watchdog while it recovers the communicator, and once it did.
+  std::atomic<bool> recovered{false};
 
   OpRecord& Slot(std::uint64_t seq) { return ring[seq % ring_size]; }
 };

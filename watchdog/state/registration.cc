@@ -25,9 +25,9 @@ bool CompleteRegistration(CommState& comm, std::int64_t steady_now_ns) noexcept 
   // The function's type comes from nccl.h; only NCCL's own function (of the comm's library) is called.
   auto query = [&comm](Api api, auto type, std::atomic<int>& field) {
     using Function = typename decltype(type)::type;
-    auto function = reinterpret_cast<Function>(Real().Function(comm.library, api));
+    auto function = reinterpret_cast<Function>(Real().Function(comm.library.load(), api));
     int value = -1;
-    if (function != nullptr && function(comm.handle, &value) == ncclSuccess)
+    if (function != nullptr && function(comm.handle.load(), &value) == ncclSuccess)
       field.store(value, std::memory_order_relaxed);
   };
   query(Api::ncclCommUserRank, std::type_identity<decltype(&::ncclCommUserRank)>{}, comm.rank);
@@ -36,11 +36,11 @@ bool CompleteRegistration(CommState& comm, std::int64_t steady_now_ns) noexcept 
   if (comm.init_end_ns.load(std::memory_order_acquire) == 0)
     comm.init_end_ns.store(steady_now_ns, std::memory_order_release);
   if (comm.parent_id[0] == '\0') log::SetRank(comm.rank.load(std::memory_order_relaxed));
-  const int version = Real().Version(comm.library);
+  const int version = Real().Version(comm.library.load());
   log::Info("comm {} rank {}/{} on device {} created by {} in {:.1f} ms through NCCL {}.{}.{} at {}", comm.id,
             comm.rank.load(), comm.nranks.load(), comm.device.load(), Describe(comm.created_by).name,
             static_cast<double>(comm.init_end_ns.load() - comm.init_start_ns) / 1e6, version / 10000,
-            version / 100 % 100, version % 100, Real().Path(comm.library));
+            version / 100 % 100, version % 100, Real().Path(comm.library.load()));
   return true;
 }
 

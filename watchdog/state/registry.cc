@@ -47,28 +47,30 @@ CommState* Registry::Find(ncclComm_t handle) const noexcept {
   return nullptr;
 }
 
+std::size_t Registry::SlotForLocked(ncclComm_t handle) const {
+  // The handle's own slot when NCCL reused it (the newest wins), else the first free one.
+  std::size_t free_slot = kCapacity;
+  for (std::size_t probe = 0, i = HashOf(handle) % kCapacity; probe < kCapacity;
+       ++probe, i = (i + 1) % kCapacity) {
+    const ncclComm_t key = keys_[i].load(std::memory_order_relaxed);
+    if (key == handle) return i;
+    if (key == Tombstone() && free_slot == kCapacity) free_slot = i;
+    if (key == nullptr) return free_slot == kCapacity ? i : free_slot;
+  }
+  return free_slot;
+}
+
+void Registry::PublishLocked(std::size_t slot, ncclComm_t handle, CommState* state) {
+  values_[slot].store(state, std::memory_order_release);
+  keys_[slot].store(handle, std::memory_order_release);
+}
+
 CommState* Registry::Add(ncclComm_t handle, int library, std::size_t ring_size,
                          const std::function<void(CommState&)>& initialize) {
   auto state = std::make_unique<CommState>(handle, library, ring_size);
   if (initialize) initialize(*state);  // before it is published: its plain fields are then fixed
   MutexLock lock(mutex_);
-  // The handle's own slot when NCCL reused it (the newest wins), else the first free one.
-  std::size_t free_slot = kCapacity;
-  std::size_t slot = kCapacity;
-  for (std::size_t probe = 0, i = HashOf(handle) % kCapacity; probe < kCapacity;
-       ++probe, i = (i + 1) % kCapacity) {
-    const ncclComm_t key = keys_[i].load(std::memory_order_relaxed);
-    if (key == handle) {
-      slot = i;
-      break;
-    }
-    if (key == Tombstone() && free_slot == kCapacity) free_slot = i;
-    if (key == nullptr) {
-      if (free_slot == kCapacity) free_slot = i;
-      break;
-    }
-  }
-  if (slot == kCapacity) slot = free_slot;
+  const std::size_t slot = SlotForLocked(handle);
   if (slot == kCapacity) {
     static std::atomic<bool> reported{false};
     if (!reported.exchange(true)) {
@@ -76,10 +78,20 @@ CommState* Registry::Add(ncclComm_t handle, int library, std::size_t ring_size,
     }
     return nullptr;
   }
-  values_[slot].store(state.get(), std::memory_order_release);
-  keys_[slot].store(handle, std::memory_order_release);
+  PublishLocked(slot, handle, state.get());
   all_.push_back(state.get());
   return state.release();
+}
+
+bool Registry::Rekey(CommState* state, ncclComm_t new_handle, int new_library) noexcept {
+  MutexLock lock(mutex_);
+  UnlinkLocked(state);
+  state->handle.store(new_handle, std::memory_order_release);
+  state->library.store(new_library, std::memory_order_release);
+  const std::size_t slot = SlotForLocked(new_handle);
+  if (slot == kCapacity) return false;
+  PublishLocked(slot, new_handle, state);
+  return true;
 }
 
 std::vector<CommState*> Registry::All() const {
@@ -89,14 +101,18 @@ std::vector<CommState*> Registry::All() const {
 
 void Registry::Unlink(CommState* state) noexcept {
   MutexLock lock(mutex_);
-  std::size_t i = HashOf(state->handle) % kCapacity;
+  UnlinkLocked(state);
+}
+
+void Registry::UnlinkLocked(CommState* state) noexcept {
+  const ncclComm_t handle = state->handle.load(std::memory_order_relaxed);
+  std::size_t i = HashOf(handle) % kCapacity;
   for (std::size_t probe = 0; probe < kCapacity; ++probe, i = (i + 1) % kCapacity) {
     const ncclComm_t key = keys_[i].load(std::memory_order_relaxed);
     if (key == nullptr) return;
-    if (key == state->handle) break;
+    if (key == handle) break;
   }
-  if (keys_[i].load(std::memory_order_relaxed) != state->handle ||
-      values_[i].load(std::memory_order_relaxed) != state) {
+  if (keys_[i].load(std::memory_order_relaxed) != handle || values_[i].load(std::memory_order_relaxed) != state) {
     return;  // not found, or its handle names a newer communicator now
   }
   keys_[i].store(Tombstone(), std::memory_order_release);

@@ -50,6 +50,11 @@ class Registry {
   CommState* Add(ncclComm_t handle, int library, std::size_t ring_size,
                  const std::function<void(CommState&)>& initialize = {});
 
+  // In-process recovery: from now on `state` stands for `new_handle`, served by the library in
+  // `new_library` (Find(old handle) no longer returns it). False when the table is full; Find then
+  // knows it by no handle.
+  bool Rekey(CommState* state, ncclComm_t new_handle, int new_library) noexcept;
+
   // Every communicator registered and not yet removed, oldest first (a copy: safe to walk while
   // others register).
   std::vector<CommState*> All() const;
@@ -71,6 +76,11 @@ class Registry {
   static constexpr std::size_t kCapacity = 8192;
   // A slot whose communicator was unlinked: probing goes on past it, Add reuses it.
   static ncclComm_t Tombstone() noexcept { return reinterpret_cast<ncclComm_t>(~std::uintptr_t{0}); }
+
+  // Where `handle` is, or would go; kCapacity when the table is full.
+  std::size_t SlotForLocked(ncclComm_t handle) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  void PublishLocked(std::size_t slot, ncclComm_t handle, CommState* state) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  void UnlinkLocked(CommState* state) noexcept ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
 
   static constexpr std::size_t kMaxPendingInits = 64;
   std::atomic<ncclComm_t> keys_[kCapacity] = {};

@@ -1,0 +1,178 @@
+// A job whose ranks each hold two communicators, as a program with a data-parallel and a
+// model-parallel group does: every rank issues its first AllReduce on each, on a stream of each,
+// and only then waits for both. With --crossed the odd ranks issue them in the other order (NCCL
+// allows it: they are different communicators on different streams). With --split, each rank then
+// splits the first communicator and runs an AllReduce on the child. The parent process makes the
+// two unique ids and forks the ranks; each rank checks every result and says so.
+//
+//   two_comms --ranks N [--count C] [--steps S] [--crossed] [--split]
+#include <cuda.h>
+#include <nccl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace {
+
+struct Options {
+  int ranks = 2;
+  size_t count = 4096;
+  int steps = 2;
+  bool crossed = false;
+  bool split = false;
+};
+
+[[noreturn]] void Fail(int rank, const std::string& what) {
+  std::printf("rank %d: FAILED: %s\n", rank, what.c_str());
+  std::fflush(nullptr);
+  _exit(1);
+}
+
+void CheckCuda(int rank, CUresult result, const char* call) {
+  if (result != CUDA_SUCCESS) Fail(rank, std::string(call) + " failed with CUresult " + std::to_string(result));
+}
+
+void CheckNccl(int rank, ncclResult_t result, const char* call) {
+  if (result != ncclSuccess) Fail(rank, std::string(call) + " failed: " + ncclGetErrorString(result));
+}
+
+struct Group {
+  const char* name;
+  ncclComm_t comm = nullptr;
+  CUstream stream = nullptr;
+  CUdeviceptr buffer = 0;
+  float scale;  // rank r contributes (r + 1) * scale * (step + 1)
+};
+
+void Fill(int rank, Group& group, int step, size_t count) {
+  std::vector<float> values(count, static_cast<float>(rank + 1) * group.scale * static_cast<float>(step + 1));
+  CheckCuda(rank, cuMemcpyHtoDAsync(group.buffer, values.data(), count * sizeof(float), group.stream), "cuMemcpyHtoDAsync");
+}
+
+void Issue(int rank, Group& group, size_t count) {
+  // In place, as DDP's gradient buckets are.
+  CheckNccl(rank,
+            ncclAllReduce(reinterpret_cast<const void*>(group.buffer), reinterpret_cast<void*>(group.buffer), count,
+                          ncclFloat, ncclSum, group.comm, group.stream),
+            "ncclAllReduce");
+}
+
+void Verify(int rank, int ranks, const Group& group, int step, size_t count) {
+  std::vector<float> values(count);
+  CheckCuda(rank, cuMemcpyDtoH(values.data(), group.buffer, count * sizeof(float)), "cuMemcpyDtoH");
+  const float expected = static_cast<float>(ranks * (ranks + 1) / 2) * group.scale * static_cast<float>(step + 1);
+  for (size_t i = 0; i < count; ++i) {
+    if (values[i] != expected) {
+      Fail(rank, std::string("comm ") + group.name + " step " + std::to_string(step) + ": element " + std::to_string(i) +
+                     " is " + std::to_string(values[i]) + ", expected " + std::to_string(expected));
+    }
+  }
+}
+
+int RunRank(const Options& options, int rank, const ncclUniqueId& id_a, const ncclUniqueId& id_b) {
+  CheckCuda(rank, cuInit(0), "cuInit");
+  int devices = 0;
+  CheckCuda(rank, cuDeviceGetCount(&devices), "cuDeviceGetCount");
+  CUdevice device = 0;
+  CheckCuda(rank, cuDeviceGet(&device, rank % devices), "cuDeviceGet");
+  CUcontext context = nullptr;
+  CheckCuda(rank, cuDevicePrimaryCtxRetain(&context, device), "cuDevicePrimaryCtxRetain");
+  CheckCuda(rank, cuCtxSetCurrent(context), "cuCtxSetCurrent");
+  std::printf("rank %d/%d: pid %d\n", rank, options.ranks, static_cast<int>(getpid()));
+  std::fflush(nullptr);
+
+  Group groups[2] = {{"A", nullptr, nullptr, 0, 1.0f}, {"B", nullptr, nullptr, 0, 10.0f}};
+  const ncclUniqueId* ids[2] = {&id_a, &id_b};
+  for (int g = 0; g < 2; ++g) {
+    CheckNccl(rank, ncclCommInitRank(&groups[g].comm, options.ranks, *ids[g], rank), "ncclCommInitRank");
+    CheckCuda(rank, cuStreamCreate(&groups[g].stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+    CheckCuda(rank, cuMemAlloc(&groups[g].buffer, options.count * sizeof(float)), "cuMemAlloc");
+  }
+  const bool reversed = options.crossed && rank % 2 == 1;
+  for (int step = 0; step < options.steps; ++step) {
+    for (Group& group : groups) Fill(rank, group, step, options.count);
+    for (int i = 0; i < 2; ++i) Issue(rank, groups[reversed ? 1 - i : i], options.count);
+    for (Group& group : groups) CheckCuda(rank, cuStreamSynchronize(group.stream), "cuStreamSynchronize");
+    for (const Group& group : groups) Verify(rank, options.ranks, group, step, options.count);
+  }
+  std::printf("rank %d: %d steps on comms A and B%s correct\n", rank, options.steps,
+              options.crossed ? " (crossed)" : "");
+  if (options.split) {
+    Group child{"A/split", nullptr, groups[0].stream, groups[0].buffer, 100.0f};
+    CheckNccl(rank, ncclCommSplit(groups[0].comm, 0, rank, &child.comm, nullptr), "ncclCommSplit");
+    Fill(rank, child, 0, options.count);
+    Issue(rank, child, options.count);
+    CheckCuda(rank, cuStreamSynchronize(child.stream), "cuStreamSynchronize");
+    Verify(rank, options.ranks, child, 0, options.count);
+    CheckNccl(rank, ncclCommDestroy(child.comm), "ncclCommDestroy");
+    std::printf("rank %d: split of comm A correct\n", rank);
+  }
+  for (Group& group : groups) CheckNccl(rank, ncclCommDestroy(group.comm), "ncclCommDestroy");
+  std::fflush(nullptr);
+  return 0;
+}
+
+Options Parse(int argc, char** argv) {
+  Options options;
+  for (int i = 1; i < argc; ++i) {
+    const std::string flag = argv[i];
+    const bool has_value = i + 1 < argc;
+    if (flag == "--ranks" && has_value) {
+      options.ranks = std::atoi(argv[++i]);
+    } else if (flag == "--count" && has_value) {
+      options.count = std::strtoul(argv[++i], nullptr, 10);
+    } else if (flag == "--steps" && has_value) {
+      options.steps = std::atoi(argv[++i]);
+    } else if (flag == "--crossed") {
+      options.crossed = true;
+    } else if (flag == "--split") {
+      options.split = true;
+    } else {
+      std::fprintf(stderr, "usage: two_comms --ranks N [--count C] [--steps S] [--crossed] [--split]\n");
+      std::exit(2);
+    }
+  }
+  if (options.ranks < 2 || options.count == 0 || options.steps < 1) {
+    std::fprintf(stderr, "two_comms: --ranks must be 2 or more, --count and --steps 1 or more\n");
+    std::exit(2);
+  }
+  return options;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Options options = Parse(argc, argv);
+  // The launcher's unique ids: it serves both rendezvous until every rank has joined.
+  ncclUniqueId id_a;
+  ncclUniqueId id_b;
+  CheckNccl(-1, ncclGetUniqueId(&id_a), "ncclGetUniqueId");
+  CheckNccl(-1, ncclGetUniqueId(&id_b), "ncclGetUniqueId");
+  std::fflush(nullptr);
+  std::vector<pid_t> children;
+  for (int rank = 0; rank < options.ranks; ++rank) {
+    const pid_t child = fork();
+    if (child == 0) {
+      setenv("RANK", std::to_string(rank).c_str(), 1);
+      _exit(RunRank(options, rank, id_a, id_b));
+    }
+    if (child < 0) Fail(-1, "fork failed");
+    children.push_back(child);
+  }
+  int failed = 0;
+  for (pid_t child : children) {
+    int status = 0;
+    waitpid(child, &status, 0);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+      std::printf("two_comms: rank process %d ended with status %d\n", static_cast<int>(child), status);
+      ++failed;
+    }
+  }
+  std::printf("two_comms: %s\n", failed == 0 ? "all ranks correct" : "job failed");
+  return failed == 0 ? 0 : 1;
+}

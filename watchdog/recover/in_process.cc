@@ -1,0 +1,339 @@
+#include "watchdog/recover/in_process.h"
+
+#include <cuda.h>
+#include <nccl.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <string>
+#include <thread>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "watchdog/common/clock.h"
+#include "watchdog/common/comm_handle.h"
+#include "watchdog/common/describe.h"
+#include "watchdog/common/libraries.h"
+#include "watchdog/common/log.h"
+#include "watchdog/common/mutex.h"
+#include "watchdog/common/nccl_api.h"
+#include "watchdog/recover/private_instance.h"
+#include "watchdog/recover/rendezvous.h"
+#include "watchdog/state/cuda_driver.h"
+#include "watchdog/state/gpu_events.h"
+#include "watchdog/state/handles.h"
+#include "watchdog/state/probation.h"
+#include "watchdog/state/records.h"
+#include "watchdog/state/registry.h"
+
+namespace ncclguard {
+namespace {
+
+using Result = RecoveryOutcome::Result;
+
+RecoveryOutcome Outcome(Result result, std::string detail) { return {result, std::move(detail), 0}; }
+
+// The private instance, loaded at the first recovery and kept: the communicators made on it live
+// as long as the process.
+struct PrivateSlot {
+  Mutex mutex;
+  std::unique_ptr<PrivateNcclInstance> instance ABSL_GUARDED_BY(mutex);
+  int slot ABSL_GUARDED_BY(mutex) = -1;
+};
+
+PrivateSlot& Private() {
+  static auto* slot = new PrivateSlot;  // never destroyed: its library stays loaded
+  return *slot;
+}
+
+// The library slot of the private instance of the library in `library`, loading it first.
+absl::StatusOr<int> PrivateInstanceSlot(const std::string& job_dir, int library) {
+  PrivateSlot& state = Private();
+  MutexLock lock(state.mutex);
+  if (state.slot >= 0) return state.slot;
+  const std::string path = Real().Path(library);
+  if (path.empty()) return absl::NotFoundError("the path of the NCCL library in use is not known");
+  absl::StatusOr<std::unique_ptr<PrivateNcclInstance>> loaded =
+      PrivateNcclInstance::Load(path, absl::StrCat(job_dir, "/", kPrivateInstancesDirectory));
+  if (!loaded.ok()) return loaded.status();
+  const int slot = Real().AdoptLibrary((*loaded)->Handle(), (*loaded)->CopyPath());
+  if (slot < 0) return absl::ResourceExhaustedError("no library slot is left for a private NCCL instance");
+  // Loaded, the instance no longer needs its file: the node's last process removes it now.
+  (*loaded)->Release();
+  state.instance = *std::move(loaded);
+  state.slot = slot;
+  return slot;
+}
+
+// The operation again, as the application called it, on `comm` and `stream`.
+ncclResult_t CallOperation(void* function, const ProbationOp& op, ncclComm_t comm, CUstream cu_stream) {
+  const auto type = static_cast<ncclDataType_t>(op.datatype);
+  const auto reduction = static_cast<ncclRedOp_t>(op.reduction);
+  const auto stream = reinterpret_cast<cudaStream_t>(cu_stream);
+  const int root = op.root_or_peer;
+#define NCCLGUARD_CALL(name, ...) reinterpret_cast<decltype(&::name)>(function)(__VA_ARGS__)
+  switch (op.api) {
+    case Api::ncclAllReduce:
+      return NCCLGUARD_CALL(ncclAllReduce, op.send, op.recv, op.count, type, reduction, comm, stream);
+    case Api::ncclBroadcast:
+      return NCCLGUARD_CALL(ncclBroadcast, op.send, op.recv, op.count, type, root, comm, stream);
+    case Api::ncclBcast:
+      return NCCLGUARD_CALL(ncclBcast, op.recv, op.count, type, root, comm, stream);
+    case Api::ncclReduce:
+      return NCCLGUARD_CALL(ncclReduce, op.send, op.recv, op.count, type, reduction, root, comm, stream);
+    case Api::ncclAllGather:
+      return NCCLGUARD_CALL(ncclAllGather, op.send, op.recv, op.count, type, comm, stream);
+    case Api::ncclReduceScatter:
+      return NCCLGUARD_CALL(ncclReduceScatter, op.send, op.recv, op.count, type, reduction, comm, stream);
+    case Api::ncclSend:
+      return NCCLGUARD_CALL(ncclSend, op.send, op.count, type, root, comm, stream);
+    case Api::ncclRecv:
+      return NCCLGUARD_CALL(ncclRecv, op.recv, op.count, type, root, comm, stream);
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 3)
+    case Api::ncclAlltoAll:
+      return NCCLGUARD_CALL(ncclAlltoAll, op.send, op.recv, op.count, type, comm, stream);
+    case Api::ncclGather:
+      return NCCLGUARD_CALL(ncclGather, op.send, op.recv, op.count, type, root, comm, stream);
+    case Api::ncclScatter:
+      return NCCLGUARD_CALL(ncclScatter, op.send, op.recv, op.count, type, root, comm, stream);
+#endif
+    default:
+      return ncclInvalidUsage;
+  }
+#undef NCCLGUARD_CALL
+}
+
+// A call of `api` on the library in `slot`, made as its wrapper would make it.
+template <typename Call>
+ncclResult_t CallIn(int slot, Api api, Call call) {
+  void* function = Real().Function(slot, api);
+  if (function == nullptr) return ncclInvalidUsage;
+  ncclResult_t result = ncclInternalError;
+  Real().CallAs(slot, api, [&] { result = call(function); });
+  return result;
+}
+
+// Takes `op` over from the host function that would open its gate; false when it completed first.
+bool TakeOver(ProbationOp& op) {
+  ProbationState expected = ProbationState::kPending;
+  return op.state.compare_exchange_strong(expected, ProbationState::kRecovering, std::memory_order_acq_rel);
+}
+
+// After a fallback, the operation's gate is the host function's again: opened at once if the
+// operation got past it meanwhile (its end event precedes the host function on the stream).
+void GiveBack(CommState& comm, ProbationOp& op) {
+  op.state.store(ProbationState::kPending, std::memory_order_release);
+  OpRecord& record = comm.Slot(op.seq);
+  const bool passed = record.end_recorded.load(std::memory_order_acquire) &&
+                      DriverEvents().Query(comm.context, record.end_event) == EventStatus::kReached;
+  if (passed && TakeOver(op)) {
+    op.state.store(ProbationState::kReleased, std::memory_order_release);
+    OpenGate(op);
+  }
+}
+
+struct NewCommunicator {
+  int slot = -1;
+  ncclComm_t comm = nullptr;
+};
+
+class Recovery {
+ public:
+  Recovery(CommState& comm, ProbationOp& op, const RecoveryRequest& request)
+      : comm_(comm), op_(op), request_(request), driver_(LoadCudaDriver()) {}
+
+  RecoveryOutcome Run();
+
+ private:
+  std::string Ready();  // "" when this rank can recover, else why not
+  absl::StatusOr<RendezvousOutcome> Meet(const std::string& not_ready);
+  absl::Status CreateCommunicator(const ncclUniqueId& id);
+  absl::Status Replay();
+  void Repoint();
+
+  CommState& comm_;
+  ProbationOp& op_;
+  const RecoveryRequest& request_;
+  const CudaDriver* driver_;
+  int slot_ = -1;
+  ncclComm_t old_comm_ = nullptr;
+  ncclComm_t new_comm_ = nullptr;
+  std::int64_t replayed_ns_ = 0;
+};
+
+std::string Recovery::Ready() {
+  if (!request_.not_ready_reason.empty()) return request_.not_ready_reason;
+  if (driver_ == nullptr || !driver_->probation) return "the CUDA driver cannot replay on a stream of its own";
+  if (comm_.closing.load(std::memory_order_acquire)) return "the application is closing the communicator";
+  if (comm_.last_enqueued.load(std::memory_order_acquire) != op_.seq)
+    return "a later operation on the communicator was queued behind it";
+  if (const char* unsafe = op_.unsafe.load(std::memory_order_acquire)) return unsafe;
+  absl::StatusOr<int> slot = PrivateInstanceSlot(request_.job_dir, comm_.library.load());
+  if (!slot.ok()) return absl::StrCat("no private NCCL instance: ", slot.status().message());
+  slot_ = *slot;
+  return "";
+}
+
+absl::StatusOr<RendezvousOutcome> Recovery::Meet(const std::string& not_ready) {
+  RendezvousRequest request{.job_dir = request_.job_dir,
+                            .comm_id = comm_.id,
+                            // Ranks that stalled in different operations never meet: each number
+                            // has a meeting of its own.
+                            .epoch = static_cast<int>(op_.seq),
+                            .nranks = comm_.nranks.load(),
+                            .rank = comm_.rank.load(),
+                            .ready = not_ready.empty(),
+                            .not_ready_reason = not_ready,
+                            .timeout = request_.meeting_timeout};
+  const int slot = slot_;
+  return MeetToRecover(request, [slot]() -> absl::StatusOr<ncclUniqueId> {
+    ncclUniqueId id{};
+    const ncclResult_t made = CallIn(slot, Api::ncclGetUniqueId, [&id](void* function) {
+      return reinterpret_cast<decltype(&::ncclGetUniqueId)>(function)(&id);
+    });
+    if (made != ncclSuccess) {
+      return absl::InternalError(absl::StrCat("ncclGetUniqueId of the private instance returned ", std::string(ResultName(made))));
+    }
+    return id;
+  });
+}
+
+absl::Status Recovery::CreateCommunicator(const ncclUniqueId& id) {
+  const int nranks = comm_.nranks.load();
+  const int rank = comm_.rank.load();
+  const int slot = slot_;
+  ncclComm_t created = nullptr;
+  const ncclResult_t result = PrivateNcclInstance::WithP2pDisabled([&] {
+    return CallIn(slot, Api::ncclCommInitRank, [&](void* function) {
+      return reinterpret_cast<decltype(&::ncclCommInitRank)>(function)(&created, nranks, id, rank);
+    });
+  });
+  if (result != ncclSuccess) {
+    return absl::InternalError(absl::StrCat("ncclCommInitRank on the private instance returned ", std::string(ResultName(result))));
+  }
+  new_comm_ = created;
+  return absl::OkStatus();
+}
+
+absl::Status Recovery::Replay() {
+  // A stream of ncclguard's: the application's waits at the gate, behind the aborted operation.
+  CUstream stream = nullptr;
+  if (driver_->cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS)
+    return absl::InternalError("no stream to replay on");
+  // After the aborted operation has left the application's stream: it no longer writes.
+  const OpRecord& record = comm_.Slot(op_.seq);
+  if (record.end_recorded.load(std::memory_order_acquire) &&
+      driver_->cuStreamWaitEvent(stream, static_cast<CUevent>(record.end_event), 0) != CUDA_SUCCESS) {
+    return absl::InternalError("the replay cannot wait for the aborted operation");
+  }
+  if (op_.saved_input != 0 &&
+      driver_->cuMemcpyDtoDAsync(reinterpret_cast<CUdeviceptr>(op_.send), op_.saved_input, op_.saved_bytes, stream) !=
+          CUDA_SUCCESS) {
+    return absl::InternalError("the operation's input cannot be restored");
+  }
+  const ncclResult_t replayed = CallIn(slot_, op_.api, [&](void* function) {
+    return CallOperation(function, op_, new_comm_, stream);
+  });
+  if (replayed != ncclSuccess) return absl::InternalError(absl::StrCat("the replay returned ", std::string(ResultName(replayed))));
+  // The gate opens in stream order, once the replay has completed.
+  if (driver_->cuStreamWriteValue32(stream, op_.gate_device, 1, CU_STREAM_WRITE_VALUE_DEFAULT) != CUDA_SUCCESS)
+    return absl::InternalError("the gate cannot be queued after the replay");
+  CUevent done = nullptr;
+  if (driver_->cuEventCreate(&done, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS ||
+      driver_->cuEventRecord(done, stream) != CUDA_SUCCESS) {
+    return absl::InternalError("the replay's completion cannot be watched");
+  }
+  const std::int64_t give_up =
+      SteadyNowNs() + std::chrono::duration_cast<std::chrono::nanoseconds>(request_.replay_timeout).count();
+  CUresult state = CUDA_ERROR_NOT_READY;
+  while ((state = driver_->cuEventQuery(done)) == CUDA_ERROR_NOT_READY && SteadyNowNs() < give_up) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  // The event and the stream are left to the process: destroying either may wait for the GPU.
+  if (state == CUDA_ERROR_NOT_READY) return absl::DeadlineExceededError("the replay did not complete in time");
+  if (state != CUDA_SUCCESS) return absl::InternalError("the replay failed on the GPU");
+  replayed_ns_ = SteadyNowNs();
+  return absl::OkStatus();
+}
+
+// The application's handle, and ncclguard's records, follow the new communicator; so do the
+// communicators the application creates from now on. The stalled operation counts as completed:
+// its replay did.
+void Recovery::Repoint() {
+  if (CommHandle* handle = FindCommHandle(old_comm_)) {
+    if (!RepointHandle(handle, new_comm_, slot_)) log::Error("comm {}: its handle could not be re-pointed", comm_.id);
+  }
+  if (!GetRegistry().Rekey(&comm_, new_comm_, slot_)) {
+    log::Warn("comm {}: more communicators than ncclguard can watch; the new one is not watched", comm_.id);
+  }
+  SendCreationsTo(slot_);
+  // Nothing more goes on probation: P2P is off on the private instance.
+  comm_.probation_taken.store(kMaxProbationOps, std::memory_order_release);
+  OpRecord& record = comm_.Slot(op_.seq);
+  OpState state = record.state.load(std::memory_order_acquire);
+  if (record.seq.load(std::memory_order_relaxed) == op_.seq && !IsFinished(state)) {
+    record.end_ns.store(replayed_ns_, std::memory_order_relaxed);
+    if (record.start_ns.load(std::memory_order_relaxed) == 0) record.start_ns.store(replayed_ns_, std::memory_order_relaxed);
+    record.state.compare_exchange_strong(state, OpState::kCompleted, std::memory_order_acq_rel);
+  }
+  for (std::atomic<std::uint64_t>* counter : {&comm_.last_started, &comm_.last_completed}) {
+    std::uint64_t value = counter->load(std::memory_order_relaxed);
+    while (value < op_.seq && !counter->compare_exchange_weak(value, op_.seq, std::memory_order_release)) {
+    }
+  }
+  op_.state.store(ProbationState::kReleased, std::memory_order_release);
+  comm_.recovered.store(true, std::memory_order_release);
+}
+
+RecoveryOutcome Recovery::Run() {
+  const bool taken = TakeOver(op_);
+  std::string not_ready = taken ? Ready() : "its operation completed meanwhile";
+  absl::StatusOr<RendezvousOutcome> met = Meet(not_ready);
+  if (!met.ok() || !met->recover) {
+    if (taken) GiveBack(comm_, op_);
+    return Outcome(Result::kFellBack, met.ok() ? met->reason : std::string(met.status().message()));
+  }
+  if (!not_ready.empty()) {
+    if (taken) GiveBack(comm_, op_);
+    return Outcome(Result::kFellBack, not_ready);
+  }
+  CudaContextScope context(*driver_, static_cast<CUcontext>(comm_.context));
+  old_comm_ = comm_.handle.load();
+  const int old_slot = comm_.library.load();
+  const ncclResult_t aborted = CallIn(old_slot, Api::ncclCommAbort, [this](void* function) {
+    return reinterpret_cast<decltype(&::ncclCommAbort)>(function)(old_comm_);
+  });
+  if (aborted != ncclSuccess) log::Warn("ncclCommAbort of comm {} returned {}", comm_.id, ResultName(aborted));
+  if (absl::Status created = CreateCommunicator(met->unique_id); !created.ok()) {
+    return Outcome(Result::kBroken, std::string(created.message()));
+  }
+  if (absl::Status replayed = Replay(); !replayed.ok()) {
+    return Outcome(Result::kBroken, std::string(replayed.message()));
+  }
+  Repoint();
+  RecoveryOutcome outcome = Outcome(Result::kRecovered, met->reason);
+  outcome.replay_completed_ns = replayed_ns_;
+  return outcome;
+}
+
+}  // namespace
+
+RecoveryOutcome RecoverCommunicator(CommState& comm, ProbationOp& op, const RecoveryRequest& request) noexcept {
+  try {
+    RecoveryUnderWay hold;
+    Recovery recovery(comm, op, request);
+    return recovery.Run();
+  } catch (const std::exception& error) {
+    return Outcome(Result::kFellBack, absl::StrCat("the recovery failed: ", error.what()));
+  } catch (...) {
+    return Outcome(Result::kFellBack, "the recovery failed");
+  }
+}
+
+}  // namespace ncclguard

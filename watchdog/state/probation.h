@@ -1,0 +1,34 @@
+// Probation (NCCLGUARD_RECOVER=inprocess): the GPU side of holding the application's stream after
+// one of a communicator's first operations. After the operation, the stream runs a host function
+// that opens a gate unless the watchdog took the operation over, then waits at the gate (a
+// page-locked word, cuStreamWaitValue32). No thread of the application ever waits: only its
+// stream does, and only until the operation is seen complete or has been replayed.
+#pragma once
+
+#include <cstddef>
+
+#include "watchdog/state/records.h"
+
+namespace ncclguard {
+
+// Whether the driver has what probation needs (stream memory operations, host functions).
+bool ProbationAvailable() noexcept;
+
+// How many bytes of `op`'s input the operation itself may overwrite on this rank (its input and
+// its output overlap), so that a replay needs a copy of them: 0 when none (Broadcast, Send, Recv,
+// out-of-place operations, and the ranks of a rooted operation that have no output).
+std::size_t OverwrittenInputBytes(const ProbationOp& op, int rank, int nranks) noexcept;
+
+// On the calling thread, in its current context, before the operation is handed to NCCL: copies
+// `bytes` of its input to memory of ncclguard's on `op.stream`. False when that fails.
+bool SaveInput(ProbationOp& op, std::size_t bytes) noexcept;
+
+// After NCCL took the operation: gives `op` a gate word and queues the host function and the wait
+// on `op.stream`, then publishes `op.state` as kPending. False (and nothing is left waiting) when
+// the driver refuses; the operation is then not on probation.
+bool GateStream(ProbationOp& op) noexcept;
+
+// Opens the gate: the stream goes on past it.
+void OpenGate(ProbationOp& op) noexcept;
+
+}  // namespace ncclguard
