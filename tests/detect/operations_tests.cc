@@ -2,9 +2,12 @@
 // rule, driven by a fake clock and fake events.
 #include <catch2/catch.hpp>
 
+#include <vector>
+
 #include "tests/detect/fakes.h"
 #include "watchdog/record/hooks.h"
 #include "watchdog/detect/progress.h"
+#include "watchdog/state/probation.h"
 #include "watchdog/state/registry.h"
 
 using namespace ncclguard;
@@ -297,4 +300,34 @@ TEST_CASE("a wrapped ring reclaims finished operations without waiting for the w
   CHECK(f.comm->dropped.load() == 0);
   CHECK(f.Op(1).seq.load() == 5);  // slot 1 holds #5 now
   CHECK(f.comm->last_completed.load() >= 1);
+}
+
+TEST_CASE("which operations overwrite their own input, and so need a copy to be replayed", "[probation]") {
+  std::vector<float> buffer(64);
+  std::vector<float> other(64);
+  ProbationOp op;
+  op.datatype = ncclFloat;
+  op.count = 16;
+  auto overwritten = [&op](Api api, const void* send, void* recv, int root, int rank) {
+    op.api = api;
+    op.send = send;
+    op.recv = recv;
+    op.root_or_peer = root;
+    return OverwrittenInputBytes(op, rank, 4);
+  };
+  // In place: the whole input.
+  CHECK(overwritten(Api::ncclAllReduce, buffer.data(), buffer.data(), -1, 0) == 64);
+  CHECK(overwritten(Api::ncclReduceScatter, buffer.data(), buffer.data(), -1, 0) == 256);
+  // NCCL's in-place AllGather: the input is this rank's slice of the output.
+  CHECK(overwritten(Api::ncclAllGather, buffer.data() + 16, buffer.data(), -1, 1) == 64);
+  // Out of place: nothing.
+  CHECK(overwritten(Api::ncclAllReduce, buffer.data(), other.data(), -1, 0) == 0);
+  // Only a rooted operation's root has an output.
+  CHECK(overwritten(Api::ncclReduce, buffer.data(), buffer.data(), 0, 0) == 64);
+  CHECK(overwritten(Api::ncclReduce, buffer.data(), buffer.data(), 0, 2) == 0);
+  // The root of a Broadcast only reads its buffer; Send and Recv have one buffer each.
+  CHECK(overwritten(Api::ncclBroadcast, buffer.data(), buffer.data(), 0, 0) == 0);
+  CHECK(overwritten(Api::ncclBcast, nullptr, buffer.data(), 0, 1) == 0);
+  CHECK(overwritten(Api::ncclSend, buffer.data(), nullptr, 1, 0) == 0);
+  CHECK(overwritten(Api::ncclRecv, nullptr, buffer.data(), 1, 0) == 0);
 }

@@ -617,3 +617,94 @@ TEST_CASE("the registry reuses the slots of removed communicators", "[watchdog][
   registry.Remove(older);
   CHECK(registry.Find(reused) == newer);
 }
+
+namespace {
+
+// NCCLGUARD_RECOVER=inprocess, with the fixture's operation #1 on probation (its stream gated).
+struct ProbationFixture : Fixture {
+  explicit ProbationFixture(Action action) : Fixture(action) {
+    config.recover = RecoverMode::kInProcess;
+    seq = Enqueue(0);
+    ProbationOp& op = comm->probation[0];
+    op.seq = seq;
+    op.api = Api::ncclAllReduce;
+    op.state.store(ProbationState::kPending);
+    comm->probation_taken = 1;
+    comm->probation_limit = 4;
+    effects.job_directory_known = true;
+  }
+
+  void Judge(VerdictKind kind) {
+    Verdict verdict;
+    verdict.kind = kind;
+    verdict.comm = comm->id;
+    verdict.seq = seq;
+    effects.verdicts = {verdict};
+  }
+
+  std::uint64_t seq;
+};
+
+}  // namespace
+
+TEST_CASE("in-process recovery: a probation operation stuck inside NCCL is recovered instead of acted on",
+          "[watchdog][inprocess]") {
+  ProbationFixture f(Action::kExit);
+  f.Judge(VerdictKind::kStuckInsideNccl);
+  f.effects.recovery_outcome = {RecoveryOutcome::Result::kRecovered, "all 4 ranks are ready", 11 * kSecond};
+  f.watchdog.PollOnce(11 * kSecond);  // no ExitCalled: recovered
+  REQUIRE(f.effects.recoveries.size() == 1);
+  CHECK(f.effects.recoveries[0].first == f.seq);
+  CHECK(f.effects.recoveries[0].second.empty());  // this rank is ready
+  CHECK(f.effects.aborted.empty());
+  CHECK_FALSE(f.effects.holding_application_calls);
+  f.watchdog.PollOnce(30 * kSecond);  // the stall is dealt with: not reported or acted on again
+  CHECK(f.effects.recoveries.size() == 1);
+  CHECK(f.effects.dumps.size() == 1);
+}
+
+TEST_CASE("in-process recovery: a verdict that P2P off cannot mend makes this rank vote not ready, then the "
+          "action is taken",
+          "[watchdog][inprocess]") {
+  ProbationFixture f(Action::kExit);
+  f.Judge(VerdictKind::kMismatch);
+  f.effects.recovery_outcome = {RecoveryOutcome::Result::kFellBack, "rank 3 cannot recover", 0};
+  CHECK_THROWS_AS(f.watchdog.PollOnce(11 * kSecond), ExitCalled);
+  REQUIRE(f.effects.recoveries.size() == 1);
+  CHECK(f.effects.recoveries[0].second ==
+        "its verdict is mismatch, which a communicator with P2P off does not mend");
+  CHECK(f.effects.holding_application_calls);  // NCCLGUARD_ACTION=exit, as without recovery
+}
+
+TEST_CASE("in-process recovery: a failure after the abort exits with the restart code whatever the action",
+          "[watchdog][inprocess]") {
+  ProbationFixture f(Action::kWarn);
+  f.Judge(VerdictKind::kP2pSuspect);
+  f.effects.recovery_outcome = {RecoveryOutcome::Result::kBroken, "the replay did not complete in time", 0};
+  try {
+    f.watchdog.PollOnce(11 * kSecond);
+    FAIL("no exit");
+  } catch (const ExitCalled& exit) {
+    CHECK(exit.code == 75);
+  }
+}
+
+TEST_CASE("in-process recovery: a stall outside probation, or with NCCLGUARD_RECOVER=off, goes as before",
+          "[watchdog][inprocess]") {
+  SECTION("outside probation") {
+    ProbationFixture f(Action::kAbort);
+    f.Judge(VerdictKind::kStuckInsideNccl);
+    f.comm->probation[0].state.store(ProbationState::kReleased);  // #1 completed; a later op stalls
+    f.watchdog.PollOnce(11 * kSecond);
+    CHECK(f.effects.recoveries.empty());
+    CHECK(f.effects.aborted.size() == 1);
+  }
+  SECTION("NCCLGUARD_RECOVER=off") {
+    ProbationFixture f(Action::kAbort);
+    f.config.recover = RecoverMode::kOff;
+    f.Judge(VerdictKind::kStuckInsideNccl);
+    f.watchdog.PollOnce(11 * kSecond);
+    CHECK(f.effects.recoveries.empty());
+    CHECK(f.effects.aborted.size() == 1);
+  }
+}

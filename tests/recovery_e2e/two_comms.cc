@@ -2,10 +2,14 @@
 // model-parallel group does: every rank issues its first AllReduce on each, on a stream of each,
 // and only then waits for both. With --crossed the odd ranks issue them in the other order (NCCL
 // allows it: they are different communicators on different streams). With --split, each rank then
-// splits the first communicator and runs an AllReduce on the child. The parent process makes the
-// two unique ids and forks the ranks; each rank checks every result and says so.
+// splits the first communicator and runs an AllReduce on the child. With --reduce, the first
+// communicator's operations are in-place Reduces to rank 0 instead (only rank 0's buffer is both
+// input and output). With --exchange, the second communicator's operations are a ring exchange
+// instead: each rank sends its buffer to the next rank and receives the previous rank's, in one
+// group. The parent process makes the two unique ids and forks the ranks; each rank
+// checks every result and says so.
 //
-//   two_comms --ranks N [--count C] [--steps S] [--crossed] [--split]
+//   two_comms --ranks N [--count C] [--steps S] [--crossed] [--split] [--reduce] [--exchange]
 #include <cuda.h>
 #include <nccl.h>
 #include <sys/wait.h>
@@ -25,6 +29,8 @@ struct Options {
   int steps = 2;
   bool crossed = false;
   bool split = false;
+  bool reduce = false;
+  bool exchange = false;
 };
 
 [[noreturn]] void Fail(int rank, const std::string& what) {
@@ -47,15 +53,38 @@ struct Group {
   CUstream stream = nullptr;
   CUdeviceptr buffer = 0;
   float scale;  // rank r contributes (r + 1) * scale * (step + 1)
+  bool reduce = false;  // an in-place Reduce to rank 0 rather than an AllReduce
+  CUdeviceptr received = 0;  // a ring exchange's receive buffer, rather than an AllReduce
 };
 
 void Fill(int rank, Group& group, int step, size_t count) {
   std::vector<float> values(count, static_cast<float>(rank + 1) * group.scale * static_cast<float>(step + 1));
-  CheckCuda(rank, cuMemcpyHtoDAsync(group.buffer, values.data(), count * sizeof(float), group.stream), "cuMemcpyHtoDAsync");
+  // Synchronous: the host values go out of scope here. The stream is idle between steps.
+  CheckCuda(rank, cuMemcpyHtoD(group.buffer, values.data(), count * sizeof(float)), "cuMemcpyHtoD");
 }
 
-void Issue(int rank, Group& group, size_t count) {
+void Issue(int rank, int ranks, Group& group, size_t count) {
+  if (group.received != 0) {
+    CheckNccl(rank, ncclGroupStart(), "ncclGroupStart");
+    CheckNccl(rank,
+              ncclSend(reinterpret_cast<const void*>(group.buffer), count, ncclFloat, (rank + 1) % ranks, group.comm,
+                       group.stream),
+              "ncclSend");
+    CheckNccl(rank,
+              ncclRecv(reinterpret_cast<void*>(group.received), count, ncclFloat, (rank + ranks - 1) % ranks,
+                       group.comm, group.stream),
+              "ncclRecv");
+    CheckNccl(rank, ncclGroupEnd(), "ncclGroupEnd");
+    return;
+  }
   // In place, as DDP's gradient buckets are.
+  if (group.reduce) {
+    CheckNccl(rank,
+              ncclReduce(reinterpret_cast<const void*>(group.buffer), reinterpret_cast<void*>(group.buffer), count,
+                         ncclFloat, ncclSum, 0, group.comm, group.stream),
+              "ncclReduce");
+    return;
+  }
   CheckNccl(rank,
             ncclAllReduce(reinterpret_cast<const void*>(group.buffer), reinterpret_cast<void*>(group.buffer), count,
                           ncclFloat, ncclSum, group.comm, group.stream),
@@ -64,8 +93,13 @@ void Issue(int rank, Group& group, size_t count) {
 
 void Verify(int rank, int ranks, const Group& group, int step, size_t count) {
   std::vector<float> values(count);
-  CheckCuda(rank, cuMemcpyDtoH(values.data(), group.buffer, count * sizeof(float)), "cuMemcpyDtoH");
-  const float expected = static_cast<float>(ranks * (ranks + 1) / 2) * group.scale * static_cast<float>(step + 1);
+  const CUdeviceptr result = group.received != 0 ? group.received : group.buffer;
+  CheckCuda(rank, cuMemcpyDtoH(values.data(), result, count * sizeof(float)), "cuMemcpyDtoH");
+  // A Reduce leaves the other ranks' buffers as they were; an exchange brings the previous rank's.
+  float contributions = static_cast<float>(ranks * (ranks + 1) / 2);
+  if (group.reduce && rank != 0) contributions = static_cast<float>(rank + 1);
+  if (group.received != 0) contributions = static_cast<float>((rank + ranks - 1) % ranks + 1);
+  const float expected = contributions * group.scale * static_cast<float>(step + 1);
   for (size_t i = 0; i < count; ++i) {
     if (values[i] != expected) {
       Fail(rank, std::string("comm ") + group.name + " step " + std::to_string(step) + ": element " + std::to_string(i) +
@@ -86,27 +120,28 @@ int RunRank(const Options& options, int rank, const ncclUniqueId& id_a, const nc
   std::printf("rank %d/%d: pid %d\n", rank, options.ranks, static_cast<int>(getpid()));
   std::fflush(nullptr);
 
-  Group groups[2] = {{"A", nullptr, nullptr, 0, 1.0f}, {"B", nullptr, nullptr, 0, 10.0f}};
+  Group groups[2] = {{"A", nullptr, nullptr, 0, 1.0f, options.reduce}, {"B", nullptr, nullptr, 0, 10.0f}};
   const ncclUniqueId* ids[2] = {&id_a, &id_b};
   for (int g = 0; g < 2; ++g) {
     CheckNccl(rank, ncclCommInitRank(&groups[g].comm, options.ranks, *ids[g], rank), "ncclCommInitRank");
     CheckCuda(rank, cuStreamCreate(&groups[g].stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
     CheckCuda(rank, cuMemAlloc(&groups[g].buffer, options.count * sizeof(float)), "cuMemAlloc");
   }
+  if (options.exchange) CheckCuda(rank, cuMemAlloc(&groups[1].received, options.count * sizeof(float)), "cuMemAlloc");
   const bool reversed = options.crossed && rank % 2 == 1;
   for (int step = 0; step < options.steps; ++step) {
     for (Group& group : groups) Fill(rank, group, step, options.count);
-    for (int i = 0; i < 2; ++i) Issue(rank, groups[reversed ? 1 - i : i], options.count);
+    for (int i = 0; i < 2; ++i) Issue(rank, options.ranks, groups[reversed ? 1 - i : i], options.count);
     for (Group& group : groups) CheckCuda(rank, cuStreamSynchronize(group.stream), "cuStreamSynchronize");
     for (const Group& group : groups) Verify(rank, options.ranks, group, step, options.count);
   }
   std::printf("rank %d: %d steps on comms A and B%s correct\n", rank, options.steps,
               options.crossed ? " (crossed)" : "");
   if (options.split) {
-    Group child{"A/split", nullptr, groups[0].stream, groups[0].buffer, 100.0f};
+    Group child{"A/split", nullptr, groups[0].stream, groups[0].buffer, 100.0f, false};
     CheckNccl(rank, ncclCommSplit(groups[0].comm, 0, rank, &child.comm, nullptr), "ncclCommSplit");
     Fill(rank, child, 0, options.count);
-    Issue(rank, child, options.count);
+    Issue(rank, options.ranks, child, options.count);
     CheckCuda(rank, cuStreamSynchronize(child.stream), "cuStreamSynchronize");
     Verify(rank, options.ranks, child, 0, options.count);
     CheckNccl(rank, ncclCommDestroy(child.comm), "ncclCommDestroy");
@@ -132,8 +167,12 @@ Options Parse(int argc, char** argv) {
       options.crossed = true;
     } else if (flag == "--split") {
       options.split = true;
+    } else if (flag == "--reduce") {
+      options.reduce = true;
+    } else if (flag == "--exchange") {
+      options.exchange = true;
     } else {
-      std::fprintf(stderr, "usage: two_comms --ranks N [--count C] [--steps S] [--crossed] [--split]\n");
+      std::fprintf(stderr, "usage: two_comms --ranks N [--count C] [--steps S] [--crossed] [--split] [--reduce] [--exchange]\n");
       std::exit(2);
     }
   }

@@ -580,6 +580,9 @@ TEST_CASE("a forked child that uses NCCL itself gets its own watchdog", "[fork]"
   CHECK(dump.at("stall").at("comm_id") == dump.at("communicators")[0].at("id"));
 }
 
+// Under NCCLGUARD_RECOVER=inprocess too: a captured operation is never put on probation (a gate
+// would be captured into the graph and replayed with every launch), so its launches run as
+// without ncclguard.
 TEST_CASE("a collective captured into a CUDA graph is recorded as captured, never as a stall", "[capture]") {
   TemporaryDirectory dump_dir;
   // The program launches its graph several times and checks every result, with and without ncclguard.
@@ -587,23 +590,28 @@ TEST_CASE("a collective captured into a CUDA graph is recorded as captured, neve
   INFO(unguarded.transcript);
   REQUIRE(unguarded.result.exit_code == 0);
   CHECK(unguarded.result.out.find("capture ok") != std::string::npos);
-  // The capture stays open for several watchdog rounds; the program outlives the timeout.
-  const Run run = RunOnEmulator(dump_dir, {CAPTURE_PROGRAM, "0.5", "1.5"},
-                                {{"NCCLGUARD_TIMEOUT", "1"}, {"NCCLGUARD_DUMP_ON_EXIT", "1"}});
-  INFO(run.transcript);
-  REQUIRE_FALSE(run.result.timed_out);
-  REQUIRE(run.result.exit_code == 0);
-  CHECK(run.result.out.find("capture ok") != std::string::npos);
-  CHECK_FALSE(ReportsAnyStall(run.result.err));
-  const std::vector<JsonFile> dumps = Dumps(run.job_dir);
-  REQUIRE(dumps.size() == 1);
-  const Json& dump = dumps[0].document;
-  CHECK(dump.at("reason") == "exit");
-  CHECK(dump.at("stall").is_null());
-  const Json op = Operation(dump, 1);
-  CHECK(op.at("op") == "AllReduce");
-  CHECK(op.at("state") == "captured");
-  CHECK(op.at("count") == 1024);
+  for (const std::string recover : {"off", "inprocess"}) {
+    SECTION("NCCLGUARD_RECOVER=" + recover) {
+      // The capture stays open for several watchdog rounds; the program outlives the timeout.
+      const Run run = RunOnEmulator(
+          dump_dir, {CAPTURE_PROGRAM, "0.5", "1.5"},
+          {{"NCCLGUARD_TIMEOUT", "1"}, {"NCCLGUARD_DUMP_ON_EXIT", "1"}, {"NCCLGUARD_RECOVER", recover}});
+      INFO(run.transcript);
+      REQUIRE_FALSE(run.result.timed_out);
+      REQUIRE(run.result.exit_code == 0);
+      CHECK(run.result.out.find("capture ok") != std::string::npos);
+      CHECK_FALSE(ReportsAnyStall(run.result.err));
+      const std::vector<JsonFile> dumps = Dumps(run.job_dir);
+      REQUIRE(dumps.size() == 1);
+      const Json& dump = dumps[0].document;
+      CHECK(dump.at("reason") == "exit");
+      CHECK(dump.at("stall").is_null());
+      const Json op = Operation(dump, 1);
+      CHECK(op.at("op") == "AllReduce");
+      CHECK(op.at("state") == "captured");
+      CHECK(op.at("count") == 1024);
+    }
+  }
 }
 
 TEST_CASE("the log names the NCCL library behind every communicator, on every loader", "[transparency]") {

@@ -52,6 +52,16 @@ bool CompleteRegistrationUnlessClosing(CommState& comm) {
   return completed;
 }
 
+// A probation operation's host function, still queued on its stream (one the application aborted
+// may run much later), reads the state: it is freed only once none is.
+bool AwaitsProbationHostFunction(const CommState& comm) {
+  const int taken = std::min(comm.probation_taken.load(std::memory_order_acquire), kMaxProbationOps);
+  for (int i = 0; i < taken; ++i) {
+    if (comm.probation[i].state.load(std::memory_order_acquire) == ProbationState::kPending) return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 // Marks what the watchdog is calling, for the monitor: a CUDA or NCCL call that never returns
@@ -129,7 +139,7 @@ void Watchdog::ReleaseClosedCommunicators(std::int64_t now_ns) {
       comm->closed_status =
           std::make_shared<const CommSnapshot>(ClosedStatusOf(*comm, effects_.WallNowNs() - now_ns));
       FreeRing(*comm);
-    } else if (now_ns - comm->closed_seen_ns >= keep_ns) {
+    } else if (now_ns - comm->closed_seen_ns >= keep_ns && !AwaitsProbationHostFunction(*comm)) {
       registry_.Remove(comm);
     }
   }
@@ -340,13 +350,18 @@ bool Watchdog::TryRecoverInProcess(CommState& comm, const Stall& stall, const st
   ProbationOp* op = nullptr;
   const int taken = std::min(comm.probation_taken.load(std::memory_order_acquire), kMaxProbationOps);
   for (int i = 0; i < taken; ++i) {
-    if (comm.probation[i].seq == stall.seq &&
-        comm.probation[i].state.load(std::memory_order_acquire) == ProbationState::kPending) {
+    // The state first: it publishes the rest of the slot.
+    if (comm.probation[i].state.load(std::memory_order_acquire) == ProbationState::kPending &&
+        comm.probation[i].seq == stall.seq) {
       op = &comm.probation[i];
     }
   }
   if (op == nullptr) return false;  // outside probation nothing changes
-  const VerdictKind verdict = verdicts.empty() ? VerdictKind::kUnknown : verdicts[0].kind;
+  // The verdict about this communicator: with several stalled at once, the first may name another.
+  const auto about = std::find_if(verdicts.begin(), verdicts.end(),
+                                  [&comm](const Verdict& verdict) { return verdict.comm == comm.id; });
+  const VerdictKind verdict =
+      about != verdicts.end() ? about->kind : (verdicts.empty() ? VerdictKind::kUnknown : verdicts[0].kind);
   std::string not_ready;
   if (verdict != VerdictKind::kStuckInsideNccl && verdict != VerdictKind::kP2pSuspect) {
     not_ready = fmt::format("its verdict is {}, which a communicator with P2P off does not mend",

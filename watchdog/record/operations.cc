@@ -49,6 +49,7 @@ std::int64_t ThreadId() {
 struct GroupedOperation {
   CommState* comm;
   std::uint64_t seq;
+  ProbationOp* probation;  // on probation: gated at the outermost end
 };
 thread_local int t_group_depth = 0;
 thread_local std::uint64_t t_group_id = 0;
@@ -210,10 +211,10 @@ void MarkProbationUnsafe(CommState& comm) {
 
 // The probation slot of operation `seq`, or nullptr when it is not held: probation is over (the
 // first NCCLGUARD_PROBATION_OPS operations, held or not, are its span), or the operation cannot be
-// held (captured into a graph, untimed, inside a group). Its in-place input is copied now, on the
-// stream, before NCCL queues the operation.
+// held (captured into a graph, untimed). Its in-place input is copied now, on the stream, before
+// NCCL queues the operation (for a grouped one, at the group's end).
 ProbationOp* TakeProbation(CommState& comm, std::uint64_t seq, Api api, const OperationArguments& arguments,
-                           bool holdable) {
+                           std::uint64_t group, bool holdable) {
   if (comm.probation_limit == 0) return nullptr;
   MarkProbationUnsafe(comm);
   const int taken = comm.probation_taken.load(std::memory_order_relaxed);
@@ -230,6 +231,7 @@ ProbationOp* TakeProbation(CommState& comm, std::uint64_t seq, Api api, const Op
   op.reduction = arguments.reduction;
   op.root_or_peer = arguments.root_or_peer;
   op.stream = arguments.stream;
+  op.group = group;
   const std::size_t overwritten =
       OverwrittenInputBytes(op, comm.rank.load(std::memory_order_relaxed), comm.nranks.load(std::memory_order_relaxed));
   if (overwritten > static_cast<std::size_t>(GetConfig().probation_max_bytes.value)) {
@@ -239,6 +241,26 @@ ProbationOp* TakeProbation(CommState& comm, std::uint64_t seq, Api api, const Op
     op.unsafe.store("its input is its output, and could not be copied", std::memory_order_release);
   }
   return &op;
+}
+
+// At the outermost end of a group that NCCL launched: its operations on probation are gated, after
+// every kernel of the group. A replay re-creates one communicator: a group that also holds
+// operations of another cannot be replayed whole.
+void HoldGroupOnProbation(Api api, ncclResult_t result) {
+  const bool launched = api == Api::ncclGroupEnd && result == ncclSuccess;
+  const CommState* first_comm = t_grouped.empty() ? nullptr : t_grouped.front().comm;
+  const bool one_comm = std::all_of(t_grouped.begin(), t_grouped.end(),
+                                    [first_comm](const GroupedOperation& grouped) { return grouped.comm == first_comm; });
+  for (const GroupedOperation& grouped : t_grouped) {
+    if (grouped.probation == nullptr || !launched) continue;
+    if (!one_comm) {
+      grouped.probation->unsafe.store("its group also holds operations of another communicator",
+                                      std::memory_order_release);
+    }
+    if (!GateStream(*grouped.probation)) {
+      log::Debug("comm {} #{} is not on probation: its stream could not be gated", grouped.comm->id, grouped.seq);
+    }
+  }
 }
 
 }  // namespace
@@ -295,12 +317,13 @@ Ticket BeforeOperation(Api api, int library, const OperationArguments& arguments
     if (op.start_event == nullptr || op.end_event == nullptr) initial = OpState::kUntimed;
   }
   const bool grouped = t_group_depth > 0;
-  ticket.probation = TakeProbation(*comm, seq, api, arguments, initial == OpState::kEnqueued && !grouped);
+  ticket.probation =
+      TakeProbation(*comm, seq, api, arguments, grouped ? t_group_id : 0, initial == OpState::kEnqueued);
   if (initial == OpState::kEnqueued && !grouped) RecordStart(op);
   op.seq.store(seq, std::memory_order_relaxed);
   op.state.store(initial, std::memory_order_release);
   comm->last_enqueued.store(seq, std::memory_order_release);
-  if (grouped) t_grouped.push_back({comm, seq});
+  if (grouped) t_grouped.push_back({comm, seq, ticket.probation});
   ticket.seq = seq;
   return ticket;
 }
@@ -351,6 +374,9 @@ void AfterGroupCall(Api api, ncclResult_t result) noexcept {
       op.state.store(OpState::kUntimed, std::memory_order_release);
     }
   }
+  // After the end events: a gate queued before them would hold them back, and a replay waits for
+  // them to be reached.
+  HoldGroupOnProbation(api, result);
   t_grouped.clear();
 }
 

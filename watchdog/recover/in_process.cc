@@ -11,6 +11,8 @@
 #include <string>
 #include <thread>
 #include <utility>
+#include <vector>
+#include <algorithm>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -138,27 +140,43 @@ void GiveBack(CommState& comm, ProbationOp& op) {
   }
 }
 
-struct NewCommunicator {
-  int slot = -1;
-  ncclComm_t comm = nullptr;
-};
+// The operations replayed together: `stalled` and, when it was issued in a group, the others of
+// its group on the communicator (probation slots are in issue order).
+std::vector<ProbationOp*> ReplayedTogether(CommState& comm, ProbationOp& stalled) {
+  if (stalled.group == 0) return {&stalled};
+  std::vector<ProbationOp*> ops;
+  const int taken = std::min(comm.probation_taken.load(std::memory_order_acquire), kMaxProbationOps);
+  for (int i = 0; i < taken; ++i) {
+    ProbationOp& op = comm.probation[i];
+    // The state first: it publishes the rest of the slot.
+    if (op.state.load(std::memory_order_acquire) != ProbationState::kNone && op.group == stalled.group)
+      ops.push_back(&op);
+  }
+  return ops;
+}
 
 class Recovery {
  public:
-  Recovery(CommState& comm, ProbationOp& op, const RecoveryRequest& request)
-      : comm_(comm), op_(op), request_(request), driver_(LoadCudaDriver()) {}
+  Recovery(CommState& comm, ProbationOp& stalled, const RecoveryRequest& request)
+      : comm_(comm), stalled_(stalled), request_(request), driver_(LoadCudaDriver()) {}
 
   RecoveryOutcome Run();
 
  private:
+  // Takes over the gates of the operations to replay; "" when all of them, else why not.
+  std::string TakeOverAll();
+  void GiveBackAll();
   std::string Ready();  // "" when this rank can recover, else why not
   absl::StatusOr<RendezvousOutcome> Meet(const std::string& not_ready);
   absl::Status CreateCommunicator(const ncclUniqueId& id);
   absl::Status Replay();
+  absl::Status QueueReplay(CUstream stream);
   void Repoint();
 
   CommState& comm_;
-  ProbationOp& op_;
+  ProbationOp& stalled_;
+  std::vector<ProbationOp*> ops_;    // replayed together, in issue order
+  std::vector<ProbationOp*> taken_;  // those whose gates this recovery took over
   const RecoveryRequest& request_;
   const CudaDriver* driver_;
   int slot_ = -1;
@@ -167,13 +185,28 @@ class Recovery {
   std::int64_t replayed_ns_ = 0;
 };
 
+std::string Recovery::TakeOverAll() {
+  ops_ = ReplayedTogether(comm_, stalled_);
+  for (ProbationOp* op : ops_) {
+    if (!TakeOver(*op)) return op == &stalled_ ? "its operation completed meanwhile" : "part of its group completed";
+    taken_.push_back(op);
+  }
+  return "";
+}
+
+void Recovery::GiveBackAll() {
+  for (ProbationOp* op : taken_) GiveBack(comm_, *op);
+}
+
 std::string Recovery::Ready() {
   if (!request_.not_ready_reason.empty()) return request_.not_ready_reason;
   if (driver_ == nullptr || !driver_->probation) return "the CUDA driver cannot replay on a stream of its own";
   if (comm_.closing.load(std::memory_order_acquire)) return "the application is closing the communicator";
-  if (comm_.last_enqueued.load(std::memory_order_acquire) != op_.seq)
+  if (comm_.last_enqueued.load(std::memory_order_acquire) != ops_.back()->seq)
     return "a later operation on the communicator was queued behind it";
-  if (const char* unsafe = op_.unsafe.load(std::memory_order_acquire)) return unsafe;
+  for (const ProbationOp* op : ops_) {
+    if (const char* unsafe = op->unsafe.load(std::memory_order_acquire)) return unsafe;
+  }
   absl::StatusOr<int> slot = PrivateInstanceSlot(request_.job_dir, comm_.library.load());
   if (!slot.ok()) return absl::StrCat("no private NCCL instance: ", slot.status().message());
   slot_ = *slot;
@@ -185,7 +218,7 @@ absl::StatusOr<RendezvousOutcome> Recovery::Meet(const std::string& not_ready) {
                             .comm_id = comm_.id,
                             // Ranks that stalled in different operations never meet: each number
                             // has a meeting of its own.
-                            .epoch = static_cast<int>(op_.seq),
+                            .epoch = static_cast<int>(stalled_.seq),
                             .nranks = comm_.nranks.load(),
                             .rank = comm_.rank.load(),
                             .ready = not_ready.empty(),
@@ -198,7 +231,8 @@ absl::StatusOr<RendezvousOutcome> Recovery::Meet(const std::string& not_ready) {
       return reinterpret_cast<decltype(&::ncclGetUniqueId)>(function)(&id);
     });
     if (made != ncclSuccess) {
-      return absl::InternalError(absl::StrCat("ncclGetUniqueId of the private instance returned ", std::string(ResultName(made))));
+      return absl::InternalError(
+          absl::StrCat("ncclGetUniqueId of the private instance returned ", std::string(ResultName(made))));
     }
     return id;
   });
@@ -215,9 +249,49 @@ absl::Status Recovery::CreateCommunicator(const ncclUniqueId& id) {
     });
   });
   if (result != ncclSuccess) {
-    return absl::InternalError(absl::StrCat("ncclCommInitRank on the private instance returned ", std::string(ResultName(result))));
+    return absl::InternalError(
+        absl::StrCat("ncclCommInitRank on the private instance returned ", std::string(ResultName(result))));
   }
   new_comm_ = created;
+  return absl::OkStatus();
+}
+
+// Queues, on `stream`: a wait for each aborted operation to leave its stream (it no longer
+// writes), the in-place inputs restored, the operations again (a group as a group), and the gates
+// opened once they completed.
+absl::Status Recovery::QueueReplay(CUstream stream) {
+  for (const ProbationOp* op : ops_) {
+    const OpRecord& record = comm_.Slot(op->seq);
+    if (record.end_recorded.load(std::memory_order_acquire) &&
+        driver_->cuStreamWaitEvent(stream, static_cast<CUevent>(record.end_event), 0) != CUDA_SUCCESS) {
+      return absl::InternalError("the replay cannot wait for the aborted operation");
+    }
+    if (op->saved_input != 0 && driver_->cuMemcpyDtoDAsync(reinterpret_cast<CUdeviceptr>(op->send), op->saved_input,
+                                                            op->saved_bytes, stream) != CUDA_SUCCESS) {
+      return absl::InternalError("the operation's input cannot be restored");
+    }
+  }
+  const bool grouped = ops_.size() > 1 || stalled_.group != 0;
+  auto group_call = [this](Api api) {
+    return CallIn(slot_, api, [](void* function) { return reinterpret_cast<decltype(&::ncclGroupStart)>(function)(); });
+  };
+  ncclResult_t replayed = grouped ? group_call(Api::ncclGroupStart) : ncclSuccess;
+  for (const ProbationOp* op : ops_) {
+    if (replayed != ncclSuccess) break;
+    replayed = CallIn(slot_, op->api,
+                      [&](void* function) { return CallOperation(function, *op, new_comm_, stream); });
+  }
+  if (grouped) {
+    const ncclResult_t ended = group_call(Api::ncclGroupEnd);
+    if (replayed == ncclSuccess) replayed = ended;
+  }
+  if (replayed != ncclSuccess) {
+    return absl::InternalError(absl::StrCat("the replay returned ", std::string(ResultName(replayed))));
+  }
+  for (const ProbationOp* op : ops_) {
+    if (driver_->cuStreamWriteValue32(stream, op->gate_device, 1, CU_STREAM_WRITE_VALUE_DEFAULT) != CUDA_SUCCESS)
+      return absl::InternalError("the gate cannot be queued after the replay");
+  }
   return absl::OkStatus();
 }
 
@@ -226,24 +300,7 @@ absl::Status Recovery::Replay() {
   CUstream stream = nullptr;
   if (driver_->cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS)
     return absl::InternalError("no stream to replay on");
-  // After the aborted operation has left the application's stream: it no longer writes.
-  const OpRecord& record = comm_.Slot(op_.seq);
-  if (record.end_recorded.load(std::memory_order_acquire) &&
-      driver_->cuStreamWaitEvent(stream, static_cast<CUevent>(record.end_event), 0) != CUDA_SUCCESS) {
-    return absl::InternalError("the replay cannot wait for the aborted operation");
-  }
-  if (op_.saved_input != 0 &&
-      driver_->cuMemcpyDtoDAsync(reinterpret_cast<CUdeviceptr>(op_.send), op_.saved_input, op_.saved_bytes, stream) !=
-          CUDA_SUCCESS) {
-    return absl::InternalError("the operation's input cannot be restored");
-  }
-  const ncclResult_t replayed = CallIn(slot_, op_.api, [&](void* function) {
-    return CallOperation(function, op_, new_comm_, stream);
-  });
-  if (replayed != ncclSuccess) return absl::InternalError(absl::StrCat("the replay returned ", std::string(ResultName(replayed))));
-  // The gate opens in stream order, once the replay has completed.
-  if (driver_->cuStreamWriteValue32(stream, op_.gate_device, 1, CU_STREAM_WRITE_VALUE_DEFAULT) != CUDA_SUCCESS)
-    return absl::InternalError("the gate cannot be queued after the replay");
+  if (absl::Status queued = QueueReplay(stream); !queued.ok()) return queued;
   CUevent done = nullptr;
   if (driver_->cuEventCreate(&done, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS ||
       driver_->cuEventRecord(done, stream) != CUDA_SUCCESS) {
@@ -263,8 +320,7 @@ absl::Status Recovery::Replay() {
 }
 
 // The application's handle, and ncclguard's records, follow the new communicator; so do the
-// communicators the application creates from now on. The stalled operation counts as completed:
-// its replay did.
+// communicators the application creates from now on. The replayed operations count as completed.
 void Recovery::Repoint() {
   if (CommHandle* handle = FindCommHandle(old_comm_)) {
     if (!RepointHandle(handle, new_comm_, slot_)) log::Error("comm {}: its handle could not be re-pointed", comm_.id);
@@ -275,38 +331,38 @@ void Recovery::Repoint() {
   SendCreationsTo(slot_);
   // Nothing more goes on probation: P2P is off on the private instance.
   comm_.probation_taken.store(kMaxProbationOps, std::memory_order_release);
-  OpRecord& record = comm_.Slot(op_.seq);
-  OpState state = record.state.load(std::memory_order_acquire);
-  if (record.seq.load(std::memory_order_relaxed) == op_.seq && !IsFinished(state)) {
-    record.end_ns.store(replayed_ns_, std::memory_order_relaxed);
-    if (record.start_ns.load(std::memory_order_relaxed) == 0) record.start_ns.store(replayed_ns_, std::memory_order_relaxed);
-    record.state.compare_exchange_strong(state, OpState::kCompleted, std::memory_order_acq_rel);
+  for (ProbationOp* op : ops_) {
+    OpRecord& record = comm_.Slot(op->seq);
+    OpState state = record.state.load(std::memory_order_acquire);
+    if (record.seq.load(std::memory_order_relaxed) == op->seq && !IsFinished(state)) {
+      if (record.start_ns.load(std::memory_order_relaxed) == 0)
+        record.start_ns.store(replayed_ns_, std::memory_order_relaxed);
+      record.end_ns.store(replayed_ns_, std::memory_order_relaxed);
+      record.state.compare_exchange_strong(state, OpState::kCompleted, std::memory_order_acq_rel);
+    }
+    op->state.store(ProbationState::kReleased, std::memory_order_release);
   }
+  const std::uint64_t last = ops_.back()->seq;
   for (std::atomic<std::uint64_t>* counter : {&comm_.last_started, &comm_.last_completed}) {
     std::uint64_t value = counter->load(std::memory_order_relaxed);
-    while (value < op_.seq && !counter->compare_exchange_weak(value, op_.seq, std::memory_order_release)) {
+    while (value < last && !counter->compare_exchange_weak(value, last, std::memory_order_release)) {
     }
   }
-  op_.state.store(ProbationState::kReleased, std::memory_order_release);
   comm_.recovered.store(true, std::memory_order_release);
 }
 
 RecoveryOutcome Recovery::Run() {
-  const bool taken = TakeOver(op_);
-  std::string not_ready = taken ? Ready() : "its operation completed meanwhile";
+  std::string not_ready = TakeOverAll();
+  if (not_ready.empty()) not_ready = Ready();
   absl::StatusOr<RendezvousOutcome> met = Meet(not_ready);
-  if (!met.ok() || !met->recover) {
-    if (taken) GiveBack(comm_, op_);
-    return Outcome(Result::kFellBack, met.ok() ? met->reason : std::string(met.status().message()));
-  }
-  if (!not_ready.empty()) {
-    if (taken) GiveBack(comm_, op_);
-    return Outcome(Result::kFellBack, not_ready);
+  if (!met.ok() || !met->recover || !not_ready.empty()) {
+    GiveBackAll();
+    if (!met.ok()) return Outcome(Result::kFellBack, std::string(met.status().message()));
+    return Outcome(Result::kFellBack, met->recover ? not_ready : met->reason);
   }
   CudaContextScope context(*driver_, static_cast<CUcontext>(comm_.context));
   old_comm_ = comm_.handle.load();
-  const int old_slot = comm_.library.load();
-  const ncclResult_t aborted = CallIn(old_slot, Api::ncclCommAbort, [this](void* function) {
+  const ncclResult_t aborted = CallIn(comm_.library.load(), Api::ncclCommAbort, [this](void* function) {
     return reinterpret_cast<decltype(&::ncclCommAbort)>(function)(old_comm_);
   });
   if (aborted != ncclSuccess) log::Warn("ncclCommAbort of comm {} returned {}", comm_.id, ResultName(aborted));

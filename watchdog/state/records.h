@@ -105,6 +105,7 @@ struct ProbationOp {
   int reduction = 0;
   int root_or_peer = -1;
   void* stream = nullptr;
+  std::uint64_t group = 0;  // the ncclGroupStart/End it was issued in (0: none): replayed as one
   // A copy of an in-place operation's input, taken on the stream before the operation (0: none).
   std::uint64_t saved_input = 0;
   std::size_t saved_bytes = 0;

@@ -1,0 +1,280 @@
+// NCCLGUARD_RECOVER=inprocess end to end, on the emulator: the P2P stalls of the field cases hit
+// a communicator's first operations, and every rank re-creates the communicator with P2P disabled
+// and replays the operation inside its running process. The job finishes in one attempt, with the
+// checksums of a healthy run; when one rank cannot recover, no rank does. What a user reads is
+// checked: exit statuses, results, ncclguard's log lines and the emulator's transport report.
+#include <catch2/catch.hpp>
+
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "tests/support/process.h"
+#include "tests/support/train_loop_output.h"
+
+using ncclguard::testing::Checksums;
+using ncclguard::testing::CountOccurrences;
+using ncclguard::testing::EmulatorJobEnvironment;
+using ncclguard::testing::LogLinesOf;
+using ncclguard::testing::ProcessOptions;
+using ncclguard::testing::ProcessResult;
+using ncclguard::testing::RankPids;
+using ncclguard::testing::ReadFile;
+using ncclguard::testing::RunProcess;
+using ncclguard::testing::TemporaryDirectory;
+using Environment = std::map<std::string, std::optional<std::string>>;
+
+namespace {
+
+constexpr char kJobId[] = "inprocess";
+constexpr char kRecovering[] = "stalled on probation: recovering it in-process";
+constexpr char kRecovered[] = ": re-created with P2P disabled on a private NCCL instance and replayed";
+
+struct Job {
+  ProcessResult result;
+  std::string job_dir;
+  std::string transcript;  // for the test's messages
+};
+
+bool Contains(const std::string& text, const std::string& needle) { return text.find(needle) != std::string::npos; }
+
+// Runs `command` on the emulator under ncclguard with in-process recovery, short timeouts, NCCL's
+// INFO log (the transport report) and a job directory of its own in `dump_dir`.
+Job RunJob(const TemporaryDirectory& dump_dir, const std::vector<std::string>& command, const Environment& settings) {
+  ProcessOptions options;
+  options.timeout_seconds = 80;  // a last resort: train_loop's --timeout ends hung attempts
+  options.environment = EmulatorJobEnvironment(EMULATOR_LIBRARY_DIR, dump_dir.path(), kJobId);
+  const Environment recover_settings{{"LD_PRELOAD", PRELOAD_LIBRARY},
+                                     {"NCCL_DEBUG", "INFO"},
+                                     {"NCCLGUARD_RECOVER", "inprocess"},
+                                     {"NCCLGUARD_ACTION", "exit"},
+                                     {"NCCLGUARD_TIMEOUT", "1"},
+                                     {"NCCLGUARD_POLL_INTERVAL", "0.05"},
+                                     {"NCCLGUARD_STATUS_INTERVAL", "0.2"}};
+  for (const Environment& overrides : {recover_settings, settings}) {
+    for (const auto& [name, value] : overrides) options.environment[name] = value;
+  }
+  Job job;
+  job.result = RunProcess(command, options);
+  job.job_dir = dump_dir.path() + "/" + kJobId;
+  job.transcript = "exit code " + std::to_string(job.result.exit_code) + (job.result.timed_out ? ", timed out" : "") +
+                   "\nstdout:\n" + job.result.out + "\nstderr:\n" + job.result.err;
+  return job;
+}
+
+std::vector<std::string> TrainLoop(std::vector<std::string> arguments) {
+  arguments.insert(arguments.begin(), TRAIN_LOOP);
+  return arguments;
+}
+
+std::vector<std::string> TwoComms(std::vector<std::string> arguments) {
+  arguments.insert(arguments.begin(), TWO_COMMS);
+  return arguments;
+}
+
+// The checksums of the same job run without faults and without ncclguard.
+std::map<int, std::string> HealthyChecksums(const std::vector<std::string>& arguments) {
+  ProcessOptions options;
+  options.timeout_seconds = 30;
+  options.environment = {{"LD_LIBRARY_PATH", EMULATOR_LIBRARY_DIR}, {"NCCLEMU_FAULTS", std::nullopt}};
+  const ProcessResult healthy = RunProcess(TrainLoop(arguments), options);
+  INFO(healthy.out << healthy.err);
+  REQUIRE(healthy.exit_code == 0);
+  return Checksums(healthy.out);
+}
+
+// Ranks -> pids of two_comms' ranks ("rank R/N: pid P").
+std::map<int, int> TwoCommsPids(const std::string& out) {
+  std::map<int, int> pids;
+  for (const std::string& line : ncclguard::testing::SplitLines(out)) {
+    int rank = -1;
+    int ranks = 0;
+    int pid = 0;
+    if (std::sscanf(line.c_str(), "rank %d/%d: pid %d", &rank, &ranks, &pid) == 3) pids[rank] = pid;
+  }
+  return pids;
+}
+
+// A train_loop job whose first operations stall on P2P: one attempt, every rank recovered once in
+// a few log lines, P2P before and SHM after, the healthy checksums, and the meeting's decision.
+void CheckRecoveredInOneAttempt(const Job& job, int ranks, const std::map<int, std::string>& healthy,
+                                const std::string& operation) {
+  INFO(job.transcript);
+  REQUIRE_FALSE(job.result.timed_out);
+  CHECK(job.result.exit_code == 0);
+  CHECK(Contains(job.result.out, "all " + std::to_string(ranks) + " ranks finished"));
+  CHECK(CountOccurrences(job.result.out, "train_loop: job failed") == 0);
+  CHECK(Checksums(job.result.out) == healthy);
+  // The first communicator used P2P; the one re-created on the private instance, shared memory.
+  CHECK(Contains(job.result.out + job.result.err, " via P2P/"));
+  CHECK(Contains(job.result.out + job.result.err, " via SHM/"));
+  const std::map<int, int> pids = RankPids(job.result.out);
+  REQUIRE(pids.size() == static_cast<size_t>(ranks));
+  for (const auto& [rank, pid] : pids) {
+    INFO("rank " << rank << ", pid " << pid);
+    CHECK(LogLinesOf(job.result.err, pid, operation + " " + kRecovering).size() == 1);
+    const std::vector<std::string> recovered = LogLinesOf(job.result.err, pid, operation + kRecovered);
+    REQUIRE(recovered.size() == 1);
+    CHECK(Contains(recovered[0], "(all " + std::to_string(ranks) + " ranks are ready); the application goes on"));
+    CHECK(LogLinesOf(job.result.err, pid, "exiting with").empty());
+    // The recovery in a few lines: the stall with its verdict, then the two above (and, for S2, the
+    // known-bad driver at init).
+    CHECK(LogLinesOf(job.result.err, pid, " WARN ").size() + LogLinesOf(job.result.err, pid, " ERROR ").size() <= 4);
+  }
+  // One meeting, one decision: recover.
+  std::vector<std::string> decisions;
+  for (const auto& entry : std::filesystem::recursive_directory_iterator(job.job_dir + "/recovery")) {
+    if (entry.path().filename() == "decision.json") decisions.push_back(entry.path());
+  }
+  REQUIRE(decisions.size() == 1);
+  CHECK(nlohmann::json::parse(ReadFile(decisions[0])).at("decision") == "recover");
+  // The private copy of libnccl was removed by the last process that used it.
+  CHECK(std::filesystem::is_empty(job.job_dir + "/nccl-instances"));
+}
+
+}  // namespace
+
+TEST_CASE("S2: the first Broadcast hangs with driver 545.23.08 and every rank recovers in-process, in one attempt",
+          "[inprocess][p2p_suspect]") {
+  const std::vector<std::string> arguments = {"--ranks", "4", "--steps", "20", "--timeout", "40"};
+  const std::map<int, std::string> healthy = HealthyChecksums(arguments);
+  REQUIRE(healthy.size() == 4);
+  TemporaryDirectory dump_dir;
+  const Job job = RunJob(dump_dir, TrainLoop(arguments),
+                         {{"NCCLEMU_FAULTS", "p2p_stall:after=0"}, {"NCCLEMU_DRIVER_VERSION", "545.23.08"}});
+  CheckRecoveredInOneAttempt(job, 4, healthy, "#1 Broadcast");
+  // The stall line says why: P2P with a known-bad driver.
+  for (const auto& [rank, pid] : RankPids(job.result.out)) {
+    INFO("rank " << rank);
+    CHECK(LogLinesOf(job.result.err, pid, "verdict: p2p_suspect").size() == 1);
+  }
+}
+
+TEST_CASE("S3: a large Broadcast from root 0 stalls on three RTX A6000s and every rank recovers in-process",
+          "[inprocess]") {
+  // 16 MB of parameters: the broadcast of a model being created, as in the field case.
+  const std::vector<std::string> arguments = {"--ranks", "3", "--steps", "5", "--model-count", "4000000",
+                                              "--count", "4096", "--timeout", "60"};
+  const std::map<int, std::string> healthy = HealthyChecksums(arguments);
+  REQUIRE(healthy.size() == 3);
+  TemporaryDirectory dump_dir;
+  const Job job = RunJob(dump_dir, TrainLoop(arguments),
+                         {{"NCCLEMU_FAULTS", "p2p_stall:after=0"}, {"NCCLEMU_GPU_NAME", "NVIDIA RTX A6000"}});
+  CheckRecoveredInOneAttempt(job, 3, healthy, "#1 Broadcast");
+}
+
+TEST_CASE("an in-place AllReduce that stalls is replayed from the copy of its input taken on probation",
+          "[inprocess]") {
+  // The Broadcast goes through; the first AllReduce (#2, in place) stalls.
+  const std::vector<std::string> arguments = {"--ranks", "2", "--steps", "10", "--timeout", "40"};
+  const std::map<int, std::string> healthy = HealthyChecksums(arguments);
+  TemporaryDirectory dump_dir;
+  const Job job = RunJob(dump_dir, TrainLoop(arguments), {{"NCCLEMU_FAULTS", "p2p_stall:after=1"}});
+  CheckRecoveredInOneAttempt(job, 2, healthy, "#2 AllReduce");
+}
+
+TEST_CASE("in-process recovery works on every way of loading NCCL", "[inprocess]") {
+  for (const std::string loader : {"dlopen", "rtld-local"}) {
+    SECTION(loader) {
+      const std::vector<std::string> arguments = {"--ranks", "2", "--steps", "10", "--nccl-loader", loader,
+                                                  "--timeout", "40"};
+      const std::map<int, std::string> healthy = HealthyChecksums(arguments);
+      TemporaryDirectory dump_dir;
+      const Job job = RunJob(dump_dir, TrainLoop(arguments), {{"NCCLEMU_FAULTS", "p2p_stall:after=0"}});
+      CheckRecoveredInOneAttempt(job, 2, healthy, "#1 Broadcast");
+    }
+  }
+}
+
+TEST_CASE("two communicators whose first operations were issued in different orders on different streams are "
+          "both recovered, and a split made afterwards works",
+          "[inprocess]") {
+  TemporaryDirectory dump_dir;
+  const Job job = RunJob(dump_dir, TwoComms({"--ranks", "2", "--crossed", "--split", "--steps", "3"}),
+                         {{"NCCLEMU_FAULTS", "p2p_stall:after=0"}});
+  INFO(job.transcript);
+  REQUIRE_FALSE(job.result.timed_out);
+  CHECK(job.result.exit_code == 0);
+  CHECK(CountOccurrences(job.result.out, "3 steps on comms A and B (crossed) correct") == 2);
+  CHECK(CountOccurrences(job.result.out, "split of comm A correct") == 2);
+  const std::map<int, int> pids = TwoCommsPids(job.result.out);
+  REQUIRE(pids.size() == 2);
+  for (const auto& [rank, pid] : pids) {
+    INFO("rank " << rank);
+    // Each communicator on its own: two meetings, two recoveries.
+    CHECK(LogLinesOf(job.result.err, pid, "#1 AllReduce" + std::string(kRecovered)).size() == 2);
+    CHECK(LogLinesOf(job.result.err, pid, "exiting with").empty());
+  }
+}
+
+TEST_CASE("a grouped ring exchange of Sends and Recvs that stalls is replayed as a group", "[inprocess]") {
+  TemporaryDirectory dump_dir;
+  const Job job = RunJob(dump_dir, TwoComms({"--ranks", "3", "--exchange", "--steps", "3"}),
+                         {{"NCCLEMU_FAULTS", "p2p_stall:after=0"}});
+  INFO(job.transcript);
+  REQUIRE_FALSE(job.result.timed_out);
+  CHECK(job.result.exit_code == 0);
+  CHECK(CountOccurrences(job.result.out, "3 steps on comms A and B correct") == 3);
+  const std::map<int, int> pids = TwoCommsPids(job.result.out);
+  REQUIRE(pids.size() == 3);
+  for (const auto& [rank, pid] : pids) {
+    INFO("rank " << rank);
+    CHECK(LogLinesOf(job.result.err, pid, "#1 AllReduce" + std::string(kRecovered)).size() == 1);
+    // The exchange's Send (#1) and Recv (#2) are one group: whichever the watchdog saw stall first,
+    // one recovery replays both.
+    CHECK(LogLinesOf(job.result.err, pid, std::string(kRecovered)).size() == 2);
+    CHECK(LogLinesOf(job.result.err, pid, "exiting with").empty());
+  }
+}
+
+TEST_CASE("probation never blocks a thread: first operations issued in different orders on two communicators "
+          "complete without a fault",
+          "[inprocess]") {
+  TemporaryDirectory dump_dir;
+  const Job job = RunJob(dump_dir, TwoComms({"--ranks", "4", "--crossed", "--steps", "5"}), {});
+  INFO(job.transcript);
+  REQUIRE_FALSE(job.result.timed_out);
+  CHECK(job.result.exit_code == 0);
+  CHECK(CountOccurrences(job.result.out, "5 steps on comms A and B (crossed) correct") == 4);
+  CHECK_FALSE(Contains(job.result.err, "stalled"));
+  CHECK_FALSE(Contains(job.result.err, "in-process"));
+}
+
+TEST_CASE("when one rank cannot replay its operation, no rank recovers: every rank falls back to exit 75",
+          "[inprocess]") {
+  // Only rank 0 of an in-place Reduce has its input overwritten; with a copy budget of one byte it
+  // is the one rank that cannot replay it.
+  TemporaryDirectory dump_dir;
+  const Job job = RunJob(dump_dir, TwoComms({"--ranks", "3", "--reduce", "--steps", "2"}),
+                         {{"NCCLEMU_FAULTS", "p2p_stall:after=0"}, {"NCCLGUARD_PROBATION_MAX_BYTES", "1"}});
+  INFO(job.transcript);
+  REQUIRE_FALSE(job.result.timed_out);
+  const std::map<int, int> pids = TwoCommsPids(job.result.out);
+  REQUIRE(pids.size() == 3);
+  CHECK(CountOccurrences(job.result.out, "ended with status") == 3);
+  CHECK_FALSE(Contains(job.result.err, kRecovered));
+  for (const auto& [rank, pid] : pids) {
+    INFO("rank " << rank);
+    const std::vector<std::string> fell_back = LogLinesOf(job.result.err, pid, "#1 Reduce: in-process recovery falls back: ");
+    REQUIRE(fell_back.size() == 1);
+    CHECK(Contains(fell_back[0], "rank 0 cannot recover"));
+    CHECK(Contains(fell_back[0], "its input is its output, and larger than NCCLGUARD_PROBATION_MAX_BYTES"));
+    CHECK(LogLinesOf(job.result.err, pid, "exiting with code 75").size() == 1);
+  }
+}
+
+TEST_CASE("without NCCLGUARD_RECOVER nothing is held or recovered: the stall ends as NCCLGUARD_ACTION says",
+          "[inprocess]") {
+  TemporaryDirectory dump_dir;
+  const Job job = RunJob(dump_dir, TrainLoop({"--ranks", "2", "--steps", "10", "--timeout", "40"}),
+                         {{"NCCLEMU_FAULTS", "p2p_stall:after=0"}, {"NCCLGUARD_RECOVER", std::nullopt}});
+  INFO(job.transcript);
+  REQUIRE_FALSE(job.result.timed_out);
+  CHECK(CountOccurrences(job.result.out, "failed: exit code 75") == 2);
+  CHECK_FALSE(Contains(job.result.err, "in-process"));
+  CHECK_FALSE(std::filesystem::exists(job.job_dir + "/recovery"));
+}
