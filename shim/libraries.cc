@@ -279,5 +279,4 @@ int LibraryVersion(int slot) noexcept {
   return 0;
 }
 
-
 }  // namespace ncclguard::shim

@@ -669,11 +669,33 @@ TEST_CASE("in-process recovery: a verdict that P2P off cannot mend makes this ra
   ProbationFixture f(Action::kExit);
   f.Judge(VerdictKind::kMismatch);
   f.effects.recovery_outcome = {RecoveryOutcome::Result::kFellBack, "rank 3 cannot recover", 0};
-  CHECK_THROWS_AS(f.watchdog.PollOnce(11 * kSecond), ExitCalled);
+  // A peer's status file may predate the stall: the verdict gets two status intervals (2 s each
+  // here) past the timeout to settle, rechecked every second, before this rank gives up.
+  f.watchdog.PollOnce(11 * kSecond);
+  f.watchdog.PollOnce(12 * kSecond);
+  f.watchdog.PollOnce(13 * kSecond);
+  CHECK(f.effects.recoveries.empty());
+  CHECK(f.effects.dumps.size() == 1);  // the stall is reported once, at once
+  CHECK_THROWS_AS(f.watchdog.PollOnce(15 * kSecond), ExitCalled);
   REQUIRE(f.effects.recoveries.size() == 1);
   CHECK(f.effects.recoveries[0].second ==
         "its verdict is mismatch, which a communicator with P2P off does not mend");
   CHECK(f.effects.holding_application_calls);  // NCCLGUARD_ACTION=exit, as without recovery
+}
+
+TEST_CASE("in-process recovery: a verdict that settles to stuck_inside_nccl within two status intervals is "
+          "recovered",
+          "[watchdog][inprocess]") {
+  ProbationFixture f(Action::kExit);
+  f.Judge(VerdictKind::kRankNotJoined);  // a peer's status file from before the stall
+  f.effects.recovery_outcome = {RecoveryOutcome::Result::kRecovered, "all 4 ranks are ready", 12 * kSecond};
+  f.watchdog.PollOnce(11 * kSecond);
+  CHECK(f.effects.recoveries.empty());
+  f.Judge(VerdictKind::kStuckInsideNccl);  // the peer's next status file
+  f.watchdog.PollOnce(12 * kSecond);
+  REQUIRE(f.effects.recoveries.size() == 1);
+  CHECK(f.effects.recoveries[0].second.empty());
+  CHECK_FALSE(f.effects.holding_application_calls);
 }
 
 TEST_CASE("in-process recovery: a failure after the abort exits with the restart code whatever the action",

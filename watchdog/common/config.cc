@@ -139,12 +139,19 @@ const char* TypeName(const Seconds*) { return "seconds"; }
 const char* TypeName(const Count*) { return "count"; }
 const char* TypeName(const Signal*) { return "signal"; }
 
+// A bound as a user writes it: a whole number in full (a byte count of 2^40 is not 1.09951e+12).
+std::string RangeBound(double bound) {
+  if (bound == std::floor(bound) && std::fabs(bound) < 1e15)
+    return absl::StrCat(static_cast<std::int64_t>(bound));
+  return absl::StrCat(bound);
+}
+
 // The README's type column: the type, and the range of a numeric setting.
 template <typename T>
 std::string TypeText(std::string_view variable, const T* field) {
   const std::optional<SettingRange> range = RangeOf(variable);
   if (!range) return TypeName(field);
-  return absl::StrCat(TypeName(field), ", ", range->least, " to ", range->greatest);
+  return absl::StrCat(TypeName(field), ", ", RangeBound(range->least), " to ", RangeBound(range->greatest));
 }
 
 std::string FormatValue(bool value) { return value ? "1" : "0"; }
@@ -172,7 +179,7 @@ absl::StatusOr<T> InRange(std::string_view variable, absl::StatusOr<T> parsed) {
     if (parsed.ok() && range &&
         !(NumericValue(*parsed) >= range->least && NumericValue(*parsed) <= range->greatest)) {
       return absl::InvalidArgumentError(
-          absl::StrCat("is not between ", range->least, " and ", range->greatest));
+          absl::StrCat("is not between ", RangeBound(range->least), " and ", RangeBound(range->greatest)));
     }
   }
   return parsed;

@@ -35,19 +35,19 @@
     "verdict is `p2p_suspect`, every process of the job also records it in the job directory, "     \
     "so that the restarted job runs with P2P disabled).")                                           \
   X(RECOVER, recover, RecoverMode, RecoverMode::kOff,                                               \
-    "`inprocess`: ncclguard hands the application communicator handles of its own, and a stall "   \
+    "`inprocess`: ncclguard hands the application communicator handles of its own, and a stall "    \
     "of one of a communicator's first operations (`NCCLGUARD_PROBATION_OPS`) is recovered in the "  \
     "running process: every rank re-creates the communicator with P2P disabled and replays the "    \
     "operation, all ranks or none (then `NCCLGUARD_ACTION` applies). `off`: the application gets "  \
-    "NCCL's own handles and nothing is held.")                                                       \
+    "NCCL's own handles and nothing is held.")                                                      \
   X(PROBATION_OPS, probation_ops, Count, Count{4},                                                  \
     "With `NCCLGUARD_RECOVER=inprocess`: how many of each new communicator's first operations are " \
     "on probation. Work the application queues on the stream after one waits on the GPU until "     \
-    "the operation is seen complete (or replayed); the calling thread never waits.")                 \
+    "the operation is seen complete (or replayed); the calling thread never waits.")                \
   X(PROBATION_MAX_BYTES, probation_max_bytes, Count, Count{268435456},                              \
     "With `NCCLGUARD_RECOVER=inprocess`: an in-place reduction on probation (its input is its "     \
     "output) is copied first, up to this many bytes, so that it can be replayed; a larger one "     \
-    "cannot be, and its stall falls back to `NCCLGUARD_ACTION`.")                                    \
+    "cannot be, and its stall falls back to `NCCLGUARD_ACTION`.")                                   \
   X(P2P, p2p, P2pMode, P2pMode::kAuto,                                                              \
     "Before the process's first communicator: `off` sets `NCCL_P2P_DISABLE=1`; `auto` sets it "     \
     "when an earlier attempt of this job recorded a `p2p_suspect` verdict or a known-bad entry "    \
@@ -82,12 +82,12 @@
 // of records costs gigabytes per communicator).
 //
 // Row: X(NAME after "NCCLGUARD_", least, greatest)
-#define NCCLGUARD_FOR_EACH_RANGE(X) \
-  X(TIMEOUT, 1, 604800)             \
-  X(HARD_TIMEOUT, 1, 604800)        \
-  X(INIT_TIMEOUT, 1, 604800)        \
-  X(RING_SIZE, 16, 65536)           \
-  X(PROBATION_OPS, 1, 16)           \
+#define NCCLGUARD_FOR_EACH_RANGE(X)        \
+  X(TIMEOUT, 1, 604800)                    \
+  X(HARD_TIMEOUT, 1, 604800)               \
+  X(INIT_TIMEOUT, 1, 604800)               \
+  X(RING_SIZE, 16, 65536)                  \
+  X(PROBATION_OPS, 1, 16)                  \
   X(PROBATION_MAX_BYTES, 1, 1099511627776) \
-  X(POLL_INTERVAL, 0.01, 10)        \
+  X(POLL_INTERVAL, 0.01, 10)               \
   X(STATUS_INTERVAL, 0.1, 600)

@@ -6,7 +6,6 @@
 #include <string>
 
 #include "absl/functional/function_ref.h"
-
 #include "watchdog/common/nccl_api.h"
 
 namespace ncclguard {

@@ -44,7 +44,8 @@ class SystemEffects final : public WatchdogEffects {
   ncclResult_t AsyncError(CommState& comm) override;
   std::string LastNcclError() override;
   void Abort(CommState& comm) override;
-  RecoveryOutcome RecoverInProcess(CommState& comm, ProbationOp& op, const std::string& not_ready_reason) override;
+  RecoveryOutcome RecoverInProcess(CommState& comm, ProbationOp& op,
+                                   const std::string& not_ready_reason) override;
   void HoldApplicationCalls() override;
   [[noreturn]] void Exit(int code) override;
   std::int64_t WallNowNs() override;

@@ -52,6 +52,32 @@ bool CompleteRegistrationUnlessClosing(CommState& comm) {
   return completed;
 }
 
+// The operation `seq` of `comm` when it is on probation and its gate still closed.
+ProbationOp* PendingProbationOp(CommState& comm, std::uint64_t seq) {
+  const int taken = std::min(comm.probation_taken.load(std::memory_order_acquire), kMaxProbationOps);
+  for (int i = 0; i < taken; ++i) {
+    // The state first: it publishes the rest of the slot.
+    if (comm.probation[i].state.load(std::memory_order_acquire) == ProbationState::kPending &&
+        comm.probation[i].seq == seq) {
+      return &comm.probation[i];
+    }
+  }
+  return nullptr;
+}
+
+// The verdict about `comm`: with several communicators stalled at once, the first may name another.
+VerdictKind VerdictAbout(const CommState& comm, const std::vector<Verdict>& verdicts) {
+  const auto about = std::find_if(verdicts.begin(), verdicts.end(),
+                                  [&comm](const Verdict& verdict) { return verdict.comm == comm.id; });
+  if (about != verdicts.end()) return about->kind;
+  return verdicts.empty() ? VerdictKind::kUnknown : verdicts[0].kind;
+}
+
+// What a communicator re-created with P2P off can mend.
+bool Mendable(VerdictKind verdict) {
+  return verdict == VerdictKind::kStuckInsideNccl || verdict == VerdictKind::kP2pSuspect;
+}
+
 // A probation operation's host function, still queued on its stream (one the application aborted
 // may run much later), reads the state: it is freed only once none is.
 bool AwaitsProbationHostFunction(const CommState& comm) {
@@ -247,10 +273,12 @@ void Watchdog::CheckCommunicator(CommState& comm, std::int64_t now_ns) {
       OnStall(&comm, *stall, now_ns);
     } else if (!comm.stall_acted_on && now_ns >= comm.stall_recheck_ns) {
       const std::vector<Verdict> verdicts = CurrentVerdicts(ToSnapshot(*stall, StallMessage(*stall)), now_ns);
-      log::Warn("{} — still waiting; verdict: {}", StallMessage(*stall),
-                verdicts.empty()
-                    ? std::string("unknown")
-                    : fmt::format("{}: {}", VerdictKindName(verdicts[0].kind), verdicts[0].message));
+      if (!comm.verdict_settling) {
+        log::Warn("{} — still waiting; verdict: {}", StallMessage(*stall),
+                  verdicts.empty()
+                      ? std::string("unknown")
+                      : fmt::format("{}: {}", VerdictKindName(verdicts[0].kind), verdicts[0].message));
+      }
       DecideOnStall(&comm, *stall, verdicts, now_ns);
     }
   }
@@ -329,6 +357,7 @@ void Watchdog::DecideOnStall(CommState* comm, const Stall& stall, const std::vec
   // does for an initialisation, which has no communicator to wait on yet.
   const bool act_now = comm == nullptr || verdicts.empty() || ActOnTimeout(verdicts) ||
                        stall.seconds >= config_.hard_timeout.value;
+  if (comm != nullptr && AwaitSettledVerdict(*comm, stall, verdicts, now_ns)) return;
   if (act_now) {
     if (comm != nullptr) comm->stall_acted_on = true;
     if (comm != nullptr && TryRecoverInProcess(*comm, stall, verdicts, now_ns)) return;
@@ -344,26 +373,29 @@ void Watchdog::DecideOnStall(CommState* comm, const Stall& stall, const std::vec
   }
 }
 
+bool Watchdog::AwaitSettledVerdict(CommState& comm, const Stall& stall, const std::vector<Verdict>& verdicts,
+                                   std::int64_t now_ns) {
+  comm.verdict_settling = false;
+  if (config_.recover != RecoverMode::kInProcess || PendingProbationOp(comm, stall.seq) == nullptr ||
+      Mendable(VerdictAbout(comm, verdicts))) {
+    return false;
+  }
+  const std::int64_t interval_ns =
+      status_interval_ns_ > 0 ? status_interval_ns_ : ToNs(config_.status_interval);
+  if (static_cast<std::int64_t>(stall.seconds * 1e9) >= ToNs(config_.timeout) + 2 * interval_ns) return false;
+  comm.verdict_settling = true;
+  comm.stall_recheck_ns = now_ns + interval_ns / 2;
+  return true;
+}
+
 bool Watchdog::TryRecoverInProcess(CommState& comm, const Stall& stall, const std::vector<Verdict>& verdicts,
                                    std::int64_t now_ns) {
   if (config_.recover != RecoverMode::kInProcess) return false;
-  ProbationOp* op = nullptr;
-  const int taken = std::min(comm.probation_taken.load(std::memory_order_acquire), kMaxProbationOps);
-  for (int i = 0; i < taken; ++i) {
-    // The state first: it publishes the rest of the slot.
-    if (comm.probation[i].state.load(std::memory_order_acquire) == ProbationState::kPending &&
-        comm.probation[i].seq == stall.seq) {
-      op = &comm.probation[i];
-    }
-  }
+  ProbationOp* op = PendingProbationOp(comm, stall.seq);
   if (op == nullptr) return false;  // outside probation nothing changes
-  // The verdict about this communicator: with several stalled at once, the first may name another.
-  const auto about = std::find_if(verdicts.begin(), verdicts.end(),
-                                  [&comm](const Verdict& verdict) { return verdict.comm == comm.id; });
-  const VerdictKind verdict =
-      about != verdicts.end() ? about->kind : (verdicts.empty() ? VerdictKind::kUnknown : verdicts[0].kind);
+  const VerdictKind verdict = VerdictAbout(comm, verdicts);
   std::string not_ready;
-  if (verdict != VerdictKind::kStuckInsideNccl && verdict != VerdictKind::kP2pSuspect) {
+  if (!Mendable(verdict)) {
     not_ready = fmt::format("its verdict is {}, which a communicator with P2P off does not mend",
                             VerdictKindName(verdict));
   }
@@ -377,9 +409,10 @@ bool Watchdog::TryRecoverInProcess(CommState& comm, const Stall& stall, const st
   }
   switch (outcome.result) {
     case RecoveryOutcome::Result::kRecovered: {
-      log::Warn("{}: re-created with P2P disabled on a private NCCL instance and replayed ({}); the "
-                "application goes on, {} ms after the stall was found",
-                what, outcome.detail, (outcome.replay_completed_ns - now_ns) / 1'000'000);
+      log::Warn(
+          "{}: re-created with P2P disabled on a private NCCL instance and replayed ({}); the "
+          "application goes on, {} ms after the stall was found",
+          what, outcome.detail, (outcome.replay_completed_ns - now_ns) / 1'000'000);
       MutexLock lock(status_mutex_);
       reported_stall_.reset();
       next_status_ns_ = 0;  // the others see at once that it completed
@@ -389,9 +422,10 @@ bool Watchdog::TryRecoverInProcess(CommState& comm, const Stall& stall, const st
       log::Warn("{}: in-process recovery falls back: {}", what, outcome.detail);
       return false;
     case RecoveryOutcome::Result::kBroken:
-      ExitForRestart(fmt::format("{}: in-process recovery failed after the communicator was aborted ({}); exiting "
-                                 "with code {}",
-                                 what, outcome.detail, kRestartExitCode));
+      ExitForRestart(
+          fmt::format("{}: in-process recovery failed after the communicator was aborted ({}); exiting "
+                      "with code {}",
+                      what, outcome.detail, kRestartExitCode));
       return true;
   }
   return false;

@@ -63,7 +63,8 @@ class WatchdogEffects {
   // NCCLGUARD_RECOVER=inprocess: takes part in the recovery of `op`, an operation of `comm` on
   // probation that stalled (recover/in_process.h); `not_ready_reason` says why this rank cannot
   // recover ("" when it can), which makes every rank fall back.
-  virtual RecoveryOutcome RecoverInProcess(CommState& comm, ProbationOp& op, const std::string& not_ready_reason) = 0;
+  virtual RecoveryOutcome RecoverInProcess(CommState& comm, ProbationOp& op,
+                                           const std::string& not_ready_reason) = 0;
   // From now on, application threads that call NCCL wait: the process is about to exit, and an
   // aborted communicator would otherwise let the application exit first with its own code.
   virtual void HoldApplicationCalls() = 0;
@@ -126,6 +127,12 @@ class Watchdog {
   // says why it waits and when it will look again.
   void DecideOnStall(CommState* comm, const Stall& stall, const std::vector<Verdict>& verdicts,
                      std::int64_t now_ns);
+  // NCCLGUARD_RECOVER=inprocess: a rank's verdict may rest on a peer's status file written before
+  // the stall, and one rank that votes not ready makes every rank fall back. For an operation on
+  // probation whose verdict P2P off would not mend, the decision waits (true) until two status
+  // intervals past the timeout, rechecking the verdict every half interval, silently.
+  bool AwaitSettledVerdict(CommState& comm, const Stall& stall, const std::vector<Verdict>& verdicts,
+                           std::int64_t now_ns);
   // NCCLGUARD_RECOVER=inprocess, for a stall of an operation on probation: recovers the
   // communicator in-process, all ranks or none. True when the stall is dealt with (recovered, or
   // the process is exiting); false when it fell back and the stall goes on as without recovery.

@@ -9,14 +9,14 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <exception>
 #include <mutex>
 #include <string>
 #include <thread>
-#include <chrono>
-#include <cstdint>
 
 #include "watchdog/common/clock.h"
 #include "watchdog/common/comm_handle.h"

@@ -10,9 +10,9 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstdlib>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -27,8 +27,8 @@
 #include "watchdog/common/log.h"
 #include "watchdog/common/nccl_api.h"
 #include "watchdog/detect/runtime.h"
-#include "watchdog/report/facts.h"
 #include "watchdog/record/hooks.h"
+#include "watchdog/report/facts.h"
 #include "watchdog/state/gpu_events.h"
 #include "watchdog/state/handles.h"
 #include "watchdog/state/probation.h"
@@ -232,8 +232,8 @@ ProbationOp* TakeProbation(CommState& comm, std::uint64_t seq, Api api, const Op
   op.root_or_peer = arguments.root_or_peer;
   op.stream = arguments.stream;
   op.group = group;
-  const std::size_t overwritten =
-      OverwrittenInputBytes(op, comm.rank.load(std::memory_order_relaxed), comm.nranks.load(std::memory_order_relaxed));
+  const std::size_t overwritten = OverwrittenInputBytes(op, comm.rank.load(std::memory_order_relaxed),
+                                                        comm.nranks.load(std::memory_order_relaxed));
   if (overwritten > static_cast<std::size_t>(GetConfig().probation_max_bytes.value)) {
     op.unsafe.store("its input is its output, and larger than NCCLGUARD_PROBATION_MAX_BYTES",
                     std::memory_order_release);
@@ -249,8 +249,9 @@ ProbationOp* TakeProbation(CommState& comm, std::uint64_t seq, Api api, const Op
 void HoldGroupOnProbation(Api api, ncclResult_t result) {
   const bool launched = api == Api::ncclGroupEnd && result == ncclSuccess;
   const CommState* first_comm = t_grouped.empty() ? nullptr : t_grouped.front().comm;
-  const bool one_comm = std::all_of(t_grouped.begin(), t_grouped.end(),
-                                    [first_comm](const GroupedOperation& grouped) { return grouped.comm == first_comm; });
+  const bool one_comm =
+      std::all_of(t_grouped.begin(), t_grouped.end(),
+                  [first_comm](const GroupedOperation& grouped) { return grouped.comm == first_comm; });
   for (const GroupedOperation& grouped : t_grouped) {
     if (grouped.probation == nullptr || !launched) continue;
     if (!one_comm) {
@@ -258,7 +259,8 @@ void HoldGroupOnProbation(Api api, ncclResult_t result) {
                                       std::memory_order_release);
     }
     if (!GateStream(*grouped.probation)) {
-      log::Debug("comm {} #{} is not on probation: its stream could not be gated", grouped.comm->id, grouped.seq);
+      log::Debug("comm {} #{} is not on probation: its stream could not be gated", grouped.comm->id,
+                 grouped.seq);
     }
   }
 }
@@ -420,7 +422,8 @@ namespace {
 // communicator of the private instance, whose P2P is off.
 int ProbationLimit(int library) {
   const Config& config = GetConfig();
-  if (config.recover != RecoverMode::kInProcess || library == CreationSlot() || !ProbationAvailable()) return 0;
+  if (config.recover != RecoverMode::kInProcess || library == CreationSlot() || !ProbationAvailable())
+    return 0;
   for (const char* name : kNcclP2pVariables) {
     if (std::getenv(name) != nullptr) return 0;
   }

@@ -3,6 +3,7 @@
 #include <cuda.h>
 #include <nccl.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -12,7 +13,6 @@
 #include <thread>
 #include <utility>
 #include <vector>
-#include <algorithm>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -188,7 +188,8 @@ class Recovery {
 std::string Recovery::TakeOverAll() {
   ops_ = ReplayedTogether(comm_, stalled_);
   for (ProbationOp* op : ops_) {
-    if (!TakeOver(*op)) return op == &stalled_ ? "its operation completed meanwhile" : "part of its group completed";
+    if (!TakeOver(*op))
+      return op == &stalled_ ? "its operation completed meanwhile" : "part of its group completed";
     taken_.push_back(op);
   }
   return "";
@@ -200,7 +201,8 @@ void Recovery::GiveBackAll() {
 
 std::string Recovery::Ready() {
   if (!request_.not_ready_reason.empty()) return request_.not_ready_reason;
-  if (driver_ == nullptr || !driver_->probation) return "the CUDA driver cannot replay on a stream of its own";
+  if (driver_ == nullptr || !driver_->probation)
+    return "the CUDA driver cannot replay on a stream of its own";
   if (comm_.closing.load(std::memory_order_acquire)) return "the application is closing the communicator";
   if (comm_.last_enqueued.load(std::memory_order_acquire) != ops_.back()->seq)
     return "a later operation on the communicator was queued behind it";
@@ -238,21 +240,48 @@ absl::StatusOr<RendezvousOutcome> Recovery::Meet(const std::string& not_ready) {
   });
 }
 
+// Made on a thread of its own, so that a rank that never joins (it fell back on its own, or died)
+// costs this one the deadline and not for ever: the watchdog, whose init timeout would otherwise
+// notice, is the thread waiting here. Blocking, as the application's own was (its calls expect
+// ncclSuccess, not ncclInProgress). Past the deadline the process exits (kBroken), so the thread
+// left waiting in NCCL does no harm.
 absl::Status Recovery::CreateCommunicator(const ncclUniqueId& id) {
-  const int nranks = comm_.nranks.load();
-  const int rank = comm_.rank.load();
-  const int slot = slot_;
-  ncclComm_t created = nullptr;
+  struct Creation {
+    std::atomic<bool> done{false};
+    ncclComm_t comm = nullptr;
+    ncclResult_t result = ncclInternalError;
+  };
+  auto creation = std::make_shared<Creation>();
+  const std::int64_t give_up =
+      SteadyNowNs() + std::chrono::duration_cast<std::chrono::nanoseconds>(request_.replay_timeout).count();
   const ncclResult_t result = PrivateNcclInstance::WithP2pDisabled([&] {
-    return CallIn(slot, Api::ncclCommInitRank, [&](void* function) {
-      return reinterpret_cast<decltype(&::ncclCommInitRank)>(function)(&created, nranks, id, rank);
-    });
+    try {
+      std::thread([creation, driver = driver_, context = static_cast<CUcontext>(comm_.context), slot = slot_,
+                   nranks = comm_.nranks.load(), rank = comm_.rank.load(), id] {
+        RecoveryUnderWay recovering;  // NCCL's calls of its own functions on this thread must not wait
+        CudaContextScope scope(*driver, context);
+        creation->result = CallIn(slot, Api::ncclCommInitRank, [&](void* function) {
+          return reinterpret_cast<decltype(&::ncclCommInitRank)>(function)(&creation->comm, nranks, id, rank);
+        });
+        creation->done.store(true, std::memory_order_release);
+      }).detach();
+    } catch (...) {  // no thread to be had
+      return ncclSystemError;
+    }
+    // NCCL reads NCCL_P2P_DISABLE during the initialisation: the environment stays as it is
+    // until it is over.
+    while (!creation->done.load(std::memory_order_acquire) && SteadyNowNs() < give_up) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    return creation->done.load(std::memory_order_acquire) ? creation->result : ncclInProgress;
   });
+  if (result == ncclInProgress)
+    return absl::DeadlineExceededError("the new communicator was not complete in time");
   if (result != ncclSuccess) {
     return absl::InternalError(
         absl::StrCat("ncclCommInitRank on the private instance returned ", std::string(ResultName(result))));
   }
-  new_comm_ = created;
+  new_comm_ = creation->comm;
   return absl::OkStatus();
 }
 
@@ -266,14 +295,16 @@ absl::Status Recovery::QueueReplay(CUstream stream) {
         driver_->cuStreamWaitEvent(stream, static_cast<CUevent>(record.end_event), 0) != CUDA_SUCCESS) {
       return absl::InternalError("the replay cannot wait for the aborted operation");
     }
-    if (op->saved_input != 0 && driver_->cuMemcpyDtoDAsync(reinterpret_cast<CUdeviceptr>(op->send), op->saved_input,
-                                                            op->saved_bytes, stream) != CUDA_SUCCESS) {
+    if (op->saved_input != 0 &&
+        driver_->cuMemcpyDtoDAsync(reinterpret_cast<CUdeviceptr>(op->send), op->saved_input, op->saved_bytes,
+                                   stream) != CUDA_SUCCESS) {
       return absl::InternalError("the operation's input cannot be restored");
     }
   }
   const bool grouped = ops_.size() > 1 || stalled_.group != 0;
   auto group_call = [this](Api api) {
-    return CallIn(slot_, api, [](void* function) { return reinterpret_cast<decltype(&::ncclGroupStart)>(function)(); });
+    return CallIn(slot_, api,
+                  [](void* function) { return reinterpret_cast<decltype(&::ncclGroupStart)>(function)(); });
   };
   ncclResult_t replayed = grouped ? group_call(Api::ncclGroupStart) : ncclSuccess;
   for (const ProbationOp* op : ops_) {
@@ -289,7 +320,8 @@ absl::Status Recovery::QueueReplay(CUstream stream) {
     return absl::InternalError(absl::StrCat("the replay returned ", std::string(ResultName(replayed))));
   }
   for (const ProbationOp* op : ops_) {
-    if (driver_->cuStreamWriteValue32(stream, op->gate_device, 1, CU_STREAM_WRITE_VALUE_DEFAULT) != CUDA_SUCCESS)
+    if (driver_->cuStreamWriteValue32(stream, op->gate_device, 1, CU_STREAM_WRITE_VALUE_DEFAULT) !=
+        CUDA_SUCCESS)
       return absl::InternalError("the gate cannot be queued after the replay");
   }
   return absl::OkStatus();
@@ -313,7 +345,8 @@ absl::Status Recovery::Replay() {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   // The event and the stream are left to the process: destroying either may wait for the GPU.
-  if (state == CUDA_ERROR_NOT_READY) return absl::DeadlineExceededError("the replay did not complete in time");
+  if (state == CUDA_ERROR_NOT_READY)
+    return absl::DeadlineExceededError("the replay did not complete in time");
   if (state != CUDA_SUCCESS) return absl::InternalError("the replay failed on the GPU");
   replayed_ns_ = SteadyNowNs();
   return absl::OkStatus();
@@ -323,7 +356,8 @@ absl::Status Recovery::Replay() {
 // communicators the application creates from now on. The replayed operations count as completed.
 void Recovery::Repoint() {
   if (CommHandle* handle = FindCommHandle(old_comm_)) {
-    if (!RepointHandle(handle, new_comm_, slot_)) log::Error("comm {}: its handle could not be re-pointed", comm_.id);
+    if (!RepointHandle(handle, new_comm_, slot_))
+      log::Error("comm {}: its handle could not be re-pointed", comm_.id);
   }
   if (!GetRegistry().Rekey(&comm_, new_comm_, slot_)) {
     log::Warn("comm {}: more communicators than ncclguard can watch; the new one is not watched", comm_.id);
@@ -365,7 +399,8 @@ RecoveryOutcome Recovery::Run() {
   const ncclResult_t aborted = CallIn(comm_.library.load(), Api::ncclCommAbort, [this](void* function) {
     return reinterpret_cast<decltype(&::ncclCommAbort)>(function)(old_comm_);
   });
-  if (aborted != ncclSuccess) log::Warn("ncclCommAbort of comm {} returned {}", comm_.id, ResultName(aborted));
+  if (aborted != ncclSuccess)
+    log::Warn("ncclCommAbort of comm {} returned {}", comm_.id, ResultName(aborted));
   if (absl::Status created = CreateCommunicator(met->unique_id); !created.ok()) {
     return Outcome(Result::kBroken, std::string(created.message()));
   }
@@ -380,7 +415,8 @@ RecoveryOutcome Recovery::Run() {
 
 }  // namespace
 
-RecoveryOutcome RecoverCommunicator(CommState& comm, ProbationOp& op, const RecoveryRequest& request) noexcept {
+RecoveryOutcome RecoverCommunicator(CommState& comm, ProbationOp& op,
+                                    const RecoveryRequest& request) noexcept {
   try {
     RecoveryUnderWay hold;
     Recovery recovery(comm, op, request);

@@ -30,13 +30,14 @@ struct RecoveryOutcome {
     kBroken,     // it failed after the old communicator was aborted: only an exit is left
   };
   Result result = Result::kFellBack;
-  std::string detail;  // why it fell back or broke; for a recovery, what was done
+  std::string detail;                    // why it fell back or broke; for a recovery, what was done
   std::int64_t replay_completed_ns = 0;  // steady clock, when recovered
 };
 
 // On the watchdog thread, for operation `op` of `comm` that stalled on probation. Blocks for the
 // meeting (at most `meeting_timeout`), the new communicator's initialisation and the replay (at
 // most `replay_timeout`). The application's calls that name a communicator wait meanwhile.
-RecoveryOutcome RecoverCommunicator(CommState& comm, ProbationOp& op, const RecoveryRequest& request) noexcept;
+RecoveryOutcome RecoverCommunicator(CommState& comm, ProbationOp& op,
+                                    const RecoveryRequest& request) noexcept;
 
 }  // namespace ncclguard

@@ -22,9 +22,9 @@ CudaDriver* Load() {
   if (driver == nullptr) return nullptr;
   bool events = true;
   bool probation = true;
-#define NCCLGUARD_RESOLVE(name, found)                                                           \
-  driver->name = reinterpret_cast<decltype(&::name)>(                                            \
-      Real().Symbol(handle, NCCLGUARD_STRINGIFY_EXPANDED(name)));                                \
+#define NCCLGUARD_RESOLVE(name, found)                                                                \
+  driver->name =                                                                                      \
+      reinterpret_cast<decltype(&::name)>(Real().Symbol(handle, NCCLGUARD_STRINGIFY_EXPANDED(name))); \
   found = found && driver->name != nullptr;
 #define NCCLGUARD_RESOLVE_EVENT(name) NCCLGUARD_RESOLVE(name, events)
 #define NCCLGUARD_RESOLVE_PROBATION(name) NCCLGUARD_RESOLVE(name, probation)

@@ -34,8 +34,8 @@ class DriverEventsImpl final : public GpuEvents {
   }
 
   bool Record(GpuEvent event, GpuStream stream) override {
-    return Load() &&
-           driver()->cuEventRecord(static_cast<CUevent>(event), static_cast<CUstream>(stream)) == CUDA_SUCCESS;
+    return Load() && driver()->cuEventRecord(static_cast<CUevent>(event), static_cast<CUstream>(stream)) ==
+                         CUDA_SUCCESS;
   }
 
   EventStatus Query(GpuContext context, GpuEvent event) override {

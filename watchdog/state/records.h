@@ -128,7 +128,7 @@ struct CommState {
   // recovery (Registry::Rekey), while the application's calls are held.
   std::atomic<ncclComm_t> handle;
   std::atomic<int> library;
-  char id[17] = {};   // the same on every rank: from the unique id, or the parent's id + lineage
+  char id[17] = {};  // the same on every rank: from the unique id, or the parent's id + lineage
   char parent_id[17] = {};
   Api created_by = Api::ncclCommInitRank;
   GpuContext context = nullptr;  // where its events live
@@ -162,6 +162,7 @@ struct CommState {
   int reported_async_error = ncclSuccess;
   bool stall_acted_on = false;        // the action for that stall was taken
   std::int64_t stall_recheck_ns = 0;  // when to look at a stall not acted on again
+  bool verdict_settling = false;      // the recheck awaits a settled verdict: not logged
   std::int64_t closed_seen_ns = 0;    // when it freed the ring of a closed communicator
 
   const std::size_t ring_size;

@@ -112,7 +112,8 @@ void Registry::UnlinkLocked(CommState* state) noexcept {
     if (key == nullptr) return;
     if (key == handle) break;
   }
-  if (keys_[i].load(std::memory_order_relaxed) != handle || values_[i].load(std::memory_order_relaxed) != state) {
+  if (keys_[i].load(std::memory_order_relaxed) != handle ||
+      values_[i].load(std::memory_order_relaxed) != state) {
     return;  // not found, or its handle names a newer communicator now
   }
   keys_[i].store(Tombstone(), std::memory_order_release);

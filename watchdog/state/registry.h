@@ -79,7 +79,8 @@ class Registry {
 
   // Where `handle` is, or would go; kCapacity when the table is full.
   std::size_t SlotForLocked(ncclComm_t handle) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
-  void PublishLocked(std::size_t slot, ncclComm_t handle, CommState* state) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  void PublishLocked(std::size_t slot, ncclComm_t handle, CommState* state)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   void UnlinkLocked(CommState* state) noexcept ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
 
   static constexpr std::size_t kMaxPendingInits = 64;
