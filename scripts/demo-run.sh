@@ -79,8 +79,29 @@ LD_LIBRARY_PATH="$emulator" NCCLGUARD_DUMP_DIR="$jobs" NCCLGUARD_JOB_ID=hang-aft
   fold -s -w 120 || true
 echo "   (exit status of ncclguard run: ${PIPESTATUS[0]})"
 
+say "6. Scenario S2 again, recovered in-process: the same job, the same fault, the same driver, run" \
+    "   once under LD_PRELOAD with NCCLGUARD_RECOVER=inprocess and no \`ncclguard run\`. The first" \
+    "   collective stalls as before; every rank re-creates the communicator on a private copy of" \
+    "   libnccl with P2P disabled and replays the stalled Broadcast. The processes go on (their pids" \
+    "   do not change), the job finishes, and nobody restarted it. NCCL's first communicator goes" \
+    "   through P2P, the re-created one through shared memory:"
+status=0
+LD_LIBRARY_PATH="$emulator" LD_PRELOAD="$guard" NCCLGUARD_DUMP_DIR="$jobs" NCCLGUARD_JOB_ID=hang-after-init-inprocess \
+  NCCLEMU_FAULTS="p2p_stall:after=0" NCCLEMU_DRIVER_VERSION=545.23.08 NCCL_DEBUG=INFO \
+  NCCLGUARD_RECOVER=inprocess NCCLGUARD_TIMEOUT=3 \
+  "$train_loop" --ranks 4 --steps 50 --timeout 60 >"$jobs/inprocess.log" 2>&1 || status=$?
+grep -E '\[0\] ncclguard (WARN|ERROR)|\[0\] NCCL INFO Channel 00.* 0\[0\] -> 1|train_loop: all 4 ranks|rank 0 checksum' \
+  "$jobs/inprocess.log" | fold -s -w 120 || true
+# The same job without the fault and without ncclguard gives the checksums to expect.
+healthy=$(LD_LIBRARY_PATH="$emulator" "$train_loop" --ranks 4 --steps 50 --timeout 60 2>&1 |
+  grep -E '^rank [0-9]+ checksum' | sort || true)
+recovered=$(grep -E '^rank [0-9]+ checksum' "$jobs/inprocess.log" | sort || true)
+same="DIFFERENT"
+[[ -n $healthy && $healthy == "$recovered" ]] && same="same as a healthy run"
+echo "   (exit status of the job: $status; the checksums of its 4 ranks: $same)"
+
 if [[ -e "$real_nccl/libnccl.so.2" ]]; then
-  say "6. The real NCCL of the CUDA toolkit, through Python ctypes. There is no GPU here, so" \
+  say "7. The real NCCL of the CUDA toolkit, through Python ctypes. There is no GPU here, so" \
       "   ncclCommInitRank fails with ncclUnhandledCudaError; ncclguard forwards exactly that:"
   LD_LIBRARY_PATH="$real_nccl" LD_PRELOAD="$guard" NCCLGUARD_DUMP_DIR="$jobs" NCCLGUARD_LOG_LEVEL=debug \
     python3 - <<'PY' 2>&1 | grep -vE 'dumped state|job directory'
@@ -100,7 +121,7 @@ fi
 
 program="$build/tests/cudart_e2e/cudart_nccl_program"
 if [[ -x "$program" ]]; then
-  say "7. A program written the way NCCL's own benchmarks and JAX are: built by nvcc against the CUDA" \
+  say "8. A program written the way NCCL's own benchmarks and JAX are: built by nvcc against the CUDA" \
       "   runtime, one process driving four GPUs, their communicators created inside one group." \
       "   It runs on the emulator's libcudart; rank 2's fourth AllReduce hangs (injected). ncclguard" \
       "   describes each communicator once NCCL has created it, so the stall names all four ranks:"

@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# How long in-process recovery (NCCLGUARD_RECOVER=inprocess) takes, measured on the emulator.
+#
+#   bench/recovery_bench.sh <build directory> [--runs N | --smoke]
+#
+# Runs scenario S2 N times (default 5): a four-rank train_loop whose P2P transfers never complete
+# (driver 545.23.08, injected), under LD_PRELOAD=libncclguard.so. Its first Broadcast stalls; every
+# rank re-creates the communicator with P2P disabled on a private NCCL instance and replays it.
+# Each rank logs "<N> ms after the stall was found" once the replay has completed; a run's figure
+# is the largest over its ranks (the job goes on only when the last rank does). Prints the median
+# and maximum over runs, then handles_bench's translation cost if it is built.
+# --smoke: one run, handles_bench very briefly. Fails if a job fails, a rank did not recover, or a
+# figure is missing; never on timing.
+set -euo pipefail
+
+usage() {
+  echo "usage: $0 <build directory> [--runs N | --smoke]" >&2
+  exit 2
+}
+[[ $# -ge 1 && -d $1 ]] || usage
+build=$(cd "$1" && pwd)
+shift
+runs=5
+smoke=0
+while [[ $# -gt 0 ]]; do
+  case $1 in
+    --smoke) smoke=1; runs=1; shift ;;
+    --runs) [[ ${2:-} =~ ^[1-9][0-9]*$ ]] || usage; runs=$2; shift 2 ;;
+    *) usage ;;
+  esac
+done
+
+preload=$build/lib/libncclguard.so
+emulator=$build/emulator/lib
+train_loop=$build/examples/train_loop
+for needed in "$preload" "$emulator/libnccl.so.2" "$emulator/libcuda.so.1" "$train_loop"; do
+  if [[ ! -e $needed ]]; then
+    echo "$0: $needed is missing: build ncclguard with the emulator first" >&2
+    exit 2
+  fi
+done
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/ncclguard-recovery-bench.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+
+ranks=4
+figures=()
+for ((run = 1; run <= runs; run++)); do
+  dumps=$(mktemp -d "$work/dumps.XXXXXX")
+  log=$work/run-$run.log
+  status=0
+  env -u NCCL_COMM_ID LD_LIBRARY_PATH="$emulator" LD_PRELOAD="$preload" \
+    NCCLGUARD_DUMP_DIR="$dumps" NCCLGUARD_JOB_ID=recovery-bench NCCLGUARD_RECOVER=inprocess \
+    NCCLGUARD_TIMEOUT=1 NCCLGUARD_POLL_INTERVAL=0.05 NCCLGUARD_STATUS_INTERVAL=0.2 \
+    NCCLEMU_FAULTS="p2p_stall:after=0" NCCLEMU_DRIVER_VERSION=545.23.08 \
+    "$train_loop" --ranks "$ranks" --steps 5 --timeout 30 >"$log" 2>&1 || status=$?
+  rm -rf "$dumps"
+  # "<rank> <ms>" for each rank's line saying its replay completed.
+  recovered=$(sed -nE 's/.*\[([0-9]+)\] ncclguard WARN comm [0-9a-f]+ #[0-9]+ [A-Za-z]+: re-created .* ([0-9]+) ms after the stall was found.*/\1 \2/p' "$log")
+  recovered_ranks=$(cut -d' ' -f1 <<<"$recovered" | sort -nu | paste -sd' ')
+  if ((status != 0)) || [[ $recovered_ranks != "$(seq -s ' ' 0 $((ranks - 1)))" ]]; then
+    echo "$0: run $run: the job exited $status; ranks that recovered in-process: ${recovered_ranks:-none}" >&2
+    tail -n 30 "$log" >&2
+    exit 1
+  fi
+  largest=$(cut -d' ' -f2 <<<"$recovered" | sort -n | tail -n 1)
+  figures+=("$largest")
+  per_rank=$(sort -n <<<"$recovered" | cut -d' ' -f2 | paste -sd, | sed 's/,/, /g')
+  echo "run $run of $runs: detection_to_replay_ms $largest (ranks 0 to $((ranks - 1)): $per_rank)"
+done
+
+printf '%s\n' "${figures[@]}" | sort -n | awk -v runs="$runs" -v ranks="$ranks" '
+  { value[NR] = $1 }
+  END {
+    median = NR % 2 ? value[(NR + 1) / 2] : (value[NR / 2] + value[NR / 2 + 1]) / 2
+    printf "detection_to_replay_ms median %g max %g (%d runs, %d ranks, emulator)\n", median, value[NR], runs, ranks
+  }'
+
+# What a handle costs an intercepted call (bench/README.md): four seconds at this minimum time,
+# twenty at handles_bench's default.
+handles_bench=$build/bench/handles_bench
+if [[ -x $handles_bench ]]; then
+  min_time=0.1
+  ((smoke)) && min_time=0.005
+  "$handles_bench" --benchmark_min_time=$min_time >"$work/handles.txt" 2>&1
+  if ! grep -h '^translation_ns_per_call: ' "$work/handles.txt" >/dev/null; then
+    echo "$0: handles_bench printed no translation_ns_per_call" >&2
+    cat "$work/handles.txt" >&2
+    exit 1
+  fi
+  grep -hE '^(intercepted_allreduce_ns|translation_ns_per_call): ' "$work/handles.txt"
+fi
