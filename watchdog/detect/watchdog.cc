@@ -269,6 +269,7 @@ void Watchdog::CheckCommunicator(CommState& comm, std::int64_t now_ns) {
   if (const auto stall = FindOperationStall(comm, now_ns, ToNs(config_.timeout))) {
     if (stall->seq != comm.reported_stall_seq) {
       comm.reported_stall_seq = stall->seq;
+      comm.stall_reported_ns = now_ns;
       comm.stall_acted_on = false;
       OnStall(&comm, *stall, now_ns);
     } else if (!comm.stall_acted_on && now_ns >= comm.stall_recheck_ns) {
@@ -360,7 +361,7 @@ void Watchdog::DecideOnStall(CommState* comm, const Stall& stall, const std::vec
   if (comm != nullptr && AwaitSettledVerdict(*comm, stall, verdicts, now_ns)) return;
   if (act_now) {
     if (comm != nullptr) comm->stall_acted_on = true;
-    if (comm != nullptr && TryRecoverInProcess(*comm, stall, verdicts, now_ns)) return;
+    if (comm != nullptr && TryRecoverInProcess(*comm, stall, verdicts)) return;
     Act(comm, "the stall", verdicts);
     return;
   }
@@ -388,8 +389,8 @@ bool Watchdog::AwaitSettledVerdict(CommState& comm, const Stall& stall, const st
   return true;
 }
 
-bool Watchdog::TryRecoverInProcess(CommState& comm, const Stall& stall, const std::vector<Verdict>& verdicts,
-                                   std::int64_t now_ns) {
+bool Watchdog::TryRecoverInProcess(CommState& comm, const Stall& stall,
+                                   const std::vector<Verdict>& verdicts) {
   if (config_.recover != RecoverMode::kInProcess) return false;
   ProbationOp* op = PendingProbationOp(comm, stall.seq);
   if (op == nullptr) return false;  // outside probation nothing changes
@@ -412,7 +413,7 @@ bool Watchdog::TryRecoverInProcess(CommState& comm, const Stall& stall, const st
       log::Warn(
           "{}: re-created with P2P disabled on a private NCCL instance and replayed ({}); the "
           "application goes on, {} ms after the stall was found",
-          what, outcome.detail, (outcome.replay_completed_ns - now_ns) / 1'000'000);
+          what, outcome.detail, (outcome.replay_completed_ns - comm.stall_reported_ns) / 1'000'000);
       MutexLock lock(status_mutex_);
       reported_stall_.reset();
       next_status_ns_ = 0;  // the others see at once that it completed

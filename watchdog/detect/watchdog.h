@@ -136,8 +136,7 @@ class Watchdog {
   // NCCLGUARD_RECOVER=inprocess, for a stall of an operation on probation: recovers the
   // communicator in-process, all ranks or none. True when the stall is dealt with (recovered, or
   // the process is exiting); false when it fell back and the stall goes on as without recovery.
-  bool TryRecoverInProcess(CommState& comm, const Stall& stall, const std::vector<Verdict>& verdicts,
-                           std::int64_t now_ns);
+  bool TryRecoverInProcess(CommState& comm, const Stall& stall, const std::vector<Verdict>& verdicts);
   std::vector<Verdict> CurrentVerdicts(const StallSnapshot& stall, std::int64_t now_ns);
   // Reports the communicator's asynchronous error unless reported already; acts on it when `act`
   // (not for a communicator already closed, nor at exit). True when it reported one.

@@ -160,10 +160,11 @@ struct CommState {
   std::uint64_t watch_cursor = 1;
   std::uint64_t reported_stall_seq = 0;
   int reported_async_error = ncclSuccess;
-  bool stall_acted_on = false;        // the action for that stall was taken
-  std::int64_t stall_recheck_ns = 0;  // when to look at a stall not acted on again
-  bool verdict_settling = false;      // the recheck awaits a settled verdict: not logged
-  std::int64_t closed_seen_ns = 0;    // when it freed the ring of a closed communicator
+  bool stall_acted_on = false;         // the action for that stall was taken
+  std::int64_t stall_recheck_ns = 0;   // when to look at a stall not acted on again
+  std::int64_t stall_reported_ns = 0;  // when that stall was found
+  bool verdict_settling = false;       // the recheck awaits a settled verdict: not logged
+  std::int64_t closed_seen_ns = 0;     // when it freed the ring of a closed communicator
 
   const std::size_t ring_size;
   // Freed (null) by the watchdog thread once the application has closed the communicator and
