@@ -13,20 +13,22 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tests/recovery_e2e/job.h"
 #include "tests/support/process.h"
 #include "tests/support/train_loop_output.h"
 
 using ncclguard::testing::Checksums;
 using ncclguard::testing::CountOccurrences;
-using ncclguard::testing::EmulatorJobEnvironment;
 using ncclguard::testing::LogLinesOf;
-using ncclguard::testing::ProcessOptions;
-using ncclguard::testing::ProcessResult;
 using ncclguard::testing::RankPids;
 using ncclguard::testing::ReadFile;
-using ncclguard::testing::RunProcess;
 using ncclguard::testing::TemporaryDirectory;
-using Environment = std::map<std::string, std::optional<std::string>>;
+using ncclguard::testing::Contains;
+using ncclguard::testing::Environment;
+using ncclguard::testing::HealthyChecksums;
+using ncclguard::testing::Job;
+using ncclguard::testing::RunEmulatorJob;
+using ncclguard::testing::TrainLoop;
 
 namespace {
 
@@ -34,20 +36,9 @@ constexpr char kJobId[] = "inprocess";
 constexpr char kRecovering[] = "stalled on probation: recovering it in-process";
 constexpr char kRecovered[] = ": re-created with P2P disabled on a private NCCL instance and replayed";
 
-struct Job {
-  ProcessResult result;
-  std::string job_dir;
-  std::string transcript;  // for the test's messages
-};
-
-bool Contains(const std::string& text, const std::string& needle) { return text.find(needle) != std::string::npos; }
-
 // Runs `command` on the emulator under ncclguard with in-process recovery, short timeouts, NCCL's
 // INFO log (the transport report) and a job directory of its own in `dump_dir`.
 Job RunJob(const TemporaryDirectory& dump_dir, const std::vector<std::string>& command, const Environment& settings) {
-  ProcessOptions options;
-  options.timeout_seconds = 80;  // a last resort: train_loop's --timeout ends hung attempts
-  options.environment = EmulatorJobEnvironment(EMULATOR_LIBRARY_DIR, dump_dir.path(), kJobId);
   const Environment recover_settings{{"LD_PRELOAD", PRELOAD_LIBRARY},
                                      {"NCCL_DEBUG", "INFO"},
                                      {"NCCLGUARD_RECOVER", "inprocess"},
@@ -55,36 +46,13 @@ Job RunJob(const TemporaryDirectory& dump_dir, const std::vector<std::string>& c
                                      {"NCCLGUARD_TIMEOUT", "1"},
                                      {"NCCLGUARD_POLL_INTERVAL", "0.05"},
                                      {"NCCLGUARD_STATUS_INTERVAL", "0.2"}};
-  for (const Environment& overrides : {recover_settings, settings}) {
-    for (const auto& [name, value] : overrides) options.environment[name] = value;
-  }
-  Job job;
-  job.result = RunProcess(command, options);
-  job.job_dir = dump_dir.path() + "/" + kJobId;
-  job.transcript = "exit code " + std::to_string(job.result.exit_code) + (job.result.timed_out ? ", timed out" : "") +
-                   "\nstdout:\n" + job.result.out + "\nstderr:\n" + job.result.err;
-  return job;
-}
-
-std::vector<std::string> TrainLoop(std::vector<std::string> arguments) {
-  arguments.insert(arguments.begin(), TRAIN_LOOP);
-  return arguments;
+  // A last resort: the programs' own timeouts end hung jobs.
+  return RunEmulatorJob(dump_dir, kJobId, command, {recover_settings, settings}, 80);
 }
 
 std::vector<std::string> TwoComms(std::vector<std::string> arguments) {
   arguments.insert(arguments.begin(), TWO_COMMS);
   return arguments;
-}
-
-// The checksums of the same job run without faults and without ncclguard.
-std::map<int, std::string> HealthyChecksums(const std::vector<std::string>& arguments) {
-  ProcessOptions options;
-  options.timeout_seconds = 30;
-  options.environment = {{"LD_LIBRARY_PATH", EMULATOR_LIBRARY_DIR}, {"NCCLEMU_FAULTS", std::nullopt}};
-  const ProcessResult healthy = RunProcess(TrainLoop(arguments), options);
-  INFO(healthy.out << healthy.err);
-  REQUIRE(healthy.exit_code == 0);
-  return Checksums(healthy.out);
 }
 
 // Ranks -> pids of two_comms' ranks ("rank R/N: pid P").

@@ -12,20 +12,22 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tests/recovery_e2e/job.h"
 #include "tests/support/process.h"
 #include "tests/support/train_loop_output.h"
 
 using ncclguard::testing::Checksums;
-using ncclguard::testing::EmulatorJobEnvironment;
 using ncclguard::testing::CountOccurrences;
 using ncclguard::testing::LogLinesOf;
-using ncclguard::testing::ProcessOptions;
-using ncclguard::testing::ProcessResult;
 using ncclguard::testing::RankPids;
 using ncclguard::testing::ReadFile;
-using ncclguard::testing::RunProcess;
 using ncclguard::testing::TemporaryDirectory;
-using Environment = std::map<std::string, std::optional<std::string>>;
+using ncclguard::testing::Contains;
+using ncclguard::testing::Environment;
+using ncclguard::testing::HealthyChecksums;
+using ncclguard::testing::Job;
+using ncclguard::testing::RunEmulatorJob;
+using ncclguard::testing::TrainLoop;
 
 namespace {
 
@@ -35,57 +37,22 @@ constexpr int kRestartExitCode = 75;
 constexpr char kJobFailed[] = "train_loop: job failed";
 constexpr char kRecordFile[] = "p2p-verdict.json";
 
-struct Job {
-  ProcessResult result;
-  std::string job_dir;
-  std::string transcript;  // for the test's messages
-};
-
 // Runs `command` on the emulator with short timeouts and NCCLGUARD_ACTION=reinit, a job directory
-// of its own in `dump_dir` and NCCL's INFO log (the transport report). Nothing leaks in from
-// outside.
+// of its own in `dump_dir` and NCCL's INFO log (the transport report).
 Job RunJob(const TemporaryDirectory& dump_dir, const std::vector<std::string>& command, const Environment& settings) {
-  ProcessOptions options;
-  options.timeout_seconds = 50;  // a last resort: train_loop's --timeout ends hung attempts
-  options.environment = EmulatorJobEnvironment(EMULATOR_LIBRARY_DIR, dump_dir.path(), kJobId);
   const Environment reinit_settings{{"NCCL_DEBUG", "INFO"},
                                     {"NCCLGUARD_ACTION", "reinit"},
                                     {"NCCLGUARD_TIMEOUT", "1"},
                                     {"NCCLGUARD_POLL_INTERVAL", "0.05"},
                                     {"NCCLGUARD_STATUS_INTERVAL", "0.2"}};
-  for (const Environment& overrides : {reinit_settings, settings}) {
-    for (const auto& [name, value] : overrides) options.environment[name] = value;
-  }
-  Job job;
-  job.result = RunProcess(command, options);
-  job.job_dir = dump_dir.path() + "/" + kJobId;
-  job.transcript = "exit code " + std::to_string(job.result.exit_code) + (job.result.timed_out ? ", timed out" : "") +
-                   "\nstdout:\n" + job.result.out + "\nstderr:\n" + job.result.err;
-  return job;
-}
-
-std::vector<std::string> TrainLoop(std::vector<std::string> arguments) {
-  arguments.insert(arguments.begin(), TRAIN_LOOP);
-  return arguments;
+  // A last resort: train_loop's --timeout ends hung attempts.
+  return RunEmulatorJob(dump_dir, kJobId, command, {reinit_settings, settings}, 50);
 }
 
 std::vector<std::string> UnderNcclguardRun(std::vector<std::string> arguments) {
   arguments.insert(arguments.begin(), {NCCLGUARD_CLI, "run", "--max-restarts", "1", "--", TRAIN_LOOP});
   return arguments;
 }
-
-// The checksums of the same job run without faults and without ncclguard.
-std::map<int, std::string> HealthyChecksums(const std::vector<std::string>& arguments) {
-  ProcessOptions options;
-  options.timeout_seconds = 30;
-  options.environment = {{"LD_LIBRARY_PATH", EMULATOR_LIBRARY_DIR}, {"NCCLEMU_FAULTS", std::nullopt}};
-  const ProcessResult healthy = RunProcess(TrainLoop(arguments), options);
-  INFO(healthy.out << healthy.err);
-  REQUIRE(healthy.exit_code == 0);
-  return Checksums(healthy.out);
-}
-
-bool Contains(const std::string& text, const std::string& needle) { return text.find(needle) != std::string::npos; }
 
 // Each attempt's part of the output: train_loop's launcher ends a failed attempt with one line.
 std::pair<std::string, std::string> SplitAttempts(const std::string& out) {

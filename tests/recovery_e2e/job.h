@@ -1,0 +1,65 @@
+// What the recovery tests share: a train_loop (or other) job run on the emulator with a job
+// directory of its own, nothing leaking in from outside, and the checksums of a healthy run.
+// Needs EMULATOR_LIBRARY_DIR and TRAIN_LOOP from the build.
+#pragma once
+
+#include <catch2/catch.hpp>
+
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "tests/support/process.h"
+#include "tests/support/train_loop_output.h"
+
+namespace ncclguard::testing {
+
+using Environment = std::map<std::string, std::optional<std::string>>;
+
+struct Job {
+  ProcessResult result;
+  std::string job_dir;
+  std::string transcript;  // for the test's messages
+};
+
+// Runs `command` on the emulator with job id `job_id` and its job directory in `dump_dir`, the
+// variables of `layers` set in order (a later layer wins), for `timeout_seconds` at most.
+inline Job RunEmulatorJob(const TemporaryDirectory& dump_dir, const std::string& job_id,
+                          const std::vector<std::string>& command, const std::vector<Environment>& layers,
+                          double timeout_seconds) {
+  ProcessOptions options;
+  options.timeout_seconds = timeout_seconds;
+  options.environment = EmulatorJobEnvironment(EMULATOR_LIBRARY_DIR, dump_dir.path(), job_id);
+  for (const Environment& layer : layers) {
+    for (const auto& [name, value] : layer) options.environment[name] = value;
+  }
+  Job job;
+  job.result = RunProcess(command, options);
+  job.job_dir = dump_dir.path() + "/" + job_id;
+  job.transcript = "exit code " + std::to_string(job.result.exit_code) + (job.result.timed_out ? ", timed out" : "") +
+                   "\nstdout:\n" + job.result.out + "\nstderr:\n" + job.result.err;
+  return job;
+}
+
+inline std::vector<std::string> TrainLoop(std::vector<std::string> arguments) {
+  arguments.insert(arguments.begin(), TRAIN_LOOP);
+  return arguments;
+}
+
+// The checksums of the same train_loop job run without faults and without ncclguard.
+inline std::map<int, std::string> HealthyChecksums(const std::vector<std::string>& arguments) {
+  ProcessOptions options;
+  options.timeout_seconds = 30;
+  options.environment = {{"LD_LIBRARY_PATH", EMULATOR_LIBRARY_DIR}, {"NCCLEMU_FAULTS", std::nullopt}};
+  const ProcessResult healthy = RunProcess(TrainLoop(arguments), options);
+  INFO(healthy.out << healthy.err);
+  REQUIRE(healthy.exit_code == 0);
+  return Checksums(healthy.out);
+}
+
+inline bool Contains(const std::string& text, const std::string& needle) {
+  return text.find(needle) != std::string::npos;
+}
+
+}  // namespace ncclguard::testing
