@@ -12,7 +12,6 @@
 #include <vector>
 
 #include "watchdog/common/config.h"
-#include "watchdog/common/libraries.h"
 #include "watchdog/common/log.h"
 #include "watchdog/common/nccl_api.h"
 

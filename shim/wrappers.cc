@@ -4,6 +4,7 @@
 
 #include <nccl.h>
 
+#include <atomic>
 #include <string>
 #include <type_traits>
 #include <utility>

@@ -146,7 +146,11 @@ ncclResult_t SystemEffects::AsyncError(CommState& comm) {
   auto get = reinterpret_cast<Function>(Real().Function(comm.library.load(), Api::ncclCommGetAsyncError));
   ncclResult_t error = ncclSuccess;
   if (get == nullptr || !EnterComm(comm)) return ncclSuccess;
-  if (get(comm.handle.load(), &error) != ncclSuccess) error = ncclSuccess;
+  ncclResult_t asked = ncclInternalError;
+  // As its wrapper calls it: a private instance's calls of its own functions reach that instance.
+  Real().CallAs(comm.library.load(), Api::ncclCommGetAsyncError,
+                [&] { asked = get(comm.handle.load(), &error); });
+  if (asked != ncclSuccess) error = ncclSuccess;
   LeaveComm(comm);
   return error;
 }
@@ -163,7 +167,8 @@ void SystemEffects::Abort(CommState& comm) {
   auto abort = reinterpret_cast<Function>(Real().Function(comm.library.load(), Api::ncclCommAbort));
   if (abort == nullptr || !EnterComm(comm)) return;
   comm.aborted_by_ncclguard.store(true, std::memory_order_release);
-  const ncclResult_t result = abort(comm.handle.load());
+  ncclResult_t result = ncclInternalError;
+  Real().CallAs(comm.library.load(), Api::ncclCommAbort, [&] { result = abort(comm.handle.load()); });
   comm.lifecycle.store(CommLifecycle::kAborted, std::memory_order_release);
   LeaveComm(comm);
   if (result != ncclSuccess) log::Warn("ncclCommAbort of comm {} returned {}", comm.id, ResultName(result));

@@ -26,6 +26,7 @@
 #include "watchdog/common/mutex.h"
 #include "watchdog/detect/progress.h"
 #include "watchdog/diagnose/verdicts.h"
+#include "watchdog/recover/in_process.h"
 #include "watchdog/recover/p2p_verdict.h"
 #include "watchdog/report/facts.h"
 #include "watchdog/report/job_dir.h"

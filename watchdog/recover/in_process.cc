@@ -74,10 +74,10 @@ absl::StatusOr<int> PrivateInstanceSlot(const std::string& job_dir, int library)
 }
 
 // The operation again, as the application called it, on `comm` and `stream`.
-ncclResult_t CallOperation(void* function, const ProbationOp& op, ncclComm_t comm, CUstream cu_stream) {
+// CUstream and the runtime's cudaStream_t are the same type.
+ncclResult_t CallOperation(void* function, const ProbationOp& op, ncclComm_t comm, CUstream stream) {
   const auto type = static_cast<ncclDataType_t>(op.datatype);
   const auto reduction = static_cast<ncclRedOp_t>(op.reduction);
-  const auto stream = reinterpret_cast<cudaStream_t>(cu_stream);
   const int root = op.root_or_peer;
 #define NCCLGUARD_CALL(name, ...) reinterpret_cast<decltype(&::name)>(function)(__VA_ARGS__)
   switch (op.api) {

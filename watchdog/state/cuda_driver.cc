@@ -22,6 +22,8 @@ CudaDriver* Load() {
   if (driver == nullptr) return nullptr;
   bool events = true;
   bool probation = true;
+// `name` is a member and a function name, `found` a variable: neither can be parenthesised.
+// NOLINTBEGIN(bugprone-macro-parentheses)
 #define NCCLGUARD_RESOLVE(name, found)                                                                \
   driver->name =                                                                                      \
       reinterpret_cast<decltype(&::name)>(Real().Symbol(handle, NCCLGUARD_STRINGIFY_EXPANDED(name))); \
@@ -33,6 +35,7 @@ CudaDriver* Load() {
 #undef NCCLGUARD_RESOLVE_PROBATION
 #undef NCCLGUARD_RESOLVE_EVENT
 #undef NCCLGUARD_RESOLVE
+  // NOLINTEND(bugprone-macro-parentheses)
   if (!events) {
     delete driver;
     return nullptr;

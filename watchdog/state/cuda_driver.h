@@ -35,6 +35,8 @@ namespace ncclguard {
   X(cuMemcpyDtoDAsync)
 // clang-format on
 
+// Each member is named after its function: `driver.cuEventRecord(...)` reads as the call it is.
+// NOLINTBEGIN(readability-identifier-naming,bugprone-macro-parentheses)
 struct CudaDriver {
 #define NCCLGUARD_CUDA_POINTER(name) decltype(&::name) name = nullptr;
   NCCLGUARD_CUDA_EVENT_FUNCTIONS(NCCLGUARD_CUDA_POINTER)
@@ -42,6 +44,7 @@ struct CudaDriver {
 #undef NCCLGUARD_CUDA_POINTER
   bool probation = false;  // every probation function was found
 };
+// NOLINTEND(readability-identifier-naming,bugprone-macro-parentheses)
 
 // The driver's functions, looked up at the first call; nullptr when no driver is found or it lacks
 // one of the event functions. Thread-safe; the answer never changes afterwards.

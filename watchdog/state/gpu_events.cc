@@ -15,33 +15,33 @@ class DriverEventsImpl final : public GpuEvents {
 
   GpuContext CurrentContext() override {
     CUcontext context = nullptr;
-    if (!Load() || driver()->cuCtxGetCurrent(&context) != CUDA_SUCCESS) return nullptr;
+    if (!Load() || Driver()->cuCtxGetCurrent(&context) != CUDA_SUCCESS) return nullptr;
     return context;
   }
 
   bool IsCapturing(GpuStream stream) override {
     CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
     if (!Load()) return false;
-    const CUresult result = driver()->cuStreamIsCapturing(static_cast<CUstream>(stream), &status);
+    const CUresult result = Driver()->cuStreamIsCapturing(static_cast<CUstream>(stream), &status);
     // An error here is itself a sign of capture (e.g. an invalidated capture): stay off it.
     return result != CUDA_SUCCESS || status != CU_STREAM_CAPTURE_STATUS_NONE;
   }
 
   GpuEvent Create() override {
     CUevent event = nullptr;
-    if (!Load() || driver()->cuEventCreate(&event, CU_EVENT_DEFAULT) != CUDA_SUCCESS) return nullptr;
+    if (!Load() || Driver()->cuEventCreate(&event, CU_EVENT_DEFAULT) != CUDA_SUCCESS) return nullptr;
     return event;
   }
 
   bool Record(GpuEvent event, GpuStream stream) override {
-    return Load() && driver()->cuEventRecord(static_cast<CUevent>(event), static_cast<CUstream>(stream)) ==
+    return Load() && Driver()->cuEventRecord(static_cast<CUevent>(event), static_cast<CUstream>(stream)) ==
                          CUDA_SUCCESS;
   }
 
   EventStatus Query(GpuContext context, GpuEvent event) override {
     if (!Load()) return EventStatus::kError;
-    CudaContextScope scope(*driver(), static_cast<CUcontext>(context));
-    switch (driver()->cuEventQuery(static_cast<CUevent>(event))) {
+    CudaContextScope scope(*Driver(), static_cast<CUcontext>(context));
+    switch (Driver()->cuEventQuery(static_cast<CUevent>(event))) {
       case CUDA_SUCCESS:
         return EventStatus::kReached;
       case CUDA_ERROR_NOT_READY:
@@ -54,8 +54,8 @@ class DriverEventsImpl final : public GpuEvents {
   float ElapsedMs(GpuContext context, GpuEvent start, GpuEvent end) override {
     float milliseconds = -1;
     if (!Load()) return -1;
-    CudaContextScope scope(*driver(), static_cast<CUcontext>(context));
-    if (driver()->cuEventElapsedTime(&milliseconds, static_cast<CUevent>(start), static_cast<CUevent>(end)) !=
+    CudaContextScope scope(*Driver(), static_cast<CUcontext>(context));
+    if (Driver()->cuEventElapsedTime(&milliseconds, static_cast<CUevent>(start), static_cast<CUevent>(end)) !=
         CUDA_SUCCESS) {
       return -1;
     }
@@ -64,20 +64,20 @@ class DriverEventsImpl final : public GpuEvents {
 
   void Destroy(GpuContext context, GpuEvent event) override {
     if (!Load()) return;
-    CudaContextScope scope(*driver(), static_cast<CUcontext>(context));
-    driver()->cuEventDestroy(static_cast<CUevent>(event));
+    CudaContextScope scope(*Driver(), static_cast<CUcontext>(context));
+    Driver()->cuEventDestroy(static_cast<CUevent>(event));
   }
 
   void PrepareWatchdogThread() override {
     if (!Load()) return;
     CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
-    driver()->cuThreadExchangeStreamCaptureMode(&mode);
+    Driver()->cuThreadExchangeStreamCaptureMode(&mode);
   }
 
  private:
-  static bool Load() { return driver() != nullptr; }
+  static bool Load() { return Driver() != nullptr; }
   // Found at the first call; the answer never changes.
-  static const CudaDriver* driver() { return LoadCudaDriver(); }
+  static const CudaDriver* Driver() { return LoadCudaDriver(); }
 };
 
 }  // namespace

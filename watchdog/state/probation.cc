@@ -6,7 +6,6 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
-#include <new>
 
 #include "absl/base/thread_annotations.h"
 #include "watchdog/common/mutex.h"

@@ -27,8 +27,11 @@ bool CompleteRegistration(CommState& comm, std::int64_t steady_now_ns) noexcept 
     using Function = typename decltype(type)::type;
     auto function = reinterpret_cast<Function>(Real().Function(comm.library.load(), api));
     int value = -1;
-    if (function != nullptr && function(comm.handle.load(), &value) == ncclSuccess)
-      field.store(value, std::memory_order_relaxed);
+    ncclResult_t result = ncclInvalidUsage;
+    // As its wrapper calls it: the library's calls of its own functions reach that library.
+    if (function != nullptr)
+      Real().CallAs(comm.library.load(), api, [&] { result = function(comm.handle.load(), &value); });
+    if (result == ncclSuccess) field.store(value, std::memory_order_relaxed);
   };
   query(Api::ncclCommUserRank, std::type_identity<decltype(&::ncclCommUserRank)>{}, comm.rank);
   query(Api::ncclCommCount, std::type_identity<decltype(&::ncclCommCount)>{}, comm.nranks);
