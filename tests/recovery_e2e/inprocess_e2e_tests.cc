@@ -159,16 +159,17 @@ TEST_CASE("in-process recovery works on every way of loading NCCL", "[inprocess]
 }
 
 TEST_CASE("two communicators whose first operations were issued in different orders on different streams are "
-          "both recovered, and a split made afterwards works",
+          "both recovered; a split and a communicator made afterwards work, on the private instance",
           "[inprocess]") {
   TemporaryDirectory dump_dir;
-  const Job job = RunJob(dump_dir, TwoComms({"--ranks", "2", "--crossed", "--split", "--steps", "3"}),
-                         {{"NCCLEMU_FAULTS", "p2p_stall:after=0"}});
+  const Job job = RunJob(dump_dir, TwoComms({"--ranks", "2", "--crossed", "--split", "--late", "--steps", "3"}),
+                         {{"NCCLEMU_FAULTS", "p2p_stall:after=0"}, {"NCCLGUARD_LOG_LEVEL", "info"}});
   INFO(job.transcript);
   REQUIRE_FALSE(job.result.timed_out);
   CHECK(job.result.exit_code == 0);
   CHECK(CountOccurrences(job.result.out, "3 steps on comms A and B (crossed) correct") == 2);
   CHECK(CountOccurrences(job.result.out, "split of comm A correct") == 2);
+  CHECK(CountOccurrences(job.result.out, "comm C, created afterwards, correct") == 2);
   const std::map<int, int> pids = TwoCommsPids(job.result.out);
   REQUIRE(pids.size() == 2);
   for (const auto& [rank, pid] : pids) {
@@ -176,6 +177,14 @@ TEST_CASE("two communicators whose first operations were issued in different ord
     // Each communicator on its own: two meetings, two recoveries.
     CHECK(LogLinesOf(job.result.err, pid, "#1 AllReduce" + std::string(kRecovered)).size() == 2);
     CHECK(LogLinesOf(job.result.err, pid, "exiting with").empty());
+    // The split of a recovered communicator, and a communicator created later, are made by the
+    // private instance (its copy of libnccl), with P2P off.
+    for (const char* creation : {"created by ncclCommSplit", "created by ncclCommInitRank"}) {
+      const std::vector<std::string> created =
+          LogLinesOf(job.result.err, pid, std::string(creation));
+      REQUIRE_FALSE(created.empty());
+      CHECK(Contains(created.back(), job.job_dir + "/nccl-instances/libnccl-"));
+    }
   }
 }
 

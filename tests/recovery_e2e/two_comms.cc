@@ -6,10 +6,12 @@
 // communicator's operations are in-place Reduces to rank 0 instead (only rank 0's buffer is both
 // input and output). With --exchange, the second communicator's operations are a ring exchange
 // instead: each rank sends its buffer to the next rank and receives the previous rank's, in one
-// group. The parent process makes the two unique ids and forks the ranks; each rank
+// group. With --late, each rank then creates a third communicator and runs an AllReduce on it. The
+// parent process makes the unique ids and forks the ranks; each rank
 // checks every result and says so.
 //
 //   two_comms --ranks N [--count C] [--steps S] [--crossed] [--split] [--reduce] [--exchange]
+//             [--late]
 #include <cuda.h>
 #include <nccl.h>
 #include <sys/wait.h>
@@ -31,6 +33,7 @@ struct Options {
   bool split = false;
   bool reduce = false;
   bool exchange = false;
+  bool late = false;
 };
 
 [[noreturn]] void Fail(int rank, const std::string& what) {
@@ -108,7 +111,8 @@ void Verify(int rank, int ranks, const Group& group, int step, size_t count) {
   }
 }
 
-int RunRank(const Options& options, int rank, const ncclUniqueId& id_a, const ncclUniqueId& id_b) {
+int RunRank(const Options& options, int rank, const ncclUniqueId& id_a, const ncclUniqueId& id_b,
+            const ncclUniqueId& id_c) {
   CheckCuda(rank, cuInit(0), "cuInit");
   int devices = 0;
   CheckCuda(rank, cuDeviceGetCount(&devices), "cuDeviceGetCount");
@@ -147,6 +151,16 @@ int RunRank(const Options& options, int rank, const ncclUniqueId& id_a, const nc
     CheckNccl(rank, ncclCommDestroy(child.comm), "ncclCommDestroy");
     std::printf("rank %d: split of comm A correct\n", rank);
   }
+  if (options.late) {
+    Group late{"C", nullptr, groups[0].stream, groups[0].buffer, 1000.0f, false};
+    CheckNccl(rank, ncclCommInitRank(&late.comm, options.ranks, id_c, rank), "ncclCommInitRank");
+    Fill(rank, late, 0, options.count);
+    Issue(rank, options.ranks, late, options.count);
+    CheckCuda(rank, cuStreamSynchronize(late.stream), "cuStreamSynchronize");
+    Verify(rank, options.ranks, late, 0, options.count);
+    CheckNccl(rank, ncclCommDestroy(late.comm), "ncclCommDestroy");
+    std::printf("rank %d: comm C, created afterwards, correct\n", rank);
+  }
   for (Group& group : groups) CheckNccl(rank, ncclCommDestroy(group.comm), "ncclCommDestroy");
   std::fflush(nullptr);
   return 0;
@@ -171,8 +185,10 @@ Options Parse(int argc, char** argv) {
       options.reduce = true;
     } else if (flag == "--exchange") {
       options.exchange = true;
+    } else if (flag == "--late") {
+      options.late = true;
     } else {
-      std::fprintf(stderr, "usage: two_comms --ranks N [--count C] [--steps S] [--crossed] [--split] [--reduce] [--exchange]\n");
+      std::fprintf(stderr, "usage: two_comms --ranks N [--count C] [--steps S] [--crossed] [--split] [--reduce] [--exchange] [--late]\n");
       std::exit(2);
     }
   }
@@ -190,15 +206,17 @@ int main(int argc, char** argv) {
   // The launcher's unique ids: it serves both rendezvous until every rank has joined.
   ncclUniqueId id_a;
   ncclUniqueId id_b;
+  ncclUniqueId id_c;
   CheckNccl(-1, ncclGetUniqueId(&id_a), "ncclGetUniqueId");
   CheckNccl(-1, ncclGetUniqueId(&id_b), "ncclGetUniqueId");
+  CheckNccl(-1, ncclGetUniqueId(&id_c), "ncclGetUniqueId");
   std::fflush(nullptr);
   std::vector<pid_t> children;
   for (int rank = 0; rank < options.ranks; ++rank) {
     const pid_t child = fork();
     if (child == 0) {
       setenv("RANK", std::to_string(rank).c_str(), 1);
-      _exit(RunRank(options, rank, id_a, id_b));
+      _exit(RunRank(options, rank, id_a, id_b, id_c));
     }
     if (child < 0) Fail(-1, "fork failed");
     children.push_back(child);
