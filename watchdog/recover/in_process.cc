@@ -121,12 +121,6 @@ ncclResult_t CallIn(int slot, Api api, Call call) {
   return result;
 }
 
-// Takes `op` over from the host function that would open its gate; false when it completed first.
-bool TakeOver(ProbationOp& op) {
-  ProbationState expected = ProbationState::kPending;
-  return op.state.compare_exchange_strong(expected, ProbationState::kRecovering, std::memory_order_acq_rel);
-}
-
 // After a fallback, the operation's gate is the host function's again: opened at once if the
 // operation got past it meanwhile (its end event precedes the host function on the stream).
 void GiveBack(CommState& comm, ProbationOp& op) {
@@ -134,7 +128,7 @@ void GiveBack(CommState& comm, ProbationOp& op) {
   OpRecord& record = comm.Slot(op.seq);
   const bool passed = record.end_recorded.load(std::memory_order_acquire) &&
                       DriverEvents().Query(comm.context, record.end_event) == EventStatus::kReached;
-  if (passed && TakeOver(op)) {
+  if (passed && TakeOverGate(op)) {
     op.state.store(ProbationState::kReleased, std::memory_order_release);
     OpenGate(op);
   }
@@ -188,7 +182,7 @@ class Recovery {
 std::string Recovery::TakeOverAll() {
   ops_ = ReplayedTogether(comm_, stalled_);
   for (ProbationOp* op : ops_) {
-    if (!TakeOver(*op))
+    if (!TakeOverGate(*op))
       return op == &stalled_ ? "its operation completed meanwhile" : "part of its group completed";
     taken_.push_back(op);
   }

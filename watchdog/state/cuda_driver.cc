@@ -3,6 +3,7 @@
 #include <cuda.h>
 #include <dlfcn.h>
 
+#include <atomic>
 #include <new>
 
 #include "watchdog/common/libraries.h"
@@ -44,12 +45,19 @@ CudaDriver* Load() {
   return driver;
 }
 
+std::atomic<const CudaDriver*> g_test_driver{nullptr};
+
 }  // namespace
 
 const CudaDriver* LoadCudaDriver() noexcept {
+  if (const CudaDriver* driver = g_test_driver.load(std::memory_order_acquire)) return driver;
   // A function-local static: one lookup, however many threads ask first.
   static const CudaDriver* const driver = Load();
   return driver;
+}
+
+void ReplaceCudaDriverForTesting(const CudaDriver* driver) noexcept {
+  g_test_driver.store(driver, std::memory_order_release);
 }
 
 CudaContextScope::CudaContextScope(const CudaDriver& driver, CUcontext context)

@@ -49,6 +49,8 @@ struct CudaDriver {
 // The driver's functions, looked up at the first call; nullptr when no driver is found or it lacks
 // one of the event functions. Thread-safe; the answer never changes afterwards.
 const CudaDriver* LoadCudaDriver() noexcept;
+// From now on LoadCudaDriver answers `driver` (nullptr: the real one again). For tests.
+void ReplaceCudaDriverForTesting(const CudaDriver* driver) noexcept;
 
 // Makes `context` current on this thread for the scope's lifetime (nothing when it is null).
 class CudaContextScope {

@@ -152,6 +152,11 @@ bool GateStream(ProbationOp& op) noexcept {
   return true;
 }
 
+bool TakeOverGate(ProbationOp& op) noexcept {
+  ProbationState expected = ProbationState::kPending;
+  return op.state.compare_exchange_strong(expected, ProbationState::kRecovering, std::memory_order_acq_rel);
+}
+
 void OpenGate(ProbationOp& op) noexcept {
   if (op.gate != nullptr) op.gate->store(1, std::memory_order_release);
 }

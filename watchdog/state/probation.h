@@ -31,4 +31,9 @@ bool GateStream(ProbationOp& op) noexcept;
 // Opens the gate: the stream goes on past it.
 void OpenGate(ProbationOp& op) noexcept;
 
+// The watchdog's side: takes a pending `op` over from its host function, which then leaves the gate
+// closed (only a replay opens it). False when the host function opened it first: the operation
+// completed.
+bool TakeOverGate(ProbationOp& op) noexcept;
+
 }  // namespace ncclguard
