@@ -3,6 +3,8 @@
 // loaded; the core asks through this interface and never includes shim/.
 #pragma once
 
+#include <nccl.h>
+
 #include <string>
 
 #include "absl/functional/function_ref.h"
@@ -38,5 +40,17 @@ class RealLibraries {
 // shim (a test, the command line tool) has no NCCL functions, and looks symbols up with dlsym().
 void InstallRealLibraries(RealLibraries* libraries) noexcept;
 RealLibraries& Real() noexcept;
+
+// Calls NCCL's `api` of the library in `slot` as its wrapper would (RealLibraries::CallAs):
+// `call` is given the function, as `void*`, and returns what it returned. ncclInvalidUsage when the
+// library lacks the function.
+template <typename Call>
+ncclResult_t CallRealNccl(int slot, Api api, Call&& call) {
+  void* function = Real().Function(slot, api);
+  if (function == nullptr) return ncclInvalidUsage;
+  ncclResult_t result = ncclInternalError;
+  Real().CallAs(slot, api, [&] { result = call(function); });
+  return result;
+}
 
 }  // namespace ncclguard

@@ -142,14 +142,13 @@ std::int64_t SystemEffects::TakePeerDumpRequest() {
 }
 
 ncclResult_t SystemEffects::AsyncError(CommState& comm) {
-  using Function = decltype(&::ncclCommGetAsyncError);
-  auto get = reinterpret_cast<Function>(Real().Function(comm.library.load(), Api::ncclCommGetAsyncError));
   ncclResult_t error = ncclSuccess;
-  if (get == nullptr || !EnterComm(comm)) return ncclSuccess;
-  ncclResult_t asked = ncclInternalError;
+  if (!EnterComm(comm)) return ncclSuccess;
   // As its wrapper calls it: a private instance's calls of its own functions reach that instance.
-  Real().CallAs(comm.library.load(), Api::ncclCommGetAsyncError,
-                [&] { asked = get(comm.handle.load(), &error); });
+  const ncclResult_t asked =
+      CallRealNccl(comm.library.load(), Api::ncclCommGetAsyncError, [&](void* function) {
+        return reinterpret_cast<decltype(&::ncclCommGetAsyncError)>(function)(comm.handle.load(), &error);
+      });
   if (asked != ncclSuccess) error = ncclSuccess;
   LeaveComm(comm);
   return error;
@@ -163,12 +162,12 @@ std::string SystemEffects::LastNcclError() {
 }
 
 void SystemEffects::Abort(CommState& comm) {
-  using Function = decltype(&::ncclCommAbort);
-  auto abort = reinterpret_cast<Function>(Real().Function(comm.library.load(), Api::ncclCommAbort));
-  if (abort == nullptr || !EnterComm(comm)) return;
+  const int library = comm.library.load();
+  if (Real().Function(library, Api::ncclCommAbort) == nullptr || !EnterComm(comm)) return;
   comm.aborted_by_ncclguard.store(true, std::memory_order_release);
-  ncclResult_t result = ncclInternalError;
-  Real().CallAs(comm.library.load(), Api::ncclCommAbort, [&] { result = abort(comm.handle.load()); });
+  const ncclResult_t result = CallRealNccl(library, Api::ncclCommAbort, [&comm](void* function) {
+    return reinterpret_cast<decltype(&::ncclCommAbort)>(function)(comm.handle.load());
+  });
   comm.lifecycle.store(CommLifecycle::kAborted, std::memory_order_release);
   LeaveComm(comm);
   if (result != ncclSuccess) log::Warn("ncclCommAbort of comm {} returned {}", comm.id, ResultName(result));

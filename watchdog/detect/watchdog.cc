@@ -55,13 +55,9 @@ bool CompleteRegistrationUnlessClosing(CommState& comm) {
 
 // The operation `seq` of `comm` when it is on probation and its gate still closed.
 ProbationOp* PendingProbationOp(CommState& comm, std::uint64_t seq) {
-  const int taken = std::min(comm.probation_taken.load(std::memory_order_acquire), kMaxProbationOps);
-  for (int i = 0; i < taken; ++i) {
+  for (ProbationOp& op : comm.TakenProbation()) {
     // The state first: it publishes the rest of the slot.
-    if (comm.probation[i].state.load(std::memory_order_acquire) == ProbationState::kPending &&
-        comm.probation[i].seq == seq) {
-      return &comm.probation[i];
-    }
+    if (op.state.load(std::memory_order_acquire) == ProbationState::kPending && op.seq == seq) return &op;
   }
   return nullptr;
 }
@@ -81,12 +77,10 @@ bool Mendable(VerdictKind verdict) {
 
 // A probation operation's host function, still queued on its stream (one the application aborted
 // may run much later), reads the state: it is freed only once none is.
-bool AwaitsProbationHostFunction(const CommState& comm) {
-  const int taken = std::min(comm.probation_taken.load(std::memory_order_acquire), kMaxProbationOps);
-  for (int i = 0; i < taken; ++i) {
-    if (comm.probation[i].state.load(std::memory_order_acquire) == ProbationState::kPending) return true;
-  }
-  return false;
+bool AwaitsProbationHostFunction(CommState& comm) {
+  return std::ranges::any_of(comm.TakenProbation(), [](const ProbationOp& op) {
+    return op.state.load(std::memory_order_acquire) == ProbationState::kPending;
+  });
 }
 
 }  // namespace

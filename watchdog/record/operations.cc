@@ -199,9 +199,7 @@ void FinishGroupedCreations(Api api, ncclResult_t result) {
 // probation is queued behind it on the same communicator: were that one replayed on a new
 // communicator, this one would still run on the old one.
 void MarkProbationUnsafe(CommState& comm) {
-  const int taken = comm.probation_taken.load(std::memory_order_relaxed);
-  for (int i = 0; i < taken && i < kMaxProbationOps; ++i) {
-    ProbationOp& earlier = comm.probation[i];
+  for (ProbationOp& earlier : comm.TakenProbation()) {
     if (earlier.state.load(std::memory_order_acquire) == ProbationState::kPending) {
       earlier.unsafe.store("a later operation on the communicator was queued behind it",
                            std::memory_order_release);

@@ -3,7 +3,6 @@
 #include <cuda.h>
 #include <nccl.h>
 
-#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -111,16 +110,6 @@ ncclResult_t CallOperation(void* function, const ProbationOp& op, ncclComm_t com
 #undef NCCLGUARD_CALL
 }
 
-// A call of `api` on the library in `slot`, made as its wrapper would make it.
-template <typename Call>
-ncclResult_t CallIn(int slot, Api api, Call call) {
-  void* function = Real().Function(slot, api);
-  if (function == nullptr) return ncclInvalidUsage;
-  ncclResult_t result = ncclInternalError;
-  Real().CallAs(slot, api, [&] { result = call(function); });
-  return result;
-}
-
 // After a fallback, the operation's gate is the host function's again: opened at once if the
 // operation got past it meanwhile (its end event precedes the host function on the stream).
 void GiveBack(CommState& comm, ProbationOp& op) {
@@ -139,9 +128,7 @@ void GiveBack(CommState& comm, ProbationOp& op) {
 std::vector<ProbationOp*> ReplayedTogether(CommState& comm, ProbationOp& stalled) {
   if (stalled.group == 0) return {&stalled};
   std::vector<ProbationOp*> ops;
-  const int taken = std::min(comm.probation_taken.load(std::memory_order_acquire), kMaxProbationOps);
-  for (int i = 0; i < taken; ++i) {
-    ProbationOp& op = comm.probation[i];
+  for (ProbationOp& op : comm.TakenProbation()) {
     // The state first: it publishes the rest of the slot.
     if (op.state.load(std::memory_order_acquire) != ProbationState::kNone && op.group == stalled.group)
       ops.push_back(&op);
@@ -223,7 +210,7 @@ absl::StatusOr<RendezvousOutcome> Recovery::Meet(const std::string& not_ready) {
   const int slot = slot_;
   return MeetToRecover(request, [slot]() -> absl::StatusOr<ncclUniqueId> {
     ncclUniqueId id{};
-    const ncclResult_t made = CallIn(slot, Api::ncclGetUniqueId, [&id](void* function) {
+    const ncclResult_t made = CallRealNccl(slot, Api::ncclGetUniqueId, [&id](void* function) {
       return reinterpret_cast<decltype(&::ncclGetUniqueId)>(function)(&id);
     });
     if (made != ncclSuccess) {
@@ -254,7 +241,7 @@ absl::Status Recovery::CreateCommunicator(const ncclUniqueId& id) {
                    nranks = comm_.nranks.load(), rank = comm_.rank.load(), id] {
         RecoveryUnderWay recovering;  // NCCL's calls of its own functions on this thread must not wait
         CudaContextScope scope(*driver, context);
-        creation->result = CallIn(slot, Api::ncclCommInitRank, [&](void* function) {
+        creation->result = CallRealNccl(slot, Api::ncclCommInitRank, [&](void* function) {
           return reinterpret_cast<decltype(&::ncclCommInitRank)>(function)(&creation->comm, nranks, id, rank);
         });
         creation->done.store(true, std::memory_order_release);
@@ -297,14 +284,14 @@ absl::Status Recovery::QueueReplay(CUstream stream) {
   }
   const bool grouped = ops_.size() > 1 || stalled_.group != 0;
   auto group_call = [this](Api api) {
-    return CallIn(slot_, api,
-                  [](void* function) { return reinterpret_cast<decltype(&::ncclGroupStart)>(function)(); });
+    return CallRealNccl(
+        slot_, api, [](void* function) { return reinterpret_cast<decltype(&::ncclGroupStart)>(function)(); });
   };
   ncclResult_t replayed = grouped ? group_call(Api::ncclGroupStart) : ncclSuccess;
   for (const ProbationOp* op : ops_) {
     if (replayed != ncclSuccess) break;
-    replayed = CallIn(slot_, op->api,
-                      [&](void* function) { return CallOperation(function, *op, new_comm_, stream); });
+    replayed = CallRealNccl(slot_, op->api,
+                            [&](void* function) { return CallOperation(function, *op, new_comm_, stream); });
   }
   if (grouped) {
     const ncclResult_t ended = group_call(Api::ncclGroupEnd);
@@ -390,7 +377,7 @@ RecoveryOutcome Recovery::Run() {
   }
   CudaContextScope context(*driver_, static_cast<CUcontext>(comm_.context));
   old_comm_ = comm_.handle.load();
-  const ncclResult_t aborted = CallIn(comm_.library.load(), Api::ncclCommAbort, [this](void* function) {
+  const ncclResult_t aborted = CallRealNccl(comm_.library.load(), Api::ncclCommAbort, [this](void* function) {
     return reinterpret_cast<decltype(&::ncclCommAbort)>(function)(old_comm_);
   });
   if (aborted != ncclSuccess)

@@ -9,39 +9,46 @@
 namespace ncclguard {
 namespace {
 
+// Each call looks the driver up once (LoadCudaDriver, a load and a check after the first call):
+// the records are on every collective's path.
 class DriverEventsImpl final : public GpuEvents {
  public:
-  bool Available() override { return Load(); }
+  bool Available() override { return LoadCudaDriver() != nullptr; }
 
   GpuContext CurrentContext() override {
+    const CudaDriver* driver = LoadCudaDriver();
     CUcontext context = nullptr;
-    if (!Load() || Driver()->cuCtxGetCurrent(&context) != CUDA_SUCCESS) return nullptr;
+    if (driver == nullptr || driver->cuCtxGetCurrent(&context) != CUDA_SUCCESS) return nullptr;
     return context;
   }
 
   bool IsCapturing(GpuStream stream) override {
+    const CudaDriver* driver = LoadCudaDriver();
     CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
-    if (!Load()) return false;
-    const CUresult result = Driver()->cuStreamIsCapturing(static_cast<CUstream>(stream), &status);
+    if (driver == nullptr) return false;
+    const CUresult result = driver->cuStreamIsCapturing(static_cast<CUstream>(stream), &status);
     // An error here is itself a sign of capture (e.g. an invalidated capture): stay off it.
     return result != CUDA_SUCCESS || status != CU_STREAM_CAPTURE_STATUS_NONE;
   }
 
   GpuEvent Create() override {
+    const CudaDriver* driver = LoadCudaDriver();
     CUevent event = nullptr;
-    if (!Load() || Driver()->cuEventCreate(&event, CU_EVENT_DEFAULT) != CUDA_SUCCESS) return nullptr;
+    if (driver == nullptr || driver->cuEventCreate(&event, CU_EVENT_DEFAULT) != CUDA_SUCCESS) return nullptr;
     return event;
   }
 
   bool Record(GpuEvent event, GpuStream stream) override {
-    return Load() && Driver()->cuEventRecord(static_cast<CUevent>(event), static_cast<CUstream>(stream)) ==
-                         CUDA_SUCCESS;
+    const CudaDriver* driver = LoadCudaDriver();
+    return driver != nullptr &&
+           driver->cuEventRecord(static_cast<CUevent>(event), static_cast<CUstream>(stream)) == CUDA_SUCCESS;
   }
 
   EventStatus Query(GpuContext context, GpuEvent event) override {
-    if (!Load()) return EventStatus::kError;
-    CudaContextScope scope(*Driver(), static_cast<CUcontext>(context));
-    switch (Driver()->cuEventQuery(static_cast<CUevent>(event))) {
+    const CudaDriver* driver = LoadCudaDriver();
+    if (driver == nullptr) return EventStatus::kError;
+    CudaContextScope scope(*driver, static_cast<CUcontext>(context));
+    switch (driver->cuEventQuery(static_cast<CUevent>(event))) {
       case CUDA_SUCCESS:
         return EventStatus::kReached;
       case CUDA_ERROR_NOT_READY:
@@ -52,10 +59,11 @@ class DriverEventsImpl final : public GpuEvents {
   }
 
   float ElapsedMs(GpuContext context, GpuEvent start, GpuEvent end) override {
+    const CudaDriver* driver = LoadCudaDriver();
     float milliseconds = -1;
-    if (!Load()) return -1;
-    CudaContextScope scope(*Driver(), static_cast<CUcontext>(context));
-    if (Driver()->cuEventElapsedTime(&milliseconds, static_cast<CUevent>(start), static_cast<CUevent>(end)) !=
+    if (driver == nullptr) return -1;
+    CudaContextScope scope(*driver, static_cast<CUcontext>(context));
+    if (driver->cuEventElapsedTime(&milliseconds, static_cast<CUevent>(start), static_cast<CUevent>(end)) !=
         CUDA_SUCCESS) {
       return -1;
     }
@@ -63,21 +71,18 @@ class DriverEventsImpl final : public GpuEvents {
   }
 
   void Destroy(GpuContext context, GpuEvent event) override {
-    if (!Load()) return;
-    CudaContextScope scope(*Driver(), static_cast<CUcontext>(context));
-    Driver()->cuEventDestroy(static_cast<CUevent>(event));
+    const CudaDriver* driver = LoadCudaDriver();
+    if (driver == nullptr) return;
+    CudaContextScope scope(*driver, static_cast<CUcontext>(context));
+    driver->cuEventDestroy(static_cast<CUevent>(event));
   }
 
   void PrepareWatchdogThread() override {
-    if (!Load()) return;
+    const CudaDriver* driver = LoadCudaDriver();
+    if (driver == nullptr) return;
     CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
-    Driver()->cuThreadExchangeStreamCaptureMode(&mode);
+    driver->cuThreadExchangeStreamCaptureMode(&mode);
   }
-
- private:
-  static bool Load() { return Driver() != nullptr; }
-  // Found at the first call; the answer never changes.
-  static const CudaDriver* Driver() { return LoadCudaDriver(); }
 };
 
 }  // namespace

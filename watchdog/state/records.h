@@ -4,9 +4,11 @@
 
 #include <nccl.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 
 #include "watchdog/common/nccl_api.h"
@@ -189,6 +191,11 @@ struct CommState {
   std::atomic<bool> recovered{false};
 
   OpRecord& Slot(std::uint64_t seq) { return ring[seq % ring_size]; }
+  // The probation slots taken so far (a slot's `state` publishes the rest of it).
+  std::span<ProbationOp> TakenProbation() {
+    const int taken = std::min(probation_taken.load(std::memory_order_acquire), kMaxProbationOps);
+    return {probation, static_cast<std::size_t>(taken)};
+  }
 };
 
 // Names used in logs and dumps.

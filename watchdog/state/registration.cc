@@ -25,12 +25,11 @@ bool CompleteRegistration(CommState& comm, std::int64_t steady_now_ns) noexcept 
   // The function's type comes from nccl.h; only NCCL's own function (of the comm's library) is called.
   auto query = [&comm](Api api, auto type, std::atomic<int>& field) {
     using Function = typename decltype(type)::type;
-    auto function = reinterpret_cast<Function>(Real().Function(comm.library.load(), api));
     int value = -1;
-    ncclResult_t result = ncclInvalidUsage;
     // As its wrapper calls it: the library's calls of its own functions reach that library.
-    if (function != nullptr)
-      Real().CallAs(comm.library.load(), api, [&] { result = function(comm.handle.load(), &value); });
+    const ncclResult_t result = CallRealNccl(comm.library.load(), api, [&](void* function) {
+      return reinterpret_cast<Function>(function)(comm.handle.load(), &value);
+    });
     if (result == ncclSuccess) field.store(value, std::memory_order_relaxed);
   };
   query(Api::ncclCommUserRank, std::type_identity<decltype(&::ncclCommUserRank)>{}, comm.rank);
