@@ -8,6 +8,7 @@ packages=(
   build-essential cmake binutils python3
   libspdlog-dev libfmt-dev libabsl-dev catch2 nlohmann-json3-dev libcli11-dev
   libbenchmark-dev
+  libunwind-dev libdw-dev
   clang clang-format clang-tidy
 )
 # Lmod, for the tests of the modulefiles. Debian's Lmod and Environment Modules conflict: a machine
