@@ -11,8 +11,8 @@
 #include <utility>
 #include <vector>
 
-#include "watchdog/state/gpu_events.h"
 #include "watchdog/detect/watchdog.h"
+#include "watchdog/state/gpu_events.h"
 
 namespace ncclguard::testing {
 
@@ -105,6 +105,11 @@ class RecordingEffects final : public WatchdogEffects {
   bool job_directory_known = true;
   bool JobDirectoryKnown() override { return job_directory_known; }
   void WriteStatus(const ProcessSnapshot& snapshot) override { statuses.push_back(snapshot); }
+  int thread_captures = 0;
+  std::optional<ThreadsSnapshot> CaptureThreads() override {
+    ++thread_captures;
+    return ThreadsSnapshot{.total = 1, .threads = {ThreadSnapshot{.tid = 1, .name = "main"}}};
+  }
   void RequestPeerDumps(const std::string& why) override { peer_requests_sent.push_back(why); }
   std::vector<Verdict> verdicts;  // what Classify answers
   int classifications = 0;
@@ -144,7 +149,8 @@ class RecordingEffects final : public WatchdogEffects {
   std::vector<std::pair<std::uint64_t, std::string>> recoveries;
   RecoveryOutcome recovery_outcome;
   void HoldApplicationCalls() override { holding_application_calls = true; }
-  RecoveryOutcome RecoverInProcess(CommState&, ProbationOp& op, const std::string& not_ready_reason) override {
+  RecoveryOutcome RecoverInProcess(CommState&, ProbationOp& op,
+                                   const std::string& not_ready_reason) override {
     recoveries.push_back({op.seq, not_ready_reason});
     return recovery_outcome;
   }

@@ -165,6 +165,14 @@ std::string FormatValue(Seconds value) { return absl::StrCat(value.value); }
 std::string FormatValue(Count value) { return absl::StrCat(value.value); }
 std::string FormatValue(Signal value) {
   if (value.number == 0) return "0";
+  // Real-time signals as one writes them: their numbers depend on the C library.
+  if (value.number >= SIGRTMIN && value.number <= SIGRTMAX) {
+    const int from_min = value.number - SIGRTMIN;
+    const int from_max = SIGRTMAX - value.number;
+    if (from_max == 0) return "SIGRTMAX";
+    if (from_min == 0) return "SIGRTMIN";
+    return from_max < from_min ? absl::StrCat("SIGRTMAX-", from_max) : absl::StrCat("SIGRTMIN+", from_min);
+  }
   const char* abbreviation = sigabbrev_np(value.number);
   return abbreviation != nullptr ? absl::StrCat("SIG", abbreviation) : absl::StrCat(value.number);
 }

@@ -5,76 +5,81 @@
 // Row: X(NAME after "NCCLGUARD_", field, type, default, documentation)
 #pragma once
 
-#define NCCLGUARD_FOR_EACH_OPTION(X)                                                                \
-  X(DISABLE, disable, bool, false,                                                                  \
-    "Kill switch: `1` turns every wrapper into a pure pass-through to NCCL; ncclguard then starts " \
-    "nothing, writes nothing and logs nothing.")                                                    \
-  X(LOG_LEVEL, log_level, LogLevel, LogLevel::kWarn,                                                \
-    "Least severe message logged: `trace` (every call with its arguments), `debug` (every call "    \
-    "with its result), `info`, `warn`, `error` or `off`.")                                          \
-  X(LOG_FILE, log_file, std::string, "",                                                            \
-    "Write the log to this file instead of stderr. `%h` becomes the host name and `%p` the "        \
-    "process id, as in `NCCL_DEBUG_FILE`.")                                                         \
-  X(NCCL_LIBRARY, nccl_library, std::string, "",                                                    \
-    "Path of the libnccl that the NCCL functions exported by ncclguard forward to. Default: the "   \
-    "next definition after ncclguard in the process's symbol lookup order, else an NCCL library "   \
-    "the process has already loaded. ncclguard loads no libnccl itself unless this names one.")     \
-  X(TIMEOUT, timeout, Seconds, Seconds{120},                                                        \
-    "An operation that started on the GPU and has not completed after this many seconds is a "      \
-    "stall (one still queued behind earlier work on its stream is reported as not started).")       \
-  X(HARD_TIMEOUT, hard_timeout, Seconds, Seconds{1800},                                             \
-    "While the cross-rank verdict says a late rank is alive and busy outside NCCL (saving a "       \
-    "checkpoint, evaluating), the watchdog warns every `NCCLGUARD_TIMEOUT` and acts only after "    \
-    "this many seconds.")                                                                           \
-  X(INIT_TIMEOUT, init_timeout, Seconds, Seconds{300},                                              \
-    "A communicator initialisation that has not completed after this many seconds is a stall.")     \
-  X(ACTION, action, Action, Action::kWarn,                                                          \
-    "What to do at a stall: `warn` (log and dump, keep waiting), `abort` (also abort the stuck "    \
-    "communicators, so the application gets errors instead of hanging), `exit` (dump, abort "       \
-    "and exit with code 75, which launchers can restart on) or `reinit` (like `exit`; when the "    \
-    "verdict is `p2p_suspect`, every process of the job also records it in the job directory, "     \
-    "so that the restarted job runs with P2P disabled).")                                           \
-  X(RECOVER, recover, RecoverMode, RecoverMode::kOff,                                               \
-    "`inprocess`: ncclguard hands the application communicator handles of its own, and a stall "    \
-    "of one of a communicator's first operations (`NCCLGUARD_PROBATION_OPS`) is recovered in the "  \
-    "running process: every rank re-creates the communicator with P2P disabled and replays the "    \
-    "operation, all ranks or none (then `NCCLGUARD_ACTION` applies). `off`: the application gets "  \
-    "NCCL's own handles and nothing is held.")                                                      \
-  X(PROBATION_OPS, probation_ops, Count, Count{4},                                                  \
-    "With `NCCLGUARD_RECOVER=inprocess`: how many of each new communicator's first operations are " \
-    "on probation. Work the application queues on the stream after one waits on the GPU until "     \
-    "the operation is seen complete (or replayed); the calling thread never waits.")                \
-  X(PROBATION_MAX_BYTES, probation_max_bytes, Count, Count{268435456},                              \
-    "With `NCCLGUARD_RECOVER=inprocess`: an in-place reduction on probation (its input is its "     \
-    "output) is copied first, up to this many bytes, so that it can be replayed; a larger one "     \
-    "cannot be, and its stall falls back to `NCCLGUARD_ACTION`.")                                   \
-  X(P2P, p2p, P2pMode, P2pMode::kAuto,                                                              \
-    "Before the process's first communicator: `off` sets `NCCL_P2P_DISABLE=1`; `auto` sets it "     \
-    "when an earlier attempt of this job recorded a `p2p_suspect` verdict or a known-bad entry "    \
-    "with action `disable` matches; `on` never sets it. A `NCCL_P2P_DISABLE` or `NCCL_P2P_LEVEL` "  \
-    "set by the user always wins.")                                                                 \
-  X(KNOWN_BAD_FILE, known_bad_file, std::string, "",                                                \
-    "The known-bad configurations to check at the first init. Default: the file shipped with "      \
-    "ncclguard, `share/ncclguard/known-bad.json` beside its `lib/`.")                               \
-  X(DUMP_DIR, dump_dir, std::string, "",                                                            \
-    "Directory of the jobs' coordination directories, one per job: dumps, status files and "        \
-    "dump requests. Default: `$TMPDIR/ncclguard-<uid>` (`/tmp/ncclguard-<uid>`). Use a shared "     \
-    "file system for jobs that span nodes.")                                                        \
-  X(JOB_ID, job_id, std::string, "",                                                                \
-    "Name of this job's directory. Default: the launcher's job id (`SLURM_JOB_ID`, "                \
-    "`TORCHELASTIC_RUN_ID`, `PADDLE_JOB_ID`, ...), else one derived from the first "                \
-    "communicator's unique id, which every rank shares.")                                           \
-  X(RING_SIZE, ring_size, Count, Count{2048},                                                       \
-    "Operations kept per communicator in the flight recorder (preallocated).")                      \
-  X(DUMP_SIGNAL, dump_signal, Signal, Signal{SIGUSR2},                                              \
-    "Signal that makes a process dump its state (`SIGUSR2`, `USR2` or a number; `0` turns it "      \
-    "off): `SIGUSR1`, `SIGUSR2`, a real-time signal, or one whose default action is to ignore it "  \
-    "(`SIGWINCH`, `SIGURG`, `SIGCHLD`). An application's own handler of that signal is still "      \
-    "called. At most one dump per second; further signals are counted.")                            \
-  X(DUMP_ON_EXIT, dump_on_exit, bool, false, "`1`: every process dumps its state when it exits.")   \
-  X(POLL_INTERVAL, poll_interval, Seconds, Seconds{0.1},                                            \
-    "How often the watchdog looks at outstanding operations, in seconds.")                          \
-  X(STATUS_INTERVAL, status_interval, Seconds, Seconds{2},                                          \
+#define NCCLGUARD_FOR_EACH_OPTION(X)                                                                 \
+  X(DISABLE, disable, bool, false,                                                                   \
+    "Kill switch: `1` turns every wrapper into a pure pass-through to NCCL; ncclguard then starts "  \
+    "nothing, writes nothing and logs nothing.")                                                     \
+  X(LOG_LEVEL, log_level, LogLevel, LogLevel::kWarn,                                                 \
+    "Least severe message logged: `trace` (every call with its arguments), `debug` (every call "     \
+    "with its result), `info`, `warn`, `error` or `off`.")                                           \
+  X(LOG_FILE, log_file, std::string, "",                                                             \
+    "Write the log to this file instead of stderr. `%h` becomes the host name and `%p` the "         \
+    "process id, as in `NCCL_DEBUG_FILE`.")                                                          \
+  X(NCCL_LIBRARY, nccl_library, std::string, "",                                                     \
+    "Path of the libnccl that the NCCL functions exported by ncclguard forward to. Default: the "    \
+    "next definition after ncclguard in the process's symbol lookup order, else an NCCL library "    \
+    "the process has already loaded. ncclguard loads no libnccl itself unless this names one.")      \
+  X(TIMEOUT, timeout, Seconds, Seconds{120},                                                         \
+    "An operation that started on the GPU and has not completed after this many seconds is a "       \
+    "stall (one still queued behind earlier work on its stream is reported as not started).")        \
+  X(HARD_TIMEOUT, hard_timeout, Seconds, Seconds{1800},                                              \
+    "While the cross-rank verdict says a late rank is alive and busy outside NCCL (saving a "        \
+    "checkpoint, evaluating), the watchdog warns every `NCCLGUARD_TIMEOUT` and acts only after "     \
+    "this many seconds.")                                                                            \
+  X(INIT_TIMEOUT, init_timeout, Seconds, Seconds{300},                                               \
+    "A communicator initialisation that has not completed after this many seconds is a stall.")      \
+  X(ACTION, action, Action, Action::kWarn,                                                           \
+    "What to do at a stall: `warn` (log and dump, keep waiting), `abort` (also abort the stuck "     \
+    "communicators, so the application gets errors instead of hanging), `exit` (dump, abort "        \
+    "and exit with code 75, which launchers can restart on) or `reinit` (like `exit`; when the "     \
+    "verdict is `p2p_suspect`, every process of the job also records it in the job directory, "      \
+    "so that the restarted job runs with P2P disabled).")                                            \
+  X(RECOVER, recover, RecoverMode, RecoverMode::kOff,                                                \
+    "`inprocess`: ncclguard hands the application communicator handles of its own, and a stall "     \
+    "of one of a communicator's first operations (`NCCLGUARD_PROBATION_OPS`) is recovered in the "   \
+    "running process: every rank re-creates the communicator with P2P disabled and replays the "     \
+    "operation, all ranks or none (then `NCCLGUARD_ACTION` applies). `off`: the application gets "   \
+    "NCCL's own handles and nothing is held.")                                                       \
+  X(PROBATION_OPS, probation_ops, Count, Count{4},                                                   \
+    "With `NCCLGUARD_RECOVER=inprocess`: how many of each new communicator's first operations are "  \
+    "on probation. Work the application queues on the stream after one waits on the GPU until "      \
+    "the operation is seen complete (or replayed); the calling thread never waits.")                 \
+  X(PROBATION_MAX_BYTES, probation_max_bytes, Count, Count{268435456},                               \
+    "With `NCCLGUARD_RECOVER=inprocess`: an in-place reduction on probation (its input is its "      \
+    "output) is copied first, up to this many bytes, so that it can be replayed; a larger one "      \
+    "cannot be, and its stall falls back to `NCCLGUARD_ACTION`.")                                    \
+  X(P2P, p2p, P2pMode, P2pMode::kAuto,                                                               \
+    "Before the process's first communicator: `off` sets `NCCL_P2P_DISABLE=1`; `auto` sets it "      \
+    "when an earlier attempt of this job recorded a `p2p_suspect` verdict or a known-bad entry "     \
+    "with action `disable` matches; `on` never sets it. A `NCCL_P2P_DISABLE` or `NCCL_P2P_LEVEL` "   \
+    "set by the user always wins.")                                                                  \
+  X(KNOWN_BAD_FILE, known_bad_file, std::string, "",                                                 \
+    "The known-bad configurations to check at the first init. Default: the file shipped with "       \
+    "ncclguard, `share/ncclguard/known-bad.json` beside its `lib/`.")                                \
+  X(DUMP_DIR, dump_dir, std::string, "",                                                             \
+    "Directory of the jobs' coordination directories, one per job: dumps, status files and "         \
+    "dump requests. Default: `$TMPDIR/ncclguard-<uid>` (`/tmp/ncclguard-<uid>`). Use a shared "      \
+    "file system for jobs that span nodes.")                                                         \
+  X(JOB_ID, job_id, std::string, "",                                                                 \
+    "Name of this job's directory. Default: the launcher's job id (`SLURM_JOB_ID`, "                 \
+    "`TORCHELASTIC_RUN_ID`, `PADDLE_JOB_ID`, ...), else one derived from the first "                 \
+    "communicator's unique id, which every rank shares.")                                            \
+  X(RING_SIZE, ring_size, Count, Count{2048},                                                        \
+    "Operations kept per communicator in the flight recorder (preallocated).")                       \
+  X(DUMP_SIGNAL, dump_signal, Signal, Signal{SIGUSR2},                                               \
+    "Signal that makes a process dump its state (`SIGUSR2`, `USR2` or a number; `0` turns it "       \
+    "off): `SIGUSR1`, `SIGUSR2`, a real-time signal, or one whose default action is to ignore it "   \
+    "(`SIGWINCH`, `SIGURG`, `SIGCHLD`). An application's own handler of that signal is still "       \
+    "called. At most one dump per second; further signals are counted.")                             \
+  X(STACK_SIGNAL, stack_signal, Signal, Signal{SIGRTMAX - 3},                                        \
+    "Signal sent to each thread of a process, one at a time, when it dumps, so that the thread "     \
+    "writes its own native stack (same rules as `NCCLGUARD_DUMP_SIGNAL`; `0` turns native stacks "   \
+    "off). Left alone when the application handles it. Threads in `sleep()`, `poll()` and the like " \
+    "are not sent it (it would cut their wait short): they are described from `/proc`.")             \
+  X(DUMP_ON_EXIT, dump_on_exit, bool, false, "`1`: every process dumps its state when it exits.")    \
+  X(POLL_INTERVAL, poll_interval, Seconds, Seconds{0.1},                                             \
+    "How often the watchdog looks at outstanding operations, in seconds.")                           \
+  X(STATUS_INTERVAL, status_interval, Seconds, Seconds{2},                                           \
     "How often each process rewrites its status file in the job directory, in seconds.")
 
 // The accepted range of each numeric setting, inclusive: a value outside is reported like any bad

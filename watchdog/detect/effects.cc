@@ -33,6 +33,7 @@
 #include "watchdog/report/facts.h"
 #include "watchdog/report/job_dir.h"
 #include "watchdog/report/snapshot.h"
+#include "watchdog/report/thread_stacks.h"
 #include "watchdog/state/records.h"
 #include "watchdog/state/registry.h"
 
@@ -56,6 +57,8 @@ std::string SystemEffects::WriteDump(const ProcessSnapshot& snapshot) {
 }
 
 bool SystemEffects::JobDirectoryKnown() { return !JobDir().empty(); }
+
+std::optional<ThreadsSnapshot> SystemEffects::CaptureThreads() { return CaptureThreadStacks(); }
 
 void SystemEffects::WriteStatus(const ProcessSnapshot& snapshot) {
   if (JobDir().empty()) return;

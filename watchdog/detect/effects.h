@@ -27,6 +27,7 @@ class SystemEffects final : public WatchdogEffects {
   std::string WriteDump(const ProcessSnapshot& snapshot) override;
   bool JobDirectoryKnown() override;
   void WriteStatus(const ProcessSnapshot& snapshot) override;
+  std::optional<ThreadsSnapshot> CaptureThreads() override;
 
   // On the watchdog thread, before its first round: the driver and NVML calls behind these facts
   // are made once per process, never on the status path.

@@ -29,6 +29,7 @@
 #include "watchdog/common/mutex.h"
 #include "watchdog/detect/effects.h"
 #include "watchdog/detect/watchdog.h"
+#include "watchdog/report/thread_stacks.h"
 #include "watchdog/state/gpu_events.h"
 #include "watchdog/state/registry.h"
 
@@ -229,6 +230,14 @@ void EnsureWatchdogStarted() noexcept {
     auto* runtime = new Runtime;  // lives until the process ends
     g_runtime.store(runtime, std::memory_order_release);
     InstallDumpSignal(GetConfig().dump_signal.number);
+    if (const int stack_signal = GetConfig().stack_signal.number;
+        stack_signal == GetConfig().dump_signal.number) {
+      if (stack_signal != 0)
+        log::Warn(
+            "NCCLGUARD_STACK_SIGNAL is NCCLGUARD_DUMP_SIGNAL: native stacks are off; choose another signal");
+    } else {
+      InstallStackSignal(stack_signal);
+    }
     static std::atomic<bool> exit_hooks{false};
     if (!exit_hooks.exchange(true)) {
       if (GetConfig().dump_on_exit) std::atexit(DumpAtExit);

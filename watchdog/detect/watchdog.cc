@@ -293,6 +293,12 @@ std::string Watchdog::Dump(const std::string& reason, const std::optional<StallS
                            std::int64_t now_ns) {
   ProcessSnapshot snapshot = BuildSnapshot(registry_, reason, true, now_ns, effects_.WallNowNs());
   snapshot.stall = stall;
+  // Where every thread is: for a late rank, the answer its peers' dump requests are after. Not at
+  // exit, when the process's threads are being torn down.
+  if (reason != "exit") {
+    Activity activity(*this, "taking every thread's stack");
+    snapshot.threads = effects_.CaptureThreads();
+  }
   {
     Activity activity(*this, "ncclGetLastError");
     snapshot.last_nccl_warning = effects_.LastNcclError();
@@ -360,7 +366,14 @@ void Watchdog::DecideOnStall(CommState* comm, const Stall& stall, const std::vec
     Act(comm, "the stall", verdicts);
     return;
   }
-  comm->stall_recheck_ns = now_ns + ToNs(config_.timeout);
+  // The late ranks answer this stall's dump request at their next status round, with their stacks:
+  // the first look again comes once those dumps can be on disk, the later ones every timeout.
+  const std::int64_t interval_ns =
+      status_interval_ns_ > 0 ? status_interval_ns_ : ToNs(config_.status_interval);
+  const std::int64_t first_look_ns =
+      std::min(interval_ns + 2 * ToNs(config_.poll_interval), ToNs(config_.timeout));
+  comm->stall_recheck_ns =
+      now_ns + (now_ns == comm->stall_reported_ns ? first_look_ns : ToNs(config_.timeout));
   if (config_.action != Action::kWarn) {
     log::Warn(
         "not acting yet (NCCLGUARD_ACTION={}): the late rank is busy outside NCCL; acting after "

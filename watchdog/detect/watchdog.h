@@ -40,6 +40,8 @@ class WatchdogEffects {
   // files and dump requests wait for it.
   virtual bool JobDirectoryKnown() = 0;
   virtual void WriteStatus(const ProcessSnapshot& snapshot) = 0;
+  // Every thread's stack, native and Python, for a dump (report/thread_stacks.h).
+  virtual std::optional<ThreadsSnapshot> CaptureThreads() = 0;
   virtual void RequestPeerDumps(const std::string& why) = 0;
   // The cross-rank verdicts from the job directory, this process's own state brought up to date
   // first; empty when the job directory cannot be read.

@@ -100,7 +100,8 @@ std::string FormatDump(const ProcessSnapshot& snapshot, const ProcessFacts& fact
       {"watchdog", Json{{"in_nccl_call", snapshot.in_nccl_call}, {"progress", std::move(progress)}}},
       {"last_nccl_warning", snapshot.last_nccl_warning},
       {"pending_inits", snapshot.pending_inits},
-      {"exiting", snapshot.exiting}};
+      {"exiting", snapshot.exiting},
+      {"threads", snapshot.threads ? ThreadsJson(*snapshot.threads, kThreadFramesBudget) : Json(nullptr)}};
   // Text from NCCL or the environment may hold invalid UTF-8: replace it rather than fail.
   return document.dump(-1, ' ', false, Json::error_handler_t::replace) + "\n";
 }
@@ -129,8 +130,10 @@ std::size_t MaxDumpBytes(long ring_size) {
   constexpr std::size_t kBytesPerOperation = 512;
   constexpr std::size_t kFactsBytes = 256 << 10;
   constexpr std::size_t kLargestCap = 256 << 20;
+  // Every thread listed (kMaxThreads of about 300 bytes each) and their frames' budget.
+  constexpr std::size_t kThreadsBytes = 1024 * 512 + kThreadFramesBudget;
   const std::size_t ring = static_cast<std::size_t>(std::clamp<long>(ring_size, 1, 1 << 20));
-  return std::min(kLargestCap, kFactsBytes + kMaxDumpedRings * ring * kBytesPerOperation);
+  return std::min(kLargestCap, kFactsBytes + kThreadsBytes + kMaxDumpedRings * ring * kBytesPerOperation);
 }
 
 }  // namespace ncclguard

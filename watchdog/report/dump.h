@@ -2,6 +2,7 @@
 // with the private-file layer of common/files.h.
 #pragma once
 
+#include <cstddef>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -14,8 +15,14 @@
 
 namespace ncclguard {
 
-// Bump on removing or renaming a field or changing its meaning; adding a field does not bump.
-inline constexpr int kDumpFormatVersion = 1;
+// Bump on removing or renaming a field or changing its meaning; adding a field does not bump,
+// except a section that verdicts rest on: version 2 added "threads" (where each thread is), which
+// a reader of version 1 would silently ignore and then blame a late rank without saying where it
+// is. Readers accept every version from 1 on.
+inline constexpr int kDumpFormatVersion = 2;
+
+// The dump's budget for the frames of its threads' stacks.
+inline constexpr std::size_t kThreadFramesBudget = 2 << 20;
 
 // The path written, or why nothing was.
 using DumpResult = absl::StatusOr<std::string>;

@@ -26,8 +26,10 @@ void CheckFormat(const Json& document) {
   if (document.at("format").get<std::string>() != "ncclguard-dump") {
     throw std::runtime_error("not an ncclguard dump");
   }
-  if (const int version = document.at("format_version").get<int>(); version != kDumpFormatVersion) {
-    throw std::runtime_error(absl::StrCat("dump format version ", version, " is not ", kDumpFormatVersion));
+  if (const int version = document.at("format_version").get<int>();
+      version < 1 || version > kDumpFormatVersion) {
+    throw std::runtime_error(absl::StrCat("dump format version ", version, " is not between 1 and ",
+                                          kDumpFormatVersion, " (a newer ncclguard wrote it)"));
   }
 }
 
@@ -69,6 +71,10 @@ ProcessSnapshot ReadSnapshot(const Json& document) {
         ReadArray(*inits, [](const Json& init) { return init.get<PendingInitSnapshot>(); });
   }
   snapshot.exiting = document.value("exiting", false);
+  // Format version 2 on.
+  if (const auto threads = document.find("threads"); threads != document.end() && !threads->is_null()) {
+    snapshot.threads = ReadThreads(*threads);
+  }
   return snapshot;
 }
 

@@ -77,6 +77,50 @@ struct PendingInitSnapshot {
   std::int64_t start_ns = 0;  // since the Unix epoch
 };
 
+// One frame of a thread's stack, innermost first. Native frames name a function (demangled, ""
+// when unknown), the module and the offset in it, and file:line where debug information exists;
+// Python frames name the function, file and line only.
+struct FrameSnapshot {
+  std::string function;
+  std::string file;
+  int line = 0;
+  std::string module;        // native frames: the object's path
+  std::uint64_t offset = 0;  // native frames: the address's offset in the module
+};
+
+// One thread of the process when its stacks were taken (report/thread_stacks.h).
+struct ThreadSnapshot {
+  std::int64_t tid = 0;  // kernel thread id
+  std::string name;      // its comm (pthread_setname_np)
+  // From /proc/self/task/<tid>: its scheduler state ("running", "sleeping", "disk_sleep",
+  // "stopped", ...), the kernel function it waits in, the system call it is blocked in ("" when
+  // none) and, for one on a file descriptor, what the descriptor is ("pipe:[42]", a path, ...).
+  std::string state;
+  std::string wchan;
+  std::string syscall;
+  int fd = -1;
+  std::string fd_target;
+  double blocked_seconds = -1;  // how long it has not run, -1 when unknown or running
+  // Why it has no native frames ("" when it has them): it blocks signals, sleeps uninterruptibly,
+  // did not answer in time, is in a call that a signal would cut short, ...
+  std::string native_missing;
+  std::vector<FrameSnapshot> native;  // innermost first
+  std::vector<FrameSnapshot> python;  // its Python frames, innermost first, when it runs Python
+  bool frames_omitted = false;        // the dump's budget for stacks was spent before this thread
+};
+
+// Every thread's stack, taken when the process dumps.
+struct ThreadsSnapshot {
+  std::int64_t time_ns = 0;  // when taken (epoch ns)
+  double took_ms = 0;
+  int total = 0;               // threads of the process; `threads` lists the first of them (a bounded number)
+  std::string native_note;     // why no thread has native frames, "" when some could
+  std::string symbols_note;    // why native frames lack names, files or lines, "" when they do not
+  std::string python_version;  // of the interpreter in the process, "" when none
+  std::string python_note;     // why Python frames are missing, "" when taken or no Python
+  std::vector<ThreadSnapshot> threads;
+};
+
 struct ProcessSnapshot {
   std::string reason;        // "stall", "async_error", "error_return", "signal", "peer_request", "exit"
   std::int64_t time_ns = 0;  // since the Unix epoch
@@ -86,7 +130,8 @@ struct ProcessSnapshot {
   std::optional<StallSnapshot> stall;
   std::string last_nccl_warning;  // ncclGetLastError's text
   std::vector<PendingInitSnapshot> pending_inits;
-  bool exiting = false;  // taken on the way out of a normal exit (atexit)
+  bool exiting = false;                    // taken on the way out of a normal exit (atexit)
+  std::optional<ThreadsSnapshot> threads;  // dumps only; none when not taken
 };
 
 }  // namespace ncclguard

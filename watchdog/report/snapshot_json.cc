@@ -331,4 +331,110 @@ void from_json(const Json& json, PendingInitSnapshot& init) {
   json.at("start_ns").get_to(init.start_ns);
 }
 
+namespace {
+
+// Frames' text is cut at this length: a C++ template's name can run to kilobytes.
+constexpr std::size_t kMaxFrameText = 512;
+
+std::string Cut(const std::string& text) {
+  return text.size() <= kMaxFrameText ? text : text.substr(0, kMaxFrameText) + "...";
+}
+
+// About what a frame takes in the document, for the dump's budget.
+std::size_t FrameBytes(const FrameSnapshot& frame) {
+  return 64 + std::min(frame.function.size(), kMaxFrameText) + std::min(frame.file.size(), kMaxFrameText) +
+         std::min(frame.module.size(), kMaxFrameText);
+}
+
+OrderedJson FramesJson(const std::vector<FrameSnapshot>& frames, bool native) {
+  OrderedJson array = OrderedJson::array();
+  for (const FrameSnapshot& frame : frames) {
+    OrderedJson entry{{"function", Cut(frame.function)}, {"file", Cut(frame.file)}, {"line", frame.line}};
+    if (native) {
+      entry["module"] = Cut(frame.module);
+      entry["offset"] = Hex(frame.offset);
+    }
+    array.push_back(std::move(entry));
+  }
+  return array;
+}
+
+FrameSnapshot ReadFrame(const Json& json) {
+  FrameSnapshot frame;
+  ReadIfPresent(json, "function", frame.function);
+  ReadIfPresent(json, "file", frame.file);
+  ReadIfPresent(json, "line", frame.line);
+  ReadIfPresent(json, "module", frame.module);
+  if (const auto offset = json.find("offset"); offset != json.end()) frame.offset = ParseHex(*offset);
+  return frame;
+}
+
+}  // namespace
+
+OrderedJson ThreadsJson(const ThreadsSnapshot& threads, std::size_t frame_budget_bytes) {
+  OrderedJson list = OrderedJson::array();
+  std::size_t spent = 0;
+  for (const ThreadSnapshot& thread : threads.threads) {
+    std::size_t bytes = 0;
+    for (const auto* frames : {&thread.native, &thread.python}) {
+      for (const FrameSnapshot& frame : *frames) bytes += FrameBytes(frame);
+    }
+    const bool omitted = thread.frames_omitted || spent + bytes > frame_budget_bytes;
+    if (!omitted) spent += bytes;
+    static const std::vector<FrameSnapshot> kNone;
+    list.push_back(OrderedJson{{"tid", thread.tid},
+                               {"name", thread.name},
+                               {"state", thread.state},
+                               {"wchan", thread.wchan},
+                               {"syscall", thread.syscall},
+                               {"fd", thread.fd},
+                               {"fd_target", thread.fd_target},
+                               {"blocked_seconds", thread.blocked_seconds},
+                               {"native_missing", thread.native_missing},
+                               {"frames_omitted", omitted},
+                               {"python", FramesJson(omitted ? kNone : thread.python, false)},
+                               {"native", FramesJson(omitted ? kNone : thread.native, true)}});
+  }
+  return OrderedJson{{"time_ns", threads.time_ns},
+                     {"took_ms", threads.took_ms},
+                     {"total", threads.total},
+                     {"native_note", threads.native_note},
+                     {"symbols_note", threads.symbols_note},
+                     {"python_version", threads.python_version},
+                     {"python_note", threads.python_note},
+                     {"threads", std::move(list)}};
+}
+
+ThreadsSnapshot ReadThreads(const Json& json) {
+  Require(json, {"threads"});
+  ThreadsSnapshot threads;
+  ReadIfPresent(json, "time_ns", threads.time_ns);
+  ReadIfPresent(json, "took_ms", threads.took_ms);
+  ReadIfPresent(json, "total", threads.total);
+  ReadIfPresent(json, "native_note", threads.native_note);
+  ReadIfPresent(json, "symbols_note", threads.symbols_note);
+  ReadIfPresent(json, "python_version", threads.python_version);
+  ReadIfPresent(json, "python_note", threads.python_note);
+  threads.threads = ReadArray(json.at("threads"), [](const Json& entry) {
+    Require(entry, {"tid"});
+    ThreadSnapshot thread;
+    entry.at("tid").get_to(thread.tid);
+    ReadIfPresent(entry, "name", thread.name);
+    ReadIfPresent(entry, "state", thread.state);
+    ReadIfPresent(entry, "wchan", thread.wchan);
+    ReadIfPresent(entry, "syscall", thread.syscall);
+    ReadIfPresent(entry, "fd", thread.fd);
+    ReadIfPresent(entry, "fd_target", thread.fd_target);
+    ReadIfPresent(entry, "blocked_seconds", thread.blocked_seconds);
+    ReadIfPresent(entry, "native_missing", thread.native_missing);
+    ReadIfPresent(entry, "frames_omitted", thread.frames_omitted);
+    if (const auto python = entry.find("python"); python != entry.end())
+      thread.python = ReadArray(*python, ReadFrame);
+    if (const auto native = entry.find("native"); native != entry.end())
+      thread.native = ReadArray(*native, ReadFrame);
+    return thread;
+  });
+  return threads;
+}
+
 }  // namespace ncclguard

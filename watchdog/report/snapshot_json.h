@@ -7,6 +7,7 @@
 // exceptions or std::runtime_error, which every reader turns into a problem.
 #pragma once
 
+#include <cstddef>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -57,6 +58,12 @@ void from_json(const nlohmann::json& json, StallSnapshot& stall);        // as i
 // The same in dumps and status files.
 void to_json(nlohmann::ordered_json& json, const PendingInitSnapshot& init);
 void from_json(const nlohmann::json& json, PendingInitSnapshot& init);
+
+// A dump's "threads" section. Frames are written until `frame_budget_bytes` of them are; the
+// threads after that are listed without frames (frames_omitted), so that many threads with deep
+// stacks cannot push a dump past what readers accept.
+nlohmann::ordered_json ThreadsJson(const ThreadsSnapshot& threads, std::size_t frame_budget_bytes);
+ThreadsSnapshot ReadThreads(const nlohmann::json& json);
 
 // `json`, which must be an array (iterating over anything else would visit its values).
 const nlohmann::json& CheckedArray(const nlohmann::json& json);
