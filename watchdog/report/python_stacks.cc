@@ -3,6 +3,7 @@
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/types.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -10,10 +11,13 @@
 #include <cerrno>
 #include <charconv>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <system_error>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -80,9 +84,12 @@ std::optional<PythonThread> ParseThreadHeader(std::string_view line) {
   }
   if (!ConsumeSuffix(&line, " (most recent call first):")) return std::nullopt;
   std::size_t digits = 0;
-  while (digits < line.size() && std::isxdigit(static_cast<unsigned char>(line[digits]))) ++digits;
+  for (; digits < line.size() && std::isxdigit(static_cast<unsigned char>(line[digits])); ++digits) {
+    const char digit = static_cast<char>(std::tolower(static_cast<unsigned char>(line[digits])));
+    thread.thread_id =
+        thread.thread_id * 16 + static_cast<std::uint64_t>(digit <= '9' ? digit - '0' : digit - 'a' + 10);
+  }
   if (digits == 0 || digits > 16) return std::nullopt;
-  std::from_chars(line.data(), line.data() + digits, thread.thread_id, 16);
   line.remove_prefix(digits);
   if (!line.empty()) {
     if (!ConsumePrefix(&line, " [") || !ConsumeSuffix(&line, "]")) return std::nullopt;

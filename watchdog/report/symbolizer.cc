@@ -2,9 +2,14 @@
 
 #include <cxxabi.h>
 #include <dlfcn.h>
+#include <elf.h>
+#include <elfutils/libdw.h>
 #include <elfutils/libdwfl.h>
 #include <fcntl.h>
+#include <gelf.h>
+#include <libelf.h>
 #include <link.h>
+#include <sys/types.h>
 #include <unistd.h>
 
 #include <algorithm>
