@@ -7,6 +7,7 @@
 #include <fstream>
 #include <ios>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
@@ -18,6 +19,7 @@
 #include "watchdog/diagnose/job_view.h"
 #include "watchdog/diagnose/verdicts.h"
 #include "watchdog/report/snapshot.h"
+#include "watchdog/report/whereabouts.h"
 
 namespace ncclguard {
 namespace {
@@ -121,6 +123,7 @@ class TraceBuilder {
               absl::StrCat("stall: ", stall.kind, stall.seq != 0 ? absl::StrCat(" #", stall.seq) : ""),
               snapshot.time_ns, {{"seconds", stall.seconds}, {"message", stall.message}});
     }
+    if (snapshot.threads) AddWhereabouts(trace_pid, static_cast<int>(thread_of_comm.size()) + 1, process);
     if ((process.exited || process.liveness == ProcessView::Liveness::kGone) && process.last_seen_ns > 0) {
       Instant(trace_pid, 0, process.exited ? "exited" : "last seen (gone)", process.last_seen_ns,
               Json::object());
@@ -166,6 +169,30 @@ class TraceBuilder {
     const Marking marking = MarkingOf(op);
     Slice(trace_pid, tid, absl::StrCat(op.op, " #", op.seq, marking.suffix), begin_ns, end_ns, marking.colour,
           std::move(args));
+  }
+
+  // Where the process was when its stacks were taken: a track of its own with the thread that
+  // issued its NCCL operations, as a slice over the time it had been blocked, and its stack.
+  void AddWhereabouts(TracePid trace_pid, int tid, const ProcessView& process) {
+    const ThreadsSnapshot& threads = *process.snapshot.threads;
+    std::int64_t nccl_thread = 0;
+    for (const CommSnapshot& comm : process.snapshot.comms) {
+      for (const OpSnapshot& op : comm.ring) nccl_thread = op.host_thread != 0 ? op.host_thread : nccl_thread;
+    }
+    const std::optional<ThreadLocation> location = LocateProcess(threads, nccl_thread, process.pid);
+    if (!location || threads.time_ns <= 0) return;
+    Metadata("thread_name", trace_pid, tid,
+             {{"name", absl::StrCat("where it is (thread ", location->thread->tid, ")")}});
+    Metadata("thread_sort_index", trace_pid, tid, {{"sort_index", tid}});
+    Json stack = Json::array();
+    for (const FrameSnapshot& frame : location->thread->python)
+      stack.push_back("py " + FrameText(frame, true));
+    for (const FrameSnapshot& frame : location->thread->native) stack.push_back(FrameText(frame, false));
+    const double blocked = location->thread->blocked_seconds;
+    const std::int64_t since_ns =
+        blocked > 0 ? threads.time_ns - static_cast<std::int64_t>(blocked * 1e9) : threads.time_ns;
+    Slice(trace_pid, tid, location->sentence, since_ns, threads.time_ns, kWaitingColour,
+          {{"thread", location->thread->name}, {"stack", std::move(stack)}});
   }
 
   void Metadata(const char* name, TracePid trace_pid, int tid, Json args) {

@@ -66,7 +66,19 @@ NCCLGUARD_TIMEOUT=3 NCCLGUARD_JOB_ID=uneven-data \
 say "   ncclguard analyze on the job directory, after the launcher gave up on the job:"
 "$build/bin/ncclguard" analyze "$jobs/uneven-data" | head -n 12 || true
 
-say "5. Scenario S2, a hang right after init: with driver 545.23.08, NCCL's P2P transfers never" \
+say "5. Scenario S5, a timeout after saving a checkpoint: after step 30 rank 1 saves a checkpoint" \
+    "   that does not end (its writer never finishes); the others wait in the next AllReduce. They" \
+    "   ask every process to dump, rank 1 too, whose dump holds every thread's stack. The waiting" \
+    "   ranks then say where rank 1 is: in which function, blocked on what, for how long:"
+NCCLGUARD_TIMEOUT=3 NCCLGUARD_JOB_ID=slow-save \
+  watched "$train_loop" --ranks 4 --steps 60 --sleep 1:30:600 --timeout 9 2>&1 |
+  grep -E '\[0\] ncclguard WARN.*still waiting; verdict' | head -n 1 | fold -s -w 110 || true
+say "   The launcher killed the whole job at its time limit; ncclguard analyze afterwards keeps what" \
+    "   the ranks saw alive, and prints the late rank's stack under its verdict:"
+"$build/bin/ncclguard" analyze "$jobs/slow-save" | grep -vE '^    (ranks|last_|where|host|pid|status_age|in_nccl)' |
+  head -n 24 | fold -s -w 120 || true
+
+say "6. Scenario S2, a hang right after init: with driver 545.23.08, NCCL's P2P transfers never" \
     "   complete (injected). ncclguard warns at init that this driver is known-bad; the first" \
     "   collective stalls; the verdict is p2p_suspect; with NCCLGUARD_ACTION=reinit every rank" \
     "   records it and exits 75. \`ncclguard run\` starts the job again, which now turns P2P off" \
@@ -79,7 +91,7 @@ LD_LIBRARY_PATH="$emulator" NCCLGUARD_DUMP_DIR="$jobs" NCCLGUARD_JOB_ID=hang-aft
   fold -s -w 120 || true
 echo "   (exit status of ncclguard run: ${PIPESTATUS[0]})"
 
-say "6. Scenario S2 again, recovered in-process: the same job, the same fault, the same driver, run" \
+say "7. Scenario S2 again, recovered in-process: the same job, the same fault, the same driver, run" \
     "   once under LD_PRELOAD with NCCLGUARD_RECOVER=inprocess and no \`ncclguard run\`. The first" \
     "   collective stalls as before; every rank re-creates the communicator on a private copy of" \
     "   libnccl with P2P disabled and replays the stalled Broadcast. The processes go on (their pids" \
@@ -101,7 +113,7 @@ same="DIFFERENT"
 echo "   (exit status of the job: $status; the checksums of its 4 ranks: $same)"
 
 if [[ -e "$real_nccl/libnccl.so.2" ]]; then
-  say "7. The real NCCL of the CUDA toolkit, through Python ctypes. There is no GPU here, so" \
+  say "8. The real NCCL of the CUDA toolkit, through Python ctypes. There is no GPU here, so" \
       "   ncclCommInitRank fails with ncclUnhandledCudaError; ncclguard forwards exactly that:"
   LD_LIBRARY_PATH="$real_nccl" LD_PRELOAD="$guard" NCCLGUARD_DUMP_DIR="$jobs" NCCLGUARD_LOG_LEVEL=debug \
     python3 - <<'PY' 2>&1 | grep -vE 'dumped state|job directory'
@@ -121,7 +133,7 @@ fi
 
 program="$build/tests/cudart_e2e/cudart_nccl_program"
 if [[ -x "$program" ]]; then
-  say "8. A program written the way NCCL's own benchmarks and JAX are: built by nvcc against the CUDA" \
+  say "9. A program written the way NCCL's own benchmarks and JAX are: built by nvcc against the CUDA" \
       "   runtime, one process driving four GPUs, their communicators created inside one group." \
       "   It runs on the emulator's libcudart; rank 2's fourth AllReduce hangs (injected). ncclguard" \
       "   describes each communicator once NCCL has created it, so the stall names all four ranks:"

@@ -23,7 +23,7 @@ A small data-parallel training job on the CUDA driver API and NCCL.
   --rendezvous-timeout SEC  how long ranks other than 0 wait for FILE (default 120)
   --verbose              one line per step
   --stop-early R:S       rank R stops issuing collectives after step S and exits 0
-  --sleep R:S:SEC        rank R sleeps SEC seconds after step S, then continues
+  --sleep R:S:SEC        rank R saves a checkpoint for SEC seconds after step S, then continues
   --slow R:MS            rank R computes MS milliseconds longer every step (a straggler)
   --exit R:S             rank R exits with code 3 after step S
   --desync R:S           rank R uses C+1048576 elements in the AllReduce of step S

@@ -2,6 +2,7 @@
 
 #include <cuda.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -11,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <string>
 #include <thread>
 #include <vector>
@@ -271,6 +273,28 @@ void train_step(const Job& job, const DeviceState& state, long step, std::vector
   if (job.options.verbose) std::printf("rank %d: step %ld: gradient[0] %g, model[0] %g\n", rank, step, gradients[0], model[0]);
 }
 
+// A checkpoint save that takes `seconds` (--sleep): the rank waits for its shard to be written, as a
+// framework waits for a background writer, on a condition variable that nobody signals. A timed
+// condition wait is what a dump's stack signal can interrupt and resume unnoticed (a sleep() would
+// return early), so a late rank's stack shows it in here.
+__attribute__((noinline)) void save_checkpoint(double seconds) {
+  pthread_mutex_t mutex = PTHREAD_MUTEX_INITIALIZER;
+  pthread_cond_t written = PTHREAD_COND_INITIALIZER;
+  timespec until{};
+  clock_gettime(CLOCK_REALTIME, &until);
+  const auto whole = static_cast<time_t>(seconds);
+  until.tv_sec += whole;
+  until.tv_nsec += static_cast<long>((seconds - static_cast<double>(whole)) * 1e9);
+  if (until.tv_nsec >= 1'000'000'000) {
+    until.tv_sec += 1;
+    until.tv_nsec -= 1'000'000'000;
+  }
+  pthread_mutex_lock(&mutex);
+  while (pthread_cond_timedwait(&written, &mutex, &until) != ETIMEDOUT) {
+  }
+  pthread_mutex_unlock(&mutex);
+}
+
 // Applies the faults due after `step`; returns false when this rank stops issuing collectives.
 bool continue_after_faults(const Job& job, long step) {
   const Options& options = job.options;
@@ -286,8 +310,9 @@ bool continue_after_faults(const Job& job, long step) {
     _exit(kInjectedExitCode);
   }
   if (options.sleep && options.sleep->rank == rank && options.sleep->step == step) {
-    std::printf("rank %d: sleeping %g s after step %ld (--sleep)\n", rank, options.sleep->seconds, step);
-    std::this_thread::sleep_for(std::chrono::duration<double>(options.sleep->seconds));
+    std::printf("rank %d: saving a checkpoint for %g s after step %ld (--sleep)\n", rank, options.sleep->seconds, step);
+    std::fflush(stdout);
+    save_checkpoint(options.sleep->seconds);
   }
   return true;
 }

@@ -207,7 +207,7 @@ TEST_CASE("a rank that dies is reported as failed and the job does not finish", 
 TEST_CASE("a rank that sleeps after a step delays the job, which then completes exactly", "[emulator]") {
   const Run run = train_loop("--ranks 2 --steps 20 --sleep 1:10:2 --timeout 60 --nccl-loader rtld-local");
   REQUIRE(run.exited_with(0));
-  CHECK(run.contains("rank 1: sleeping 2 s after step 10 (--sleep)"));
+  CHECK(run.contains("rank 1: saving a checkpoint for 2 s after step 10 (--sleep)"));
   CHECK(run.seconds >= 2.0);
   require_every_rank_reports(run, 2, expected_checksum(2, 20, 1024, 1024));
 }

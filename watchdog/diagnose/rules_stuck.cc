@@ -1,6 +1,7 @@
 // Where a communicator stands on the oldest operation some rank has not completed: ranks that
 // never entered it (rank_dead, rank_not_joined), or every rank inside it (stuck_inside_nccl).
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <limits>
 #include <optional>
@@ -17,20 +18,63 @@
 #include "watchdog/diagnose/rules.h"
 #include "watchdog/diagnose/verdicts.h"
 #include "watchdog/report/snapshot.h"
+#include "watchdog/report/whereabouts.h"
 #include "watchdog/state/records.h"
 
 namespace ncclguard::classifier {
 namespace {
 
+// Frames of a late rank's stack shown in a verdict's evidence, per kind (Python, native).
+constexpr std::size_t kEvidenceFrames = 24;
+
+Json LocationJson(const ThreadLocation& location) {
+  const ThreadSnapshot& thread = *location.thread;
+  Json stack = Json::array();
+  for (const auto& [frames, python] : {std::pair{&thread.python, true}, std::pair{&thread.native, false}}) {
+    for (std::size_t i = 0; i < frames->size() && i < kEvidenceFrames; ++i)
+      stack.push_back(fmt::format("{}{}", python ? "py " : "", FrameText((*frames)[i], python)));
+  }
+  Json json{{"sentence", location.sentence},
+            {"tid", thread.tid},
+            {"thread_name", thread.name},
+            {"waiting", location.waiting},
+            {"syscall", thread.syscall},
+            {"fd_target", thread.fd_target},
+            {"blocked_seconds", thread.blocked_seconds},
+            {"stack", std::move(stack)}};
+  if (location.frame != nullptr) {
+    json["function"] = location.frame->function;
+    json["file"] = location.frame->file;
+    json["line"] = location.frame->line;
+    json["python"] = location.python;
+  }
+  return json;
+}
+
+// Where a rank that did not join is, from the stacks of its newest dump: only stacks taken after
+// it left its last operation on this communicator say where it is now (its peers' dump requests
+// make it write them); older ones say nothing of it.
+std::optional<ThreadLocation> WhereIsLate(const Member& member) {
+  const ProcessSnapshot& snapshot = member.process->snapshot;
+  if (!snapshot.threads) return std::nullopt;
+  const OpSnapshot* last = FindOp(*member.comm, member.comm->last_enqueued);
+  const std::int64_t left_nccl_ns = last != nullptr ? std::max(last->end_ns, last->enqueue_ns) : 0;
+  if (snapshot.threads->time_ns < left_nccl_ns) return std::nullopt;
+  return LocateProcess(*snapshot.threads, last != nullptr ? last->host_thread : 0, member.process->pid);
+}
+
 Json LateRankJson(const Member& member, Whereabouts where, const JobView& job) {
-  return Json{{"rank", member.rank},
-              {"host", member.process->host},
-              {"pid", member.process->pid},
-              {"last_enqueued", member.comm->last_enqueued},
-              {"last_completed", member.comm->last_completed},
-              {"where", WhereaboutsName(where)},
-              {"in_nccl_call", member.process->snapshot.in_nccl_call},
-              {"status_age_seconds", StatusAgeSeconds(*member.process, job)}};
+  Json late{{"rank", member.rank},
+            {"host", member.process->host},
+            {"pid", member.process->pid},
+            {"last_enqueued", member.comm->last_enqueued},
+            {"last_completed", member.comm->last_completed},
+            {"where", WhereaboutsName(where)},
+            {"in_nccl_call", member.process->snapshot.in_nccl_call},
+            {"status_age_seconds", StatusAgeSeconds(*member.process, job)}};
+  if (const std::optional<ThreadLocation> location = WhereIsLate(member))
+    late["location"] = LocationJson(*location);
+  return late;
 }
 
 // The process whose initialisation of this communicator as `rank` had not returned when it last
@@ -205,6 +249,9 @@ void AddLateMember(const Member& member, const Communicator& communicator, const
         last == 0 ? std::string("issued nothing on this communicator")
                   : fmt::format("completed {}", OpName(FindOpInCommunicator(communicator, last), last)),
         stuck_seq));
+    if (const std::optional<ThreadLocation> location = WhereIsLate(member)) {
+      absent.dead_clauses.back() += fmt::format(" (its last dump showed it {})", location->sentence);
+    }
     absent.dead_evidence.push_back(LateRankJson(member, where, job));
     return;
   }
@@ -225,9 +272,15 @@ void AddLateMember(const Member& member, const Communicator& communicator, const
       break;
     case Whereabouts::kInsideNccl:
       clause += fmt::format("it is inside {} (not in this operation)", process.snapshot.in_nccl_call);
+      if (const std::optional<ThreadLocation> location = WhereIsLate(member))
+        clause += fmt::format(": {}", location->sentence);
       break;
     default:
-      clause += "it is alive and busy outside NCCL (e.g. saving a checkpoint or evaluating)";
+      if (const std::optional<ThreadLocation> location = WhereIsLate(member)) {
+        clause += fmt::format("it is alive and busy outside NCCL: {}", location->sentence);
+      } else {
+        clause += "it is alive and busy outside NCCL (e.g. saving a checkpoint or evaluating)";
+      }
       break;
   }
   absent.not_joined_ranks.push_back(member.rank);

@@ -431,8 +431,8 @@ void AddPythonFrames(ThreadsSnapshot& snapshot, const std::map<std::uint64_t, pi
                                      [tid](const ThreadSnapshot& candidate) { return candidate.tid == tid; });
     if (tid == 0 || target == snapshot.threads.end()) continue;
     for (const PythonFrame& frame : thread.frames) {
-      target->python.push_back(
-          FrameSnapshot{.function = frame.function, .file = frame.file, .line = frame.line});
+      target->python.push_back(FrameSnapshot{
+          .function = frame.function, .file = frame.file, .line = frame.line, .module = "", .offset = 0});
     }
   }
 }
@@ -569,7 +569,8 @@ ThreadsSnapshot CaptureThreadStacks(const StackCaptureLimits& limits) noexcept {
     } else {
       for (std::size_t t = 0; t < frames.size(); ++t) {
         for (const std::uint64_t pc : frames[t])
-          snapshot.threads[t].native.push_back(FrameSnapshot{.offset = pc});
+          snapshot.threads[t].native.push_back(
+              FrameSnapshot{.function = "", .file = "", .line = 0, .module = "", .offset = pc});
       }
     }
     if (limits.python) AddPythonFrames(snapshot, tid_of_pthread);
