@@ -175,6 +175,9 @@ void PrintForHumans(const JobView& job, const std::vector<Verdict>& verdicts) {
   const std::size_t processes = job.processes.size();
   std::cout << "ncclguard analyze " << EscapeControlCharacters(job.directory) << ": " << processes
             << (processes == 1 ? " process" : " processes") << ", read at " << IsoTime(job.now_ns) << "\n\n";
+  if (const std::optional<JobEnd> end = EndedTogether(job)) {
+    std::cout << "Job end: " << EscapeControlCharacters(end->message) << "\n\n";
+  }
   for (const Verdict& verdict : verdicts) PrintVerdict(verdict);
   const bool healthy = verdicts.size() == 1 && verdicts[0].kind == VerdictKind::kHealthy;
   if (!healthy) PrintRankTable(job, verdicts);

@@ -1,5 +1,6 @@
 // The classifier: one case per verdict kind, from the field case it serves, with the message a
 // user reads; the job directory reader (dumps and status files merged per process).
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <fstream>
@@ -15,6 +16,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "tests/support/process.h"
+#include "watchdog/common/clock.h"
 #include "watchdog/report/dump.h"
 #include "watchdog/report/dump_reader.h"
 #include "watchdog/report/job_dir.h"
@@ -784,6 +786,148 @@ TEST_CASE("a rank killed inside ncclCommInitRank is dead, not missing", "[verdic
   }
 }
 
+// --- a job killed as a whole -------------------------------------------------------------------
+
+// Every process gone without an exit mark, its last record `ago` before kNow, as a launcher that
+// killed the job then leaves it.
+void KillAt(ProcessView& process, std::int64_t ago) {
+  process.liveness = ProcessView::Liveness::kGone;
+  process.snapshot.time_ns = process.last_seen_ns = kNow - ago;
+}
+
+// S5 with rank 1 saving a checkpoint, then the job ended by its time limit 30 s before kNow: the
+// processes' last status files were written up to an interval apart, as each was rewritten.
+JobView KilledWhileRank1Saves() {
+  JobView job = Job({Rank(0, 30, 31), Rank(1, 30, 30), Rank(2, 30, 31), Rank(3, 30, 31)});
+  const std::int64_t offsets[] = {400 * kMillisecond, 1900 * kMillisecond, 0, 1200 * kMillisecond};
+  for (size_t i = 0; i < job.processes.size(); ++i) KillAt(job.processes[i], 30 * kSecond + offsets[i]);
+  for (const int rank : {0, 2, 3}) {
+    job.processes[rank].snapshot.stall = StallSnapshot{.kind = "not_completed",
+                                                       .comm_id = kComm,
+                                                       .seq = 31,
+                                                       .seconds = 20,
+                                                       .message = "",
+                                                       .verdict = "rank_not_joined",
+                                                       .verdict_message = ""};
+  }
+  return job;
+}
+
+TEST_CASE("a job killed as a whole is judged as it was at its end: the late rank is not dead",
+          "[verdicts][job_end]") {
+  const JobView job = KilledWhileRank1Saves();
+  const std::vector<Verdict> verdicts = Classify(job);
+  REQUIRE(Kinds(verdicts) == std::vector<std::string>{"rank_not_joined"});
+  CHECK(verdicts[0].ranks == std::vector<int>{1});
+  CHECK(verdicts[0].message ==
+        "rank 1 completed AllReduce #30 and issued nothing after; it is alive and busy outside NCCL (e.g. "
+        "saving a checkpoint or evaluating) while ranks 0,2,3 wait in AllReduce #31 (float32 × 1024, sum) — "
+        "not a network fault");
+  CHECK(verdicts[0].evidence["late_ranks"][0]["where"] == "busy_outside_nccl");
+  // Its status age is counted from the job's end, not from when the directory was read.
+  CHECK(verdicts[0].evidence["late_ranks"][0]["status_age_seconds"].get<double>() == Approx(1.9));
+
+  const std::optional<JobEnd> end = EndedTogether(job);
+  REQUIRE(end.has_value());
+  CHECK(end->processes == 4);
+  CHECK(end->within_seconds == Approx(1.9));
+  CHECK(end->ended_ns == kNow - 30 * kSecond);
+  CHECK(end->killed_from_outside);
+  CHECK(end->message ==
+        "all 4 processes ended within 1.9 s of each other (at " + IsoTime(kNow - 30 * kSecond) +
+            ") and none exited normally: the job was killed from outside (a launcher's or "
+            "scheduler's time limit, or a signal to the whole job) after what the verdicts say, "
+            "which judge each rank as it was then");
+  const nlohmann::json document = VerdictsToJson(job, verdicts);
+  CHECK(document["job_end"]["killed_from_outside"] == true);
+  CHECK(document["job_end"]["processes"] == 4);
+  CHECK(document["job_end"]["ended_ns"] == kNow - 30 * kSecond);
+  CHECK(document["job_end"]["time"] == IsoTime(kNow - 30 * kSecond));
+  CHECK(document["job_end"]["message"] == end->message);
+  // The processes themselves are listed as they are now: gone.
+  CHECK(document["processes"][1]["liveness"] == "gone");
+
+  SECTION("on other hosts, where stale status files are all there is") {
+    JobView remote = job;
+    for (ProcessView& process : remote.processes) {
+      process.host = "node-2";
+      process.liveness = ProcessView::Liveness::kUnknown;
+    }
+    REQUIRE(EndedTogether(remote).has_value());
+    const std::vector<Verdict> remote_verdicts = Classify(remote);
+    REQUIRE(Kinds(remote_verdicts) == std::vector<std::string>{"rank_not_joined"});
+    CHECK(remote_verdicts[0].evidence["late_ranks"][0]["where"] == "busy_outside_nccl");
+  }
+}
+
+TEST_CASE("a rank that vanished while its peers lived on is dead, even when the rest was killed later",
+          "[verdicts][job_end]") {
+  JobView job = KilledWhileRank1Saves();
+  const auto dead_verdict = [](const JobView& view) {
+    const std::vector<Verdict> verdicts = Classify(view);
+    REQUIRE_FALSE(verdicts.empty());
+    CHECK(verdicts[0].ranks == std::vector<int>{1});
+    return std::string(VerdictKindName(verdicts[0].kind));
+  };
+
+  SECTION("crashed long before the launcher's time limit ended the others") {
+    KillAt(job.processes[1], 90 * kSecond);
+    CHECK_FALSE(EndedTogether(job).has_value());
+    CHECK(dead_verdict(job) == "rank_dead");
+    CHECK(VerdictsToJson(job, Classify(job))["job_end"].is_null());
+  }
+  SECTION("the bound: one status interval and a second between the first and the last record") {
+    // Interval 2 s: 2.9 s apart is one kill, 3.1 s apart is not.
+    KillAt(job.processes[1], 32900 * kMillisecond);
+    CHECK(EndedTogether(job).has_value());
+    CHECK(dead_verdict(job) == "rank_not_joined");
+    KillAt(job.processes[1], 33100 * kMillisecond);
+    CHECK_FALSE(EndedTogether(job).has_value());
+    CHECK(dead_verdict(job) == "rank_dead");
+    // A stretched interval (a large job) stretches the bound with it.
+    job.status_interval_seconds = 4;
+    CHECK(EndedTogether(job).has_value());
+  }
+  SECTION("a process still alive, or one that exited normally, means the job was not killed as a whole") {
+    job.processes[2].liveness = ProcessView::Liveness::kAlive;
+    CHECK_FALSE(EndedTogether(job).has_value());
+    CHECK(dead_verdict(job) == "rank_dead");
+    job.processes[2].liveness = ProcessView::Liveness::kGone;
+    job.processes[2].exited = true;
+    CHECK_FALSE(EndedTogether(job).has_value());
+  }
+}
+
+TEST_CASE("a single-process job that ended is judged at its end, and not said to be killed from outside",
+          "[verdicts][job_end]") {
+  // One process drives both ranks (one GPU each): rank 1's thread is busy while rank 0 waits.
+  ProcessView process = Rank(0, 30, 31, 2);
+  process.snapshot.comms.push_back(Rank(1, 30, 30, 2).snapshot.comms[0]);
+  KillAt(process, 30 * kSecond);
+  process.snapshot.stall = StallSnapshot{.kind = "not_completed",
+                                         .comm_id = kComm,
+                                         .seq = 31,
+                                         .seconds = 20,
+                                         .message = "",
+                                         .verdict = "",
+                                         .verdict_message = ""};
+  const JobView job = Job({process});
+  const std::vector<Verdict> verdicts = Classify(job);
+  // Its ranks died together with the process: none of them vanished while the other lived.
+  REQUIRE(Kinds(verdicts) == std::vector<std::string>{"rank_not_joined"});
+  CHECK(verdicts[0].ranks == std::vector<int>{1});
+  const std::optional<JobEnd> end = EndedTogether(job);
+  REQUIRE(end.has_value());
+  CHECK(end->processes == 1);
+  CHECK(end->within_seconds == 0);
+  CHECK_FALSE(end->killed_from_outside);
+  CHECK(end->message ==
+        "the job's only process (pid 1000 on host node-1) ended at " + IsoTime(kNow - 30 * kSecond) +
+            " without exiting normally: killed from outside or crashed (one process alone cannot "
+            "tell which); the verdicts judge its ranks as they were then");
+  CHECK(VerdictsToJson(job, verdicts)["job_end"]["killed_from_outside"] == false);
+}
+
 // --- the job directory -------------------------------------------------------------------------
 
 std::string OwnHost() {
@@ -943,6 +1087,31 @@ TEST_CASE("reading a job directory: liveness, exit marks and unreadable files", 
   CHECK(job->problems[1].find("status-broken-2.json: ") == 0);
 
   CHECK_FALSE(ReadJobDirectory(temporary.path() + "/missing", kNow, 2).ok());
+}
+
+TEST_CASE("reading a job directory: a zombie process is gone", "[verdicts][job_dir][job_end]") {
+  TemporaryDirectory temporary;
+  // A child that ended and that nobody reaped yet: kill() still finds it.
+  const pid_t zombie = fork();
+  REQUIRE(zombie >= 0);
+  if (zombie == 0) _exit(0);
+  std::string state;
+  for (int tries = 0; tries < 1000 && state != "Z"; ++tries) {
+    std::ifstream stat("/proc/" + std::to_string(zombie) + "/stat");
+    std::string line;
+    std::getline(stat, line);
+    state = line.size() > line.rfind(')') + 2 ? line.substr(line.rfind(')') + 2, 1) : "";
+    if (state != "Z") usleep(1000);
+  }
+  REQUIRE(state == "Z");
+  REQUIRE(kill(zombie, 0) == 0);
+  REQUIRE(WriteStatus(temporary.path(), Rank(0, 1, 1).snapshot, Facts(OwnHost(), zombie)).ok());
+  const absl::StatusOr<JobView> job = ReadJobDirectory(temporary.path(), kNow, 2);
+  int status = 0;
+  waitpid(zombie, &status, 0);
+  REQUIRE(job.ok());
+  REQUIRE(job->processes.size() == 1);
+  CHECK(job->processes[0].liveness == ProcessView::Liveness::kGone);
 }
 
 TEST_CASE("every verdict kind is named as docs/verdicts.md names it, and read back from its name", "[verdicts]") {

@@ -50,11 +50,13 @@ struct Job {
 
 // Runs train_loop with `arguments` on the emulator under ncclguard (unless `guarded` is false),
 // with a job directory of its own in `dump_dir`. No fault and no setting leaks in from outside.
+// After `kill_after_seconds` the launcher and every rank are killed at once (SIGKILL to their
+// process group), as a scheduler ends a job at its time limit.
 Job RunTrainLoop(const TemporaryDirectory& dump_dir, std::vector<std::string> arguments,
-                 const Environment& settings, bool guarded = true) {
+                 const Environment& settings, bool guarded = true, double kill_after_seconds = 50) {
   arguments.insert(arguments.begin(), TRAIN_LOOP);
   ProcessOptions options;
-  options.timeout_seconds = 50;  // a last resort: train_loop's --timeout ends hung jobs
+  options.timeout_seconds = kill_after_seconds;  // by default a last resort: train_loop's --timeout ends hung jobs
   options.environment = EmulatorJobEnvironment(EMULATOR_LIBRARY_DIR, dump_dir.path(), kJobId);
   if (guarded) options.environment["LD_PRELOAD"] = PRELOAD_LIBRARY;
   for (const auto& [name, value] : settings) options.environment[name] = value;
@@ -217,6 +219,88 @@ TEST_CASE("a killed rank is named as gone, with its pid", "[rank_dead]") {
     INFO("rank " << rank);
     CHECK(OnlineVerdict(job.result.err, pids.at(rank)).starts_with("rank_dead: rank 1 (pid " + std::to_string(pids.at(1))));
   }
+}
+
+namespace {
+
+// Ends a four-rank job 8 s after its start by killing it whole: the stall was reported after
+// kStallTimeout, and every process had time to rewrite its status since.
+constexpr double kJobKilledAfterSeconds = 8;
+
+Job RunKilledAsAWhole(const TemporaryDirectory& dump_dir, std::vector<std::string> extra, const Environment& settings) {
+  std::vector<std::string> arguments = {"--ranks", "4", "--steps", "50"};
+  arguments.insert(arguments.end(), extra.begin(), extra.end());
+  Environment environment = settings;
+  environment["NCCLGUARD_TIMEOUT"] = kStallTimeout;
+  return RunTrainLoop(dump_dir, arguments, environment, /*guarded=*/true, kJobKilledAfterSeconds);
+}
+
+}  // namespace
+
+// What every rank saw while it lived (rank 1 alive and busy outside NCCL) stays the verdict after
+// the scheduler killed the whole job: rank 1 is not dead, and the job was killed from outside.
+TEST_CASE("a job killed as a whole keeps the late rank not joined, and says it was killed from outside",
+          "[rank_not_joined][job_end]") {
+  TemporaryDirectory dump_dir;
+  const Job job = RunKilledAsAWhole(dump_dir, {"--sleep", "1:10:600"}, {});
+  INFO(job.transcript);
+  REQUIRE(job.result.timed_out);
+  const std::map<int, int> pids = RankPids(job.result.out);
+  REQUIRE(pids.size() == 4);
+  for (const int rank : {0, 2, 3}) {
+    INFO("rank " << rank);
+    REQUIRE(OnlineVerdict(job.result.err, pids.at(rank)).starts_with("rank_not_joined: rank 1 completed "));
+  }
+
+  const Analysis analysis = Analyze(job.job_dir);
+  INFO(analysis.result.out);
+  CHECK(analysis.result.exit_code == kAnalyzeUnhealthy);
+  CHECK(FindVerdict(analysis.document, "rank_dead").is_null());
+  const Json& verdict = analysis.document.at("verdicts").at(0);
+  REQUIRE(verdict.at("kind") == "rank_not_joined");
+  CHECK(Ranks(verdict) == std::vector<int>{1});
+  // Step 10 is AllReduce #11 (the broadcast is #1).
+  CHECK(verdict.at("seq") == 12);
+  CHECK(Contains(verdict.at("message"), "it is alive and busy outside NCCL"));
+  CHECK(verdict.at("evidence").at("late_ranks").at(0).at("where") == "busy_outside_nccl");
+  const Json& end = analysis.document.at("job_end");
+  REQUIRE(end.is_object());
+  CHECK(end.at("processes") == 4);
+  CHECK(end.at("killed_from_outside") == true);
+  CHECK(end.at("within_seconds").get<double>() <= 3);  // the 2 s status interval and a second
+  CHECK(Contains(end.at("message"), "all 4 processes ended within "));
+  CHECK(Contains(end.at("message"), "killed from outside"));
+  for (const Json& process : analysis.document.at("processes")) CHECK(process.at("liveness") == "gone");
+
+  ProcessOptions options;
+  options.timeout_seconds = 30;
+  const ProcessResult text = RunProcess({NCCLGUARD_CLI, "analyze", job.job_dir}, options);
+  INFO(text.out);
+  CHECK(text.exit_code == kAnalyzeUnhealthy);
+  CHECK(Contains(text.out, "\nJob end: all 4 processes ended within "));
+  CHECK(Contains(text.out, "\nRANK_NOT_JOINED  comm "));
+  CHECK_FALSE(Contains(text.out, "RANK_DEAD"));
+}
+
+// The emulator's crash fault kills rank 1 alone as it starts its 12th operation; the others wait
+// until the whole job is killed seconds later: rank 1 vanished while its peers lived.
+TEST_CASE("a rank killed alone is dead, even when the rest of the job was killed later", "[rank_dead][job_end]") {
+  TemporaryDirectory dump_dir;
+  const Job job = RunKilledAsAWhole(dump_dir, {}, {{"NCCLEMU_FAULTS", "crash:rank=1,seq=12"}});
+  INFO(job.transcript);
+  REQUIRE(job.result.timed_out);
+  const std::map<int, int> pids = RankPids(job.result.out);
+  REQUIRE(pids.size() == 4);
+
+  const Analysis analysis = Analyze(job.job_dir);
+  INFO(analysis.result.out);
+  CHECK(analysis.result.exit_code == kAnalyzeUnhealthy);
+  CHECK(analysis.document.at("job_end").is_null());
+  const Json& verdict = analysis.document.at("verdicts").at(0);
+  REQUIRE(verdict.at("kind") == "rank_dead");
+  CHECK(Ranks(verdict) == std::vector<int>{1});
+  CHECK(verdict.at("seq") == 12);
+  CHECK(Contains(verdict.at("message"), "rank 1 (pid " + std::to_string(pids.at(1)) + " on host "));
 }
 
 TEST_CASE("a rank saving a checkpoint is waited for: warnings naming it, no abort, the job completes",

@@ -1,5 +1,7 @@
 // The classifier's entry point: every rule over every communicator, verdicts in order of
-// importance; and whether a stall with these verdicts is acted on at NCCLGUARD_TIMEOUT.
+// importance, judged at the job's end when it was killed as a whole; and whether a stall with
+// these verdicts is acted on at NCCLGUARD_TIMEOUT.
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -8,6 +10,7 @@
 
 #include <fmt/format.h>
 
+#include "watchdog/common/clock.h"
 #include "watchdog/diagnose/job_view.h"
 #include "watchdog/diagnose/known_bad.h"
 #include "watchdog/diagnose/rules.h"
@@ -39,10 +42,23 @@ Verdict Unknown(const JobView& job) {
                  .evidence = Json{{"problems", job.problems.size()}}};
 }
 
-}  // namespace
+// A live process rewrites its status every interval, at the watchdog's first poll after it is due
+// (NCCLGUARD_POLL_INTERVAL, 0.1 s by default), so processes killed at one moment left their last
+// records at most an interval and a poll apart, plus the time a write takes and the time a launcher
+// takes to signal each process (milliseconds). A second covers the poll, the write and the
+// signalling with room to spare; a rank that crashed while its peers lived on until a timeout
+// ended them leaves a gap of the timeout's order (tens of seconds, minutes), far beyond it.
+constexpr double kEndedTogetherSlackSeconds = 1;
 
-std::vector<Verdict> Classify(const JobView& job, const std::vector<KnownBadEntry>& known_bad) {
-  if (job.processes.empty()) return {Unknown(job)};
+// The job as it was when it ended: every process alive, read at its newest record.
+JobView AsAtItsEnd(const JobView& job, const JobEnd& end) {
+  JobView at_end = job;
+  at_end.now_ns = end.ended_ns;
+  for (ProcessView& process : at_end.processes) process.liveness = ProcessView::Liveness::kAlive;
+  return at_end;
+}
+
+std::vector<Verdict> ClassifyAsIs(const JobView& job, const std::vector<KnownBadEntry>& known_bad) {
   const std::vector<Communicator> communicators = classifier::GroupByCommunicator(job);
   Buckets buckets;
   for (const Communicator& communicator : communicators) {
@@ -65,6 +81,47 @@ std::vector<Verdict> Classify(const JobView& job, const std::vector<KnownBadEntr
                 .evidence = Json::object()});
   }
   return verdicts;
+}
+
+}  // namespace
+
+std::optional<JobEnd> EndedTogether(const JobView& job) {
+  if (job.processes.empty()) return std::nullopt;
+  std::int64_t oldest_ns = job.processes.front().last_seen_ns;
+  std::int64_t newest_ns = oldest_ns;
+  for (const ProcessView& process : job.processes) {
+    if (process.exited || !classifier::IsGone(process, job) || process.last_seen_ns <= 0) return std::nullopt;
+    oldest_ns = std::min(oldest_ns, process.last_seen_ns);
+    newest_ns = std::max(newest_ns, process.last_seen_ns);
+  }
+  const double within_seconds = static_cast<double>(newest_ns - oldest_ns) / 1e9;
+  if (within_seconds > job.status_interval_seconds + kEndedTogetherSlackSeconds) return std::nullopt;
+  JobEnd end{.processes = static_cast<int>(job.processes.size()),
+             .within_seconds = within_seconds,
+             .ended_ns = newest_ns,
+             .killed_from_outside = job.processes.size() > 1,
+             .message = ""};
+  if (end.killed_from_outside) {
+    end.message = fmt::format(
+        "all {} processes ended within {} of each other (at {}) and none exited normally: the job was killed "
+        "from outside (a launcher's or scheduler's time limit, or a signal to the whole job) after what the "
+        "verdicts say, which judge each rank as it was then",
+        end.processes, classifier::Seconds(within_seconds), IsoTime(newest_ns));
+  } else {
+    const ProcessView& process = job.processes.front();
+    end.message = fmt::format(
+        "the job's only process (pid {} on host {}) ended at {} without exiting normally: killed from outside "
+        "or crashed (one process alone cannot tell which); the verdicts judge its ranks as they were then",
+        process.pid, process.host, IsoTime(newest_ns));
+  }
+  return end;
+}
+
+std::vector<Verdict> Classify(const JobView& job, const std::vector<KnownBadEntry>& known_bad) {
+  if (job.processes.empty()) return {Unknown(job)};
+  // Nobody vanished while its peers lived: judged as gone, every late rank would look dead.
+  if (const std::optional<JobEnd> end = EndedTogether(job)) return ClassifyAsIs(AsAtItsEnd(job, *end), known_bad);
+  return ClassifyAsIs(job, known_bad);
 }
 
 bool ActOnTimeout(const std::vector<Verdict>& verdicts) {

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <fstream>
 #include <string>
 #include <tuple>
 #include <unordered_map>
@@ -74,9 +75,24 @@ void MergeNewerStatus(ProcessSnapshot& snapshot, const ProcessSnapshot& status) 
   }
 }
 
+// A zombie has ended: only its parent has not collected its exit status yet. kill() still finds
+// it, and finds it for long where the parent was killed with it and the pid namespace's init
+// does not reap (some containers' first process).
+bool IsZombie(int pid) {
+  std::ifstream file(absl::StrCat("/proc/", pid, "/stat"));
+  std::string stat;
+  if (!std::getline(file, stat)) return false;
+  // "pid (comm) S ...": the command may hold spaces and parentheses, the state follows the last ')'.
+  const std::size_t close = stat.rfind(')');
+  return close != std::string::npos && close + 2 < stat.size() &&
+         (stat[close + 2] == 'Z' || stat[close + 2] == 'X');
+}
+
 ProcessView::Liveness CheckLiveness(const std::string& host, int pid, const std::string& own_host) {
   if (own_host.empty() || host != own_host || pid <= 0) return ProcessView::Liveness::kUnknown;
-  if (kill(pid, 0) == 0 || errno == EPERM) return ProcessView::Liveness::kAlive;
+  if (kill(pid, 0) == 0 || errno == EPERM) {
+    return IsZombie(pid) ? ProcessView::Liveness::kGone : ProcessView::Liveness::kAlive;
+  }
   return errno == ESRCH ? ProcessView::Liveness::kGone : ProcessView::Liveness::kUnknown;
 }
 

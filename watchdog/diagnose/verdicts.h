@@ -50,14 +50,29 @@ struct Verdict {
   bool late_ranks_busy_outside_nccl = false;
 };
 
+// How the whole job ended, when every process of it is gone, none exited normally, and their last
+// records (status files, dumps) end within about one status interval of each other: they were
+// killed from outside all at once (a launcher's or scheduler's time limit, a signal to the whole
+// job), and no rank vanished while its peers lived. Classify then judges every process as it was
+// at that end; the JSON document and `ncclguard analyze` state it beside the verdicts. It is no
+// verdict: it names no culprit, and says nothing about what went wrong before.
+struct JobEnd {
+  int processes = 0;
+  double within_seconds = 0;         // from the oldest last record to the newest
+  std::int64_t ended_ns = 0;         // the newest last record (epoch ns): when the job ended
+  bool killed_from_outside = false;  // two or more processes: one alone may as well have crashed
+  std::string message;
+};
+std::optional<JobEnd> EndedTogether(const JobView& job);
+
 // Verdicts, most important first; a single "healthy" verdict when nothing is wrong (never when a
 // process recorded a stall, an error or a failed call), a single "unknown" one when the job
 // directory held nothing readable. A rank's facts that match one of `known_bad` are evidence for
 // p2p_suspect (the watchdog and `ncclguard analyze` pass ProcessKnownBad().entries).
 std::vector<Verdict> Classify(const JobView& job, const std::vector<KnownBadEntry>& known_bad);
 
-// {"verdicts": [{"kind", "comm", "seq", "ranks", "message", "evidence"}...], "directory", "time",
-//  "processes", "problems"} — documented in docs/verdicts.md.
+// {"verdicts": [{"kind", "comm", "seq", "ranks", "message", "evidence"}...], "job_end", "directory",
+//  "time", "processes", "problems"} — documented in docs/verdicts.md.
 nlohmann::json VerdictsToJson(const JobView& job, const std::vector<Verdict>& verdicts);
 
 // Whether NCCLGUARD_TIMEOUT is enough to act on a stall with these verdicts: true for

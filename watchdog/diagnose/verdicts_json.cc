@@ -66,7 +66,17 @@ nlohmann::json VerdictsToJson(const JobView& job, const std::vector<Verdict>& ve
                              {"dump_file", process.dump_file},
                              {"dump_reason", process.dump_reason}});
   }
+  Json job_end = nullptr;
+  if (const std::optional<JobEnd> end = EndedTogether(job)) {
+    job_end = Json{{"processes", end->processes},
+                   {"within_seconds", end->within_seconds},
+                   {"ended_ns", end->ended_ns},
+                   {"time", IsoTime(end->ended_ns)},
+                   {"killed_from_outside", end->killed_from_outside},
+                   {"message", end->message}};
+  }
   return Json{{"verdicts", std::move(list)},
+              {"job_end", std::move(job_end)},
               {"healthy", verdicts.size() == 1 && verdicts.front().kind == VerdictKind::kHealthy},
               {"directory", job.directory},
               {"time", IsoTime(job.now_ns)},
