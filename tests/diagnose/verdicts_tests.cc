@@ -1114,6 +1114,82 @@ TEST_CASE("reading a job directory: a zombie process is gone", "[verdicts][job_d
   CHECK(job->processes[0].liveness == ProcessView::Liveness::kGone);
 }
 
+// NCCL refused every rank's ncclCommInitRank (a bad setting): each rank dumped the failure before
+// the call returned, then exited.
+TEST_CASE("every rank's failed initialisation is one failed_call with NCCL's warning, not unexplained",
+          "[verdicts][job_dir][failed_init]") {
+  TemporaryDirectory temporary;
+  const std::string warning = "NCCLEMU_FAULTS: unknown key 'sq' for hang in 'hang:rank=1,sq=3'";
+  const int nranks = 3;
+  for (int rank = 0; rank < nranks; ++rank) {
+    ProcessSnapshot failing;
+    failing.reason = "error_return";
+    failing.time_ns = kNow - 2 * kSecond;
+    failing.rank = rank;
+    failing.last_nccl_warning = warning;
+    failing.pending_inits.push_back(PendingInitSnapshot{.comm_id = kComm, .api = "ncclCommInitRank", .rank = rank,
+                                                        .nranks = nranks, .start_ns = kNow - 3 * kSecond});
+    const int pid = (1 << 22) + 100 + rank;  // no such process
+    REQUIRE(WriteDump(temporary.path(), failing, Facts("elsewhere", pid)).ok());
+    if (rank == 2) continue;  // its dump is its last record
+    ProcessSnapshot exiting = failing;
+    exiting.reason = "";
+    exiting.time_ns = kNow - kSecond;
+    exiting.pending_inits.clear();
+    exiting.exiting = true;
+    REQUIRE(WriteStatus(temporary.path(), exiting, Facts("elsewhere", pid)).ok());
+  }
+  const absl::StatusOr<JobView> job = ReadJobDirectory(temporary.path(), kNow, 2);
+  REQUIRE(job.ok());
+  REQUIRE(job->processes.size() == nranks);
+  for (const ProcessView& process : job->processes) {
+    REQUIRE(process.failed_inits.size() == 1);
+    CHECK(process.failed_inits[0].api == "ncclCommInitRank");
+    // No longer an initialisation in progress: nothing waits in it.
+    CHECK(process.snapshot.pending_inits.empty());
+  }
+  const std::vector<Verdict> verdicts = Classify(*job);
+  REQUIRE(Kinds(verdicts) == std::vector<std::string>{"failed_call"});
+  CHECK(verdicts[0].comm == kComm);
+  CHECK(verdicts[0].ranks == std::vector<int>{0, 1, 2});
+  CHECK(verdicts[0].message ==
+        "every rank's ncclCommInitRank for communicator 00000000000000aa (3 ranks) failed (ranks 0,1,2); NCCL's "
+        "warning: \"" + warning + "\" — NCCL refused the initialisation and the application got the error (the "
+        "error's name is in each rank's log line, not in the job directory)");
+  CHECK(verdicts[0].evidence["api"] == "ncclCommInitRank");
+  CHECK(verdicts[0].evidence["every_rank"] == true);
+  CHECK(verdicts[0].evidence["inits"].size() == 3);
+  CHECK(verdicts[0].evidence["inits"][1]["last_nccl_warning"] == warning);
+
+  SECTION("on some ranks only, each with its own warning") {
+    JobView some = *job;
+    some.processes.pop_back();
+    some.processes[1].snapshot.last_nccl_warning = "";
+    const std::vector<Verdict> partial = Classify(some);
+    REQUIRE(Kinds(partial) == std::vector<std::string>{"failed_call"});
+    CHECK(partial[0].message.starts_with(
+        "ncclCommInitRank for communicator 00000000000000aa (3 ranks) failed on ranks 0,1; NCCL's warnings: rank 0: "
+        "\"" + warning + "\"; rank 1: no warning text — "));
+    CHECK(partial[0].evidence["every_rank"] == false);
+  }
+}
+
+TEST_CASE("a dump for a failed call before any communicator, from a build that did not name the initialisation",
+          "[verdicts][failed_init]") {
+  JobView job = Job({Rank(0, 0, 0), Rank(1, 0, 0)});
+  for (ProcessView& process : job.processes) {
+    process.snapshot.comms.clear();
+    process.dump_reason = "error_return";
+    process.snapshot.last_nccl_warning = "bad config";
+  }
+  const std::vector<Verdict> verdicts = Classify(job);
+  REQUIRE(Kinds(verdicts) == std::vector<std::string>{"failed_call"});
+  CHECK(verdicts[0].comm.empty());
+  CHECK(verdicts[0].message.starts_with(
+      "every rank's initialisation failed (ranks 0,1): an NCCL call returned an error before any of them had a "
+      "communicator; NCCL's warning: \"bad config\" — "));
+}
+
 TEST_CASE("every verdict kind is named as docs/verdicts.md names it, and read back from its name", "[verdicts]") {
   const std::vector<std::string> names{"async_error",       "p2p_suspect", "stuck_in_init", "rank_dead",
                                        "mismatch",          "rank_not_joined", "stuck_inside_nccl",

@@ -303,6 +303,49 @@ TEST_CASE("a rank killed alone is dead, even when the rest of the job was killed
   CHECK(Contains(verdict.at("message"), "rank 1 (pid " + std::to_string(pids.at(1)) + " on host "));
 }
 
+// A malformed NCCLEMU_FAULTS makes the emulated ncclCommInitRank of every rank return
+// ncclInvalidArgument with a WARN naming the bad part, as NCCL refuses a bad setting.
+TEST_CASE("every rank's failed ncclCommInitRank is one failed_call with NCCL's warning", "[failed_call][init]") {
+  TemporaryDirectory dump_dir;
+  const std::string warning = "NCCLEMU_FAULTS: unknown key 'sq' for hang in 'hang:rank=1,sq=3'";
+  const Job job = RunTrainLoop(dump_dir, {"--ranks", "4", "--steps", "10", "--timeout", kHungJobSeconds},
+                               {{"NCCLEMU_FAULTS", "hang:rank=1,sq=3"}});
+  INFO(job.transcript);
+  REQUIRE_FALSE(job.result.timed_out);
+  REQUIRE(Contains(job.result.out, "ranks failed: 0,1,2,3"));
+  const std::map<int, int> pids = RankPids(job.result.out);
+  REQUIRE(pids.size() == 4);
+  for (const auto& [rank, pid] : pids) {
+    INFO("rank " << rank);
+    CHECK(LogLinesOf(job.result.err, pid, "ncclCommInitRank returned ncclInvalidArgument: " + warning).size() == 1);
+  }
+
+  const Analysis analysis = Analyze(job.job_dir);
+  INFO(analysis.result.out);
+  CHECK(analysis.result.exit_code == kAnalyzeUnhealthy);
+  CHECK(FindVerdict(analysis.document, "unexplained").is_null());
+  REQUIRE(analysis.document.at("verdicts").size() == 1);
+  const Json& verdict = analysis.document.at("verdicts").at(0);
+  REQUIRE(verdict.at("kind") == "failed_call");
+  CHECK(Ranks(verdict) == std::vector<int>{0, 1, 2, 3});
+  const std::string message = verdict.at("message");
+  CHECK(message.starts_with("every rank's ncclCommInitRank for communicator " + verdict.at("comm").get<std::string>() +
+                            " (4 ranks) failed (ranks 0-3); NCCL's warning: \"" + warning + "\""));
+  CHECK(verdict.at("evidence").at("api") == "ncclCommInitRank");
+  CHECK(verdict.at("evidence").at("every_rank") == true);
+  CHECK(verdict.at("evidence").at("inits").size() == 4);
+
+  ProcessOptions options;
+  options.timeout_seconds = 30;
+  const ProcessResult text = RunProcess({NCCLGUARD_CLI, "analyze", job.job_dir}, options);
+  INFO(text.out);
+  CHECK(text.exit_code == kAnalyzeUnhealthy);
+  CHECK(Contains(text.out, "\nFAILED_CALL  comm "));
+  CHECK(Contains(text.out, "every rank's ncclCommInitRank for communicator "));
+  CHECK(Contains(text.out, warning));
+  CHECK_FALSE(Contains(text.out, "UNEXPLAINED"));
+}
+
 TEST_CASE("a rank saving a checkpoint is waited for: warnings naming it, no abort, the job completes",
           "[rank_not_joined][action]") {
   const std::vector<std::string> arguments = {"--ranks", "4", "--steps", "40", "--timeout", "40"};

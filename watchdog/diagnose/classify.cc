@@ -69,6 +69,7 @@ std::vector<Verdict> ClassifyAsIs(const JobView& job, const std::vector<KnownBad
     classifier::ClassifyStraggler(communicator, buckets);
   }
   classifier::ClassifyStuckInits(job, communicators, buckets);
+  classifier::ClassifyFailedInits(job, buckets);
   classifier::ClassifyUnexplained(job, buckets);
   std::vector<Verdict> verdicts = buckets.TakeAll();
   if (verdicts.empty()) {

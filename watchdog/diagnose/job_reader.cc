@@ -88,6 +88,26 @@ bool IsZombie(int pid) {
          (stat[close + 2] == 'Z' || stat[close + 2] == 'X');
 }
 
+// The initialisations that a dump taken for a failed call shows pending, that are not pending
+// in the process's newest record and made no communicator of it: the call that failed was theirs.
+void SeparateFailedInits(ProcessView& view, const ProcessSnapshot& dump) {
+  if (view.dump_reason != "error_return") return;
+  std::vector<PendingInitSnapshot>& pending = view.snapshot.pending_inits;
+  const bool status_newer = view.snapshot.time_ns > dump.time_ns;
+  for (const PendingInitSnapshot& init : dump.pending_inits) {
+    const bool made = std::any_of(view.snapshot.comms.begin(), view.snapshot.comms.end(),
+                                  [&](const CommSnapshot& comm) { return comm.id == init.comm_id; });
+    const auto still = std::find_if(pending.begin(), pending.end(), [&](const PendingInitSnapshot& other) {
+      return other.comm_id == init.comm_id && other.rank == init.rank && other.start_ns == init.start_ns;
+    });
+    if (made) continue;
+    // Pending in a newer status too: still waiting, whatever failed.
+    if (still != pending.end() && status_newer) continue;
+    view.failed_inits.push_back(init);
+    if (still != pending.end()) pending.erase(still);
+  }
+}
+
 ProcessView::Liveness CheckLiveness(const std::string& host, int pid, const std::string& own_host) {
   if (own_host.empty() || host != own_host || pid <= 0) return ProcessView::Liveness::kUnknown;
   if (kill(pid, 0) == 0 || errno == EPERM) {
@@ -163,6 +183,8 @@ JobView ReadOpenJobDirectory(int directory_fd, const std::string& directory,
   const std::size_t max_dump_bytes =
       MaxDumpBytes(std::max(GetConfig().ring_size.value, Config{}.ring_size.value));
   RankSlots slots;
+  // The pending initialisations of each process's newest dump, before a newer status replaces them.
+  std::unordered_map<std::string, ProcessSnapshot> dump_pending_inits;
   // A process keeps its dump with the latest time.
   for (const std::string& name : dump_names.ok() ? *dump_names : std::vector<std::string>()) {
     if (std::chrono::steady_clock::now() > stop_reading) {
@@ -183,6 +205,9 @@ JobView ReadOpenJobDirectory(int directory_fd, const std::string& directory,
     if (!view.dump_file.empty() && view.snapshot.time_ns >= dump->snapshot.time_ns) continue;
     view.dump_file = absl::StrCat(directory, "/", name);
     view.dump_reason = dump->snapshot.reason;
+    ProcessSnapshot& pending = dump_pending_inits[ProcessKey(dump->facts.host, dump->facts.pid)];
+    pending.time_ns = dump->snapshot.time_ns;
+    pending.pending_inits = dump->snapshot.pending_inits;
     view.snapshot = std::move(dump->snapshot);
     view.facts = std::move(dump->facts);
   }
@@ -207,6 +232,7 @@ JobView ReadOpenJobDirectory(int directory_fd, const std::string& directory,
 
   const std::string own_host = log::HostName();
   for (ProcessView& view : job.processes) {
+    SeparateFailedInits(view, dump_pending_inits[ProcessKey(view.host, view.pid)]);
     view.last_seen_ns = view.snapshot.time_ns;
     view.liveness = CheckLiveness(view.host, view.pid, own_host);
     view.exited = view.snapshot.exiting || view.dump_reason == "exit";

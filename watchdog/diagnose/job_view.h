@@ -29,6 +29,10 @@ struct ProcessView {
   enum class Liveness { kAlive, kGone, kUnknown };
   Liveness liveness = Liveness::kUnknown;
   bool exited = false;  // it wrote a final status or dump on its way out (a normal exit)
+  // Communicator initialisations that returned an error: a failure is dumped (reason
+  // error_return) before the call returns, so the dump shows the initialisation pending; one that
+  // is neither pending since nor a communicator of the process failed. Not in pending_inits.
+  std::vector<PendingInitSnapshot> failed_inits;
   ProcessSnapshot snapshot;
   ProcessFacts facts;  // from the dump, else the status file (no memory figures)
 };

@@ -1,7 +1,7 @@
 // The classifier's own parts, shared by its files and by nothing outside diagnose/: communicators
 // as the classifier sees them, how verdict messages describe operations and ranks, and the rules
 // that Classify (classify.cc) runs, one family of verdict kinds per file:
-//   rules_errors.cc    async_error, failed_call, unexplained
+//   rules_errors.cc    async_error, failed_call (also of initialisations), unexplained
 //   rules_p2p.cc       p2p_suspect (evidence against P2P, from facts and known-bad entries)
 //   rules_mismatch.cc  mismatch
 //   rules_stuck.cc     rank_dead, rank_not_joined, stuck_inside_nccl (the oldest unfinished operation)
@@ -103,6 +103,9 @@ void ClassifyAsyncErrors(const Communicator& communicator, const std::vector<Kno
                          Buckets& buckets);
 // Calls that returned an error to the application: the first of each rank.
 void ClassifyFailedCalls(const Communicator& communicator, Buckets& buckets);
+// Communicator initialisations that returned an error (ProcessView::failed_inits), one verdict per
+// communicator; every rank's alike when NCCL refused it everywhere.
+void ClassifyFailedInits(const JobView& job, Buckets& buckets);
 // A stall or an error that a process recorded and that no verdict above explains.
 void ClassifyUnexplained(const JobView& job, Buckets& buckets);
 

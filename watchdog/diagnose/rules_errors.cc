@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <iterator>
 #include <set>
 #include <string>
 #include <utility>
@@ -11,6 +12,7 @@
 
 #include <fmt/format.h>
 
+#include "absl/strings/numbers.h"
 #include "watchdog/common/describe.h"
 #include "watchdog/diagnose/job_view.h"
 #include "watchdog/diagnose/known_bad.h"
@@ -99,6 +101,118 @@ void ClassifyFailedCalls(const Communicator& communicator, Buckets& buckets) {
       fmt::format("{} on communicator {}: NCCL refused or failed the call, and the application got the error",
                   JoinClauses(clauses), communicator.id),
       Json{{"calls", std::move(calls)}});
+}
+
+namespace {
+
+// One communicator's initialisation that failed on some ranks (`comm` "" when only the processes'
+// dumps say that something failed before they had a communicator).
+struct FailedInit {
+  std::string comm;
+  std::string api;
+  int nranks = 0;
+  std::vector<const ProcessView*> processes;
+  std::vector<int> ranks;
+};
+
+// "every rank's ncclCommInitRank for communicator 00000000000000aa (4 ranks) failed", ...
+std::string WhoFailed(const FailedInit& init, bool every_rank) {
+  if (init.comm.empty()) {
+    return every_rank ? fmt::format("every rank's initialisation failed ({})", Ranks(init.ranks))
+                      : fmt::format("the initialisation of {} failed", Ranks(init.ranks));
+  }
+  const std::string what =
+      fmt::format("{} for communicator {} ({} ranks)", init.api, init.comm, init.nranks);
+  return every_rank ? fmt::format("every rank's {} failed ({})", what, Ranks(init.ranks))
+                    : fmt::format("{} failed on {}", what, Ranks(init.ranks));
+}
+
+// NCCL's warnings, each with the ranks that last saw it: NCCL's own reason.
+std::string WhyFailed(const FailedInit& init) {
+  std::vector<std::pair<std::string, std::vector<int>>> warnings;  // in order of their first rank
+  for (size_t i = 0; i < init.processes.size(); ++i) {
+    const std::string& warning = init.processes[i]->snapshot.last_nccl_warning;
+    auto known = std::find_if(warnings.begin(), warnings.end(), [&](const auto& seen) { return seen.first == warning; });
+    if (known == warnings.end()) {
+      warnings.emplace_back(warning, std::vector<int>{init.ranks[i]});
+    } else {
+      known->second.push_back(init.ranks[i]);
+    }
+  }
+  if (warnings.size() == 1) {
+    return warnings.front().first.empty() ? std::string("NCCL gave no warning text")
+                                          : fmt::format("NCCL's warning: \"{}\"", warnings.front().first);
+  }
+  std::vector<std::string> clauses;
+  clauses.reserve(warnings.size());
+  for (const auto& [warning, by] : warnings) {
+    clauses.push_back(fmt::format("{}: {}", Ranks(by),
+                                  warning.empty() ? std::string("no warning text") : fmt::format("\"{}\"", warning)));
+  }
+  return fmt::format("NCCL's warnings: {}", JoinClauses(clauses));
+}
+
+// The job's size as its launcher gave it (torchrun, Slurm, Open MPI, PMI, Paddle), 0 when unknown.
+int WorldSize(const ProcessView& process) {
+  for (const auto& [name, value] : process.facts.launcher) {
+    if (name != "WORLD_SIZE" && name != "SLURM_NTASKS" && name != "OMPI_COMM_WORLD_SIZE" && name != "PMI_SIZE" &&
+        name != "PADDLE_TRAINERS_NUM") {
+      continue;
+    }
+    int size = 0;
+    if (absl::SimpleAtoi(value, &size) && size > 0) return size;
+  }
+  return 0;
+}
+
+}  // namespace
+
+// Initialisations that returned an error (ProcessView::failed_inits), by communicator; and, from
+// dumps of builds that did not name them, processes that dumped for a failed call before they had
+// any communicator. The error's name is in each rank's log line ("ncclCommInitRank returned
+// ncclInvalidArgument: ..."), not in the job directory; NCCL's own warning, which says why, is.
+void ClassifyFailedInits(const JobView& job, Buckets& buckets) {
+  std::vector<FailedInit> inits;
+  auto add = [&](const std::string& comm, const std::string& api, int nranks, const ProcessView& process, int rank) {
+    auto found = std::find_if(inits.begin(), inits.end(), [&](const FailedInit& init) { return init.comm == comm; });
+    if (found == inits.end()) {
+      inits.push_back(FailedInit{.comm = comm, .api = api, .nranks = 0, .processes = {}, .ranks = {}});
+      found = std::prev(inits.end());
+    }
+    found->nranks = std::max(found->nranks, nranks);
+    found->processes.push_back(&process);
+    found->ranks.push_back(rank);
+  };
+  for (const ProcessView& process : job.processes) {
+    for (const PendingInitSnapshot& init : process.failed_inits) add(init.comm_id, init.api, init.nranks, process, init.rank);
+    const ProcessSnapshot& snapshot = process.snapshot;
+    if (process.failed_inits.empty() && process.dump_reason == "error_return" && snapshot.comms.empty() &&
+        snapshot.pending_inits.empty()) {
+      add("", "", WorldSize(process), process, snapshot.rank);
+    }
+  }
+  for (const FailedInit& init : inits) {
+    const bool every_rank =
+        init.nranks > 0 ? static_cast<int>(init.ranks.size()) >= init.nranks
+                        : init.ranks.size() == job.processes.size() && init.ranks.size() > 1;
+    Json per_rank = Json::array();
+    for (size_t i = 0; i < init.processes.size(); ++i) {
+      per_rank.push_back(Json{{"rank", init.ranks[i]},
+                              {"host", init.processes[i]->host},
+                              {"pid", init.processes[i]->pid},
+                              {"last_nccl_warning", init.processes[i]->snapshot.last_nccl_warning},
+                              {"dump_file", init.processes[i]->dump_file}});
+    }
+    Add(buckets, kFailedCall, init.comm, 0, init.ranks,
+        fmt::format("{}{}; {} — NCCL refused the initialisation and the application got the error (the "
+                    "error's name is in each rank's log line, not in the job directory)",
+                    WhoFailed(init, every_rank),
+                    init.comm.empty() ? fmt::format(": an NCCL call returned an error before {} had a communicator",
+                                                    init.ranks.size() == 1 ? "it" : "any of them")
+                                      : "",
+                    WhyFailed(init)),
+        Json{{"api", init.api}, {"nranks", init.nranks}, {"every_rank", every_rank}, {"inits", std::move(per_rank)}});
+  }
 }
 
 // A stall or an error that a process recorded and that no verdict above explains is still named:

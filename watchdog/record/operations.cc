@@ -451,11 +451,15 @@ void RegisterCreated(const Ticket& ticket, Api api, int library, ncclResult_t re
     // Inside a group NCCL only records the initialisation: it runs at the outermost ncclGroupEnd.
     const bool grouped = t_group_depth > 0 && Launched(result) && comms != nullptr;
     int init_token = ticket.init_token;  // ended with the first communicator registered
-    if (!grouped) registry.EndInit(std::exchange(init_token, -1));
     if (!Launched(result) || comms == nullptr) {
+      // Reported while the initialisation is still pending: the dump then names it (the job
+      // directory itself is known from it when it was the process's first), and says that it
+      // had not returned yet: the application has not been told.
       NoteFailedCall(api, ticket.comm, result);
+      registry.EndInit(init_token);
       return;
     }
+    if (!grouped) registry.EndInit(std::exchange(init_token, -1));
     const std::int64_t now = SteadyNowNs();
     bool completed = false;
     for (int i = 0; i < count; ++i) {
