@@ -89,6 +89,30 @@ void PrintEvidence(const nlohmann::json& evidence) {
   }
 }
 
+// Where each late or dead rank was, from the stacks of its dump: the thread that issued its NCCL
+// operations, its Python frames, then its native ones.
+void PrintLateRanksStacks(const nlohmann::json& evidence) {
+  if (!evidence.is_object()) return;
+  for (const char* key : {"late_ranks", "dead_ranks"}) {
+    const auto ranks = evidence.find(key);
+    if (ranks == evidence.end() || !ranks->is_array()) continue;
+    for (const nlohmann::json& rank : *ranks) {
+      const auto location = rank.find("location");
+      if (location == rank.end() || !location->is_object()) continue;
+      std::cout << "  stack of rank " << rank.value("rank", -1) << " (pid " << rank.value("pid", -1)
+                << ", thread " << location->value("tid", 0) << " \""
+                << EscapeControlCharacters(location->value("thread_name", ""))
+                << "\"): " << EscapeControlCharacters(location->value("sentence", "")) << '\n';
+      if (const auto stack = location->find("stack"); stack != location->end() && stack->is_array()) {
+        for (const nlohmann::json& frame : *stack) {
+          if (frame.is_string())
+            std::cout << "    " << EscapeControlCharacters(frame.get<std::string>()) << '\n';
+        }
+      }
+    }
+  }
+}
+
 void PrintVerdict(const Verdict& verdict) {
   std::cout << Upper(std::string(VerdictKindName(verdict.kind)));
   if (!verdict.comm.empty()) std::cout << "  comm " << EscapeControlCharacters(verdict.comm);
@@ -98,6 +122,7 @@ void PrintVerdict(const Verdict& verdict) {
     std::cout << "  ranks: " << FormatRanks(verdict.ranks, {.max_parts = kMaxRankRanges}) << '\n';
   }
   PrintEvidence(verdict.evidence);
+  PrintLateRanksStacks(verdict.evidence);
   std::cout << '\n';
 }
 

@@ -108,7 +108,10 @@ class RecordingEffects final : public WatchdogEffects {
   int thread_captures = 0;
   std::optional<ThreadsSnapshot> CaptureThreads() override {
     ++thread_captures;
-    return ThreadsSnapshot{.total = 1, .threads = {ThreadSnapshot{.tid = 1, .name = "main"}}};
+    ThreadsSnapshot threads;
+    threads.total = 1;
+    threads.threads.emplace_back().tid = 1;
+    return threads;
   }
   void RequestPeerDumps(const std::string& why) override { peer_requests_sent.push_back(why); }
   std::vector<Verdict> verdicts;  // what Classify answers

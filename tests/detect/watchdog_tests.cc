@@ -337,10 +337,15 @@ TEST_CASE("a late rank busy outside NCCL is waited for until the hard timeout", 
   f.watchdog.PollOnce(11 * kSecond);  // the stall: reported, dumped, not acted on
   CHECK(f.effects.dumps.size() == 1);
   CHECK(f.effects.aborted.empty());
-  f.watchdog.PollOnce(15 * kSecond);  // rechecked only every NCCLGUARD_TIMEOUT
+  f.watchdog.PollOnce(12 * kSecond);  // the late ranks have not answered the dump request yet
   CHECK(f.effects.classifications == 1);
-  f.watchdog.PollOnce(22 * kSecond);
+  // One status interval (2 s) and two polls on, their dumps (where they are) can be in: a look again.
+  f.watchdog.PollOnce(14 * kSecond);
   CHECK(f.effects.classifications == 2);
+  f.watchdog.PollOnce(20 * kSecond);  // then only every NCCLGUARD_TIMEOUT
+  CHECK(f.effects.classifications == 2);
+  f.watchdog.PollOnce(25 * kSecond);
+  CHECK(f.effects.classifications == 3);
   CHECK(f.effects.aborted.empty());
   f.watchdog.PollOnce(61 * kSecond);  // past NCCLGUARD_HARD_TIMEOUT
   CHECK(f.effects.aborted.size() == 1);

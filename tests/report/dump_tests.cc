@@ -17,6 +17,7 @@
 #include "tests/support/process.h"
 #include "watchdog/common/config.h"
 #include "watchdog/report/dump.h"
+#include "watchdog/report/dump_reader.h"
 #include "watchdog/report/snapshot_json.h"
 #include "watchdog/common/log.h"
 #include "watchdog/common/version.h"
@@ -148,7 +149,7 @@ TEST_CASE("the dump parses back, format and version first", "[dump]") {
   REQUIRE(keys.size() > first_keys.size());
   CHECK(std::vector<std::string>(keys.begin(), keys.begin() + first_keys.size()) == first_keys);
   CHECK(document["format"] == "ncclguard-dump");
-  CHECK(document["format_version"] == 1);
+  CHECK(document["format_version"] == 2);
   CHECK(document["ncclguard_version"] == kVersion);
   CHECK(document["nccl_version"] == "2.28.9");
   CHECK(document["host"] == "node17");
@@ -464,6 +465,84 @@ TEST_CASE("failures are logged once per process", "[own-process]") {
   CHECK(testing::CountOccurrences(logged, "job-one") == 1);
   CHECK(testing::CountOccurrences(logged, "job-two") == 0);
   CHECK(testing::CountOccurrences(logged, "NCCLGUARD_DUMP_DIR") == 1);
+}
+
+TEST_CASE("every thread's stack goes into the dump and reads back; version 1 dumps are still read", "[dump]") {
+  ProcessSnapshot snapshot = StalledSnapshot();
+  ThreadsSnapshot threads;
+  threads.time_ns = 1'700'000'000'000'000'000;
+  threads.total = 2;
+  threads.python_version = "3.11.7";
+  ThreadSnapshot& main_thread = threads.threads.emplace_back();
+  main_thread.tid = 4242;
+  main_thread.name = "python3";
+  main_thread.state = "sleeping";
+  main_thread.syscall = "read";
+  main_thread.fd = 5;
+  main_thread.fd_target = "pipe:[42]";
+  main_thread.blocked_seconds = 12.5;
+  FrameSnapshot& python = main_thread.python.emplace_back();
+  python.function = "save_checkpoint";
+  python.file = "train.py";
+  python.line = 88;
+  FrameSnapshot& native = main_thread.native.emplace_back();
+  native.function = "read";
+  native.module = "/lib/x86_64-linux-gnu/libc.so.6";
+  native.offset = 0xf82ea;
+  ThreadSnapshot& blocking = threads.threads.emplace_back();
+  blocking.tid = 4243;
+  blocking.native_missing = "it blocks the stack signal";
+  snapshot.threads = threads;
+
+  const std::string text = FormatDump(snapshot, SomeFacts());
+  const absl::StatusOr<ParsedDump> parsed = ParseDump(text);
+  REQUIRE(parsed.ok());
+  REQUIRE(parsed->snapshot.threads.has_value());
+  const ThreadsSnapshot& read = *parsed->snapshot.threads;
+  CHECK(read.time_ns == threads.time_ns);
+  CHECK(read.python_version == "3.11.7");
+  REQUIRE(read.threads.size() == 2);
+  CHECK(read.threads[0].fd_target == "pipe:[42]");
+  CHECK(read.threads[0].blocked_seconds == 12.5);
+  REQUIRE(read.threads[0].python.size() == 1);
+  CHECK(read.threads[0].python[0].function == "save_checkpoint");
+  CHECK(read.threads[0].python[0].line == 88);
+  REQUIRE(read.threads[0].native.size() == 1);
+  CHECK(read.threads[0].native[0].offset == 0xf82ea);
+  CHECK(read.threads[0].native[0].module == "/lib/x86_64-linux-gnu/libc.so.6");
+  CHECK(read.threads[1].native_missing == "it blocks the stack signal");
+
+  // A version 1 dump (no threads) is read; a version from the future is refused, with why.
+  Json old = Json::parse(text);
+  old["format_version"] = 1;
+  old.erase("threads");
+  const absl::StatusOr<ParsedDump> version_1 = ParseDump(old.dump());
+  REQUIRE(version_1.ok());
+  CHECK_FALSE(version_1->snapshot.threads.has_value());
+  old["format_version"] = 3;
+  const absl::StatusOr<ParsedDump> version_3 = ParseDump(old.dump());
+  REQUIRE_FALSE(version_3.ok());
+  CHECK(std::string(version_3.status().message()).find("a newer ncclguard wrote it") != std::string::npos);
+}
+
+TEST_CASE("a dump's frames stop at their budget: later threads are listed without them", "[dump]") {
+  ThreadsSnapshot threads;
+  for (int i = 0; i < 1000; ++i) {
+    ThreadSnapshot& thread = threads.threads.emplace_back();
+    thread.tid = 1000 + i;
+    for (int f = 0; f < 64; ++f) {
+      FrameSnapshot& frame = thread.native.emplace_back();
+      frame.function = std::string(100, 'f');
+      frame.module = std::string(100, 'm');
+    }
+  }
+  const auto json = ThreadsJson(threads, kThreadFramesBudget);
+  const std::string text = json.dump();
+  CHECK(json["threads"].size() == 1000);  // every thread listed
+  CHECK(json["threads"][0]["frames_omitted"] == false);
+  CHECK(json["threads"][999]["frames_omitted"] == true);
+  CHECK(json["threads"][999]["native"].empty());
+  CHECK(text.size() < kThreadFramesBudget + 1000 * 512);
 }
 
 }  // namespace

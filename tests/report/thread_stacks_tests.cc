@@ -312,30 +312,34 @@ TEST_CASE("an application's own handler of the stack signal is left alone", "[ow
 }
 
 TEST_CASE("a thread's location: the innermost application frame and what it waits on") {
+  const auto frame = [](const char* function, const char* file, int line, const char* module, std::uint64_t offset) {
+    FrameSnapshot made;
+    made.function = function;
+    made.file = file;
+    made.line = line;
+    made.module = module;
+    made.offset = offset;
+    return made;
+  };
+  const auto thread = [](std::int64_t tid, const char* syscall, double blocked_seconds) {
+    ThreadSnapshot made;
+    made.tid = tid;
+    made.state = "sleeping";
+    made.syscall = syscall;
+    made.blocked_seconds = blocked_seconds;
+    return made;
+  };
   ThreadsSnapshot snapshot;
-  ThreadSnapshot main_thread{
-      .tid = 100, .name = "python3", .state = "sleeping", .syscall = "clock_nanosleep"};
-  main_thread.blocked_seconds = 41.2;
-  main_thread.python = {
-      FrameSnapshot{.function = "sleep_a_bit", .file = "/usr/lib/python3.11/helper.py", .line = 3},
-      FrameSnapshot{.function = "save_checkpoint", .file = "train.py", .line = 88},
-      FrameSnapshot{.function = "<module>", .file = "train.py", .line = 120}};
-  main_thread.native = {
-      FrameSnapshot{.function = "clock_nanosleep", .module = "/lib/x86_64-linux-gnu/libc.so.6"}};
-  ThreadSnapshot worker{.tid = 101,
-                        .name = "worker",
-                        .state = "sleeping",
-                        .syscall = "read",
-                        .fd = 7,
-                        .fd_target = "pipe:[42]"};
-  worker.blocked_seconds = 12;
-  worker.native = {FrameSnapshot{.function = "read", .module = "/lib/x86_64-linux-gnu/libc.so.6"},
-                   FrameSnapshot{.function = "write_checkpoint_shard",
-                                 .file = "/src/app.c",
-                                 .line = 42,
-                                 .module = "/opt/app/bin/app",
-                                 .offset = 0x11a9},
-                   FrameSnapshot{.function = "main", .module = "/opt/app/bin/app"}};
+  ThreadSnapshot main_thread = thread(100, "clock_nanosleep", 41.2);
+  main_thread.python = {frame("sleep_a_bit", "/usr/lib/python3.11/helper.py", 3, "", 0),
+                        frame("save_checkpoint", "train.py", 88, "", 0), frame("<module>", "train.py", 120, "", 0)};
+  main_thread.native = {frame("clock_nanosleep", "", 0, "/lib/x86_64-linux-gnu/libc.so.6", 0xe0)};
+  ThreadSnapshot worker = thread(101, "read", 12);
+  worker.fd = 7;
+  worker.fd_target = "pipe:[42]";
+  worker.native = {frame("read", "", 0, "/lib/x86_64-linux-gnu/libc.so.6", 0xf82ea),
+                   frame("write_checkpoint_shard", "/src/app.c", 42, "/opt/app/bin/app", 0x11a9),
+                   frame("main", "", 0, "/opt/app/bin/app", 0x1000)};
   snapshot.threads = {main_thread, worker};
 
   // The thread that issued NCCL's operations first; Python's own library is not application code.

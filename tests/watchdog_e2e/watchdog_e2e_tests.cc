@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <map>
@@ -217,7 +218,7 @@ TEST_CASE("a hung AllReduce is reported by every rank within the timeout, with o
     INFO("dump " << file.path);
     const Json& dump = file.document;
     CHECK(dump.at("format") == "ncclguard-dump");
-    CHECK(dump.at("format_version") == 1);
+    CHECK(dump.at("format_version") == 2);
     CHECK(dump.at("reason") == "stall");
     const int rank = dump.at("rank").get<int>();
     CHECK(pids.at(rank) == dump.at("pid").get<int>());
@@ -231,6 +232,14 @@ TEST_CASE("a hung AllReduce is reported by every rank within the timeout, with o
     CHECK(op.at("state") == "started");
     CHECK(stall.at("kind") == "not_completed");
     CHECK(Operation(dump, 19).at("state") == "completed");
+    // Every thread's stack: the thread that issued the stalled AllReduce is listed, with its frames
+    // (it waits in cuStreamSynchronize, which a signal does not cut short).
+    const Json& threads = dump.at("threads").at("threads");
+    const auto issuer = std::find_if(threads.begin(), threads.end(), [&op](const Json& thread) {
+      return thread.at("tid") == op.at("host_thread");
+    });
+    REQUIRE(issuer != threads.end());
+    CHECK_FALSE(issuer->at("native").empty());
     const Json& progress = dump.at("watchdog").at("progress")[0];
     CHECK(progress.at("last_completed") == 19);
     CHECK(progress.at("last_enqueued") == 20);

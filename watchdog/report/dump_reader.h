@@ -18,8 +18,8 @@ struct ParsedDump {
   ProcessFacts facts;
 };
 
-// Fields a dump of this format version may lack (added later) are left at their defaults; a
-// document of another format, another format version or the wrong shape is an error.
+// Fields a dump may lack (added later, or by an earlier format version) are left at their
+// defaults; a document of another format, a newer format version or the wrong shape is an error.
 absl::StatusOr<ParsedDump> ParseDump(const std::string& content) noexcept;
 
 // Parses a document read from a file ncclguard did not necessarily write: refuses nesting deeper
