@@ -3,6 +3,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -1205,4 +1206,105 @@ TEST_CASE("every verdict kind is named as docs/verdicts.md names it, and read ba
 }
 
 }  // namespace
+// Where a late rank is, from the stacks of the dump its peers' request made it write.
+namespace {
+
+FrameSnapshot PythonFrame(const std::string& function, int line) {
+  FrameSnapshot frame;
+  frame.function = function;
+  frame.file = "train.py";
+  frame.line = line;
+  return frame;
+}
+
+ThreadsSnapshot SavingCheckpoint(std::int64_t taken_ns, std::int64_t tid) {
+  ThreadSnapshot thread;
+  thread.tid = tid;
+  thread.name = "python3";
+  thread.state = "sleeping";
+  thread.syscall = "clock_nanosleep";
+  thread.blocked_seconds = 41;
+  thread.python = {PythonFrame("save_checkpoint", 88), PythonFrame("<module>", 120)};
+  ThreadsSnapshot threads;
+  threads.time_ns = taken_ns;
+  threads.total = 1;
+  threads.threads = {thread};
+  return threads;
+}
+
+}  // namespace
+
+TEST_CASE("S5: a late rank's stacks say where it is, in the verdict and its evidence", "[verdicts]") {
+  JobView job = Job({Rank(0, 10, 11), Rank(1, 10, 10), Rank(2, 10, 11), Rank(3, 10, 11)});
+  ProcessView& late = job.processes[1];
+  OpSnapshot& last = late.snapshot.comms[0].ring.back();
+  last.host_thread = 4242;
+  last.end_ns = last.enqueue_ns + kMillisecond;
+  late.snapshot.threads = SavingCheckpoint(kNow - kSecond, 4242);
+  const std::vector<Verdict> verdicts = Classify(job);
+  REQUIRE(Kinds(verdicts) == std::vector<std::string>{"rank_not_joined"});
+  CHECK(absl::StrContains(
+      verdicts[0].message,
+      "rank 1 completed AllReduce #10 and issued nothing after; it is alive and busy outside "
+      "NCCL: in `save_checkpoint` (train.py:88), sleeping for 41 s while ranks 0,2,3 wait"));
+  const nlohmann::json& location = verdicts[0].evidence["late_ranks"][0]["location"];
+  CHECK(location["function"] == "save_checkpoint");
+  CHECK(location["line"] == 88);
+  CHECK(location["tid"] == 4242);
+  CHECK(location["stack"][0] == "py save_checkpoint (train.py:88)");
+  // Still a late rank that will come back: the watchdog waits for the hard timeout.
+  CHECK_FALSE(ActOnTimeout(verdicts));
+}
+
+TEST_CASE("stacks taken before a rank left its last operation do not say where it is now", "[verdicts]") {
+  JobView job = Job({Rank(0, 10, 11), Rank(1, 10, 10), Rank(2, 10, 11), Rank(3, 10, 11)});
+  ProcessView& late = job.processes[1];
+  OpSnapshot& last = late.snapshot.comms[0].ring.back();
+  last.end_ns = last.enqueue_ns + kMillisecond;
+  late.snapshot.threads = SavingCheckpoint(last.enqueue_ns - kSecond, late.pid);
+  const std::vector<Verdict> verdicts = Classify(job);
+  REQUIRE(Kinds(verdicts) == std::vector<std::string>{"rank_not_joined"});
+  CHECK_FALSE(absl::StrContains(verdicts[0].message, "save_checkpoint"));
+  CHECK(
+      absl::StrContains(verdicts[0].message, "it is alive and busy outside NCCL (e.g. saving a checkpoint"));
+  CHECK_FALSE(verdicts[0].evidence["late_ranks"][0].contains("location"));
+}
+
+TEST_CASE("a dead rank's last dump says where it was", "[verdicts]") {
+  JobView job = Job({Rank(0, 10, 11), Rank(1, 10, 10), Rank(2, 10, 11), Rank(3, 10, 11)});
+  ProcessView& dead = job.processes[1];
+  dead.liveness = ProcessView::Liveness::kGone;
+  OpSnapshot& last = dead.snapshot.comms[0].ring.back();
+  last.end_ns = last.enqueue_ns + kMillisecond;
+  dead.snapshot.threads = SavingCheckpoint(kNow - 5 * kSecond, dead.pid);
+  const std::vector<Verdict> verdicts = Classify(job);
+  REQUIRE(!verdicts.empty());
+  CHECK(Kinds(verdicts)[0] == "rank_dead");
+  CHECK(
+      absl::StrContains(verdicts[0].message, "(its last dump showed it in `save_checkpoint` (train.py:88)"));
+}
+
+TEST_CASE("an initialisation that a rank never joined says where that rank is", "[verdicts]") {
+  // Rank 3 is a process of the job (its first communicator exists) that has not called the
+  // initialisation of the second: it loads data, and dumped at its peers' request.
+  ProcessView busy = Rank(3, 5, 5);
+  busy.snapshot.threads = SavingCheckpoint(kNow - kSecond, busy.pid);
+  JobView job = Job({Initialising(0, kNow - 30 * kSecond), Initialising(1, kNow - 30 * kSecond),
+                     Initialising(2, kNow - 29 * kSecond), busy});
+  const std::vector<Verdict> verdicts = Classify(job);
+  REQUIRE(!verdicts.empty());
+  const auto init = std::find_if(verdicts.begin(), verdicts.end(),
+                                 [](const Verdict& verdict) { return verdict.kind == VerdictKind::kStuckInInit; });
+  REQUIRE(init != verdicts.end());
+  CHECK(init->ranks == std::vector<int>{3});
+  CHECK(absl::StrContains(init->message, "; rank 3 (pid 1003) is in `save_checkpoint` (train.py:88), sleeping for 41 s"));
+  CHECK(init->evidence["missing_whereabouts"][0]["rank"] == 3);
+
+  SECTION("stacks older than the initialisation say nothing") {
+    job.processes[3].snapshot.threads->time_ns = kNow - 60 * kSecond;
+    const std::vector<Verdict> older = Classify(job);
+    for (const Verdict& verdict : older) CHECK_FALSE(absl::StrContains(verdict.message, "save_checkpoint"));
+  }
+}
+
 }  // namespace ncclguard

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
@@ -14,6 +15,7 @@
 #include "watchdog/diagnose/rules.h"
 #include "watchdog/diagnose/verdicts.h"
 #include "watchdog/report/snapshot.h"
+#include "watchdog/report/whereabouts.h"
 
 namespace ncclguard::classifier {
 namespace {
@@ -71,6 +73,24 @@ std::vector<std::pair<const ProcessView*, int>> DiedInInit(
   return dead;
 }
 
+// Where a rank that never called the initialisation is: a process of the job known as that rank
+// (its other communicators, or its launcher's variables), not in this initialisation, whose stacks
+// were taken after the others began it.
+std::optional<std::pair<const ProcessView*, ThreadLocation>> WhereIsMissing(
+    const JobView& job, const std::vector<std::pair<const ProcessView*, int>>& initialising, int rank,
+    std::int64_t started_ns) {
+  for (const ProcessView& process : job.processes) {
+    const ProcessSnapshot& snapshot = process.snapshot;
+    if (snapshot.rank != rank || !snapshot.threads || snapshot.threads->time_ns < started_ns) continue;
+    const bool in_it = std::any_of(initialising.begin(), initialising.end(),
+                                   [&process](const auto& entry) { return entry.first == &process; });
+    if (in_it) continue;
+    if (std::optional<ThreadLocation> location = LocateProcess(*snapshot.threads, 0, process.pid))
+      return std::pair{&process, std::move(*location)};
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
 void ClassifyStuckInits(const JobView& job, const std::vector<Communicator>& communicators,
@@ -81,6 +101,7 @@ void ClassifyStuckInits(const JobView& job, const std::vector<Communicator>& com
     std::set<int> pending;
     double waited_seconds = 0;
     bool stall_reported = false;
+    std::int64_t started_ns = 0;                                // the earliest start of it on any rank
     std::vector<std::pair<const ProcessView*, int>> processes;  // every process in it, and its rank
   };
   std::map<std::string, Init> inits;
@@ -90,6 +111,7 @@ void ClassifyStuckInits(const JobView& job, const std::vector<Communicator>& com
       init.processes.emplace_back(&process, pending.rank);
       init.api = pending.api;
       init.nranks = std::max(init.nranks, pending.nranks);
+      if (init.started_ns == 0 || pending.start_ns < init.started_ns) init.started_ns = pending.start_ns;
       const double waited = static_cast<double>(process.snapshot.time_ns - pending.start_ns) / 1e9;
       if (waited <= job.status_interval_seconds) continue;
       init.pending.insert(pending.rank);
@@ -143,12 +165,21 @@ void ClassifyStuckInits(const JobView& job, const std::vector<Communicator>& com
                   "before, or given another unique id)",
                   what, Ranks(arrived_ranks), Ranks(missing),
                   missing.size() == 1 ? "that rank" : "those ranks", init.api);
+    Json missing_whereabouts = Json::array();
+    for (const int rank : missing) {
+      if (const auto found = WhereIsMissing(job, init.processes, rank, init.started_ns)) {
+        message += fmt::format("; rank {} (pid {}) is {}", rank, found->first->pid, found->second.sentence);
+        missing_whereabouts.push_back(
+            Json{{"rank", rank}, {"pid", found->first->pid}, {"sentence", found->second.sentence}});
+      }
+    }
     Add(buckets, kStuckInInit, comm_id, 0, missing.empty() ? arrived_ranks : missing, std::move(message),
         Json{{"api", init.api},
              {"nranks", init.nranks},
              {"arrived_ranks", arrived_ranks},
              {"pending_ranks", init.pending},
              {"missing_ranks", missing},
+             {"missing_whereabouts", std::move(missing_whereabouts)},
              {"waited_seconds", init.waited_seconds}});
   }
 }

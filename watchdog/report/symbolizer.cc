@@ -258,11 +258,10 @@ std::uint64_t LookupAddress(const FrameAddress& address) {
   return address.return_address && address.pc > 0 ? address.pc - 1 : address.pc;
 }
 
-const SymbolIndex& IndexOf(State& state, const Libdw& libdw, Dwfl_Module* module)
-    ABSL_EXCLUSIVE_LOCKS_REQUIRED(state.mutex) {
-  const auto [found, added] = state.symbols.try_emplace(module);
-  SymbolIndex& index = found->second;
-  if (!added) return index;
+// Calls `visit(entry, name, symbol, address)` for each named symbol that the module defines, in
+// the order of its symbol table, until `visit` returns true.
+template <typename Visit>
+void ForEachDefinedSymbol(const Libdw& libdw, Dwfl_Module* module, Visit visit) {
   const int count = libdw.module_getsymtab(module);
   // Entry 0 of an ELF symbol table is the null symbol.
   for (int entry = 1; entry < count; ++entry) {
@@ -272,13 +271,25 @@ const SymbolIndex& IndexOf(State& state, const Libdw& libdw, Dwfl_Module* module
     Elf* elf = nullptr;
     Dwarf_Addr bias = 0;
     const char* name = libdw.module_getsym_info(module, entry, &symbol, &address, &section, &elf, &bias);
-    const int type = GELF_ST_TYPE(symbol.st_info);
-    if (name == nullptr || name[0] == '\0' || section == SHN_UNDEF || symbol.st_size == 0) continue;
-    if (type != STT_FUNC && type != STT_GNU_IFUNC) continue;
-    const int binding = GELF_ST_BIND(symbol.st_info);
-    const int rank = binding == STB_GLOBAL ? 0 : binding == STB_WEAK ? 1 : 2;
-    index.entries.push_back({.start = address, .size = symbol.st_size, .index = entry, .rank = rank});
+    if (name == nullptr || name[0] == '\0' || section == SHN_UNDEF) continue;
+    if (visit(entry, name, symbol, address)) return;
   }
+}
+
+const SymbolIndex& IndexOf(State& state, const Libdw& libdw, Dwfl_Module* module)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(state.mutex) {
+  const auto [found, added] = state.symbols.try_emplace(module);
+  SymbolIndex& index = found->second;
+  if (!added) return index;
+  ForEachDefinedSymbol(
+      libdw, module, [&index](int entry, const char*, const GElf_Sym& symbol, GElf_Addr address) {
+        const int type = GELF_ST_TYPE(symbol.st_info);
+        if (symbol.st_size == 0 || (type != STT_FUNC && type != STT_GNU_IFUNC)) return false;
+        const int binding = GELF_ST_BIND(symbol.st_info);
+        const int rank = binding == STB_GLOBAL ? 0 : binding == STB_WEAK ? 1 : 2;
+        index.entries.push_back({.start = address, .size = symbol.st_size, .index = entry, .rank = rank});
+        return false;
+      });
   std::sort(index.entries.begin(), index.entries.end(), [](const auto& a, const auto& b) {
     return a.start != b.start ? a.start < b.start : a.rank < b.rank;
   });
@@ -427,20 +438,16 @@ std::optional<std::uint64_t> FindSymbolInModuleOf(const void* address_inside_mod
     if (dwfl == nullptr) return std::nullopt;
     Dwfl_Module* module = libdw->addrmodule(dwfl, reinterpret_cast<Dwarf_Addr>(address_inside_module));
     if (module == nullptr) return std::nullopt;
-    const int count = libdw->module_getsymtab(module);
-    // Entry 0 of an ELF symbol table is the null symbol.
-    for (int index = 1; index < count; ++index) {
-      GElf_Sym entry{};
-      GElf_Addr address = 0;
-      GElf_Word section = 0;
-      Elf* elf = nullptr;
-      Dwarf_Addr bias = 0;
-      const char* name = libdw->module_getsym_info(module, index, &entry, &address, &section, &elf, &bias);
-      if (name == nullptr || symbol != name || section == SHN_UNDEF) continue;
-      const int type = GELF_ST_TYPE(entry.st_info);
-      if (type != STT_FUNC && type != STT_OBJECT && type != STT_GNU_IFUNC) continue;
-      return address;
-    }
+    std::optional<std::uint64_t> found;
+    ForEachDefinedSymbol(
+        *libdw, module, [&](int, const char* name, const GElf_Sym& entry, GElf_Addr address) {
+          const int type = GELF_ST_TYPE(entry.st_info);
+          if (symbol != name || (type != STT_FUNC && type != STT_OBJECT && type != STT_GNU_IFUNC))
+            return false;
+          found = address;
+          return true;
+        });
+    if (found) return found;
   } catch (...) {
     // Out of memory: not found.
   }
