@@ -75,8 +75,9 @@ NCCLGUARD_TIMEOUT=3 NCCLGUARD_JOB_ID=slow-save \
   grep -E '\[0\] ncclguard WARN.*still waiting; verdict' | head -n 1 | fold -s -w 110 || true
 say "   The launcher killed the whole job at its time limit; ncclguard analyze afterwards keeps what" \
     "   the ranks saw alive, and prints the late rank's stack under its verdict:"
-"$build/bin/ncclguard" analyze "$jobs/slow-save" | grep -vE '^    (ranks|last_|where|host|pid|status_age|in_nccl)' |
-  head -n 24 | fold -s -w 120 || true
+"$build/bin/ncclguard" analyze "$jobs/slow-save" |
+  grep -vE '^  evidence:|^    (completed_ranks|late_ranks|op|waited_seconds|waiting_ranks):' | head -n 30 |
+  fold -s -w 120 || true
 
 say "6. Scenario S2, a hang right after init: with driver 545.23.08, NCCL's P2P transfers never" \
     "   complete (injected). ncclguard warns at init that this driver is known-bad; the first" \
