@@ -111,7 +111,8 @@ std::optional<JobEnd> EndedTogether(const JobView& job) {
   } else {
     const ProcessView& process = job.processes.front();
     end.message = fmt::format(
-        "the job's only process (pid {} on host {}) ended at {} without exiting normally: killed from outside "
+        "the job's only process (pid {} on host {}) ended at {} without exiting normally: killed from "
+        "outside "
         "or crashed (one process alone cannot tell which); the verdicts judge its ranks as they were then",
         process.pid, process.host, IsoTime(newest_ns));
   }
@@ -121,7 +122,8 @@ std::optional<JobEnd> EndedTogether(const JobView& job) {
 std::vector<Verdict> Classify(const JobView& job, const std::vector<KnownBadEntry>& known_bad) {
   if (job.processes.empty()) return {Unknown(job)};
   // Nobody vanished while its peers lived: judged as gone, every late rank would look dead.
-  if (const std::optional<JobEnd> end = EndedTogether(job)) return ClassifyAsIs(AsAtItsEnd(job, *end), known_bad);
+  if (const std::optional<JobEnd> end = EndedTogether(job))
+    return ClassifyAsIs(AsAtItsEnd(job, *end), known_bad);
   return ClassifyAsIs(job, known_bad);
 }
 

@@ -121,8 +121,7 @@ std::string WhoFailed(const FailedInit& init, bool every_rank) {
     return every_rank ? fmt::format("every rank's initialisation failed ({})", Ranks(init.ranks))
                       : fmt::format("the initialisation of {} failed", Ranks(init.ranks));
   }
-  const std::string what =
-      fmt::format("{} for communicator {} ({} ranks)", init.api, init.comm, init.nranks);
+  const std::string what = fmt::format("{} for communicator {} ({} ranks)", init.api, init.comm, init.nranks);
   return every_rank ? fmt::format("every rank's {} failed ({})", what, Ranks(init.ranks))
                     : fmt::format("{} failed on {}", what, Ranks(init.ranks));
 }
@@ -132,7 +131,8 @@ std::string WhyFailed(const FailedInit& init) {
   std::vector<std::pair<std::string, std::vector<int>>> warnings;  // in order of their first rank
   for (size_t i = 0; i < init.processes.size(); ++i) {
     const std::string& warning = init.processes[i]->snapshot.last_nccl_warning;
-    auto known = std::find_if(warnings.begin(), warnings.end(), [&](const auto& seen) { return seen.first == warning; });
+    auto known = std::find_if(warnings.begin(), warnings.end(),
+                              [&](const auto& seen) { return seen.first == warning; });
     if (known == warnings.end()) {
       warnings.emplace_back(warning, std::vector<int>{init.ranks[i]});
     } else {
@@ -146,8 +146,9 @@ std::string WhyFailed(const FailedInit& init) {
   std::vector<std::string> clauses;
   clauses.reserve(warnings.size());
   for (const auto& [warning, by] : warnings) {
-    clauses.push_back(fmt::format("{}: {}", Ranks(by),
-                                  warning.empty() ? std::string("no warning text") : fmt::format("\"{}\"", warning)));
+    clauses.push_back(
+        fmt::format("{}: {}", Ranks(by),
+                    warning.empty() ? std::string("no warning text") : fmt::format("\"{}\"", warning)));
   }
   return fmt::format("NCCL's warnings: {}", JoinClauses(clauses));
 }
@@ -155,8 +156,8 @@ std::string WhyFailed(const FailedInit& init) {
 // The job's size as its launcher gave it (torchrun, Slurm, Open MPI, PMI, Paddle), 0 when unknown.
 int WorldSize(const ProcessView& process) {
   for (const auto& [name, value] : process.facts.launcher) {
-    if (name != "WORLD_SIZE" && name != "SLURM_NTASKS" && name != "OMPI_COMM_WORLD_SIZE" && name != "PMI_SIZE" &&
-        name != "PADDLE_TRAINERS_NUM") {
+    if (name != "WORLD_SIZE" && name != "SLURM_NTASKS" && name != "OMPI_COMM_WORLD_SIZE" &&
+        name != "PMI_SIZE" && name != "PADDLE_TRAINERS_NUM") {
       continue;
     }
     int size = 0;
@@ -173,8 +174,10 @@ int WorldSize(const ProcessView& process) {
 // ncclInvalidArgument: ..."), not in the job directory; NCCL's own warning, which says why, is.
 void ClassifyFailedInits(const JobView& job, Buckets& buckets) {
   std::vector<FailedInit> inits;
-  auto add = [&](const std::string& comm, const std::string& api, int nranks, const ProcessView& process, int rank) {
-    auto found = std::find_if(inits.begin(), inits.end(), [&](const FailedInit& init) { return init.comm == comm; });
+  auto add = [&](const std::string& comm, const std::string& api, int nranks, const ProcessView& process,
+                 int rank) {
+    auto found =
+        std::find_if(inits.begin(), inits.end(), [&](const FailedInit& init) { return init.comm == comm; });
     if (found == inits.end()) {
       inits.push_back(FailedInit{.comm = comm, .api = api, .nranks = 0, .processes = {}, .ranks = {}});
       found = std::prev(inits.end());
@@ -184,7 +187,8 @@ void ClassifyFailedInits(const JobView& job, Buckets& buckets) {
     found->ranks.push_back(rank);
   };
   for (const ProcessView& process : job.processes) {
-    for (const PendingInitSnapshot& init : process.failed_inits) add(init.comm_id, init.api, init.nranks, process, init.rank);
+    for (const PendingInitSnapshot& init : process.failed_inits)
+      add(init.comm_id, init.api, init.nranks, process, init.rank);
     const ProcessSnapshot& snapshot = process.snapshot;
     if (process.failed_inits.empty() && process.dump_reason == "error_return" && snapshot.comms.empty() &&
         snapshot.pending_inits.empty()) {
@@ -192,9 +196,9 @@ void ClassifyFailedInits(const JobView& job, Buckets& buckets) {
     }
   }
   for (const FailedInit& init : inits) {
-    const bool every_rank =
-        init.nranks > 0 ? static_cast<int>(init.ranks.size()) >= init.nranks
-                        : init.ranks.size() == job.processes.size() && init.ranks.size() > 1;
+    const bool every_rank = init.nranks > 0
+                                ? static_cast<int>(init.ranks.size()) >= init.nranks
+                                : init.ranks.size() == job.processes.size() && init.ranks.size() > 1;
     Json per_rank = Json::array();
     for (size_t i = 0; i < init.processes.size(); ++i) {
       per_rank.push_back(Json{{"rank", init.ranks[i]},
@@ -207,11 +211,15 @@ void ClassifyFailedInits(const JobView& job, Buckets& buckets) {
         fmt::format("{}{}; {} — NCCL refused the initialisation and the application got the error (the "
                     "error's name is in each rank's log line, not in the job directory)",
                     WhoFailed(init, every_rank),
-                    init.comm.empty() ? fmt::format(": an NCCL call returned an error before {} had a communicator",
-                                                    init.ranks.size() == 1 ? "it" : "any of them")
-                                      : "",
+                    init.comm.empty()
+                        ? fmt::format(": an NCCL call returned an error before {} had a communicator",
+                                      init.ranks.size() == 1 ? "it" : "any of them")
+                        : "",
                     WhyFailed(init)),
-        Json{{"api", init.api}, {"nranks", init.nranks}, {"every_rank", every_rank}, {"inits", std::move(per_rank)}});
+        Json{{"api", init.api},
+             {"nranks", init.nranks},
+             {"every_rank", every_rank},
+             {"inits", std::move(per_rank)}});
   }
 }
 
