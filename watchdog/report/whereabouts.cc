@@ -19,12 +19,13 @@ std::string_view BaseName(std::string_view path) {
   return slash == std::string_view::npos ? path : path.substr(slash + 1);
 }
 
-// Modules whose frames say how, not where: the runtimes, the interpreter, CUDA, NCCL, ncclguard.
+// Modules whose frames say how, not where: the runtimes (the sanitizers' too, whose interceptors
+// stand between the application and the C library), the interpreter, CUDA, NCCL, ncclguard.
 bool IsRuntimeModule(std::string_view module) {
-  static constexpr std::array<std::string_view, 16> kPrefixes = {
-      "libc.so",      "libc-",     "libpthread", "ld-linux",  "libdl",     "librt",
-      "libm.so",      "libstdc++", "libgcc_s",   "libcuda",   "libcudart", "libnccl",
-      "libncclguard", "libunwind", "libpython",  "linux-vdso"};
+  static constexpr std::array<std::string_view, 19> kPrefixes = {
+      "libc.so",   "libc-",      "libpthread", "ld-linux",  "libdl",   "librt",        "libm.so",
+      "libstdc++", "libgcc_s",   "libcuda",    "libcudart", "libnccl", "libncclguard", "libunwind",
+      "libpython", "linux-vdso", "libasan",    "libtsan",   "libubsan"};
   const std::string_view name = BaseName(module);
   if (name.empty()) return true;  // an address in no module
   return std::ranges::any_of(kPrefixes, [name](std::string_view prefix) { return name.starts_with(prefix); });
