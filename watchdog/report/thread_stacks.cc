@@ -100,13 +100,18 @@ void OnStackSignal(int /*signal*/, siginfo_t* info, void* context) {
   const Unwinder* unwinder = g_unwinder.load(std::memory_order_acquire);
   int requested = kRequested;
   // Only our own tgkill for this very thread: a stray copy of the signal (sent by someone else, or
-  // one that stayed pending past its deadline) does nothing.
+  // one that stayed pending past its deadline) does nothing. The thread is checked once the request
+  // is won: the tid read then is the one published with it, not an earlier request's.
   if (box != nullptr && unwinder != nullptr && info != nullptr && info->si_code == SI_TKILL &&
-      info->si_pid == getpid() && box->tid.load(std::memory_order_relaxed) == syscall(SYS_gettid) &&
+      info->si_pid == getpid() &&
       box->state.compare_exchange_strong(requested, kWriting, std::memory_order_acq_rel)) {
-    box->pthread = static_cast<std::uint64_t>(pthread_self());
-    box->count = UnwindFromSignal(*unwinder, context, box->frames);
-    box->state.store(kDone, std::memory_order_release);
+    if (box->tid.load(std::memory_order_relaxed) == syscall(SYS_gettid)) {
+      box->pthread = static_cast<std::uint64_t>(pthread_self());
+      box->count = UnwindFromSignal(*unwinder, context, box->frames);
+      box->state.store(kDone, std::memory_order_release);
+    } else {
+      box->state.store(kRequested, std::memory_order_release);  // another thread's request: left to it
+    }
   }
   errno = saved_errno;
 }
