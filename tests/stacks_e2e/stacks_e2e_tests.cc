@@ -128,6 +128,20 @@ void CheckLateRank(const Job& job, const std::string& function, const std::strin
   const std::string text = AnalyzeText(job.job_dir);
   CHECK(Contains(text, "stack of rank 1"));
   CHECK(Contains(text, function));
+  // The trace marks where it was, on a track of its own, with its stack.
+  const std::string trace_path = job.job_dir + "/../trace.json";
+  ProcessOptions options;
+  options.timeout_seconds = 30;
+  REQUIRE(RunProcess({NCCLGUARD_CLI, "analyze", job.job_dir, "--trace", trace_path}, options).exit_code == 1);
+  std::ifstream trace_file(trace_path);
+  const Json trace = Json::parse(trace_file);
+  bool marked = false;
+  for (const Json& event : trace.at("traceEvents")) {
+    if (event.at("ph") == "X" && Contains(event.at("name").get<std::string>(), where) && event.at("pid") == 2) {
+      marked = Contains(event.at("args").at("stack").dump(), function);
+    }
+  }
+  CHECK(marked);
 }
 
 }  // namespace
