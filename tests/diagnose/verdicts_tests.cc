@@ -344,7 +344,7 @@ ProcessView Initialising(int rank, std::int64_t since_ns) {
   ProcessView process = Rank(rank, 0, 0);
   process.snapshot.comms.clear();
   process.snapshot.pending_inits.push_back(PendingInitSnapshot{
-      .comm_id = "00000000000000bb", .api = "ncclCommInitRank", .rank = rank, .nranks = 4, .start_ns = since_ns});
+      .comm_id = "00000000000000bb", .api = "ncclCommInitRank", .rank = rank, .nranks = 4, .start_ns = since_ns, .result = ""});
   return process;
 }
 
@@ -724,7 +724,7 @@ TEST_CASE("a recorded stall or error that no rule explains is still named", "[ve
     job.processes[1].snapshot.stall = StallSnapshot{.kind = "init", .comm_id = "00000000000000bb", .seq = 0,
                                                     .seconds = 30, .message = "", .verdict = "", .verdict_message = ""};
     job.processes[1].snapshot.pending_inits.push_back(PendingInitSnapshot{
-        .comm_id = "00000000000000bb", .api = "ncclCommInitRank", .rank = 1, .nranks = 2, .start_ns = kNow - kSecond});
+        .comm_id = "00000000000000bb", .api = "ncclCommInitRank", .rank = 1, .nranks = 2, .start_ns = kNow - kSecond, .result = ""});
     const std::vector<Verdict> verdicts = Classify(job);
     REQUIRE(Kinds(verdicts) == std::vector<std::string>{"unexplained"});
     CHECK(verdicts[0].ranks == std::vector<int>{1});
@@ -960,7 +960,7 @@ TEST_CASE("a dump reads back as the snapshot and facts it was written from", "[v
   snapshot.stall->seq = 5;
   snapshot.stall->message = "stalled";
   snapshot.pending_inits.push_back(PendingInitSnapshot{
-      .comm_id = "00000000000000bb", .api = "ncclCommSplit", .rank = 1, .nranks = 2, .start_ns = kNow - kSecond});
+      .comm_id = "00000000000000bb", .api = "ncclCommSplit", .rank = 1, .nranks = 2, .start_ns = kNow - kSecond, .result = ""});
   snapshot.exiting = true;
   snapshot.last_nccl_warning = "warned";
   const absl::StatusOr<ParsedDump> parsed = ParseDump(FormatDump(snapshot, Facts("node-7", 77)));
@@ -1001,7 +1001,7 @@ TEST_CASE("status files carry pending initialisations and the exit mark", "[verd
   ProcessSnapshot snapshot;
   snapshot.time_ns = kNow;
   snapshot.pending_inits.push_back(PendingInitSnapshot{
-      .comm_id = "00000000000000bb", .api = "ncclCommInitRank", .rank = 3, .nranks = 4, .start_ns = kNow - kSecond});
+      .comm_id = "00000000000000bb", .api = "ncclCommInitRank", .rank = 3, .nranks = 4, .start_ns = kNow - kSecond, .result = ""});
   snapshot.exiting = true;
   REQUIRE(WriteStatus(temporary.path(), snapshot, Facts("node-1", 5)).ok());
   const absl::StatusOr<StatusScan> scan = ReadStatuses(temporary.path());
@@ -1128,8 +1128,12 @@ TEST_CASE("every rank's failed initialisation is one failed_call with NCCL's war
     failing.time_ns = kNow - 2 * kSecond;
     failing.rank = rank;
     failing.last_nccl_warning = warning;
-    failing.pending_inits.push_back(PendingInitSnapshot{.comm_id = kComm, .api = "ncclCommInitRank", .rank = rank,
-                                                        .nranks = nranks, .start_ns = kNow - 3 * kSecond});
+    failing.pending_inits.push_back(PendingInitSnapshot{.comm_id = kComm,
+                                                        .api = "ncclCommInitRank",
+                                                        .rank = rank,
+                                                        .nranks = nranks,
+                                                        .start_ns = kNow - 3 * kSecond,
+                                                        .result = "ncclInvalidArgument"});
     const int pid = (1 << 22) + 100 + rank;  // no such process
     REQUIRE(WriteDump(temporary.path(), failing, Facts("elsewhere", pid)).ok());
     if (rank == 2) continue;  // its dump is its last record
@@ -1155,8 +1159,8 @@ TEST_CASE("every rank's failed initialisation is one failed_call with NCCL's war
   CHECK(verdicts[0].ranks == std::vector<int>{0, 1, 2});
   CHECK(verdicts[0].message ==
         "every rank's ncclCommInitRank for communicator 00000000000000aa (3 ranks) failed (ranks 0,1,2); NCCL's "
-        "warning: \"" + warning + "\" — NCCL refused the initialisation and the application got the error (the "
-        "error's name is in each rank's log line, not in the job directory)");
+        "warning: \"" + warning + "\" — NCCL refused the initialisation and the application got ncclInvalidArgument");
+  CHECK(verdicts[0].evidence["results"] == nlohmann::json::array({"ncclInvalidArgument"}));
   CHECK(verdicts[0].evidence["api"] == "ncclCommInitRank");
   CHECK(verdicts[0].evidence["every_rank"] == true);
   CHECK(verdicts[0].evidence["inits"].size() == 3);
@@ -1172,6 +1176,13 @@ TEST_CASE("every rank's failed initialisation is one failed_call with NCCL's war
         "ncclCommInitRank for communicator 00000000000000aa (3 ranks) failed on ranks 0,1; NCCL's warnings: rank 0: "
         "\"" + warning + "\"; rank 1: no warning text — "));
     CHECK(partial[0].evidence["every_rank"] == false);
+  }
+  SECTION("dumps of earlier builds do not name the error: the log lines do") {
+    JobView older = *job;
+    for (ProcessView& process : older.processes) process.failed_inits[0].result.clear();
+    const std::vector<Verdict> unnamed = Classify(older);
+    REQUIRE(Kinds(unnamed) == std::vector<std::string>{"failed_call"});
+    CHECK(absl::StrContains(unnamed[0].message, "the application got the error (its name is in each rank's log line"));
   }
 }
 

@@ -141,7 +141,7 @@ TEST_CASE("a dump claiming 10^8 ranks is refused, not allocated for", "[hostile]
   REQUIRE(WriteDump(job.path(), snapshot, HonestFacts("node-a", 100)).ok());
   ProcessSnapshot initialising = HonestSnapshot(1, 2, 0, 0);
   initialising.pending_inits.push_back(PendingInitSnapshot{
-      .comm_id = "00000000000000bb", .api = "ncclCommInitRank", .rank = 1, .nranks = 100'000'000, .start_ns = 1});
+      .comm_id = "00000000000000bb", .api = "ncclCommInitRank", .rank = 1, .nranks = 100'000'000, .start_ns = 1, .result = ""});
   REQUIRE(WriteStatus(job.path(), initialising, HonestFacts("node-a", 101)).ok());
   const auto read = ReadPromptly(job.path());
   REQUIRE(read.has_value());

@@ -323,7 +323,7 @@ std::string Damage(Rng& rng, const std::string& dir) {
 void WriteTemplateJob(const std::string& dir) {
   ProcessSnapshot rank0 = HonestSnapshot(0, 2, 1, 8);
   rank0.pending_inits.push_back(PendingInitSnapshot{
-      .comm_id = "00000000000000bb", .api = "ncclCommInitRank", .rank = 0, .nranks = 2, .start_ns = kHonestNow - 1});
+      .comm_id = "00000000000000bb", .api = "ncclCommInitRank", .rank = 0, .nranks = 2, .start_ns = kHonestNow - 1, .result = ""});
   REQUIRE(WriteDump(dir, rank0, HonestFacts("node-a", 100)).ok());
   REQUIRE(WriteStatus(dir, rank0, HonestFacts("node-a", 100)).ok());
   ProcessSnapshot rank1 = HonestSnapshot(1, 2, 1, 8);

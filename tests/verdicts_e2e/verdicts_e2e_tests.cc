@@ -334,6 +334,9 @@ TEST_CASE("every rank's failed ncclCommInitRank is one failed_call with NCCL's w
   CHECK(verdict.at("evidence").at("api") == "ncclCommInitRank");
   CHECK(verdict.at("evidence").at("every_rank") == true);
   CHECK(verdict.at("evidence").at("inits").size() == 4);
+  // The error each rank's call returned, from its dump.
+  CHECK(Contains(message, "the application got ncclInvalidArgument"));
+  CHECK(verdict.at("evidence").at("results") == Json::array({"ncclInvalidArgument"}));
 
   ProcessOptions options;
   options.timeout_seconds = 30;

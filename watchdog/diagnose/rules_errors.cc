@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_join.h"
 #include "watchdog/common/describe.h"
 #include "watchdog/diagnose/job_view.h"
 #include "watchdog/diagnose/known_bad.h"
@@ -113,6 +114,7 @@ struct FailedInit {
   int nranks = 0;
   std::vector<const ProcessView*> processes;
   std::vector<int> ranks;
+  std::set<std::string> results;  // the errors the ranks' calls returned, where their dumps say
 };
 
 // "every rank's ncclCommInitRank for communicator 00000000000000aa (4 ranks) failed", ...
@@ -170,12 +172,12 @@ int WorldSize(const ProcessView& process) {
 
 // Initialisations that returned an error (ProcessView::failed_inits), by communicator; and, from
 // dumps of builds that did not name them, processes that dumped for a failed call before they had
-// any communicator. The error's name is in each rank's log line ("ncclCommInitRank returned
-// ncclInvalidArgument: ..."), not in the job directory; NCCL's own warning, which says why, is.
+// any communicator. The error's name is in the pending initialisation's `result`; NCCL's own
+// warning says why.
 void ClassifyFailedInits(const JobView& job, Buckets& buckets) {
   std::vector<FailedInit> inits;
   auto add = [&](const std::string& comm, const std::string& api, int nranks, const ProcessView& process,
-                 int rank) {
+                 int rank, const std::string& result) {
     auto found =
         std::find_if(inits.begin(), inits.end(), [&](const FailedInit& init) { return init.comm == comm; });
     if (found == inits.end()) {
@@ -185,14 +187,15 @@ void ClassifyFailedInits(const JobView& job, Buckets& buckets) {
     found->nranks = std::max(found->nranks, nranks);
     found->processes.push_back(&process);
     found->ranks.push_back(rank);
+    if (!result.empty()) found->results.insert(result);
   };
   for (const ProcessView& process : job.processes) {
     for (const PendingInitSnapshot& init : process.failed_inits)
-      add(init.comm_id, init.api, init.nranks, process, init.rank);
+      add(init.comm_id, init.api, init.nranks, process, init.rank, init.result);
     const ProcessSnapshot& snapshot = process.snapshot;
     if (process.failed_inits.empty() && process.dump_reason == "error_return" && snapshot.comms.empty() &&
         snapshot.pending_inits.empty()) {
-      add("", "", WorldSize(process), process, snapshot.rank);
+      add("", "", WorldSize(process), process, snapshot.rank, "");
     }
   }
   for (const FailedInit& init : inits) {
@@ -207,16 +210,21 @@ void ClassifyFailedInits(const JobView& job, Buckets& buckets) {
                               {"last_nccl_warning", init.processes[i]->snapshot.last_nccl_warning},
                               {"dump_file", init.processes[i]->dump_file}});
     }
+    // Dumps of earlier builds do not name the error: then each rank's log line does.
+    const std::string error =
+        init.results.empty()
+            ? std::string("the error (its name is in each rank's log line, not in the job directory)")
+            : absl::StrJoin(init.results, " / ");
     Add(buckets, kFailedCall, init.comm, 0, init.ranks,
-        fmt::format("{}{}; {} — NCCL refused the initialisation and the application got the error (the "
-                    "error's name is in each rank's log line, not in the job directory)",
+        fmt::format("{}{}; {} — NCCL refused the initialisation and the application got {}",
                     WhoFailed(init, every_rank),
                     init.comm.empty()
                         ? fmt::format(": an NCCL call returned an error before {} had a communicator",
                                       init.ranks.size() == 1 ? "it" : "any of them")
                         : "",
-                    WhyFailed(init)),
+                    WhyFailed(init), error),
         Json{{"api", init.api},
+             {"results", init.results},
              {"nranks", init.nranks},
              {"every_rank", every_rank},
              {"inits", std::move(per_rank)}});

@@ -455,6 +455,7 @@ void RegisterCreated(const Ticket& ticket, Api api, int library, ncclResult_t re
       // Reported while the initialisation is still pending: the dump then names it (the job
       // directory itself is known from it when it was the process's first), and says that it
       // had not returned yet: the application has not been told.
+      registry.FailInit(init_token, result);
       NoteFailedCall(api, ticket.comm, result);
       registry.EndInit(init_token);
       return;

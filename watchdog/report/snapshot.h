@@ -75,6 +75,7 @@ struct PendingInitSnapshot {
   int rank = -1;
   int nranks = 0;
   std::int64_t start_ns = 0;  // since the Unix epoch
+  std::string result;         // the error it returned ("ncclInvalidArgument"), "" while it has not
 };
 
 // One frame of a thread's stack, innermost first. Native frames name a function (demangled, ""

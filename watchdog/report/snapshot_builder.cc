@@ -155,6 +155,8 @@ ProcessSnapshot BuildSnapshot(Registry& registry, const std::string& reason, boo
     copy.rank = init.rank;
     copy.nranks = init.nranks;
     copy.start_ns = init.start_ns + to_wall;
+    if (init.result != ncclSuccess)
+      copy.result = std::string(ResultName(static_cast<ncclResult_t>(init.result)));
     if (snapshot.rank < 0) snapshot.rank = copy.rank;
     snapshot.pending_inits.push_back(std::move(copy));
   }

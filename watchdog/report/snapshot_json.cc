@@ -317,11 +317,8 @@ void from_json(const Json& json, StallSnapshot& stall) {
 }
 
 void to_json(OrderedJson& json, const PendingInitSnapshot& init) {
-  json = OrderedJson{{"comm_id", init.comm_id},
-                     {"api", init.api},
-                     {"rank", init.rank},
-                     {"nranks", init.nranks},
-                     {"start_ns", init.start_ns}};
+  json = OrderedJson{{"comm_id", init.comm_id}, {"api", init.api},           {"rank", init.rank},
+                     {"nranks", init.nranks},   {"start_ns", init.start_ns}, {"result", init.result}};
 }
 
 void from_json(const Json& json, PendingInitSnapshot& init) {
@@ -329,6 +326,7 @@ void from_json(const Json& json, PendingInitSnapshot& init) {
   json.at("comm_id").get_to(init.comm_id);
   json.at("api").get_to(init.api);
   json.at("start_ns").get_to(init.start_ns);
+  ReadIfPresent(json, "result", init.result);  // added to format version 2 later
 }
 
 namespace {

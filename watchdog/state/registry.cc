@@ -154,6 +154,12 @@ void Registry::EndInit(int token) noexcept {
   pending_used_[token] = false;
 }
 
+void Registry::FailInit(int token, int result) noexcept {
+  if (token < 0) return;
+  MutexLock lock(mutex_);
+  pending_[token].result = result;
+}
+
 std::vector<PendingInit> Registry::PendingInits() const {
   MutexLock lock(mutex_);
   std::vector<PendingInit> inits;

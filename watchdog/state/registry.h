@@ -30,6 +30,7 @@ struct PendingInit {
   int nranks = 0;
   std::int64_t start_ns = 0;  // steady clock
   std::int64_t thread = 0;
+  int result = 0;  // ncclSuccess, or the error it returned (said while it is still pending)
 };
 
 class Registry {
@@ -66,6 +67,8 @@ class Registry {
 
   int BeginInit(PendingInit init);  // returns a token for EndInit; -1 when none is free
   void EndInit(int token) noexcept;
+  // The initialisation returned `result`, an error: its dump, taken before EndInit, says which.
+  void FailInit(int token, int result) noexcept;
   std::vector<PendingInit> PendingInits() const;
 
   // In a forked child: the parent's communicators are not the child's. Their memory is leaked on
