@@ -317,6 +317,11 @@ const SymbolIndex::Entry* FunctionAt(const SymbolIndex& index, GElf_Addr address
 void DescribeWithLibdw(State& state, const Libdw& libdw, const FrameAddress& address, SymbolizedFrame* frame)
     ABSL_EXCLUSIVE_LOCKS_REQUIRED(state.mutex) {
   const std::uint64_t lookup = LookupAddress(address);
+  // libdwfl's module spans from its first segment to its last, holes included, where the kernel may
+  // place an anonymous mapping: only an address inside a loaded segment is the module's, which the
+  // dynamic linker's own check (dladdr) says exactly.
+  Dl_info loaded{};
+  if (dladdr(reinterpret_cast<void*>(lookup), &loaded) == 0) return;
   Dwfl_Module* module = libdw.addrmodule(state.dwfl, lookup);
   if (module == nullptr) return;
   Dwarf_Addr start = 0;
