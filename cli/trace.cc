@@ -123,7 +123,9 @@ class TraceBuilder {
               absl::StrCat("stall: ", stall.kind, stall.seq != 0 ? absl::StrCat(" #", stall.seq) : ""),
               snapshot.time_ns, {{"seconds", stall.seconds}, {"message", stall.message}});
     }
-    if (snapshot.threads) AddWhereabouts(trace_pid, static_cast<int>(thread_of_comm.size()) + 1, process);
+    if (snapshot.threads) {
+      AddWhereabouts(trace_pid, static_cast<int>(thread_of_comm.size()) + 1, process, *snapshot.threads);
+    }
     if ((process.exited || process.liveness == ProcessView::Liveness::kGone) && process.last_seen_ns > 0) {
       Instant(trace_pid, 0, process.exited ? "exited" : "last seen (gone)", process.last_seen_ns,
               Json::object());
@@ -173,8 +175,8 @@ class TraceBuilder {
 
   // Where the process was when its stacks were taken: a track of its own with the thread that
   // issued its NCCL operations, as a slice over the time it had been blocked, and its stack.
-  void AddWhereabouts(TracePid trace_pid, int tid, const ProcessView& process) {
-    const ThreadsSnapshot& threads = *process.snapshot.threads;
+  void AddWhereabouts(TracePid trace_pid, int tid, const ProcessView& process,
+                      const ThreadsSnapshot& threads) {
     std::int64_t nccl_thread = 0;
     for (const CommSnapshot& comm : process.snapshot.comms) {
       for (const OpSnapshot& op : comm.ring) nccl_thread = op.host_thread != 0 ? op.host_thread : nccl_thread;
