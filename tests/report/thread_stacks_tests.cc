@@ -209,8 +209,16 @@ TEST_CASE("each thread is accounted for: its native stack, or why not, and what 
 
   const ThreadSnapshot* reader = FindThread(snapshot, reading.tid());
   REQUIRE(reader != nullptr);
+#if defined(__SANITIZE_THREAD__)
+  // ThreadSanitizer holds a signal back from a thread in a read() it does not treat as blocking
+  // until the call returns: the thread is then accounted for without frames.
+  const bool reader_answers = false;
+  CHECK(reader->native_missing == "it did not answer the stack signal in time");
+#else
+  const bool reader_answers = true;
   CHECK(reader->native_missing.empty());
   CHECK(HasFunction(*reader, "BlockInPipeRead"));
+#endif
   CHECK(reader->syscall == "read");
   CHECK(reader->fd_target.rfind("pipe:[", 0) == 0);
   CHECK(reader->state == "sleeping");
@@ -242,9 +250,11 @@ TEST_CASE("each thread is accounted for: its native stack, or why not, and what 
   const auto location = LocateProcess(snapshot, reading.tid(), getpid());
   REQUIRE(location);
   CHECK(location->thread == reader);
-  REQUIRE(location->frame != nullptr);
-  CHECK(location->frame->function.find("BlockInPipeRead") != std::string::npos);
   CHECK(location->sentence.find("blocked in read() on pipe:[") != std::string::npos);
+  if (reader_answers) {
+    REQUIRE(location->frame != nullptr);
+    CHECK(location->frame->function.find("BlockInPipeRead") != std::string::npos);
+  }
 }
 
 TEST_CASE("200 threads: no hang, every one listed") {
@@ -274,10 +284,10 @@ TEST_CASE("200 threads: no hang, every one listed") {
 // Python are left out of the loop (they have their own tests).
 TEST_CASE("10,000 captures in a loop") {
   InstallStackSignal(kStackSignal);
-  ReadingPipe reading;
   WaitingOnCondition waiting;
-  AwaitSleeping(reading.tid());
+  WaitingOnCondition other;
   AwaitSleeping(waiting.tid());
+  AwaitSleeping(other.tid());
   StackCaptureLimits limits;
   limits.symbolize = false;
   limits.python = false;
@@ -285,11 +295,11 @@ TEST_CASE("10,000 captures in a loop") {
   int answered = 0;
   for (int i = 0; i < 10'000; ++i) {
     const ThreadsSnapshot snapshot = CaptureThreadStacks(limits);
-    const ThreadSnapshot* reader = FindThread(snapshot, reading.tid());
-    if (reader != nullptr && !reader->native.empty()) ++answered;
+    const ThreadSnapshot* waiter = FindThread(snapshot, waiting.tid());
+    if (waiter != nullptr && !waiter->native.empty()) ++answered;
     if (i == 100) heap_after_warmup = HeapInUseBytes();
   }
-  CHECK(answered > 9'900);  // a thread between two reads may be running when asked
+  CHECK(answered > 9'900);
   const std::size_t heap = HeapInUseBytes();
   INFO("heap in use after 100 captures: " << heap_after_warmup << " bytes, after 10,000: " << heap << " bytes");
   CHECK(heap < heap_after_warmup + (1 << 20));

@@ -470,7 +470,18 @@ std::string Symbolize(std::vector<ThreadSnapshot>& threads,
   return symbolization.limitation;
 }
 
-std::timed_mutex g_capture_mutex;
+std::mutex g_capture_mutex;
+
+// Takes `mutex` within `deadline`, trying every millisecond. (Not std::timed_mutex: its clock-based
+// lock is one ThreadSanitizer does not follow, which then reports every unlock as wrong.)
+bool LockWithin(std::unique_lock<std::mutex>& lock, std::chrono::milliseconds deadline) {
+  const auto give_up = std::chrono::steady_clock::now() + deadline;
+  while (!lock.try_lock()) {
+    if (std::chrono::steady_clock::now() >= give_up) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return true;
+}
 
 }  // namespace
 
@@ -514,8 +525,8 @@ std::string SyscallName(long number) {
 ThreadsSnapshot CaptureThreadStacks(const StackCaptureLimits& limits) noexcept {
   ThreadsSnapshot snapshot;
   try {
-    std::unique_lock<std::timed_mutex> lock(g_capture_mutex, std::defer_lock);
-    if (!lock.try_lock_for(limits.total_deadline)) {
+    std::unique_lock<std::mutex> lock(g_capture_mutex, std::defer_lock);
+    if (!LockWithin(lock, limits.total_deadline)) {
       snapshot.native_note = "another capture of the stacks was under way";
       return snapshot;
     }
