@@ -3,6 +3,7 @@
 #include <nccl.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <iterator>
 #include <set>
@@ -181,7 +182,8 @@ void ClassifyFailedInits(const JobView& job, Buckets& buckets) {
     auto found =
         std::find_if(inits.begin(), inits.end(), [&](const FailedInit& init) { return init.comm == comm; });
     if (found == inits.end()) {
-      inits.push_back(FailedInit{.comm = comm, .api = api, .nranks = 0, .processes = {}, .ranks = {}});
+      inits.push_back(
+          FailedInit{.comm = comm, .api = api, .nranks = 0, .processes = {}, .ranks = {}, .results = {}});
       found = std::prev(inits.end());
     }
     found->nranks = std::max(found->nranks, nranks);

@@ -91,19 +91,64 @@ std::optional<std::pair<const ProcessView*, ThreadLocation>> WhereIsMissing(
   return std::nullopt;
 }
 
+// Appends to `message` where each missing rank is, when its dump says ("; rank 3 (pid 1003) is in
+// `load_data` ..."); returns that as evidence.
+Json DescribeMissing(const JobView& job, const std::vector<std::pair<const ProcessView*, int>>& initialising,
+                     const std::vector<int>& missing, std::int64_t started_ns, std::string& message) {
+  Json whereabouts = Json::array();
+  for (const int rank : missing) {
+    if (const auto found = WhereIsMissing(job, initialising, rank, started_ns)) {
+      message += fmt::format("; rank {} (pid {}) is {}", rank, found->first->pid, found->second.sentence);
+      whereabouts.push_back(
+          Json{{"rank", rank}, {"pid", found->first->pid}, {"sentence", found->second.sentence}});
+    }
+  }
+  return whereabouts;
+}
+
+// One communicator's initialisation, as the processes in it recorded it.
+struct Init {
+  std::string api;
+  int nranks = 0;
+  std::set<int> pending;
+  double waited_seconds = 0;
+  bool stall_reported = false;
+  std::int64_t started_ns = 0;                                // the earliest start of it on any rank
+  std::vector<std::pair<const ProcessView*, int>> processes;  // every process in it, and its rank
+};
+
+// stuck_in_init: which ranks arrived and which did not, and where those are when their dumps say.
+void AddStuckInInit(Buckets& buckets, const JobView& job, const std::string& comm_id, const Init& init,
+                    const std::set<int>& arrived, const std::vector<int>& missing) {
+  const std::vector<int> arrived_ranks(arrived.begin(), arrived.end());
+  const std::string what = fmt::format("the initialisation of communicator {} ({}, {} ranks) has waited {}",
+                                       comm_id, init.api, init.nranks, Seconds(init.waited_seconds));
+  std::string message =
+      missing.empty()
+          ? fmt::format(
+                "{} although all {} ranks arrived: stuck inside NCCL's bootstrap or transport setup "
+                "(network interfaces, firewall, NCCL_SOCKET_IFNAME)",
+                what, init.nranks)
+          : fmt::format(
+                "{}: {} arrived, {} did not — {} never called {} for it (not started, crashed "
+                "before, or given another unique id)",
+                what, Ranks(arrived_ranks), Ranks(missing), missing.size() == 1 ? "that rank" : "those ranks",
+                init.api);
+  Json missing_whereabouts = DescribeMissing(job, init.processes, missing, init.started_ns, message);
+  Add(buckets, kStuckInInit, comm_id, 0, missing.empty() ? arrived_ranks : missing, std::move(message),
+      Json{{"api", init.api},
+           {"nranks", init.nranks},
+           {"arrived_ranks", arrived_ranks},
+           {"pending_ranks", init.pending},
+           {"missing_ranks", missing},
+           {"missing_whereabouts", std::move(missing_whereabouts)},
+           {"waited_seconds", init.waited_seconds}});
+}
+
 }  // namespace
 
 void ClassifyStuckInits(const JobView& job, const std::vector<Communicator>& communicators,
                         Buckets& buckets) {
-  struct Init {
-    std::string api;
-    int nranks = 0;
-    std::set<int> pending;
-    double waited_seconds = 0;
-    bool stall_reported = false;
-    std::int64_t started_ns = 0;                                // the earliest start of it on any rank
-    std::vector<std::pair<const ProcessView*, int>> processes;  // every process in it, and its rank
-  };
   std::map<std::string, Init> inits;
   for (const ProcessView& process : job.processes) {
     for (const PendingInitSnapshot& pending : process.snapshot.pending_inits) {
@@ -151,36 +196,7 @@ void ClassifyStuckInits(const JobView& job, const std::vector<Communicator>& com
       if (!arrived.contains(rank)) missing.push_back(rank);
     }
     if (missing.empty() && !init.stall_reported) continue;
-    const std::vector<int> arrived_ranks(arrived.begin(), arrived.end());
-    const std::string what = fmt::format("the initialisation of communicator {} ({}, {} ranks) has waited {}",
-                                         comm_id, init.api, init.nranks, Seconds(init.waited_seconds));
-    std::string message =
-        missing.empty()
-            ? fmt::format(
-                  "{} although all {} ranks arrived: stuck inside NCCL's bootstrap or transport setup "
-                  "(network interfaces, firewall, NCCL_SOCKET_IFNAME)",
-                  what, init.nranks)
-            : fmt::format(
-                  "{}: {} arrived, {} did not — {} never called {} for it (not started, crashed "
-                  "before, or given another unique id)",
-                  what, Ranks(arrived_ranks), Ranks(missing),
-                  missing.size() == 1 ? "that rank" : "those ranks", init.api);
-    Json missing_whereabouts = Json::array();
-    for (const int rank : missing) {
-      if (const auto found = WhereIsMissing(job, init.processes, rank, init.started_ns)) {
-        message += fmt::format("; rank {} (pid {}) is {}", rank, found->first->pid, found->second.sentence);
-        missing_whereabouts.push_back(
-            Json{{"rank", rank}, {"pid", found->first->pid}, {"sentence", found->second.sentence}});
-      }
-    }
-    Add(buckets, kStuckInInit, comm_id, 0, missing.empty() ? arrived_ranks : missing, std::move(message),
-        Json{{"api", init.api},
-             {"nranks", init.nranks},
-             {"arrived_ranks", arrived_ranks},
-             {"pending_ranks", init.pending},
-             {"missing_ranks", missing},
-             {"missing_whereabouts", std::move(missing_whereabouts)},
-             {"waited_seconds", init.waited_seconds}});
+    AddStuckInInit(buckets, job, comm_id, init, arrived, missing);
   }
 }
 

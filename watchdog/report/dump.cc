@@ -130,8 +130,8 @@ std::size_t MaxDumpBytes(long ring_size) {
   constexpr std::size_t kBytesPerOperation = 512;
   constexpr std::size_t kFactsBytes = 256 << 10;
   constexpr std::size_t kLargestCap = 256 << 20;
-  // Every thread listed (kMaxThreads of about 300 bytes each) and their frames' budget.
-  constexpr std::size_t kThreadsBytes = 1024 * 512 + kThreadFramesBudget;
+  // Every thread listed (at most 1,024, about 300 bytes each without frames) and the frames' budget.
+  constexpr std::size_t kThreadsBytes = std::size_t{1024} * 512 + kThreadFramesBudget;
   const std::size_t ring = static_cast<std::size_t>(std::clamp<long>(ring_size, 1, 1 << 20));
   return std::min(kLargestCap, kFactsBytes + kThreadsBytes + kMaxDumpedRings * ring * kBytesPerOperation);
 }

@@ -22,7 +22,7 @@ namespace ncclguard {
 inline constexpr int kDumpFormatVersion = 2;
 
 // The dump's budget for the frames of its threads' stacks.
-inline constexpr std::size_t kThreadFramesBudget = 2 << 20;
+inline constexpr std::size_t kThreadFramesBudget = std::size_t{2} << 20;
 
 // The path written, or why nothing was.
 using DumpResult = absl::StatusOr<std::string>;

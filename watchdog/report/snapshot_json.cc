@@ -1,5 +1,7 @@
 #include "watchdog/report/snapshot_json.h"
 
+#include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <initializer_list>
 #include <stdexcept>

@@ -9,7 +9,10 @@
 #include <pthread.h>
 #include <signal.h>
 #include <sys/syscall.h>
+#include <sys/types.h>
+#include <sys/ucontext.h>
 #include <sys/uio.h>
+#include <time.h>
 #include <ucontext.h>
 #include <unistd.h>
 
@@ -24,8 +27,8 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <ratio>
 #include <string>
-#include <string_view>
 #include <thread>
 #include <type_traits>
 #include <utility>
@@ -33,9 +36,9 @@
 
 #include <fmt/format.h>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
-#include "absl/strings/strip.h"
 #include "watchdog/common/clock.h"
 #include "watchdog/report/python_stacks.h"
 #include "watchdog/report/snapshot.h"
@@ -66,7 +69,7 @@ constexpr int kMaxFrames = 64;
 enum MailboxState : int { kIdle, kRequested, kWriting, kDone, kAbandoned };
 struct Mailbox {
   std::atomic<int> state{kIdle};
-  std::atomic<pid_t> tid{0};
+  std::atomic<long> tid{0};  // as syscall(SYS_gettid) returns it
   std::uint64_t pthread = 0;
   int count = 0;
   std::array<unw_word_t, kMaxFrames> frames{};
