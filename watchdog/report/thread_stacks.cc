@@ -328,7 +328,7 @@ ThreadFacts ReadThreadFacts(pid_t tid, int signal, std::optional<double> now_ms)
   long number = -1;
   if (fields.size() >= 2 && absl::SimpleAtoi(fields[0], &number) && number >= 0) {
     const auto* known = FindSyscall(number);
-    thread.syscall = known != nullptr ? known->second : SyscallName(number);
+    thread.syscall = known != nullptr ? known->second : fmt::format("syscall {}", number);
     facts.cut_short = known != nullptr && known->first.cut_short;
     std::uint64_t fd = 0;
     if (known != nullptr && known->first.fd_first && absl::SimpleHexAtoi(fields[1], &fd) && fd < (1U << 30)) {
@@ -518,11 +518,6 @@ void InstallStackSignal(int signal) noexcept {
     return;
   }
   g_stack_signal.store(signal, std::memory_order_release);
-}
-
-std::string SyscallName(long number) {
-  if (const auto* known = FindSyscall(number)) return known->second;
-  return fmt::format("syscall {}", number);
 }
 
 ThreadsSnapshot CaptureThreadStacks(const StackCaptureLimits& limits) noexcept {

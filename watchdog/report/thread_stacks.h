@@ -12,8 +12,6 @@
 
 #include <chrono>
 #include <cstdint>
-#include <string>
-#include <string_view>
 
 #include "watchdog/report/snapshot.h"
 
@@ -37,8 +35,5 @@ struct StackCaptureLimits {
 // Never throws; what could not be taken is said in the notes of each thread and of the whole.
 // Captures are serialized: a concurrent call waits for the one under way.
 ThreadsSnapshot CaptureThreadStacks(const StackCaptureLimits& limits = {}) noexcept;
-
-// The name of a system call of this architecture ("read"), or "syscall <n>".
-std::string SyscallName(long number);
 
 }  // namespace ncclguard
