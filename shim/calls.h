@@ -66,17 +66,21 @@ CreationArguments CreationArgumentsOf(const Args&... args) {
     creation.unique_id = &std::get<2>(arguments);
     creation.nranks = std::get<1>(arguments);
     creation.rank = std::get<3>(arguments);
+    if constexpr (A == Api::ncclCommInitRankConfig) creation.config = std::get<4>(arguments);
   } else if constexpr (A == Api::ncclCommInitAll) {  // (comm*, ndev, devlist)
     creation.nranks = std::get<1>(arguments);
   } else if constexpr (A == Api::ncclCommSplit) {  // (comm, color, key, newcomm*, config)
     creation.parent = std::get<0>(arguments);
     creation.color = std::get<1>(arguments);
-  } else if constexpr (A == Api::ncclCommShrink) {  // (comm, excludeRanks, count, newcomm*, ...)
+    creation.config = std::get<4>(arguments);
+  } else if constexpr (A == Api::ncclCommShrink) {  // (comm, excludeRanks, count, newcomm*, config, flags)
     creation.parent = std::get<0>(arguments);
+    creation.config = std::get<4>(arguments);
   } else {  // ncclCommInitRankScalable: (newcomm*, nranks, myrank, nId, commIds, config)
     creation.unique_id = std::get<4>(arguments);
     creation.nranks = std::get<1>(arguments);
     creation.rank = std::get<2>(arguments);
+    creation.config = std::get<5>(arguments);
   }
   return creation;
 }

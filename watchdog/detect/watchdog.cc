@@ -26,6 +26,7 @@
 #include "watchdog/common/mutex.h"
 #include "watchdog/detect/progress.h"
 #include "watchdog/diagnose/verdicts.h"
+#include "watchdog/recover/held_operations.h"
 #include "watchdog/recover/in_process.h"
 #include "watchdog/recover/p2p_verdict.h"
 #include "watchdog/report/facts.h"
@@ -78,9 +79,9 @@ bool Mendable(VerdictKind verdict) {
 // A probation operation's host function, still queued on its stream (one the application aborted
 // may run much later), reads the state: it is freed only once none is.
 bool AwaitsProbationHostFunction(CommState& comm) {
-  return std::ranges::any_of(comm.TakenProbation(), [](const ProbationOp& op) {
-    return op.state.load(std::memory_order_acquire) == ProbationState::kPending;
-  });
+  return HasHeld(comm) || std::ranges::any_of(comm.TakenProbation(), [](const ProbationOp& op) {
+           return op.state.load(std::memory_order_acquire) == ProbationState::kPending;
+         });
 }
 
 }  // namespace

@@ -33,7 +33,8 @@ struct Ticket {
   // The library slot that is to serve the call instead of the wrapper's own (-1): lets the core
   // send a communicator's creation to another library instance.
   int slot = -1;
-  ProbationOp* probation = nullptr;  // the operation is on probation: its stream is gated after it
+  ProbationOp* probation = nullptr;      // the operation is on probation: its stream is gated after it
+  const ncclConfig_t* config = nullptr;  // of the communicator being created: the application's
 };
 
 // Every wrapper first turns each communicator it is given into the real one behind it, and the
@@ -58,6 +59,7 @@ struct CreationArguments {
   const ncclUniqueId* unique_id = nullptr;  // InitRank, InitRankConfig, InitRankScalable
   ncclComm_t parent = nullptr;              // Split, Shrink
   int color = 0;                            // Split
+  const ncclConfig_t* config = nullptr;     // the Config and Scalable forms, Split, Shrink
   int rank = -1;
   int nranks = 0;
 };

@@ -10,6 +10,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -28,6 +30,7 @@
 #include "watchdog/common/nccl_api.h"
 #include "watchdog/detect/runtime.h"
 #include "watchdog/record/hooks.h"
+#include "watchdog/recover/held_operations.h"
 #include "watchdog/report/facts.h"
 #include "watchdog/state/gpu_events.h"
 #include "watchdog/state/handles.h"
@@ -50,6 +53,7 @@ struct GroupedOperation {
   CommState* comm;
   std::uint64_t seq;
   ProbationOp* probation;  // on probation: gated at the outermost end
+  bool held;               // held by ncclguard: NCCL has not seen it
 };
 thread_local int t_group_depth = 0;
 thread_local std::uint64_t t_group_id = 0;
@@ -195,30 +199,61 @@ void FinishGroupedCreations(Api api, ncclResult_t result) {
   if (completed) WriteStatusAtInit();
 }
 
-// Probation (NCCLGUARD_RECOVER=inprocess). Any operation issued while an earlier one is on
-// probation is queued behind it on the same communicator: were that one replayed on a new
-// communicator, this one would still run on the old one.
+// Probation (NCCLGUARD_RECOVER=inprocess). An operation that cannot be held (captured into a
+// graph, untimed) but is issued while an earlier one is on probation goes to NCCL behind it on
+// the same communicator: were that one replayed on a new communicator, this one would still run
+// on the old one.
 void MarkProbationUnsafe(CommState& comm) {
   for (ProbationOp& earlier : comm.TakenProbation()) {
-    if (earlier.state.load(std::memory_order_acquire) == ProbationState::kPending) {
-      earlier.unsafe.store("a later operation on the communicator was queued behind it",
+    if (Unreleased(earlier)) {
+      earlier.unsafe.store("an operation that cannot be held (captured into a graph) was queued behind it",
                            std::memory_order_release);
     }
   }
 }
 
-// The probation slot of operation `seq`, or nullptr when it is not held: probation is over (the
-// first NCCLGUARD_PROBATION_OPS operations, held or not, are its span), or the operation cannot be
-// held (captured into a graph, untimed). Its in-place input is copied now, on the stream, before
-// NCCL queues the operation (for a grouped one, at the group's end).
-ProbationOp* TakeProbation(CommState& comm, std::uint64_t seq, Api api, const OperationArguments& arguments,
-                           std::uint64_t group, bool holdable) {
-  if (comm.probation_limit == 0) return nullptr;
-  MarkProbationUnsafe(comm);
-  const int taken = comm.probation_taken.load(std::memory_order_relaxed);
-  if (taken >= comm.probation_limit) return nullptr;
+// Whether an earlier operation of `comm` is still on probation (held, in NCCL's hands, or being
+// recovered): a new one then queues behind it.
+bool BehindProbation(CommState& comm) {
+  return std::ranges::any_of(comm.TakenProbation(), [](const ProbationOp& op) { return Unreleased(op); });
+}
+
+struct ProbationClaim {
+  ProbationOp* op = nullptr;  // its probation slot; nullptr when it is not on probation
+  bool held = false;          // ncclguard holds it and issues it itself
+};
+
+// The probation slot of operation `seq`, and whether it is held. Probation covers the first
+// NCCLGUARD_PROBATION_OPS operations and every operation issued while an earlier one is still on
+// probation; those are held (a non-blocking communicator's are always held: its call may answer
+// ncclInProgress, before the operation is on the stream, and the issuing thread waits that out).
+// Operations that cannot be held (captured into a graph, untimed) are never on probation. An
+// in-place input is copied now, on the stream, before the operation.
+ProbationClaim TakeProbation(CommState& comm, std::uint64_t seq, Api api, const OperationArguments& arguments,
+                             std::uint64_t group, bool holdable) {
+  if (comm.probation_limit == 0) return {};
+  const bool behind = BehindProbation(comm);
+  int taken = comm.probation_taken.load(std::memory_order_relaxed);
+  const bool first_ops =
+      taken < comm.probation_limit && !comm.probation_closed.load(std::memory_order_acquire);
+  if (!holdable) {
+    if (behind) MarkProbationUnsafe(comm);
+    // Counted among the first operations all the same.
+    if (first_ops) comm.probation_taken.store(taken + 1, std::memory_order_release);
+    return {};
+  }
+  if (!first_ops && !behind) return {};
+  if (taken >= kProbationSlots) {
+    // Every slot is used and some are still queued: this one waits until they have drained, then
+    // goes to NCCL as without probation.
+    static std::atomic<bool> logged{false};
+    if (!logged.exchange(true))
+      log::Warn("comm {}: more than {} operations queued on probation; the application waits", comm.id,
+                kProbationSlots);
+    while (BehindProbation(comm)) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    return {};
+  }
   comm.probation_taken.store(taken + 1, std::memory_order_release);
-  if (!holdable) return nullptr;
   ProbationOp& op = comm.probation[taken];
   op.seq = seq;
   op.api = api;
@@ -229,6 +264,7 @@ ProbationOp* TakeProbation(CommState& comm, std::uint64_t seq, Api api, const Op
   op.reduction = arguments.reduction;
   op.root_or_peer = arguments.root_or_peer;
   op.stream = arguments.stream;
+  op.exec_stream = arguments.stream;
   op.group = group;
   const std::size_t overwritten = OverwrittenInputBytes(op, comm.rank.load(std::memory_order_relaxed),
                                                         comm.nranks.load(std::memory_order_relaxed));
@@ -238,7 +274,7 @@ ProbationOp* TakeProbation(CommState& comm, std::uint64_t seq, Api api, const Op
   } else if (overwritten > 0 && !SaveInput(op, overwritten)) {
     op.unsafe.store("its input is its output, and could not be copied", std::memory_order_release);
   }
-  return &op;
+  return {&op, behind || comm.nonblocking};
 }
 
 // At the outermost end of a group that NCCL launched: its operations on probation are gated, after
@@ -251,7 +287,7 @@ void HoldGroupOnProbation(Api api, ncclResult_t result) {
       std::all_of(t_grouped.begin(), t_grouped.end(),
                   [first_comm](const GroupedOperation& grouped) { return grouped.comm == first_comm; });
   for (const GroupedOperation& grouped : t_grouped) {
-    if (grouped.probation == nullptr || !launched) continue;
+    if (grouped.probation == nullptr || grouped.held || !launched) continue;
     if (!one_comm) {
       grouped.probation->unsafe.store("its group also holds operations of another communicator",
                                       std::memory_order_release);
@@ -317,14 +353,26 @@ Ticket BeforeOperation(Api api, int library, const OperationArguments& arguments
     if (op.start_event == nullptr || op.end_event == nullptr) initial = OpState::kUntimed;
   }
   const bool grouped = t_group_depth > 0;
-  ticket.probation =
+  ProbationClaim claim =
       TakeProbation(*comm, seq, api, arguments, grouped ? t_group_id : 0, initial == OpState::kEnqueued);
-  if (initial == OpState::kEnqueued && !grouped) RecordStart(op);
+  if (claim.held && !HoldOperation(*comm, *claim.op, grouped)) {
+    // The driver refused to hold it: it goes to NCCL once what is queued before it has.
+    AwaitHeldIssued(*comm);
+    claim.held = false;
+  }
+  ticket.probation = claim.op;
+  // A held operation's events are recorded by the thread that issues it, around the real call.
+  if (initial == OpState::kEnqueued && !grouped && !claim.held) RecordStart(op);
   op.seq.store(seq, std::memory_order_relaxed);
   op.state.store(initial, std::memory_order_release);
   comm->last_enqueued.store(seq, std::memory_order_release);
-  if (grouped) t_grouped.push_back({comm, seq, ticket.probation});
+  if (grouped) t_grouped.push_back({comm, seq, ticket.probation, claim.held});
   ticket.seq = seq;
+  if (claim.held) {
+    // NCCL does not see it now: ncclguard issues it, in order, once the earlier ones have passed.
+    ticket.forward = false;
+    ticket.result = ncclSuccess;
+  }
   return ticket;
 }
 
@@ -348,7 +396,7 @@ Ticket BeforeGroupCall(Api api) noexcept {
     // Events recorded now land before the group's kernels: nothing was launched yet.
     for (const GroupedOperation& grouped : t_grouped) {
       OpRecord& op = grouped.comm->Slot(grouped.seq);
-      if (op.seq.load(std::memory_order_relaxed) == grouped.seq &&
+      if (!grouped.held && op.seq.load(std::memory_order_relaxed) == grouped.seq &&
           op.state.load(std::memory_order_acquire) == OpState::kEnqueued && api == Api::ncclGroupEnd) {
         RecordStart(op);
       }
@@ -367,7 +415,14 @@ void AfterGroupCall(Api api, ncclResult_t result) noexcept {
   if (t_group_depth > 0) return;  // not the outermost end
   FinishGroupedCreations(api, result);
   for (const GroupedOperation& grouped : t_grouped) {
-    if (api == Api::ncclGroupEnd) {
+    if (grouped.held) {
+      // Issued by ncclguard, as one group, once the group has ended; never when it did not run.
+      if (api == Api::ncclGroupEnd && Launched(result)) {
+        ReleaseHeldGroupMember(*grouped.probation);
+      } else {
+        DropHeld(*grouped.comm, *grouped.probation);
+      }
+    } else if (api == Api::ncclGroupEnd) {
       FinishLaunch(*grouped.comm, grouped.seq, result);
     } else {  // ncclGroupSimulateEnd: the operations are estimated, never run
       OpRecord& op = grouped.comm->Slot(grouped.seq);
@@ -393,6 +448,8 @@ Ticket BeforeCreation(Api api, const CreationArguments& arguments) noexcept {
     if (arguments.unique_id != nullptr) {
       init.comm_id = CommIdFromUniqueId(*arguments.unique_id);
     } else if (CommState* parent = GetRegistry().Find(arguments.parent)) {
+      // NCCL's calls on one communicator must not overlap: the held ones go first.
+      AwaitHeldIssued(*parent);
       ticket.comm = parent;
       const std::uint32_t ordinal = parent->children.fetch_add(1, std::memory_order_relaxed);
       init.comm_id =
@@ -406,6 +463,7 @@ Ticket BeforeCreation(Api api, const CreationArguments& arguments) noexcept {
     if (arguments.unique_id != nullptr || api == Api::ncclCommInitAll) ticket.slot = CreationSlot();
     std::snprintf(ticket.comm_id, sizeof(ticket.comm_id), "%s", init.comm_id.c_str());
     ticket.start_ns = init.start_ns;
+    ticket.config = arguments.config;
     ticket.init_token = GetRegistry().BeginInit(std::move(init));
   } catch (...) {
   }
@@ -444,6 +502,33 @@ void HandOutHandles(int library, ncclComm_t* comms, int count) noexcept {
   }
 }
 
+// What a re-creation needs of the application's configuration: its ncclConfig_t (as much of it as
+// the application's NCCL defines, read only when it carries NCCL's magic), or, for a split without
+// one, its parent's, as NCCL does; and whether calls on it may answer ncclInProgress.
+void KeepConfig(CommState& state, const ncclConfig_t* config, const CommState* parent) {
+  constexpr unsigned kConfigMagic = 0xcafebeef;  // NCCL_CONFIG_INITIALIZER's
+  if (config != nullptr && config->magic == kConfigMagic &&
+      config->size >= offsetof(ncclConfig_t, blocking)) {
+    state.config.present = true;
+    std::memcpy(&state.config.config, config, std::min(config->size, sizeof(ncclConfig_t)));
+    state.config.config.size = sizeof(ncclConfig_t);
+    // Strings are the application's: copied, and pointed at again when the copy is used.
+    if (config->size > offsetof(ncclConfig_t, netName) && config->netName != nullptr)
+      state.config.net_name = config->netName;
+    if (config->size > offsetof(ncclConfig_t, commName) && config->commName != nullptr)
+      state.config.comm_name = config->commName;
+    state.config.config.netName = nullptr;
+    state.config.config.commName = nullptr;
+  } else if (config == nullptr && parent != nullptr) {
+    state.config = parent->config;
+  }
+  const char* blocking = std::getenv("NCCL_COMM_BLOCKING");
+  const int configured = state.config.present ? state.config.config.blocking : NCCL_CONFIG_UNDEF_INT;
+  state.nonblocking = configured != NCCL_CONFIG_UNDEF_INT
+                          ? configured == 0
+                          : blocking != nullptr && std::strcmp(blocking, "0") == 0;
+}
+
 void RegisterCreated(const Ticket& ticket, Api api, int library, ncclResult_t result, const ncclComm_t* comms,
                      int count) noexcept {
   try {
@@ -474,6 +559,7 @@ void RegisterCreated(const Ticket& ticket, Api api, int library, ncclResult_t re
             state.init_start_ns = ticket.start_ns;
             state.context = DriverEvents().CurrentContext();
             state.awaiting_group_end.store(grouped, std::memory_order_relaxed);
+            KeepConfig(state, ticket.config, ticket.comm);
             state.probation_limit = ProbationLimit(library);
             if (result == ncclSuccess && !grouped) state.init_end_ns.store(now, std::memory_order_relaxed);
           });
@@ -517,8 +603,17 @@ Ticket BeforeCommCall(Api api, ncclComm_t handle) noexcept {
     return ticket;
   }
   if (api == Api::ncclCommDestroy || api == Api::ncclCommAbort || api == Api::ncclCommFinalize) {
+    // Destroy and finalize wait for the communicator's work, what ncclguard holds included; an
+    // abort drops what is held (NCCL never saw it), and the application's stream goes on.
+    if (api != Api::ncclCommAbort) AwaitHeldIssued(*comm);
     comm->closing.store(true, std::memory_order_seq_cst);
-    while (comm->watchdog_in_call.load(std::memory_order_seq_cst)) std::this_thread::yield();
+    while (comm->watchdog_in_call.load(std::memory_order_seq_cst) ||
+           comm->issuer_in_call.load(std::memory_order_seq_cst)) {
+      std::this_thread::yield();
+    }
+    if (api == Api::ncclCommAbort) {
+      for (ProbationOp& op : comm->TakenProbation()) DropHeld(*comm, op);
+    }
   }
   return ticket;
 }

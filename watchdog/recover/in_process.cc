@@ -24,6 +24,7 @@
 #include "watchdog/common/log.h"
 #include "watchdog/common/mutex.h"
 #include "watchdog/common/nccl_api.h"
+#include "watchdog/recover/held_operations.h"
 #include "watchdog/recover/private_instance.h"
 #include "watchdog/recover/rendezvous.h"
 #include "watchdog/state/cuda_driver.h"
@@ -72,44 +73,6 @@ absl::StatusOr<int> PrivateInstanceSlot(const std::string& job_dir, int library)
   return slot;
 }
 
-// The operation again, as the application called it, on `comm` and `stream`.
-// CUstream and the runtime's cudaStream_t are the same type.
-ncclResult_t CallOperation(void* function, const ProbationOp& op, ncclComm_t comm, CUstream stream) {
-  const auto type = static_cast<ncclDataType_t>(op.datatype);
-  const auto reduction = static_cast<ncclRedOp_t>(op.reduction);
-  const int root = op.root_or_peer;
-#define NCCLGUARD_CALL(name, ...) reinterpret_cast<decltype(&::name)>(function)(__VA_ARGS__)
-  switch (op.api) {
-    case Api::ncclAllReduce:
-      return NCCLGUARD_CALL(ncclAllReduce, op.send, op.recv, op.count, type, reduction, comm, stream);
-    case Api::ncclBroadcast:
-      return NCCLGUARD_CALL(ncclBroadcast, op.send, op.recv, op.count, type, root, comm, stream);
-    case Api::ncclBcast:
-      return NCCLGUARD_CALL(ncclBcast, op.recv, op.count, type, root, comm, stream);
-    case Api::ncclReduce:
-      return NCCLGUARD_CALL(ncclReduce, op.send, op.recv, op.count, type, reduction, root, comm, stream);
-    case Api::ncclAllGather:
-      return NCCLGUARD_CALL(ncclAllGather, op.send, op.recv, op.count, type, comm, stream);
-    case Api::ncclReduceScatter:
-      return NCCLGUARD_CALL(ncclReduceScatter, op.send, op.recv, op.count, type, reduction, comm, stream);
-    case Api::ncclSend:
-      return NCCLGUARD_CALL(ncclSend, op.send, op.count, type, root, comm, stream);
-    case Api::ncclRecv:
-      return NCCLGUARD_CALL(ncclRecv, op.recv, op.count, type, root, comm, stream);
-#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 3)
-    case Api::ncclAlltoAll:
-      return NCCLGUARD_CALL(ncclAlltoAll, op.send, op.recv, op.count, type, comm, stream);
-    case Api::ncclGather:
-      return NCCLGUARD_CALL(ncclGather, op.send, op.recv, op.count, type, root, comm, stream);
-    case Api::ncclScatter:
-      return NCCLGUARD_CALL(ncclScatter, op.send, op.recv, op.count, type, root, comm, stream);
-#endif
-    default:
-      return ncclInvalidUsage;
-  }
-#undef NCCLGUARD_CALL
-}
-
 // After a fallback, the operation's gate is the host function's again: opened at once if the
 // operation got past it meanwhile (its end event precedes the host function on the stream).
 void GiveBack(CommState& comm, ProbationOp& op) {
@@ -150,6 +113,12 @@ class Recovery {
   std::string Ready();  // "" when this rank can recover, else why not
   absl::StatusOr<RendezvousOutcome> Meet(const std::string& not_ready);
   absl::Status CreateCommunicator(const ncclUniqueId& id);
+  void StartAbort();
+  // When the new communicator and the replay must be complete, each (steady clock).
+  std::int64_t Deadline() const {
+    return SteadyNowNs() +
+           std::chrono::duration_cast<std::chrono::nanoseconds>(request_.replay_timeout).count();
+  }
   absl::Status Replay();
   absl::Status QueueReplay(CUstream stream);
   void Repoint();
@@ -185,8 +154,6 @@ std::string Recovery::Ready() {
   if (driver_ == nullptr || !driver_->probation)
     return "the CUDA driver cannot replay on a stream of its own";
   if (comm_.closing.load(std::memory_order_acquire)) return "the application is closing the communicator";
-  if (comm_.last_enqueued.load(std::memory_order_acquire) != ops_.back()->seq)
-    return "a later operation on the communicator was queued behind it";
   for (const ProbationOp* op : ops_) {
     if (const char* unsafe = op->unsafe.load(std::memory_order_acquire)) return unsafe;
   }
@@ -223,9 +190,9 @@ absl::StatusOr<RendezvousOutcome> Recovery::Meet(const std::string& not_ready) {
 
 // Made on a thread of its own, so that a rank that never joins (it fell back on its own, or died)
 // costs this one the deadline and not for ever: the watchdog, whose init timeout would otherwise
-// notice, is the thread waiting here. Blocking, as the application's own was (its calls expect
-// ncclSuccess, not ncclInProgress). Past the deadline the process exits (kBroken), so the thread
-// left waiting in NCCL does no harm.
+// notice, is the thread waiting here. With the application's own configuration (blocking or not,
+// CTA counts, network, name...); a non-blocking one is awaited here. Past the deadline the
+// process exits (kBroken), so the thread left waiting in NCCL does no harm.
 absl::Status Recovery::CreateCommunicator(const ncclUniqueId& id) {
   struct Creation {
     std::atomic<bool> done{false};
@@ -233,17 +200,34 @@ absl::Status Recovery::CreateCommunicator(const ncclUniqueId& id) {
     ncclResult_t result = ncclInternalError;
   };
   auto creation = std::make_shared<Creation>();
-  const std::int64_t give_up =
-      SteadyNowNs() + std::chrono::duration_cast<std::chrono::nanoseconds>(request_.replay_timeout).count();
+  const std::int64_t give_up = Deadline();
+  auto config = std::make_shared<KeptConfig>(comm_.config);
+  if (config->present) {
+    config->config.netName = config->net_name.empty() ? nullptr : config->net_name.c_str();
+    config->config.commName = config->comm_name.empty() ? nullptr : config->comm_name.c_str();
+  }
+  const bool with_config = config->present && Real().Function(slot_, Api::ncclCommInitRankConfig) != nullptr;
   const ncclResult_t result = PrivateNcclInstance::WithP2pDisabled([&] {
     try {
-      std::thread([creation, driver = driver_, context = static_cast<CUcontext>(comm_.context), slot = slot_,
+      std::thread([creation, config, with_config, give_up, driver = driver_,
+                   context = static_cast<CUcontext>(comm_.context), slot = slot_,
                    nranks = comm_.nranks.load(), rank = comm_.rank.load(), id] {
         RecoveryUnderWay recovering;  // NCCL's calls of its own functions on this thread must not wait
         CudaContextScope scope(*driver, context);
-        creation->result = CallRealNccl(slot, Api::ncclCommInitRank, [&](void* function) {
-          return reinterpret_cast<decltype(&::ncclCommInitRank)>(function)(&creation->comm, nranks, id, rank);
-        });
+        ncclResult_t made = ncclInternalError;
+        if (with_config) {
+          made = CallRealNccl(slot, Api::ncclCommInitRankConfig, [&](void* function) {
+            return reinterpret_cast<decltype(&::ncclCommInitRankConfig)>(function)(&creation->comm, nranks,
+                                                                                   id, rank, &config->config);
+          });
+        } else {
+          made = CallRealNccl(slot, Api::ncclCommInitRank, [&](void* function) {
+            return reinterpret_cast<decltype(&::ncclCommInitRank)>(function)(&creation->comm, nranks, id,
+                                                                             rank);
+          });
+        }
+        if (made == ncclInProgress) made = AwaitNotInProgress(slot, creation->comm, give_up);
+        creation->result = made;
         creation->done.store(true, std::memory_order_release);
       }).detach();
     } catch (...) {  // no thread to be had
@@ -259,11 +243,37 @@ absl::Status Recovery::CreateCommunicator(const ncclUniqueId& id) {
   if (result == ncclInProgress)
     return absl::DeadlineExceededError("the new communicator was not complete in time");
   if (result != ncclSuccess) {
-    return absl::InternalError(
-        absl::StrCat("ncclCommInitRank on the private instance returned ", std::string(ResultName(result))));
+    return absl::InternalError(absl::StrCat(with_config ? "ncclCommInitRankConfig" : "ncclCommInitRank",
+                                            " on the private instance returned ",
+                                            std::string(ResultName(result))));
   }
   new_comm_ = creation->comm;
   return absl::OkStatus();
+}
+
+// Aborts the stuck communicator on a thread of its own, without waiting for it to return: freeing
+// its memory may wait for every stream of the device (cudaFree does), the application's among
+// them, which waits at the gate only the replay opens. The replay waits, on the GPU, for the
+// aborted operations to leave their streams, which the abort flag makes them do at once.
+void Recovery::StartAbort() {
+  const int library = comm_.library.load();
+  std::string id = comm_.id;
+  const ncclComm_t old_comm = old_comm_;
+  auto abort = [library, old_comm, id, driver = driver_, context = static_cast<CUcontext>(comm_.context)] {
+    // Not counted as a recovery under way: the application's calls must not wait for this one.
+    CudaContextScope scope(*driver, context);
+    const std::int64_t start = SteadyNowNs();
+    const ncclResult_t aborted = CallRealNccl(library, Api::ncclCommAbort, [old_comm](void* function) {
+      return reinterpret_cast<decltype(&::ncclCommAbort)>(function)(old_comm);
+    });
+    if (aborted != ncclSuccess) log::Warn("ncclCommAbort of comm {} returned {}", id, ResultName(aborted));
+    log::Debug("ncclCommAbort of comm {} returned after {} ms", id, (SteadyNowNs() - start) / 1'000'000);
+  };
+  try {
+    std::thread(abort).detach();
+  } catch (...) {  // no thread to be had: abort here, and hope its frees do not wait
+    abort();
+  }
 }
 
 // Queues, on `stream`: a wait for each aborted operation to leave its stream (it no longer
@@ -290,13 +300,13 @@ absl::Status Recovery::QueueReplay(CUstream stream) {
   ncclResult_t replayed = grouped ? group_call(Api::ncclGroupStart) : ncclSuccess;
   for (const ProbationOp* op : ops_) {
     if (replayed != ncclSuccess) break;
-    replayed = CallRealNccl(slot_, op->api,
-                            [&](void* function) { return CallOperation(function, *op, new_comm_, stream); });
+    replayed = IssueOperation(*op, slot_, new_comm_, stream);
   }
   if (grouped) {
     const ncclResult_t ended = group_call(Api::ncclGroupEnd);
     if (replayed == ncclSuccess) replayed = ended;
   }
+  if (replayed == ncclInProgress) replayed = AwaitNotInProgress(slot_, new_comm_, Deadline());
   if (replayed != ncclSuccess) {
     return absl::InternalError(absl::StrCat("the replay returned ", std::string(ResultName(replayed))));
   }
@@ -319,8 +329,7 @@ absl::Status Recovery::Replay() {
       driver_->cuEventRecord(done, stream) != CUDA_SUCCESS) {
     return absl::InternalError("the replay's completion cannot be watched");
   }
-  const std::int64_t give_up =
-      SteadyNowNs() + std::chrono::duration_cast<std::chrono::nanoseconds>(request_.replay_timeout).count();
+  const std::int64_t give_up = Deadline();
   CUresult state = CUDA_ERROR_NOT_READY;
   while ((state = driver_->cuEventQuery(done)) == CUDA_ERROR_NOT_READY && SteadyNowNs() < give_up) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
@@ -345,7 +354,7 @@ void Recovery::Repoint() {
   }
   SendCreationsTo(slot_);
   // Nothing more goes on probation: P2P is off on the private instance.
-  comm_.probation_taken.store(kMaxProbationOps, std::memory_order_release);
+  comm_.probation_closed.store(true, std::memory_order_release);
   for (ProbationOp* op : ops_) {
     OpRecord& record = comm_.Slot(op->seq);
     OpState state = record.state.load(std::memory_order_acquire);
@@ -364,6 +373,7 @@ void Recovery::Repoint() {
     }
   }
   comm_.recovered.store(true, std::memory_order_release);
+  NoteProbationChange();  // what was held behind the replayed operations goes to the new communicator
 }
 
 RecoveryOutcome Recovery::Run() {
@@ -377,11 +387,7 @@ RecoveryOutcome Recovery::Run() {
   }
   CudaContextScope context(*driver_, static_cast<CUcontext>(comm_.context));
   old_comm_ = comm_.handle.load();
-  const ncclResult_t aborted = CallRealNccl(comm_.library.load(), Api::ncclCommAbort, [this](void* function) {
-    return reinterpret_cast<decltype(&::ncclCommAbort)>(function)(old_comm_);
-  });
-  if (aborted != ncclSuccess)
-    log::Warn("ncclCommAbort of comm {} returned {}", comm_.id, ResultName(aborted));
+  StartAbort();
   if (absl::Status created = CreateCommunicator(met->unique_id); !created.ok()) {
     return Outcome(Result::kBroken, std::string(created.message()));
   }

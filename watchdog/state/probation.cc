@@ -1,11 +1,16 @@
 #include "watchdog/state/probation.h"
 
 #include <cuda.h>
+#include <linux/futex.h>
 #include <nccl.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <atomic>
+#include <climits>
 #include <cstddef>
 #include <cstdint>
+#include <ctime>
 
 #include "absl/base/thread_annotations.h"
 #include "watchdog/common/mutex.h"
@@ -57,8 +62,11 @@ void CUDA_CB OpenGateUnlessTakenOver(void* data) {
   ProbationState expected = ProbationState::kPending;
   if (op.state.compare_exchange_strong(expected, ProbationState::kReleased, std::memory_order_acq_rel)) {
     OpenGate(op);
+    NoteProbationChange();  // the operation queued behind it may go
   }
 }
+
+std::atomic<std::uint32_t> g_probation_changes{0};
 
 std::size_t Bytes(std::size_t count, int datatype) { return count * DatatypeSize(datatype); }
 
@@ -127,7 +135,7 @@ bool SaveInput(ProbationOp& op, std::size_t bytes) noexcept {
   return true;
 }
 
-bool GateStream(ProbationOp& op) noexcept {
+bool TakeGate(ProbationOp& op) noexcept {
   const CudaDriver* driver = LoadCudaDriver();
   if (driver == nullptr || !driver->probation) return false;
   op.gate = Words().Take(*driver);
@@ -135,14 +143,33 @@ bool GateStream(ProbationOp& op) noexcept {
   CUdeviceptr device = 0;
   if (driver->cuMemHostGetDevicePointer(&device, op.gate, 0) != CUDA_SUCCESS) return false;
   op.gate_device = device;
-  auto* stream = static_cast<CUstream>(op.stream);
+  return true;
+}
+
+bool WaitAtGate(ProbationOp& op) noexcept {
+  const CudaDriver* driver = LoadCudaDriver();
+  return driver != nullptr && driver->probation && op.gate_device != 0 &&
+         driver->cuStreamWaitValue32(static_cast<CUstream>(op.stream), op.gate_device, 1,
+                                     CU_STREAM_WAIT_VALUE_GEQ) == CUDA_SUCCESS;
+}
+
+bool ArmGate(ProbationOp& op, void* exec_stream) noexcept {
+  const CudaDriver* driver = LoadCudaDriver();
+  if (driver == nullptr || !driver->probation) return false;
+  op.exec_stream = exec_stream;
   // Pending before the host function can run: it opens only a pending gate.
   op.state.store(ProbationState::kPending, std::memory_order_release);
-  if (driver->cuLaunchHostFunc(stream, OpenGateUnlessTakenOver, &op) != CUDA_SUCCESS) {
+  if (driver->cuLaunchHostFunc(static_cast<CUstream>(exec_stream), OpenGateUnlessTakenOver, &op) !=
+      CUDA_SUCCESS) {
     op.state.store(ProbationState::kNone, std::memory_order_release);
     return false;
   }
-  if (driver->cuStreamWaitValue32(stream, device, 1, CU_STREAM_WAIT_VALUE_GEQ) != CUDA_SUCCESS) {
+  return true;
+}
+
+bool GateStream(ProbationOp& op) noexcept {
+  if (!TakeGate(op) || !ArmGate(op, op.stream)) return false;
+  if (!WaitAtGate(op)) {
     // The host function still runs and opens a gate nobody waits at; the operation cannot be
     // held, so it is not on probation.
     ProbationState expected = ProbationState::kPending;
@@ -150,6 +177,25 @@ bool GateStream(ProbationOp& op) noexcept {
     return false;
   }
   return true;
+}
+
+bool Unreleased(const ProbationOp& op) noexcept {
+  const ProbationState state = op.state.load(std::memory_order_acquire);
+  return state == ProbationState::kHeld || state == ProbationState::kPending ||
+         state == ProbationState::kRecovering;
+}
+
+void NoteProbationChange() noexcept {
+  g_probation_changes.fetch_add(1, std::memory_order_release);
+  syscall(SYS_futex, &g_probation_changes, FUTEX_WAKE_PRIVATE, INT_MAX, nullptr, nullptr, 0);
+}
+
+std::uint32_t ProbationChanges() noexcept { return g_probation_changes.load(std::memory_order_acquire); }
+
+void AwaitProbationChange(std::uint32_t seen, int timeout_ms) noexcept {
+  const timespec timeout{timeout_ms / 1000, (timeout_ms % 1000) * 1'000'000L};
+  // std::atomic<uint32_t> is a plain word: the kernel compares it with `seen`.
+  syscall(SYS_futex, &g_probation_changes, FUTEX_WAIT_PRIVATE, seen, &timeout, nullptr, 0);
 }
 
 bool TakeOverGate(ProbationOp& op) noexcept {

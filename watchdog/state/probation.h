@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 #include "watchdog/state/records.h"
 
@@ -27,6 +28,26 @@ bool SaveInput(ProbationOp& op, std::size_t bytes) noexcept;
 // on `op.stream`, then publishes `op.state` as kPending. False (and nothing is left waiting) when
 // the driver refuses; the operation is then not on probation.
 bool GateStream(ProbationOp& op) noexcept;
+
+// The steps of GateStream, for an operation ncclguard holds: the gate word is taken and the
+// application's stream made to wait at it when the application calls (TakeGate, WaitAtGate, in
+// the caller's context); the host function is queued on the stream it runs on when ncclguard has
+// handed it to NCCL (ArmGate, which publishes kPending).
+bool TakeGate(ProbationOp& op) noexcept;
+bool WaitAtGate(ProbationOp& op) noexcept;
+bool ArmGate(ProbationOp& op, void* exec_stream) noexcept;
+
+// Whether the operation is still ahead of the ones queued behind it: held, in NCCL's hands, or
+// being recovered.
+bool Unreleased(const ProbationOp& op) noexcept;
+
+// A probation operation was released or queued: wakes the thread that issues held operations.
+// Async-signal-safe (a futex), so host functions may call it.
+void NoteProbationChange() noexcept;
+// Waits until NoteProbationChange is called after `seen` (ProbationChanges()'s earlier value), or
+// `timeout_ms` passed.
+std::uint32_t ProbationChanges() noexcept;
+void AwaitProbationChange(std::uint32_t seen, int timeout_ms) noexcept;
 
 // Opens the gate: the stream goes on past it.
 void OpenGate(ProbationOp& op) noexcept;

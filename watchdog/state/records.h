@@ -85,12 +85,14 @@ struct RingUnmapper {
 using RingPointer = std::unique_ptr<OpRecord[], RingUnmapper>;
 RingPointer MapRing(std::size_t size);  // throws std::bad_alloc when there is no memory
 
-// Probation (NCCLGUARD_RECOVER=inprocess): one of a communicator's first operations, with what a
-// replay needs. The application's stream waits on the GPU after it, at a gate word, until the
-// operation is seen complete (then the word is set) or replayed on a new communicator.
+// Probation (NCCLGUARD_RECOVER=inprocess): one of a communicator's first operations, or one queued
+// behind them, with what a replay needs. The application's stream waits on the GPU after it, at a
+// gate word, until the operation is seen complete (then the word is set) or replayed on a new
+// communicator.
 enum class ProbationState : std::uint8_t {
   kNone,        // not on probation
-  kPending,     // gated; outcome not known yet
+  kHeld,        // queued behind an earlier one: not handed to NCCL yet (ncclguard issues it)
+  kPending,     // in NCCL's hands and gated; outcome not known yet
   kReleased,    // it completed: the gate is open
   kRecovering,  // the watchdog took it over: only a replay opens the gate
 };
@@ -106,8 +108,15 @@ struct ProbationOp {
   int datatype = 0;
   int reduction = 0;
   int root_or_peer = -1;
-  void* stream = nullptr;
+  void* stream = nullptr;  // the application's: it waits at the gate
+  // Where NCCL runs it: the application's stream, or, for an operation ncclguard held and issued
+  // itself, the communicator's issuing stream. Written before `state` becomes kPending.
+  void* exec_stream = nullptr;
   std::uint64_t group = 0;  // the ncclGroupStart/End it was issued in (0: none): replayed as one
+  // A held operation: the application's stream at the call (the issuing stream waits for it), and
+  // whether its group has ended, so that the group is issued whole.
+  GpuEvent ready_event = nullptr;
+  std::atomic<bool> issuable{false};
   // A copy of an in-place operation's input, taken on the stream before the operation (0: none).
   std::uint64_t saved_input = 0;
   std::size_t saved_bytes = 0;
@@ -119,6 +128,18 @@ struct ProbationOp {
   std::atomic<const char*> unsafe{nullptr};
 };
 inline constexpr int kMaxProbationOps = 16;  // NCCLGUARD_PROBATION_OPS's upper bound
+// Slots for the first operations and those queued behind them; past that the application's next
+// operation waits until the queue has drained.
+inline constexpr int kProbationSlots = 64;
+
+// What the application asked of a communicator at its creation, kept for a re-creation: its
+// ncclConfig_t (its strings copied), or, without one, NCCL's defaults.
+struct KeptConfig {
+  bool present = false;
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  std::string net_name;
+  std::string comm_name;
+};
 
 struct CommSnapshot;
 
@@ -181,19 +202,32 @@ struct CommState {
   std::atomic<std::uint64_t> last_completed{0};
   std::atomic<std::uint64_t> dropped{0};
 
-  // Probation: how many of its first operations may still go on probation (set when it is
-  // registered), how many did, and theirs. Written by the application's thread that issues
-  // operations (NCCL wants one at a time per communicator).
+  // Probation: how many of its first operations go on probation (set when it is registered), how
+  // many slots were taken (the first operations and those queued behind them), and theirs. Written
+  // by the application's thread that issues operations (NCCL wants one at a time per
+  // communicator).
   int probation_limit = 0;
   std::atomic<int> probation_taken{0};
-  ProbationOp probation[kMaxProbationOps];
+  ProbationOp probation[kProbationSlots];
+  // After a recovery nothing more goes on probation, but what is queued is still issued in order.
+  std::atomic<bool> probation_closed{false};
+  // Held operations: the stream ncclguard issues them on (created by the issuing thread), whether
+  // that thread is inside NCCL on it (closing waits, as for `watchdog_in_call`), and whether the
+  // communicator is on that thread's list.
+  void* issue_stream = nullptr;
+  std::atomic<bool> issuer_in_call{false};
+  std::atomic<bool> issuer_listed{false};
   // Set by the watchdog while it recovers the communicator, and once it did.
   std::atomic<bool> recovered{false};
+  // Made non-blocking (ncclConfig_t::blocking = 0, or NCCL_COMM_BLOCKING=0): calls may answer
+  // ncclInProgress. Its configuration, for a re-creation. Set at registration.
+  bool nonblocking = false;
+  KeptConfig config;
 
   OpRecord& Slot(std::uint64_t seq) { return ring[seq % ring_size]; }
   // The probation slots taken so far (a slot's `state` publishes the rest of it).
   std::span<ProbationOp> TakenProbation() {
-    const int taken = std::min(probation_taken.load(std::memory_order_acquire), kMaxProbationOps);
+    const int taken = std::min(probation_taken.load(std::memory_order_acquire), kProbationSlots);
     return {probation, static_cast<std::size_t>(taken)};
   }
 };

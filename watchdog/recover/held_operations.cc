@@ -1,0 +1,311 @@
+#include "watchdog/recover/held_operations.h"
+
+#include <cuda.h>
+#include <nccl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <mutex>
+#include <span>
+#include <thread>
+#include <vector>
+
+#include "watchdog/common/clock.h"
+#include "watchdog/common/describe.h"
+#include "watchdog/common/libraries.h"
+#include "watchdog/common/log.h"
+#include "watchdog/common/nccl_api.h"
+#include "watchdog/state/cuda_driver.h"
+#include "watchdog/state/gpu_events.h"
+#include "watchdog/state/probation.h"
+#include "watchdog/state/records.h"
+
+namespace ncclguard {
+namespace {
+
+// The communicators with held operations, for the issuing thread. A communicator is listed by the
+// application's thread after it published a held operation, and taken off by the issuing thread
+// once none is held, both under the mutex: an operation held meanwhile is never missed.
+struct Issuer {
+  std::mutex mutex;
+  std::vector<CommState*> comms;
+  pid_t pid = 0;  // the process whose thread serves the list: a forked child starts its own
+};
+
+Issuer& GetIssuer() {
+  static auto* issuer = new Issuer;  // never destroyed: its thread outlives static destructors
+  return *issuer;
+}
+
+bool IsHeld(const ProbationOp& op) {
+  return op.state.load(std::memory_order_acquire) == ProbationState::kHeld;
+}
+
+bool AnyHeld(CommState& comm) { return std::ranges::any_of(comm.TakenProbation(), IsHeld); }
+
+// The held operations to issue next on `comm`: the first one not released, when it is held and
+// every earlier one has passed, with the rest of its group. Empty when there is none, or when
+// the earlier one is still in NCCL's hands or being recovered.
+std::vector<ProbationOp*> NextBatch(CommState& comm) {
+  const std::span<ProbationOp> slots = comm.TakenProbation();
+  auto first = std::ranges::find_if(slots, [](const ProbationOp& op) { return Unreleased(op); });
+  if (first == slots.end() || !IsHeld(*first) || !first->issuable.load(std::memory_order_acquire)) return {};
+  std::vector<ProbationOp*> batch{&*first};
+  // The slots of one group are consecutive: one thread issues a communicator's operations.
+  for (auto next = first + 1; first->group != 0 && next != slots.end() && next->group == first->group;
+       ++next) {
+    if (!IsHeld(*next) || !next->issuable.load(std::memory_order_acquire)) return {};
+    batch.push_back(&*next);
+  }
+  return batch;
+}
+
+void RecordOn(GpuEvent event, CUstream stream, std::atomic<bool>& recorded) {
+  recorded.store(DriverEvents().Record(event, reinterpret_cast<GpuStream>(stream)),
+                 std::memory_order_release);
+}
+
+// Hands `batch` to NCCL on the communicator's issuing stream, after the application's stream has
+// reached each call, and gates it as the application's own call would have been.
+void Issue(CommState& comm, const std::vector<ProbationOp*>& batch, const CudaDriver& driver) {
+  CudaContextScope context(driver, static_cast<CUcontext>(comm.context));
+  if (comm.issue_stream == nullptr) {
+    CUstream stream = nullptr;
+    // Never destroyed: destroying a stream may wait for the GPU.
+    if (driver.cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS) comm.issue_stream = stream;
+  }
+  auto* stream = static_cast<CUstream>(comm.issue_stream);
+  ncclResult_t result = stream != nullptr ? ncclSuccess : ncclUnhandledCudaError;
+  for (const ProbationOp* op : batch) {
+    if (result == ncclSuccess &&
+        driver.cuStreamWaitEvent(stream, static_cast<CUevent>(op->ready_event), 0) != CUDA_SUCCESS)
+      result = ncclUnhandledCudaError;
+  }
+  const int slot = comm.library.load(std::memory_order_acquire);
+  const ncclComm_t handle = comm.handle.load(std::memory_order_acquire);
+  const bool grouped = batch.size() > 1 || batch.front()->group != 0;
+  auto group_call = [slot](Api api) {
+    return CallRealNccl(
+        slot, api, [](void* function) { return reinterpret_cast<decltype(&::ncclGroupStart)>(function)(); });
+  };
+  if (result == ncclSuccess) {
+    for (const ProbationOp* op : batch) {
+      OpRecord& record = comm.Slot(op->seq);
+      if (record.seq.load(std::memory_order_relaxed) == op->seq)
+        RecordOn(record.start_event, stream, record.start_recorded);
+    }
+    if (grouped) result = group_call(Api::ncclGroupStart);
+    for (const ProbationOp* op : batch) {
+      if (result == ncclSuccess) result = IssueOperation(*op, slot, handle, stream);
+    }
+    if (grouped) {
+      const ncclResult_t ended = group_call(Api::ncclGroupEnd);
+      if (result == ncclSuccess) result = ended;
+    }
+    if (result == ncclInProgress) {
+      result = AwaitNotInProgress(slot, handle,
+                                  SteadyNowNs() + std::chrono::nanoseconds(std::chrono::minutes(10)).count());
+    }
+  }
+  for (ProbationOp* op : batch) {
+    OpRecord& record = comm.Slot(op->seq);
+    const bool recorded = record.seq.load(std::memory_order_relaxed) == op->seq;
+    if (result != ncclSuccess) {
+      if (recorded) {
+        record.result.store(result, std::memory_order_relaxed);
+        OpState state = OpState::kEnqueued;
+        record.state.compare_exchange_strong(state, OpState::kFailed, std::memory_order_acq_rel);
+      }
+      DropHeld(comm, *op);
+      continue;
+    }
+    if (recorded) RecordOn(record.end_event, stream, record.end_recorded);
+    if (!ArmGate(*op, stream)) {  // not held any more: its gate opens now, as without probation
+      op->state.store(ProbationState::kReleased, std::memory_order_release);
+      OpenGate(*op);
+    }
+  }
+  if (result != ncclSuccess) {
+    log::Warn(
+        "comm {} #{} {}, held on probation, was refused by NCCL when ncclguard issued it: {}; the "
+        "application's stream goes on without it",
+        comm.id, batch.front()->seq, OperationName(batch.front()->api), ResultName(result));
+  }
+}
+
+// One round over the listed communicators; true when it issued anything.
+bool IssueRound(const CudaDriver& driver) {
+  std::vector<CommState*> comms;
+  {
+    std::lock_guard<std::mutex> lock(GetIssuer().mutex);
+    comms = GetIssuer().comms;
+  }
+  bool issued = false;
+  for (CommState* comm : comms) {
+    const std::vector<ProbationOp*> batch = NextBatch(*comm);
+    if (batch.empty()) continue;
+    // Closing waits for this flag, and the application's closing call waits for the queue to
+    // drain (AwaitHeldIssued) unless it aborts, which drops what is held.
+    comm->issuer_in_call.store(true, std::memory_order_seq_cst);
+    if (!comm->closing.load(std::memory_order_seq_cst)) {
+      Issue(*comm, batch, driver);
+      issued = true;
+    }
+    comm->issuer_in_call.store(false, std::memory_order_seq_cst);
+  }
+  std::lock_guard<std::mutex> lock(GetIssuer().mutex);
+  std::erase_if(GetIssuer().comms, [](CommState* comm) {
+    if (AnyHeld(*comm)) return false;
+    comm->issuer_listed.store(false, std::memory_order_release);
+    return true;
+  });
+  return issued;
+}
+
+void IssuerMain() {
+  pthread_setname_np(pthread_self(), "ncclguard-hold");
+  DriverEvents().PrepareWatchdogThread();  // its event records must not break a graph capture
+  const CudaDriver* driver = LoadCudaDriver();
+  for (;;) {
+    const std::uint32_t seen = ProbationChanges();
+    const bool issued = driver != nullptr && IssueRound(*driver);
+    // Woken by a gate's host function or a newly held operation; the timeout only bounds a miss.
+    if (!issued) AwaitProbationChange(seen, 100);
+  }
+}
+
+// Under the issuer's mutex.
+void StartIssuerLocked(Issuer& issuer) {
+  if (issuer.pid == getpid()) return;
+  // With every signal blocked, so the application's signals go to its own threads.
+  sigset_t all;
+  sigset_t previous;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &previous);
+  try {
+    std::thread(IssuerMain).detach();
+    issuer.pid = getpid();
+  } catch (...) {
+    log::Error("no thread to issue held operations: in-process recovery cannot hold them");
+  }
+  pthread_sigmask(SIG_SETMASK, &previous, nullptr);
+}
+
+}  // namespace
+
+ncclResult_t IssueOperation(const ProbationOp& op, int slot, ncclComm_t comm, CUstream stream) noexcept {
+  const auto type = static_cast<ncclDataType_t>(op.datatype);
+  const auto reduction = static_cast<ncclRedOp_t>(op.reduction);
+  const int root = op.root_or_peer;
+  return CallRealNccl(slot, op.api, [&](void* function) {
+#define NCCLGUARD_CALL(name, ...) reinterpret_cast<decltype(&::name)>(function)(__VA_ARGS__)
+    switch (op.api) {
+      case Api::ncclAllReduce:
+        return NCCLGUARD_CALL(ncclAllReduce, op.send, op.recv, op.count, type, reduction, comm, stream);
+      case Api::ncclBroadcast:
+        return NCCLGUARD_CALL(ncclBroadcast, op.send, op.recv, op.count, type, root, comm, stream);
+      case Api::ncclBcast:
+        return NCCLGUARD_CALL(ncclBcast, op.recv, op.count, type, root, comm, stream);
+      case Api::ncclReduce:
+        return NCCLGUARD_CALL(ncclReduce, op.send, op.recv, op.count, type, reduction, root, comm, stream);
+      case Api::ncclAllGather:
+        return NCCLGUARD_CALL(ncclAllGather, op.send, op.recv, op.count, type, comm, stream);
+      case Api::ncclReduceScatter:
+        return NCCLGUARD_CALL(ncclReduceScatter, op.send, op.recv, op.count, type, reduction, comm, stream);
+      case Api::ncclSend:
+        return NCCLGUARD_CALL(ncclSend, op.send, op.count, type, root, comm, stream);
+      case Api::ncclRecv:
+        return NCCLGUARD_CALL(ncclRecv, op.recv, op.count, type, root, comm, stream);
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 3)
+      case Api::ncclAlltoAll:
+        return NCCLGUARD_CALL(ncclAlltoAll, op.send, op.recv, op.count, type, comm, stream);
+      case Api::ncclGather:
+        return NCCLGUARD_CALL(ncclGather, op.send, op.recv, op.count, type, root, comm, stream);
+      case Api::ncclScatter:
+        return NCCLGUARD_CALL(ncclScatter, op.send, op.recv, op.count, type, root, comm, stream);
+#endif
+      default:
+        return ncclInvalidUsage;
+    }
+#undef NCCLGUARD_CALL
+  });
+}
+
+ncclResult_t AwaitNotInProgress(int slot, ncclComm_t comm, std::int64_t deadline_ns) noexcept {
+  for (;;) {
+    ncclResult_t state = ncclInProgress;
+    const ncclResult_t asked = CallRealNccl(slot, Api::ncclCommGetAsyncError, [&](void* function) {
+      return reinterpret_cast<decltype(&::ncclCommGetAsyncError)>(function)(comm, &state);
+    });
+    if (asked != ncclSuccess) return asked;
+    if (state != ncclInProgress || SteadyNowNs() >= deadline_ns) return state;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+bool HoldOperation(CommState& comm, ProbationOp& op, bool grouped) noexcept {
+  const CudaDriver* driver = LoadCudaDriver();
+  if (driver == nullptr || !driver->probation) return false;
+  // Kept with the slot, which is used once: destroying an event may wait for the GPU.
+  if (op.ready_event == nullptr) op.ready_event = DriverEvents().Create();
+  if (op.ready_event == nullptr || !TakeGate(op) ||
+      !DriverEvents().Record(op.ready_event, reinterpret_cast<GpuStream>(op.stream))) {
+    return false;
+  }
+  // Inside a group the stream waits only after the group's end: its other operations, launched
+  // then, come before the wait (the ready event, recorded now, lands before them).
+  if (!grouped && !WaitAtGate(op)) return false;
+  op.issuable.store(!grouped, std::memory_order_release);
+  op.state.store(ProbationState::kHeld, std::memory_order_release);
+  try {
+    Issuer& issuer = GetIssuer();
+    std::lock_guard<std::mutex> lock(issuer.mutex);
+    StartIssuerLocked(issuer);
+    if (!comm.issuer_listed.exchange(true, std::memory_order_acq_rel)) issuer.comms.push_back(&comm);
+  } catch (...) {  // out of memory: nothing issues it, so it is not held
+    op.state.store(ProbationState::kNone, std::memory_order_release);
+    return false;
+  }
+  NoteProbationChange();
+  return true;
+}
+
+void ReleaseHeldGroupMember(ProbationOp& op) noexcept {
+  if (!WaitAtGate(op)) {
+    // The stream cannot be made to wait: the operation is still issued, in order, but nothing
+    // holds the application's later work behind it any more.
+    log::Warn("#{} {}: the application's stream could not be made to wait for it", op.seq,
+              OperationName(op.api));
+  }
+  op.issuable.store(true, std::memory_order_release);
+  NoteProbationChange();
+}
+
+void DropHeld(CommState& comm, ProbationOp& op) noexcept {
+  ProbationState expected = ProbationState::kHeld;
+  if (!op.state.compare_exchange_strong(expected, ProbationState::kReleased, std::memory_order_acq_rel))
+    return;
+  OpenGate(op);
+  OpRecord& record = comm.Slot(op.seq);
+  OpState state = record.state.load(std::memory_order_acquire);
+  if (record.seq.load(std::memory_order_relaxed) == op.seq && !IsFinished(state))
+    record.state.compare_exchange_strong(state, OpState::kAborted, std::memory_order_acq_rel);
+  NoteProbationChange();
+}
+
+void AwaitHeldIssued(CommState& comm) noexcept {
+  while (AnyHeld(comm) || comm.issuer_in_call.load(std::memory_order_seq_cst)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+bool HasHeld(CommState& comm) noexcept {
+  return comm.issuer_listed.load(std::memory_order_acquire) || AnyHeld(comm);
+}
+
+}  // namespace ncclguard
