@@ -6,12 +6,14 @@
 // communicator's operations are in-place Reduces to rank 0 instead (only rank 0's buffer is both
 // input and output). With --exchange, the second communicator's operations are a ring exchange
 // instead: each rank sends its buffer to the next rank and receives the previous rank's, in one
-// group. With --late, each rank then creates a third communicator and runs an AllReduce on it. The
+// group. With --late, each rank then creates a third communicator and runs an AllReduce on it.
+// With --queued, every step's operations are issued back to back, on a buffer of their own, and
+// the ranks wait only once at the end, as DDP queues its first broadcasts. The
 // parent process makes the unique ids and forks the ranks; each rank
 // checks every result and says so.
 //
 //   two_comms --ranks N [--count C] [--steps S] [--crossed] [--split] [--reduce] [--exchange]
-//             [--late]
+//             [--late] [--queued]
 #include <cuda.h>
 #include <nccl.h>
 #include <sys/wait.h>
@@ -34,6 +36,7 @@ struct Options {
   bool reduce = false;
   bool exchange = false;
   bool late = false;
+  bool queued = false;
 };
 
 [[noreturn]] void Fail(int rank, const std::string& what) {
@@ -133,14 +136,57 @@ int RunRank(const Options& options, int rank, const ncclUniqueId& id_a, const nc
   }
   if (options.exchange) CheckCuda(rank, cuMemAlloc(&groups[1].received, options.count * sizeof(float)), "cuMemAlloc");
   const bool reversed = options.crossed && rank % 2 == 1;
-  for (int step = 0; step < options.steps; ++step) {
+  if (options.queued) {
+    // Per step and group: a buffer, and for an exchange a receive buffer.
+    std::vector<CUdeviceptr> buffers[2];
+    std::vector<CUdeviceptr> received[2];
+    for (int g = 0; g < 2; ++g) {
+      buffers[g].push_back(groups[g].buffer);
+      received[g].push_back(groups[g].received);
+      for (int step = 1; step < options.steps; ++step) {
+        CUdeviceptr buffer = 0;
+        CheckCuda(rank, cuMemAlloc(&buffer, options.count * sizeof(float)), "cuMemAlloc");
+        buffers[g].push_back(buffer);
+        CUdeviceptr receive = 0;
+        if (groups[g].received != 0)
+          CheckCuda(rank, cuMemAlloc(&receive, options.count * sizeof(float)), "cuMemAlloc");
+        received[g].push_back(receive);
+      }
+    }
+    auto use = [&](int g, int step) {
+      groups[g].buffer = buffers[g][step];
+      groups[g].received = received[g][step];
+    };
+    for (int step = 0; step < options.steps; ++step) {
+      for (int g = 0; g < 2; ++g) {
+        use(g, step);
+        Fill(rank, groups[g], step, options.count);
+      }
+    }
+    for (int step = 0; step < options.steps; ++step) {
+      for (int i = 0; i < 2; ++i) {
+        use(reversed ? 1 - i : i, step);
+        Issue(rank, options.ranks, groups[reversed ? 1 - i : i], options.count);
+      }
+    }
+    for (Group& group : groups) CheckCuda(rank, cuStreamSynchronize(group.stream), "cuStreamSynchronize");
+    for (int step = 0; step < options.steps; ++step) {
+      for (int g = 0; g < 2; ++g) {
+        use(g, step);
+        Verify(rank, options.ranks, groups[g], step, options.count);
+      }
+    }
+    use(0, 0);
+    use(1, 0);
+  }
+  for (int step = 0; step < (options.queued ? 0 : options.steps); ++step) {
     for (Group& group : groups) Fill(rank, group, step, options.count);
     for (int i = 0; i < 2; ++i) Issue(rank, options.ranks, groups[reversed ? 1 - i : i], options.count);
     for (Group& group : groups) CheckCuda(rank, cuStreamSynchronize(group.stream), "cuStreamSynchronize");
     for (const Group& group : groups) Verify(rank, options.ranks, group, step, options.count);
   }
-  std::printf("rank %d: %d steps on comms A and B%s correct\n", rank, options.steps,
-              options.crossed ? " (crossed)" : "");
+  std::printf("rank %d: %d steps on comms A and B%s%s correct\n", rank, options.steps,
+              options.crossed ? " (crossed)" : "", options.queued ? " (queued)" : "");
   if (options.split) {
     Group child{"A/split", nullptr, groups[0].stream, groups[0].buffer, 100.0f, false};
     CheckNccl(rank, ncclCommSplit(groups[0].comm, 0, rank, &child.comm, nullptr), "ncclCommSplit");
@@ -187,8 +233,10 @@ Options Parse(int argc, char** argv) {
       options.exchange = true;
     } else if (flag == "--late") {
       options.late = true;
+    } else if (flag == "--queued") {
+      options.queued = true;
     } else {
-      std::fprintf(stderr, "usage: two_comms --ranks N [--count C] [--steps S] [--crossed] [--split] [--reduce] [--exchange] [--late]\n");
+      std::fprintf(stderr, "usage: two_comms --ranks N [--count C] [--steps S] [--crossed] [--split] [--reduce] [--exchange] [--late] [--queued]\n");
       std::exit(2);
     }
   }

@@ -42,8 +42,10 @@
     "NCCL's own handles and nothing is held.")                                                       \
   X(PROBATION_OPS, probation_ops, Count, Count{4},                                                   \
     "With `NCCLGUARD_RECOVER=inprocess`: how many of each new communicator's first operations are "  \
-    "on probation. Work the application queues on the stream after one waits on the GPU until "      \
-    "the operation is seen complete (or replayed); the calling thread never waits.")                 \
+    "on probation, with those queued behind them. Work the application queues on the stream after "  \
+    "one waits on the GPU until the operation is seen complete (or replayed); an operation issued "  \
+    "while an earlier one is on probation is held and issued by ncclguard in order; the calling "    \
+    "thread never waits.")                                                                           \
   X(PROBATION_MAX_BYTES, probation_max_bytes, Count, Count{268435456},                               \
     "With `NCCLGUARD_RECOVER=inprocess`: an in-place reduction on probation (its input is its "      \
     "output) is copied first, up to this many bytes, so that it can be replayed; a larger one "      \

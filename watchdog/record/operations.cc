@@ -57,6 +57,9 @@ struct GroupedOperation {
 };
 thread_local int t_group_depth = 0;
 thread_local std::uint64_t t_group_id = 0;
+// An operation of the group under way was held: the group's later ones are held too, so that
+// ncclguard issues them together (NCCL needs a process's ranks of one clique in one group).
+thread_local bool t_group_holds = false;
 // Touched only by grouped calls; freed when the thread ends.
 thread_local std::vector<GroupedOperation> t_grouped;
 // Communicators created inside the group: NCCL creates them at its outermost end.
@@ -274,7 +277,9 @@ ProbationClaim TakeProbation(CommState& comm, std::uint64_t seq, Api api, const 
   } else if (overwritten > 0 && !SaveInput(op, overwritten)) {
     op.unsafe.store("its input is its output, and could not be copied", std::memory_order_release);
   }
-  return {&op, behind || comm.nonblocking};
+  const bool held = behind || comm.nonblocking || (group != 0 && t_group_holds);
+  if (held && group != 0) t_group_holds = true;
+  return {&op, held};
 }
 
 // At the outermost end of a group that NCCL launched: its operations on probation are gated, after
@@ -356,8 +361,13 @@ Ticket BeforeOperation(Api api, int library, const OperationArguments& arguments
   ProbationClaim claim =
       TakeProbation(*comm, seq, api, arguments, grouped ? t_group_id : 0, initial == OpState::kEnqueued);
   if (claim.held && !HoldOperation(*comm, *claim.op, grouped)) {
-    // The driver refused to hold it: it goes to NCCL once what is queued before it has.
-    AwaitHeldIssued(*comm);
+    // The driver refused to hold it: it goes to NCCL once what is queued before it has, or, inside
+    // a group whose earlier operations are held until its end, now, and those cannot be replayed.
+    if (grouped) {
+      MarkProbationUnsafe(*comm);
+    } else {
+      AwaitHeldIssued(*comm);
+    }
     claim.held = false;
   }
   ticket.probation = claim.op;
@@ -413,6 +423,7 @@ void AfterGroupCall(Api api, ncclResult_t result) noexcept {
   if (t_group_depth == 0) return;
   --t_group_depth;
   if (t_group_depth > 0) return;  // not the outermost end
+  t_group_holds = false;
   FinishGroupedCreations(api, result);
   for (const GroupedOperation& grouped : t_grouped) {
     if (grouped.held) {

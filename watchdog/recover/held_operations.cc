@@ -70,72 +70,125 @@ void RecordOn(GpuEvent event, CUstream stream, std::atomic<bool>& recorded) {
                  std::memory_order_release);
 }
 
-// Hands `batch` to NCCL on the communicator's issuing stream, after the application's stream has
-// reached each call, and gates it as the application's own call would have been.
-void Issue(CommState& comm, const std::vector<ProbationOp*>& batch, const CudaDriver& driver) {
+// What one communicator contributes to an issue: its held operations at the head of its queue.
+struct Batch {
+  CommState* comm;
+  std::vector<ProbationOp*> ops;
+  CUstream stream = nullptr;
+  ncclResult_t result = ncclSuccess;
+};
+
+// On the communicator's issuing stream: waits for the application's stream to reach each call,
+// and marks their start.
+void Prepare(Batch& batch, const CudaDriver& driver) {
+  CommState& comm = *batch.comm;
   CudaContextScope context(driver, static_cast<CUcontext>(comm.context));
   if (comm.issue_stream == nullptr) {
     CUstream stream = nullptr;
     // Never destroyed: destroying a stream may wait for the GPU.
     if (driver.cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS) comm.issue_stream = stream;
   }
-  auto* stream = static_cast<CUstream>(comm.issue_stream);
-  ncclResult_t result = stream != nullptr ? ncclSuccess : ncclUnhandledCudaError;
-  for (const ProbationOp* op : batch) {
-    if (result == ncclSuccess &&
-        driver.cuStreamWaitEvent(stream, static_cast<CUevent>(op->ready_event), 0) != CUDA_SUCCESS)
-      result = ncclUnhandledCudaError;
+  batch.stream = static_cast<CUstream>(comm.issue_stream);
+  if (batch.stream == nullptr) {
+    batch.result = ncclUnhandledCudaError;
+    return;
   }
-  const int slot = comm.library.load(std::memory_order_acquire);
-  const ncclComm_t handle = comm.handle.load(std::memory_order_acquire);
-  const bool grouped = batch.size() > 1 || batch.front()->group != 0;
-  auto group_call = [slot](Api api) {
-    return CallRealNccl(
-        slot, api, [](void* function) { return reinterpret_cast<decltype(&::ncclGroupStart)>(function)(); });
-  };
-  if (result == ncclSuccess) {
-    for (const ProbationOp* op : batch) {
-      OpRecord& record = comm.Slot(op->seq);
-      if (record.seq.load(std::memory_order_relaxed) == op->seq)
-        RecordOn(record.start_event, stream, record.start_recorded);
-    }
-    if (grouped) result = group_call(Api::ncclGroupStart);
-    for (const ProbationOp* op : batch) {
-      if (result == ncclSuccess) result = IssueOperation(*op, slot, handle, stream);
-    }
-    if (grouped) {
-      const ncclResult_t ended = group_call(Api::ncclGroupEnd);
-      if (result == ncclSuccess) result = ended;
-    }
-    if (result == ncclInProgress) {
-      result = AwaitNotInProgress(slot, handle,
-                                  SteadyNowNs() + std::chrono::nanoseconds(std::chrono::minutes(10)).count());
+  for (const ProbationOp* op : batch.ops) {
+    if (driver.cuStreamWaitEvent(batch.stream, static_cast<CUevent>(op->ready_event), 0) != CUDA_SUCCESS) {
+      batch.result = ncclUnhandledCudaError;
+      return;
     }
   }
-  for (ProbationOp* op : batch) {
+  for (const ProbationOp* op : batch.ops) {
+    OpRecord& record = comm.Slot(op->seq);
+    if (record.seq.load(std::memory_order_relaxed) == op->seq)
+      RecordOn(record.start_event, batch.stream, record.start_recorded);
+  }
+}
+
+// After NCCL took them (or refused): their end marked and their gates armed, as the application's
+// own calls would have been, or, refused, dropped with their gates open.
+void Finish(Batch& batch, const CudaDriver& driver) {
+  CommState& comm = *batch.comm;
+  CudaContextScope context(driver, static_cast<CUcontext>(comm.context));
+  for (ProbationOp* op : batch.ops) {
     OpRecord& record = comm.Slot(op->seq);
     const bool recorded = record.seq.load(std::memory_order_relaxed) == op->seq;
-    if (result != ncclSuccess) {
+    if (batch.result != ncclSuccess) {
       if (recorded) {
-        record.result.store(result, std::memory_order_relaxed);
+        record.result.store(batch.result, std::memory_order_relaxed);
         OpState state = OpState::kEnqueued;
         record.state.compare_exchange_strong(state, OpState::kFailed, std::memory_order_acq_rel);
       }
       DropHeld(comm, *op);
       continue;
     }
-    if (recorded) RecordOn(record.end_event, stream, record.end_recorded);
-    if (!ArmGate(*op, stream)) {  // not held any more: its gate opens now, as without probation
+    if (recorded) RecordOn(record.end_event, batch.stream, record.end_recorded);
+    if (!ArmGate(*op, batch.stream)) {  // not held any more: its gate opens now, as without probation
       op->state.store(ProbationState::kReleased, std::memory_order_release);
       OpenGate(*op);
     }
   }
-  if (result != ncclSuccess) {
+  if (batch.result != ncclSuccess) {
     log::Warn(
         "comm {} #{} {}, held on probation, was refused by NCCL when ncclguard issued it: {}; the "
         "application's stream goes on without it",
-        comm.id, batch.front()->seq, OperationName(batch.front()->api), ResultName(result));
+        comm.id, batch.ops.front()->seq, OperationName(batch.ops.front()->api), ResultName(batch.result));
   }
+}
+
+// Hands `batches` to NCCL, in one group when there are several operations: the application issued
+// them in one group (across communicators when one process drives several GPUs, where NCCL needs
+// every rank's part in the same group).
+void Issue(std::vector<Batch>& batches, const CudaDriver& driver) {
+  for (Batch& batch : batches) Prepare(batch, driver);
+  const int slot = batches.front().comm->library.load(std::memory_order_acquire);
+  const bool grouped =
+      batches.size() > 1 || batches.front().ops.size() > 1 || batches.front().ops.front()->group != 0;
+  auto group_call = [slot](Api api) {
+    return CallRealNccl(
+        slot, api, [](void* function) { return reinterpret_cast<decltype(&::ncclGroupStart)>(function)(); });
+  };
+  ncclResult_t result = grouped ? group_call(Api::ncclGroupStart) : ncclSuccess;
+  for (Batch& batch : batches) {
+    const ncclComm_t handle = batch.comm->handle.load(std::memory_order_acquire);
+    for (const ProbationOp* op : batch.ops) {
+      if (result == ncclSuccess && batch.result == ncclSuccess)
+        batch.result = IssueOperation(*op, slot, handle, batch.stream);
+    }
+  }
+  if (grouped) result = group_call(Api::ncclGroupEnd);
+  for (Batch& batch : batches) {
+    if (batch.result == ncclSuccess) batch.result = result;
+    if (batch.result == ncclInProgress) {
+      batch.result =
+          AwaitNotInProgress(slot, batch.comm->handle.load(std::memory_order_acquire),
+                             SteadyNowNs() + std::chrono::nanoseconds(std::chrono::minutes(10)).count());
+    }
+    Finish(batch, driver);
+  }
+}
+
+// The batches to issue together with `first`: every listed communicator's head batch of the same
+// group and library. Empty when part of that group is not at the head of its queue yet.
+std::vector<Batch> GroupOf(const Batch& first, const std::vector<Batch>& heads,
+                           const std::vector<CommState*>& comms) {
+  const std::uint64_t group = first.ops.front()->group;
+  if (group == 0) return {first};
+  std::vector<Batch> together;
+  for (const Batch& head : heads) {
+    if (head.ops.front()->group == group && head.comm->library.load(std::memory_order_acquire) ==
+                                                first.comm->library.load(std::memory_order_acquire))
+      together.push_back(head);
+  }
+  for (CommState* comm : comms) {
+    const bool waiting = std::ranges::any_of(
+        comm->TakenProbation(), [group](const ProbationOp& op) { return IsHeld(op) && op.group == group; });
+    const bool at_head =
+        std::ranges::any_of(together, [comm](const Batch& batch) { return batch.comm == comm; });
+    if (waiting && !at_head) return {};
+  }
+  return together;
 }
 
 // One round over the listed communicators; true when it issued anything.
@@ -145,18 +198,28 @@ bool IssueRound(const CudaDriver& driver) {
     std::lock_guard<std::mutex> lock(GetIssuer().mutex);
     comms = GetIssuer().comms;
   }
-  bool issued = false;
+  std::vector<Batch> heads;
   for (CommState* comm : comms) {
-    const std::vector<ProbationOp*> batch = NextBatch(*comm);
-    if (batch.empty()) continue;
-    // Closing waits for this flag, and the application's closing call waits for the queue to
-    // drain (AwaitHeldIssued) unless it aborts, which drops what is held.
-    comm->issuer_in_call.store(true, std::memory_order_seq_cst);
-    if (!comm->closing.load(std::memory_order_seq_cst)) {
-      Issue(*comm, batch, driver);
+    std::vector<ProbationOp*> ops = NextBatch(*comm);
+    if (!ops.empty()) heads.push_back({comm, std::move(ops)});
+  }
+  bool issued = false;
+  std::vector<CommState*> done;
+  for (const Batch& head : heads) {
+    if (std::ranges::find(done, head.comm) != done.end()) continue;
+    std::vector<Batch> batches = GroupOf(head, heads, comms);
+    if (batches.empty()) continue;
+    for (const Batch& batch : batches) done.push_back(batch.comm);
+    // Closing waits for this flag; the application's closing call waits for the queue to drain
+    // (AwaitHeldIssued) unless it aborts, which drops what is held.
+    for (const Batch& batch : batches) batch.comm->issuer_in_call.store(true, std::memory_order_seq_cst);
+    const bool closing = std::ranges::any_of(
+        batches, [](const Batch& batch) { return batch.comm->closing.load(std::memory_order_seq_cst); });
+    if (!closing) {
+      Issue(batches, driver);
       issued = true;
     }
-    comm->issuer_in_call.store(false, std::memory_order_seq_cst);
+    for (const Batch& batch : batches) batch.comm->issuer_in_call.store(false, std::memory_order_seq_cst);
   }
   std::lock_guard<std::mutex> lock(GetIssuer().mutex);
   std::erase_if(GetIssuer().comms, [](CommState* comm) {
