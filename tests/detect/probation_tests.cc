@@ -145,3 +145,55 @@ TEST_CASE("an operation whose stream cannot be gated is not on probation, and no
     CHECK_FALSE(TakeOverGate(op));
   }
 }
+
+TEST_CASE("a held operation: its stream waits from the call, its host function is armed on the issuing stream "
+          "only once ncclguard issued it, and opening its gate wakes the issuing thread",
+          "[probation]") {
+  FakeDriver fake;
+  ProbationOp op;
+  op.stream = FakeStream();
+  const int waits_before = FakeDriver::waits.load();
+  REQUIRE(TakeGate(op));
+  REQUIRE(WaitAtGate(op));
+  CHECK(FakeDriver::waits.load() == waits_before + 1);
+  CHECK(op.gate->load() == 0);
+  CHECK_FALSE(Unreleased(op));  // not published yet
+  op.state.store(ProbationState::kHeld);
+  CHECK(Unreleased(op));
+  // The watchdog cannot take over what NCCL has not seen: only a pending operation is taken over.
+  CHECK_FALSE(TakeOverGate(op));
+
+  const std::uint32_t seen = ProbationChanges();
+  auto* issuing_stream = reinterpret_cast<CUstream>(0x15);
+  REQUIRE(ArmGate(op, issuing_stream));
+  CHECK(op.exec_stream == issuing_stream);
+  FakeDriver::JoinHostThreads();
+  CHECK(op.state.load() == ProbationState::kReleased);
+  CHECK(op.gate->load() == 1);
+  CHECK_FALSE(Unreleased(op));
+  CHECK(ProbationChanges() != seen);
+  const auto start = std::chrono::steady_clock::now();
+  AwaitProbationChange(seen, 5000);  // the change happened already: no wait
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(2));
+}
+
+TEST_CASE("the issuing thread's wait for a probation change ends when one is noted, and otherwise at its timeout",
+          "[probation]") {
+  const std::uint32_t seen = ProbationChanges();
+  std::thread noter([] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    NoteProbationChange();
+  });
+  const auto start = std::chrono::steady_clock::now();
+  AwaitProbationChange(seen, 10000);
+  const auto waited = std::chrono::steady_clock::now() - start;
+  noter.join();
+  CHECK(ProbationChanges() != seen);
+  CHECK(waited < std::chrono::seconds(5));
+
+  const std::uint32_t now = ProbationChanges();
+  const auto timed_start = std::chrono::steady_clock::now();
+  AwaitProbationChange(now, 100);
+  CHECK(std::chrono::steady_clock::now() - timed_start < std::chrono::seconds(5));
+  CHECK(ProbationChanges() == now);
+}
