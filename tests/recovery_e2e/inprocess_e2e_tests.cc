@@ -5,6 +5,7 @@
 // checked: exit statuses, results, ncclguard's log lines and the emulator's transport report.
 #include <catch2/catch.hpp>
 
+#include <chrono>
 #include <filesystem>
 #include <map>
 #include <optional>
@@ -26,8 +27,10 @@ using ncclguard::testing::TemporaryDirectory;
 using ncclguard::testing::Contains;
 using ncclguard::testing::Environment;
 using ncclguard::testing::HealthyChecksums;
+using ncclguard::testing::HealthyRun;
 using ncclguard::testing::Job;
 using ncclguard::testing::RunEmulatorJob;
+using ncclguard::testing::RunHealthy;
 using ncclguard::testing::TrainLoop;
 
 namespace {
@@ -67,15 +70,17 @@ std::map<int, int> TwoCommsPids(const std::string& out) {
   return pids;
 }
 
-// A train_loop job whose first operations stall on P2P: one attempt, every rank recovered once in
-// a few log lines, P2P before and SHM after, the healthy checksums, and the meeting's decision.
+// A job whose first operations stall on P2P: one attempt, every rank recovered once in a few log
+// lines, P2P before and SHM after, the healthy checksums, and the meeting's decision. The job is
+// train_loop or another `program` that prints train_loop's lines (start-up, checksums, and
+// "<program>: all N ranks finished").
 void CheckRecoveredInOneAttempt(const Job& job, int ranks, const std::map<int, std::string>& healthy,
-                                const std::string& operation) {
+                                const std::string& operation, const std::string& program = "train_loop") {
   INFO(job.transcript);
   REQUIRE_FALSE(job.result.timed_out);
   CHECK(job.result.exit_code == 0);
-  CHECK(Contains(job.result.out, "all " + std::to_string(ranks) + " ranks finished"));
-  CHECK(CountOccurrences(job.result.out, "train_loop: job failed") == 0);
+  CHECK(Contains(job.result.out, program + ": all " + std::to_string(ranks) + " ranks finished"));
+  CHECK(CountOccurrences(job.result.out, program + ": job failed") == 0);
   CHECK(Checksums(job.result.out) == healthy);
   // The first communicator used P2P; the one re-created on the private instance, shared memory.
   CHECK(Contains(job.result.out + job.result.err, " via P2P/"));
@@ -102,6 +107,33 @@ void CheckRecoveredInOneAttempt(const Job& job, int ranks, const std::map<int, s
   CHECK(nlohmann::json::parse(ReadFile(decisions[0])).at("decision") == "recover");
   // The private copy of libnccl was removed by the last process that used it.
   CHECK(std::filesystem::is_empty(job.job_dir + "/nccl-instances"));
+}
+
+// ddp_habits' job in these tests: 4 ranks, its defaults otherwise (6 parameters broadcast, 5 steps
+// of 4 buckets). Its own watchdog gives up on a collective after 20 s, well before the test's
+// limits.
+constexpr int kDdpRanks = 4;
+constexpr int kDdpCollectives = 6 + 5 * 4;
+
+std::vector<std::string> DdpHabits(bool nonblocking) {
+  std::vector<std::string> command = {DDP_HABITS, "--ranks", std::to_string(kDdpRanks), "--framework-timeout",
+                                      "20"};
+  if (nonblocking) command.emplace_back("--nonblocking");
+  return command;
+}
+
+// The framework's own watchdog never gave up, and saw every collective of every rank complete.
+void CheckFrameworkWatchdogSatisfied(const std::string& out) {
+  CHECK_FALSE(Contains(out, "framework watchdog: "));
+  for (int rank = 0; rank < kDdpRanks; ++rank) {
+    const std::string count = std::to_string(kDdpCollectives);
+    CHECK(CountOccurrences(out, "rank " + std::to_string(rank) + ": framework watchdog saw " + count +
+                                    " of " + count + " collectives complete\n") == 1);
+  }
+}
+
+double SecondsSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
 }  // namespace
@@ -254,4 +286,59 @@ TEST_CASE("without NCCLGUARD_RECOVER nothing is held or recovered: the stall end
   CHECK(CountOccurrences(job.result.out, "failed: exit code 75") == 2);
   CHECK_FALSE(Contains(job.result.err, "in-process"));
   CHECK_FALSE(std::filesystem::exists(job.job_dir + "/recovery"));
+}
+
+// PyTorch's habits: a config'd (optionally non-blocking) init, a split, a dedicated NCCL stream
+// behind an event of the compute stream, back-to-back operations waited for once, end events
+// polled by the framework's own watchdog thread.
+TEST_CASE("a job calling NCCL as PyTorch's ProcessGroupNCCL and DDP do runs unchanged under in-process recovery "
+          "without a fault",
+          "[inprocess][frameworks]") {
+  const HealthyRun blocking = RunHealthy(DdpHabits(false));
+  const HealthyRun nonblocking = RunHealthy(DdpHabits(true));
+  REQUIRE(blocking.checksums.size() == static_cast<size_t>(kDdpRanks));
+  CHECK(nonblocking.checksums == blocking.checksums);
+  CheckFrameworkWatchdogSatisfied(blocking.result.out);
+  CheckFrameworkWatchdogSatisfied(nonblocking.result.out);
+  for (const std::string mode : {"blocking", "nonblocking"}) {
+    SECTION(mode) {
+      TemporaryDirectory dump_dir;
+      const Job job = RunJob(dump_dir, DdpHabits(mode == "nonblocking"), {});
+      INFO(job.transcript);
+      REQUIRE_FALSE(job.result.timed_out);
+      CHECK(job.result.exit_code == 0);
+      CHECK(Contains(job.result.out, "ddp_habits: all " + std::to_string(kDdpRanks) + " ranks finished"));
+      CHECK(Checksums(job.result.out) == blocking.checksums);
+      CheckFrameworkWatchdogSatisfied(job.result.out);
+      CHECK(CountOccurrences(job.result.err, "ncclguard WARN") == 0);
+    }
+  }
+}
+
+TEST_CASE("S2 under PyTorch's habits: the first of the Broadcasts queued back to back hangs, and every rank "
+          "recovers in-process, in one attempt, unseen by the framework's watchdog",
+          "[inprocess][frameworks]") {
+  for (const std::string mode : {"blocking", "nonblocking"}) {
+    SECTION(mode) {
+      const HealthyRun healthy = RunHealthy(DdpHabits(mode == "nonblocking"));
+      REQUIRE(healthy.checksums.size() == static_cast<size_t>(kDdpRanks));
+      TemporaryDirectory dump_dir;
+      const auto start = std::chrono::steady_clock::now();
+      const Job job = RunJob(dump_dir, DdpHabits(mode == "nonblocking"),
+                             {{"NCCLEMU_FAULTS", "p2p_stall:after=0"}, {"NCCLEMU_DRIVER_VERSION", "545.23.08"}});
+      const double wall_seconds = SecondsSince(start);
+      CheckRecoveredInOneAttempt(job, kDdpRanks, healthy.checksums, "#1 Broadcast", "ddp_habits");
+      INFO(job.transcript);
+      CheckFrameworkWatchdogSatisfied(job.result.out);
+      for (const auto& [rank, pid] : RankPids(job.result.out)) {
+        INFO("rank " << rank);
+        CHECK(LogLinesOf(job.result.err, pid, "verdict: p2p_suspect").size() == 1);
+      }
+      // The recovery costs the stall's detection (NCCLGUARD_TIMEOUT=1 s) and a few seconds more.
+      // The healthy run's time counts twice: on a loaded machine the recovered run's own work can
+      // take as long again, and a bound in absolute seconds alone would then fail for nothing.
+      INFO("healthy run " << healthy.wall_seconds << " s, recovered run " << wall_seconds << " s");
+      CHECK(wall_seconds < 2 * healthy.wall_seconds + 1 + 5);
+    }
+  }
 }

@@ -5,6 +5,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <chrono>
 #include <map>
 #include <optional>
 #include <string>
@@ -47,15 +48,31 @@ inline std::vector<std::string> TrainLoop(std::vector<std::string> arguments) {
   return arguments;
 }
 
-// The checksums of the same train_loop job run without faults and without ncclguard.
-inline std::map<int, std::string> HealthyChecksums(const std::vector<std::string>& arguments) {
+struct HealthyRun {
+  ProcessResult result;
+  std::map<int, std::string> checksums;  // rank -> checksum, as train_loop prints them
+  double wall_seconds = 0;
+};
+
+// `command` (a job that prints train_loop's checksum lines) run on the emulator without faults
+// and without ncclguard; it must succeed.
+inline HealthyRun RunHealthy(const std::vector<std::string>& command) {
   ProcessOptions options;
   options.timeout_seconds = 30;
   options.environment = {{"LD_LIBRARY_PATH", EMULATOR_LIBRARY_DIR}, {"NCCLEMU_FAULTS", std::nullopt}};
-  const ProcessResult healthy = RunProcess(TrainLoop(arguments), options);
-  INFO(healthy.out << healthy.err);
-  REQUIRE(healthy.exit_code == 0);
-  return Checksums(healthy.out);
+  HealthyRun healthy;
+  const auto start = std::chrono::steady_clock::now();
+  healthy.result = RunProcess(command, options);
+  healthy.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  INFO(healthy.result.out << healthy.result.err);
+  REQUIRE(healthy.result.exit_code == 0);
+  healthy.checksums = Checksums(healthy.result.out);
+  return healthy;
+}
+
+// The checksums of the same train_loop job run without faults and without ncclguard.
+inline std::map<int, std::string> HealthyChecksums(const std::vector<std::string>& arguments) {
+  return RunHealthy(TrainLoop(arguments)).checksums;
 }
 
 inline bool Contains(const std::string& text, const std::string& needle) {
