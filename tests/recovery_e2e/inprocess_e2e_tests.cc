@@ -191,7 +191,7 @@ TEST_CASE("in-process recovery works on every way of loading NCCL", "[inprocess]
 }
 
 TEST_CASE("two communicators whose first operations were issued in different orders on different streams are "
-          "both recovered; a split and a communicator made afterwards work, on the private instance",
+          "both recovered, and a split and a communicator made afterwards work, on the private instance",
           "[inprocess]") {
   TemporaryDirectory dump_dir;
   const Job job = RunJob(dump_dir, TwoComms({"--ranks", "2", "--crossed", "--split", "--late", "--steps", "3"}),
@@ -251,6 +251,51 @@ TEST_CASE("probation never blocks a thread: first operations issued in different
   CHECK(CountOccurrences(job.result.out, "5 steps on comms A and B (crossed) correct") == 4);
   CHECK_FALSE(Contains(job.result.err, "stalled"));
   CHECK_FALSE(Contains(job.result.err, "in-process"));
+}
+
+TEST_CASE("operations queued back to back on two communicators, in crossed orders on different ranks, are held "
+          "and issued in order: the job completes without a fault, and recovers both communicators after a stall",
+          "[inprocess]") {
+  for (const bool exchange : {false, true}) {
+    for (const bool fault : {false, true}) {
+      DYNAMIC_SECTION((exchange ? "a grouped ring exchange on B" : "AllReduces") << (fault ? ", P2P stall" : ", healthy")) {
+        std::vector<std::string> arguments = {"--ranks", "4", "--crossed", "--queued", "--steps", "6"};
+        if (exchange) arguments.push_back("--exchange");
+        TemporaryDirectory dump_dir;
+        Environment settings;
+        if (fault) settings["NCCLEMU_FAULTS"] = "p2p_stall:after=0";
+        const Job job = RunJob(dump_dir, TwoComms(arguments), settings);
+        INFO(job.transcript);
+        REQUIRE_FALSE(job.result.timed_out);
+        CHECK(job.result.exit_code == 0);
+        CHECK(CountOccurrences(job.result.out, "6 steps on comms A and B (crossed) (queued) correct") == 4);
+        const std::map<int, int> pids = TwoCommsPids(job.result.out);
+        REQUIRE(pids.size() == 4);
+        for (const auto& [rank, pid] : pids) {
+          INFO("rank " << rank);
+          // Each communicator's first operation is the one that stalls; the five queued behind it
+          // follow on the new communicator.
+          CHECK(LogLinesOf(job.result.err, pid, std::string(kRecovered)).size() == (fault ? 2U : 0U));
+          CHECK(LogLinesOf(job.result.err, pid, "falls back").empty());
+          CHECK(LogLinesOf(job.result.err, pid, "exiting with").empty());
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("when frees wait for every stream of the device, as cudaFree does, the recovery does not wait for the "
+          "abort: S2 under PyTorch's habits still recovers in one attempt",
+          "[inprocess][frameworks]") {
+  const std::vector<std::string> arguments = {DDP_HABITS, "--ranks", "4", "--framework-timeout", "20"};
+  const std::map<int, std::string> healthy = ncclguard::testing::RunHealthy(arguments).checksums;
+  REQUIRE(healthy.size() == 4);
+  TemporaryDirectory dump_dir;
+  const Job job = RunJob(dump_dir, arguments,
+                         {{"NCCLEMU_FAULTS", "p2p_stall:after=0"},
+                          {"NCCLEMU_DRIVER_VERSION", "545.23.08"},
+                          {"NCCLEMU_FREES_WAIT", "1"}});
+  CheckRecoveredInOneAttempt(job, 4, healthy, "#1 Broadcast", "ddp_habits");
 }
 
 TEST_CASE("when one rank cannot replay its operation, no rank recovers: every rank falls back to exit 75",
