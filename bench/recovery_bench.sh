@@ -8,7 +8,11 @@
 # rank re-creates the communicator with P2P disabled on a private NCCL instance and replays it.
 # Each rank logs "<N> ms after the stall was found" once the replay has completed; a run's figure
 # is the largest over its ranks (the job goes on only when the last rank does). Prints the median
-# and maximum over runs, then handles_bench's translation cost if it is built.
+# and maximum over runs. Then what probation costs a healthy job's first collectives: ddp_habits'
+# six Broadcasts, queued back to back as DDP queues them (the last five are held and issued by
+# ncclguard) or each waited for, under NCCLGUARD_RECOVER=off and inprocess, N runs each (figure:
+# the slowest rank's time, median and maximum over runs). Last, handles_bench's translation cost
+# if it is built.
 # --smoke: one run, handles_bench very briefly. Fails if a job fails, a rank did not recover, or a
 # figure is missing; never on timing.
 set -euo pipefail
@@ -75,6 +79,42 @@ printf '%s\n' "${figures[@]}" | sort -n | awk -v runs="$runs" -v ranks="$ranks" 
     median = NR % 2 ? value[(NR + 1) / 2] : (value[NR / 2] + value[NR / 2 + 1]) / 2
     printf "detection_to_replay_ms median %g max %g (%d runs, %d ranks, emulator)\n", median, value[NR], runs, ranks
   }'
+
+# What probation costs the first collectives of a healthy job.
+ddp_habits=$build/tests/recovery_e2e/ddp_habits
+if [[ -x $ddp_habits ]]; then
+  for shape in queued each-waited; do
+    for recover in off inprocess; do
+      figures=()
+      for ((run = 1; run <= runs; run++)); do
+        dumps=$(mktemp -d "$work/dumps.XXXXXX")
+        log=$work/probation-$shape-$recover-$run.log
+        flags=(--ranks "$ranks")
+        [[ $shape == each-waited ]] && flags+=(--wait-each)
+        if ! env -u NCCL_COMM_ID -u NCCLEMU_FAULTS LD_LIBRARY_PATH="$emulator" LD_PRELOAD="$preload" \
+          NCCLGUARD_DUMP_DIR="$dumps" NCCLGUARD_JOB_ID=probation-bench NCCLGUARD_RECOVER="$recover" \
+          "$ddp_habits" "${flags[@]}" >"$log" 2>&1; then
+          echo "$0: ddp_habits ${flags[*]} failed under NCCLGUARD_RECOVER=$recover" >&2
+          tail -n 30 "$log" >&2
+          exit 1
+        fi
+        rm -rf "$dumps"
+        slowest=$(sed -nE 's/^rank [0-9]+: sync_module_states: .* in ([0-9.]+) ms$/\1/p' "$log" | sort -n | tail -n 1)
+        if [[ -z $slowest ]]; then
+          echo "$0: ddp_habits printed no sync_module_states time" >&2
+          exit 1
+        fi
+        figures+=("$slowest")
+      done
+      printf '%s\n' "${figures[@]}" | sort -n | awk -v shape="$shape" -v recover="$recover" -v runs="$runs" '
+        { value[NR] = $1 }
+        END {
+          median = NR % 2 ? value[(NR + 1) / 2] : (value[NR / 2] + value[NR / 2 + 1]) / 2
+          printf "first_6_broadcasts_ms %s NCCLGUARD_RECOVER=%s median %.2f max %.2f (%d runs, emulator)\n", shape, recover, median, value[NR], runs
+        }'
+    done
+  done
+fi
 
 # What a handle costs an intercepted call (bench/README.md): four seconds at this minimum time,
 # twenty at handles_bench's default.

@@ -10,14 +10,16 @@
 //    handed to a "framework watchdog" thread that polls the end events with cuEventQuery and the
 //    communicators with ncclCommGetAsyncError every 100 ms, and aborts the communicators and the
 //    process on an error or when a collective takes longer than --framework-timeout;
-//  - sync_module_states broadcasts every parameter from rank 0 back to back, then waits once;
+//  - sync_module_states broadcasts every parameter from rank 0 back to back, then waits once
+//    (with --wait-each, as a program that synchronises after every collective does, it waits
+//    after each), and says how long that took;
 //  - each step all-reduces the gradient buckets in place back to back, then waits once;
 //  - at the end the communicators are destroyed (finalized first when non-blocking).
 //
 // The parent process makes the unique id and forks the ranks (rank R on device R). Each rank
 // checks every result against what it can compute itself and prints a checksum of all of them.
 //
-//   ddp_habits --ranks N [--params P] [--steps S] [--buckets B] [--nonblocking]
+//   ddp_habits --ranks N [--params P] [--steps S] [--buckets B] [--nonblocking] [--wait-each]
 //              [--framework-timeout SECONDS]
 #include <cuda.h>
 #include <nccl.h>
@@ -47,6 +49,7 @@ struct Options {
   int steps = 5;
   int buckets = 4;
   bool nonblocking = false;
+  bool wait_each = false;
   double framework_timeout_s = 60;
 };
 
@@ -319,7 +322,7 @@ std::vector<float> CopyOut(CUdeviceptr device, size_t count) {
 }
 
 void SyncModuleStates(Rank& self, FrameworkWatchdog& watchdog, const std::vector<CUdeviceptr>& params,
-                      Checksum& checksum) {
+                      bool wait_each, Checksum& checksum) {
   std::vector<std::vector<float>> host(params.size());
   std::vector<CUevent> ready;
   for (size_t p = 0; p < params.size(); ++p) {
@@ -327,16 +330,21 @@ void SyncModuleStates(Rank& self, FrameworkWatchdog& watchdog, const std::vector
     for (size_t i = 0; i < host[p].size(); ++i) host[p][i] = ParamValue(self.rank, static_cast<int>(p), i);
     CopyIn(self, params[p], host[p]);
   }
-  // Back to back, with no wait in between.
+  // Back to back, with no wait in between (unless --wait-each).
+  const auto start = std::chrono::steady_clock::now();
   for (size_t p = 0; p < params.size(); ++p) {
     ready.push_back(self.SyncStreams());
     self.Check(ncclBroadcast(reinterpret_cast<const void*>(params[p]), reinterpret_cast<void*>(params[p]),
                              host[p].size(), ncclFloat, 0, self.dp, self.nccl_stream),
                "ncclBroadcast", self.dp);
     self.RecordEnd(watchdog, "Broadcast");
+    if (wait_each) CheckCuda(cuStreamSynchronize(self.nccl_stream), "cuStreamSynchronize");
   }
   // One wait for all of them.
   CheckCuda(cuStreamSynchronize(self.nccl_stream), "cuStreamSynchronize");
+  const double took_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  std::printf("rank %d: sync_module_states: %zu broadcasts %s in %.3f ms\n", self.rank, params.size(),
+              wait_each ? "each waited for" : "queued", took_ms);
   for (CUevent event : ready) CheckCuda(cuEventDestroy(event), "cuEventDestroy");
   for (size_t p = 0; p < params.size(); ++p) {
     const std::vector<float> values = CopyOut(params[p], host[p].size());
@@ -441,7 +449,7 @@ int RunRank(const Options& options, int rank, const ncclUniqueId& id) {
   }
 
   Checksum checksum;
-  SyncModuleStates(self, watchdog, params, checksum);
+  SyncModuleStates(self, watchdog, params, self.options.wait_each, checksum);
   std::printf("rank %d: %d parameters broadcast from rank 0, correct\n", rank, options.params);
   std::fflush(nullptr);
   for (int step = 0; step < options.steps; ++step) Step(self, watchdog, buckets, step, checksum);
@@ -462,7 +470,7 @@ int RunRank(const Options& options, int rank, const ncclUniqueId& id) {
 
 [[noreturn]] void Usage() {
   std::fprintf(stderr,
-               "usage: ddp_habits --ranks N [--params P] [--steps S] [--buckets B] [--nonblocking] "
+               "usage: ddp_habits --ranks N [--params P] [--steps S] [--buckets B] [--nonblocking] [--wait-each] "
                "[--framework-timeout SECONDS]\n");
   std::exit(2);
 }
@@ -482,6 +490,8 @@ Options Parse(int argc, char** argv) {
       options.buckets = std::atoi(argv[++i]);
     } else if (flag == "--nonblocking") {
       options.nonblocking = true;
+    } else if (flag == "--wait-each") {
+      options.wait_each = true;
     } else if (flag == "--framework-timeout" && has_value) {
       options.framework_timeout_s = std::atof(argv[++i]);
     } else {

@@ -345,6 +345,10 @@ void Watchdog::OnStall(CommState* comm, const Stall& stall, std::int64_t now_ns)
     MutexLock lock(status_mutex_);
     reported_stall_ = stall_snapshot;
   }
+  // The peers' verdicts read the stall from the status file: published before the dump, whose
+  // stacks take a while to gather (hundreds of milliseconds on a busy node), so that in-process
+  // recovery and the late ranks' dump requests do not wait for them.
+  WriteStatusNow(now_ns);
   const std::string path = Dump("stall", stall_snapshot, now_ns);
   log::Warn("{} — verdict: {} — dump: {}", message,
             verdicts.empty() ? std::string("unknown (the job directory could not be read)")
