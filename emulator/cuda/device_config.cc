@@ -16,6 +16,7 @@ constexpr const char* kDefaultGpuName = "NVIDIA H100 80GB HBM3";
 constexpr long long kDefaultGpuMemoryMb = 81559;
 constexpr const char* kDefaultDriverVersion = "580.65.06";
 constexpr int kDefaultCudaDriverVersion = 13000;
+constexpr int kDefaultFreesWait = 0;
 
 const char* envValue(const char* name) {
   const char* value = std::getenv(name);
@@ -93,6 +94,10 @@ std::string readDriverVersionString() {
 
 int readCudaDriverVersion() {
   return static_cast<int>(readIntegerInRange("NCCLEMU_CUDA_DRIVER_VERSION", kDefaultCudaDriverVersion, 1000, 99999));
+}
+
+bool readFreesWait() {
+  return readIntegerInRange("NCCLEMU_FREES_WAIT", kDefaultFreesWait, 0, 1) == 1;
 }
 
 std::vector<std::vector<bool>> readP2pMatrix(int device_count) {

@@ -188,6 +188,17 @@ std::vector<std::pair<StreamPtr, std::uint64_t>> workToWaitFor(const StreamPtr& 
   return pending;
 }
 
+// Everything queued so far on every stream of the context: what cuCtxSynchronize waits for.
+std::vector<std::pair<StreamPtr, std::uint64_t>> contextWorkToWaitFor(CUctx_st* context) {
+  std::vector<std::pair<StreamPtr, std::uint64_t>> pending = workToWaitFor(context->legacy_stream);
+  for (const StreamPtr& stream : context->streams) {
+    if (!stream->synchronizesWithLegacy()) {
+      if (std::uint64_t until = stream->pendingUntil()) pending.emplace_back(stream, until);
+    }
+  }
+  return pending;
+}
+
 void activateContext(State& s, CUctx_st* context) {
   context->active = true;
   context->id = s.next_id++;
@@ -554,12 +565,7 @@ CUresult cuCtxSynchronize() {
   CUctx_st* context = currentContext(d.s);
   if (context == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
   if (CUresult result = refuseIfCaptureForbids(d.s); result != CUDA_SUCCESS) return result;
-  std::vector<std::pair<StreamPtr, std::uint64_t>> pending = workToWaitFor(context->legacy_stream);
-  for (const StreamPtr& stream : context->streams) {
-    if (!stream->synchronizesWithLegacy()) {
-      if (std::uint64_t until = stream->pendingUntil()) pending.emplace_back(stream, until);
-    }
-  }
+  auto pending = contextWorkToWaitFor(context);
   d.lock.unlock();
   for (const auto& [stream, until] : pending) stream->waitUntilDone(until);
   return CUDA_SUCCESS;
@@ -611,7 +617,23 @@ CUresult freeAllocation(std::uintptr_t address, bool host) {
   if (!d.initialized()) return CUDA_ERROR_NOT_INITIALIZED;
   if (CUresult result = refuseIfCaptureForbids(d.s); result != CUDA_SUCCESS) return result;
   auto found = d.s.allocations.find(address);
-  if (found == d.s.allocations.end() || found->second.host != host || found->second.registered) return CUDA_ERROR_INVALID_VALUE;
+  if (found == d.s.allocations.end() || found->second.host != host || found->second.registered || found->second.freeing) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  if (d.s.frees_wait) {
+    // As on a driver whose free synchronises the device: the work queued on the owning context's
+    // streams before this call finishes first, however long a stream stays parked. The entry
+    // stays, marked, while the lock is released, so that nobody frees it (or is handed the
+    // address again) meanwhile.
+    found->second.freeing = true;
+    auto pending = contextWorkToWaitFor(found->second.context);
+    d.lock.unlock();
+    for (const auto& [stream, until] : pending) stream->waitUntilDone(until);
+    d.lock.lock();
+    found = d.s.allocations.find(address);
+    // Destroying the context meanwhile took the allocation with it.
+    if (found == d.s.allocations.end() || !found->second.freeing) return CUDA_SUCCESS;
+  }
   if (!host) d.s.devices[found->second.context->device].allocated_bytes -= found->second.size;
   d.s.allocations.erase(found);
   std::free(reinterpret_cast<void*>(address));

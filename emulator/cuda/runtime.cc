@@ -123,6 +123,7 @@ State::State()
       gpu_memory_bytes(readGpuMemoryBytes()),
       driver_version(readCudaDriverVersion()),
       p2p_access(readP2pMatrix(device_count)),
+      frees_wait(readFreesWait()),
       devices(device_count) {}
 
 State& state() {

@@ -148,6 +148,8 @@ struct Allocation {
   // Host memory the application owns, registered with cuMemHostRegister: never freed by the driver.
   bool registered = false;
   unsigned host_flags = 0;  // CU_MEMHOSTALLOC_* or CU_MEMHOSTREGISTER_* as given
+  // A free is waiting for the device (NCCLEMU_FREES_WAIT): a second free of it is refused.
+  bool freeing = false;
 };
 
 struct Device {
@@ -169,6 +171,7 @@ struct State {
   std::size_t gpu_memory_bytes;
   int driver_version;
   std::vector<std::vector<bool>> p2p_access;
+  bool frees_wait;
 
   std::vector<Device> devices;
   std::unordered_map<CUctx_st*, std::unique_ptr<CUctx_st>> created_contexts;

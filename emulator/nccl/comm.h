@@ -99,6 +99,8 @@ struct CommCore {
   bool blocking = true;
   CUcontext context = nullptr;  // retained primary context of cuda_dev
   int comm_index = 0;           // for the faults' comm= filter, set at init
+  // Page-locked memory of `context`, freed when the handle is released (see allocateCommMemory).
+  std::atomic<void*> host_memory{nullptr};
 
   // Set by init, read-only afterwards.
   uint64_t magic = 0;

@@ -418,6 +418,39 @@ ncclResult_t configBlocking(const ncclConfig_t* config, bool inherited, const ch
   return ncclSuccess;
 }
 
+// NCCL's own allocations and frees leave a graph that another thread captures meanwhile alone.
+class RelaxedCaptureMode {
+ public:
+  RelaxedCaptureMode() { cuThreadExchangeStreamCaptureMode(&mode_); }
+  ~RelaxedCaptureMode() { cuThreadExchangeStreamCaptureMode(&mode_); }
+  RelaxedCaptureMode(const RelaxedCaptureMode&) = delete;
+  RelaxedCaptureMode& operator=(const RelaxedCaptureMode&) = delete;
+
+ private:
+  CUstreamCaptureMode mode_ = CU_STREAM_CAPTURE_MODE_RELAXED;
+};
+
+// NCCL allocates device and page-locked memory per communicator and frees it in destroy and
+// abort. Whether such a free waits for the device's queued work is the driver's behaviour
+// (NCCLEMU_FREES_WAIT in the emulated one), so the emulated communicator holds a little memory
+// of its context too, and frees it at the same point.
+void allocateCommMemory(CommCore& core) {
+  if (!core.context) return;
+  RelaxedCaptureMode relaxed;
+  if (cuCtxPushCurrent(core.context) != CUDA_SUCCESS) return;
+  void* memory = nullptr;
+  if (cuMemHostAlloc(&memory, 256, CU_MEMHOSTALLOC_PORTABLE) == CUDA_SUCCESS) core.host_memory.store(memory);
+  CUcontext popped = nullptr;
+  cuCtxPopCurrent(&popped);
+}
+
+void freeCommMemory(CommCore& core) {
+  void* memory = core.host_memory.exchange(nullptr);
+  if (memory == nullptr) return;
+  RelaxedCaptureMode relaxed;
+  cuMemFreeHost(memory);
+}
+
 std::shared_ptr<CommCore> makeCore(int rank, int nranks, int cuda_dev, bool blocking) {
   auto core = std::make_shared<CommCore>();
   core->rank = rank;
@@ -426,6 +459,7 @@ std::shared_ptr<CommCore> makeCore(int rank, int nranks, int cuda_dev, bool bloc
   core->blocking = blocking;
   CUcontext context = nullptr;
   if (cuDevicePrimaryCtxRetain(&context, cuda_dev) == CUDA_SUCCESS) core->context = context;
+  allocateCommMemory(*core);
   core->async_result.store(ncclInProgress);
   return core;
 }
@@ -579,6 +613,16 @@ ncclResult_t ensureReady(CommCore& core) {
 }
 
 void releaseHandle(ncclComm_t comm) {
+  std::shared_ptr<CommCore> core;
+  {
+    std::lock_guard<std::mutex> lock(comm->mutex);
+    core = comm->core;
+  }
+  // Before the handle goes, as NCCL frees while the communicator still exists. With frees that
+  // wait (NCCLEMU_FREES_WAIT), destroy and abort wait here for the context's streams; abort has
+  // interrupted the communicator's operations by now, so their streams move on up to whatever
+  // else holds them.
+  if (core) freeCommMemory(*core);
   std::lock_guard<std::mutex> lock(comm->mutex);
   comm->core.reset();
 }

@@ -106,6 +106,7 @@ TEST_CASE("bad values are named on stderr and replaced by the defaults", "[confi
   CHECK(messages.find("NCCLEMU_GPU_MEMORY_MB='-5'") != std::string::npos);
   CHECK(messages.find("NCCLEMU_P2P_ACCESS='01,1x'") != std::string::npos);
   CHECK(messages.find("NCCLEMU_CUDA_DRIVER_VERSION='twelve'") != std::string::npos);
+  CHECK(messages.find("NCCLEMU_FREES_WAIT='yes'") != std::string::npos);
   int count = 0;
   REQUIRE(cuDeviceGetCount(&count) == CUDA_SUCCESS);
   CHECK(count == 8);

@@ -1,11 +1,61 @@
-// Contexts, memory, error names and cuGetProcAddress.
+// Contexts, memory (frees by default and with NCCLEMU_FREES_WAIT=1), error names and
+// cuGetProcAddress.
+#include <atomic>
+#include <chrono>
 #include <cstring>
+#include <future>
 #include <vector>
 
 #include "cuda_test_support.h"
 
 using emutest::Gate;
 using emutest::PrimaryContext;
+using namespace std::chrono_literals;
+
+namespace {
+
+// A stream parked at a cuStreamWaitValue32 on a page-locked word until the test writes it: the
+// gate ncclguard's recovery holds an application stream at.
+class ParkedStream {
+ public:
+  ParkedStream() {
+    REQUIRE(cuStreamCreate(&stream_, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+    void* host = nullptr;
+    REQUIRE(cuMemAllocHost(&host, sizeof(cuuint32_t)) == CUDA_SUCCESS);
+    word_ = static_cast<cuuint32_t*>(host);
+    *word_ = 0;
+    REQUIRE(cuStreamWaitValue32(stream_, reinterpret_cast<CUdeviceptr>(word_), 1, CU_STREAM_WAIT_VALUE_GEQ) ==
+            CUDA_SUCCESS);
+  }
+  ~ParkedStream() {
+    open();
+    cuStreamSynchronize(stream_);
+    cuStreamDestroy(stream_);
+    cuMemFreeHost(word_);
+  }
+  ParkedStream(const ParkedStream&) = delete;
+  ParkedStream& operator=(const ParkedStream&) = delete;
+
+  void open() { std::atomic_ref<cuuint32_t>(*word_).store(1); }
+  bool parked() { return cuStreamQuery(stream_) == CUDA_ERROR_NOT_READY; }
+
+ private:
+  CUstream stream_ = nullptr;
+  cuuint32_t* word_ = nullptr;
+};
+
+// Runs a free on another thread, with the context current there too.
+std::future<CUresult> freeOnAnotherThread(CUcontext context, CUresult (*free)(void*), void* memory) {
+  return std::async(std::launch::async, [context, free, memory] {
+    cuCtxSetCurrent(context);
+    return free(memory);
+  });
+}
+
+CUresult freeDevice(void* memory) { return cuMemFree(reinterpret_cast<CUdeviceptr>(memory)); }
+CUresult freeHost(void* memory) { return cuMemFreeHost(memory); }
+
+}  // namespace
 
 TEST_CASE("primary contexts are retained, shared and released", "[contexts]") {
   REQUIRE(cuInit(0) == CUDA_SUCCESS);
@@ -151,6 +201,68 @@ TEST_CASE("asynchronous copies wait for earlier work on their stream", "[memory]
   CHECK(host[63] == 0xab);
   cuMemFree(device_buffer);
   cuStreamDestroy(stream);
+}
+
+TEST_CASE("by default a free returns while a stream of its context is parked", "[memory]") {
+  PrimaryContext context;
+  ParkedStream parked;
+  CUdeviceptr device_buffer = 0;
+  REQUIRE(cuMemAlloc(&device_buffer, 256) == CUDA_SUCCESS);
+  void* host_buffer = nullptr;
+  REQUIRE(cuMemAllocHost(&host_buffer, 256) == CUDA_SUCCESS);
+  auto freed = freeOnAnotherThread(context.get(), freeDevice, reinterpret_cast<void*>(device_buffer));
+  REQUIRE(freed.wait_for(5s) == std::future_status::ready);
+  CHECK(freed.get() == CUDA_SUCCESS);
+  freed = freeOnAnotherThread(context.get(), freeHost, host_buffer);
+  REQUIRE(freed.wait_for(5s) == std::future_status::ready);
+  CHECK(freed.get() == CUDA_SUCCESS);
+  CHECK(parked.parked());
+}
+
+// Run by the ctest entry emulator.cuda.frees_wait, with NCCLEMU_FREES_WAIT=1.
+TEST_CASE("with frees that wait, a free waits for the parked stream until its word is written", "[.frees_wait]") {
+  PrimaryContext context;
+  size_t free_before = 0, total = 0;
+  REQUIRE(cuMemGetInfo(&free_before, &total) == CUDA_SUCCESS);
+  CUdeviceptr device_buffer = 0;
+  REQUIRE(cuMemAlloc(&device_buffer, 4096) == CUDA_SUCCESS);
+  // Before the stream: a failed check opens the gate before the future waits for the free.
+  std::future<CUresult> freed;
+  ParkedStream parked;
+
+  freed = freeOnAnotherThread(context.get(), freeDevice, reinterpret_cast<void*>(device_buffer));
+  CHECK(freed.wait_for(200ms) == std::future_status::timeout);
+  // The memory is still the waiting free's: a second free of it is refused at once.
+  CHECK(cuMemFree(device_buffer) == CUDA_ERROR_INVALID_VALUE);
+  // Work queued after the free began is not waited for: a second stream held by a host function.
+  CUstream later;
+  REQUIRE(cuStreamCreate(&later, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+  Gate gate;
+  REQUIRE(cuLaunchHostFunc(later, Gate::hostFunction, &gate) == CUDA_SUCCESS);
+  gate.waitUntilEntered();
+  CHECK(freed.wait_for(100ms) == std::future_status::timeout);
+
+  parked.open();
+  REQUIRE(freed.wait_for(5s) == std::future_status::ready);
+  CHECK(freed.get() == CUDA_SUCCESS);
+  size_t free_after = 0;
+  REQUIRE(cuMemGetInfo(&free_after, &total) == CUDA_SUCCESS);
+  CHECK(free_after == free_before);
+
+  // cuMemFreeHost waits the same way, here for the stream held by the host function.
+  void* host_buffer = nullptr;
+  REQUIRE(cuMemAllocHost(&host_buffer, 256) == CUDA_SUCCESS);
+  freed = freeOnAnotherThread(context.get(), freeHost, host_buffer);
+  CHECK(freed.wait_for(200ms) == std::future_status::timeout);
+  gate.open();
+  REQUIRE(freed.wait_for(5s) == std::future_status::ready);
+  CHECK(freed.get() == CUDA_SUCCESS);
+
+  // With the context idle a free returns at once.
+  REQUIRE(cuStreamSynchronize(later) == CUDA_SUCCESS);
+  REQUIRE(cuMemAlloc(&device_buffer, 256) == CUDA_SUCCESS);
+  CHECK(cuMemFree(device_buffer) == CUDA_SUCCESS);
+  cuStreamDestroy(later);
 }
 
 TEST_CASE("every error code has a name and a description", "[errors]") {

@@ -1,6 +1,7 @@
 // Communicator lifecycle of the emulated NCCL, ranks as devices of one process: split, shrink,
-// abort, destroy, revoke, non-blocking and scalable init, argument checking and the small API
-// functions.
+// abort, destroy (also with a stream parked at a gate, by default and with NCCLEMU_FREES_WAIT=1),
+// revoke, non-blocking and scalable init, argument checking and the small API functions.
+#include <atomic>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -44,6 +45,52 @@ std::string rendezvousPath(const ncclUniqueId& id) {
   char path[64];
   snprintf(path, sizeof(path), "/dev/shm/ncclemu-rv-%016lx", static_cast<unsigned long>(magic));
   return path;
+}
+
+// Parks a rank's stream at a cuStreamWaitValue32 on a page-locked word until the test writes it:
+// the gate ncclguard's recovery holds an application stream at while it aborts.
+class StreamGate {
+ public:
+  StreamGate(LocalRanks& ranks, int rank) : stream_(ranks.stream(rank)) {
+    ranks.makeCurrent(rank);
+    void* host = nullptr;
+    REQUIRE(cuMemAllocHost(&host, sizeof(cuuint32_t)) == CUDA_SUCCESS);
+    word_ = static_cast<cuuint32_t*>(host);
+    *word_ = 0;
+  }
+  // The stream must be past the wait before the word is freed.
+  ~StreamGate() {
+    open();
+    nccltest::waitForStream(stream_, 10s);
+    cuMemFreeHost(word_);
+  }
+  StreamGate(const StreamGate&) = delete;
+  StreamGate& operator=(const StreamGate&) = delete;
+
+  void park() {
+    REQUIRE(cuStreamWaitValue32(stream_, reinterpret_cast<CUdeviceptr>(word_), 1, CU_STREAM_WAIT_VALUE_GEQ) ==
+            CUDA_SUCCESS);
+  }
+  void open() { std::atomic_ref<cuuint32_t>(*word_).store(1); }
+
+ private:
+  CUstream stream_;
+  cuuint32_t* word_ = nullptr;
+};
+
+void countRun(void* counter) { static_cast<std::atomic<int>*>(counter)->fetch_add(1); }
+
+// Rank 0's AllReduce on its stream: the application's collective, queued before the gate.
+void allReduceOnRank0(LocalRanks& ranks) {
+  int32_t* buffer = ranks.allocate<int32_t>(0, 1024);
+  REQUIRE(ncclAllReduce(buffer, buffer, 256, ncclInt32, ncclSum, ranks.comm(0), ranks.stream(0)) == ncclSuccess);
+}
+
+// Aborts or destroys rank 0's communicator from another thread, as ncclguard's recovery does.
+std::future<ncclResult_t> endOnAnotherThread(LocalRanks& ranks, ncclResult_t (*end)(ncclComm_t)) {
+  ncclComm_t comm = ranks.comm(0);
+  ranks.comm(0) = nullptr;
+  return std::async(std::launch::async, [comm, end] { return end(comm); });
 }
 
 }  // namespace
@@ -133,6 +180,66 @@ TEST_CASE("emulated NCCL destroy waits on a stuck communicator until an abort", 
   REQUIRE(lastError().find("already destroyed or aborted") != std::string::npos);
   REQUIRE(ncclCommAbort(ranks.comm(1)) == ncclSuccess);
   ranks.comm(1) = nullptr;
+}
+
+// The tests below declare the future of a call that waits for the gate before the gate itself:
+// a failed check then opens the gate before the future waits for the call to end.
+
+TEST_CASE("emulated NCCL abort returns while the stream is parked at a gate behind the operation", "[nccl]") {
+  LocalRanks ranks(2);
+  ranks.initAll();
+  std::future<ncclResult_t> aborted;
+  StreamGate gate(ranks, 0);
+  allReduceOnRank0(ranks);
+  gate.park();
+  aborted = endOnAnotherThread(ranks, ncclCommAbort);
+  REQUIRE(aborted.wait_for(5s) == std::future_status::ready);
+  REQUIRE(aborted.get() == ncclSuccess);
+  REQUIRE_FALSE(nccltest::waitForStream(ranks.stream(0), 100ms));
+  gate.open();
+  REQUIRE(nccltest::waitForStream(ranks.stream(0), 5s));
+}
+
+// Run by the ctest entry emulator.nccl.lifecycle_frees_wait, with NCCLEMU_FREES_WAIT=1.
+TEST_CASE("with frees that wait, abort first ends the operation, then waits for the parked stream",
+          "[.frees_wait]") {
+  LocalRanks ranks(2);
+  ranks.initAll();
+  std::future<ncclResult_t> aborted;
+  StreamGate gate(ranks, 0);
+  // Rank 1 never joins: the AllReduce is stuck until the abort; the gate comes after it.
+  allReduceOnRank0(ranks);
+  std::atomic<int> after_operation{0};
+  REQUIRE(cuLaunchHostFunc(ranks.stream(0), countRun, &after_operation) == CUDA_SUCCESS);
+  gate.park();
+  REQUIRE_FALSE(nccltest::waitForStream(ranks.stream(0), 100ms));
+  REQUIRE(after_operation == 0);
+
+  aborted = endOnAnotherThread(ranks, ncclCommAbort);
+  REQUIRE(aborted.wait_for(200ms) == std::future_status::timeout);
+  // The aborted operation has returned and the stream has moved on, up to the gate.
+  REQUIRE(after_operation == 1);
+  gate.open();
+  REQUIRE(aborted.wait_for(5s) == std::future_status::ready);
+  REQUIRE(aborted.get() == ncclSuccess);
+  REQUIRE(nccltest::waitForStream(ranks.stream(0), 5s));
+  // Rank 1's device has nothing queued: its abort returns at once.
+  REQUIRE(ncclCommAbort(ranks.comm(1)) == ncclSuccess);
+  ranks.comm(1) = nullptr;
+}
+
+TEST_CASE("with frees that wait, destroy waits for a stream of its device parked at a gate", "[.frees_wait]") {
+  LocalRanks ranks(1);
+  ranks.initAll();
+  std::future<ncclResult_t> destroyed;
+  StreamGate gate(ranks, 0);
+  allReduceOnRank0(ranks);
+  gate.park();
+  destroyed = endOnAnotherThread(ranks, ncclCommDestroy);
+  REQUIRE(destroyed.wait_for(200ms) == std::future_status::timeout);
+  gate.open();
+  REQUIRE(destroyed.wait_for(5s) == std::future_status::ready);
+  REQUIRE(destroyed.get() == ncclSuccess);
 }
 
 TEST_CASE("emulated NCCL non-blocking init reports ncclInProgress, then ncclSuccess", "[nccl]") {
