@@ -26,6 +26,13 @@
 #              device and one thread per device, with and without ncclguard (skipped, with the
 #              reason, when nvcc is missing)
 #   abort      a communicator aborted with an operation queued behind a held stream
+#   parked     facts about a stream parked at a cuStreamWaitValue32 gate on a page-locked word
+#              (what ncclguard's in-process recovery does to an application stream): does a host
+#              function's write let it go on, and how fast; do ncclCommAbort (of a communicator
+#              whose AllReduce is queued before the gate), cuMemFree and cudaFree return while it
+#              is parked, or only once the gate opens. It passes when it measured every answer,
+#              whichever they are; the rehearsal runs it with the emulator's frees returning at
+#              once and with NCCLEMU_FREES_WAIT=1, and checks each gives its own answer
 #   overhead   the overhead benchmark on this driver: host time per ncclAllReduce, intercepted
 #              and direct, in the same run, and their ratio
 set -uo pipefail
@@ -107,7 +114,8 @@ fi
 
 # --- Build --------------------------------------------------------------------------------------
 
-targets=(ncclguard train_loop train_loop_linked train_nccl_module watchdog_e2e_capture gpu_check_probe watchdog_bench)
+targets=(ncclguard train_loop train_loop_linked train_nccl_module watchdog_e2e_capture gpu_check_probe gpu_check_parked
+  watchdog_bench)
 if ((do_build)); then
   echo "== build ($build)"
   mkdir -p "$build"
@@ -129,10 +137,11 @@ build=$(cd "$build" && pwd)
 preload=$build/lib/libncclguard.so
 train_loop=$build/examples/train_loop
 probe=$build/tests/gpu_check/gpu_check_probe
+parked=$build/tests/gpu_check/gpu_check_parked
 capture=$build/tests/watchdog_e2e/watchdog_e2e_capture
 cudart_program=$build/tests/cudart_e2e/cudart_nccl_program
 bench=$build/bench/watchdog_bench
-for needed in "$preload" "$train_loop" "$probe" "$capture" "$bench"; do
+for needed in "$preload" "$train_loop" "$probe" "$parked" "$capture" "$bench"; do
   if [[ ! -x $needed && ! -f $needed ]]; then
     echo "FAIL build: $needed is missing"
     exit 1
@@ -163,7 +172,7 @@ run() {
   shift 2
   local variables=(LD_LIBRARY_PATH="$library_path" NCCLGUARD_DUMP_DIR="$work/$job" NCCLGUARD_JOB_ID="$job")
   [[ $guarded == guarded ]] && variables+=(LD_PRELOAD="$preload")
-  env -u LD_PRELOAD -u NCCLEMU_FAULTS "${variables[@]}" "$@"
+  env -u LD_PRELOAD -u NCCLEMU_FAULTS -u NCCLEMU_FREES_WAIT "${variables[@]}" "$@"
 }
 
 # The dump a job's process wrote at exit (NCCLGUARD_DUMP_ON_EXIT=1), or nothing.
@@ -381,6 +390,48 @@ check_abort() {
   fi
 }
 
+# --- parked -------------------------------------------------------------------------------------
+
+# One run of the parked program, plain (the driver and NCCL alone), with the variables given after
+# `expected`. Every answer is printed; with `expected`, cuMemFree, cudaFree and abort must all
+# give that one.
+parked_run() {
+  local label=$1 expected=$2
+  shift 2
+  local out=$work/parked-$label.out limit=10
+  ((emulator)) && limit=2
+  # Each of the four scenarios waits at most three limits.
+  run "parked-$label" plain env "$@" timeout $((12 * limit + 60)) "$parked" "$limit" >"$out" 2>&1
+  local status=$?
+  local scenario line answers=()
+  for scenario in gate cuMemFree cudaFree abort; do
+    line=$(grep -m 1 "^$scenario " "$out")
+    figure "$scenario ($label)" "${line#"$scenario "}"
+    [[ $scenario == gate ]] || answers+=("$(sed -n 's/.*answer=\([a-z_]*\).*/\1/p' <<<"$line")")
+  done
+  local unknown
+  unknown=$(printf '%s\n' "${answers[@]}" | grep -cvxE 'returns_while_parked|waits_for_parked_stream|skipped')
+  if ((status != 0)) || ! grep -q '^parked done' "$out" || ! grep -q '^gate .*went_on=' "$out"; then
+    fail "parked/$label" "exit $status: $(grep -v '^gate \|^cuMemFree \|^cudaFree \|^abort ' "$out" | tail -n 3 | tr '\n' ' ')"
+  elif ((unknown != 0)); then
+    fail "parked/$label" "an answer could not be measured: ${answers[*]}"
+  elif [[ -n $expected ]] && [[ "${answers[*]}" != "$expected $expected $expected" ]]; then
+    fail "parked/$label" "cuMemFree, cudaFree, abort answered '${answers[*]}', expected $expected from each"
+  else
+    pass "parked/$label" "cuMemFree ${answers[0]}, cudaFree ${answers[1]}, abort ${answers[2]}"
+  fi
+}
+
+check_parked() {
+  echo "== parked"
+  if ((emulator)); then
+    parked_run default returns_while_parked
+    parked_run frees-wait waits_for_parked_stream NCCLEMU_FREES_WAIT=1
+  else
+    parked_run gpu ""
+  fi
+}
+
 # --- overhead -----------------------------------------------------------------------------------
 
 check_overhead() {
@@ -411,6 +462,7 @@ check_stall
 check_graph
 check_cudart
 check_abort
+check_parked
 check_overhead
 
 echo "== $((checks - failures)) of $checks checks passed"
