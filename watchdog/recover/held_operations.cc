@@ -4,6 +4,7 @@
 #include <nccl.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/types.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -13,6 +14,7 @@
 #include <mutex>
 #include <span>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "watchdog/common/clock.h"
