@@ -39,6 +39,8 @@
 #include <thread>
 #include <vector>
 
+#include "tests/recovery_e2e/fork_ranks.h"
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -517,33 +519,8 @@ int main(int argc, char** argv) {
   ncclUniqueId id;
   CheckNccl(ncclGetUniqueId(&id), "ncclGetUniqueId", nullptr, 0);
   std::fflush(nullptr);
-  std::vector<pid_t> children;
-  for (int rank = 0; rank < options.ranks; ++rank) {
-    const pid_t child = fork();
-    if (child == 0) {
-      setenv("RANK", std::to_string(rank).c_str(), 1);
-      setenv("LOCAL_RANK", std::to_string(rank).c_str(), 1);
-      setenv("WORLD_SIZE", std::to_string(options.ranks).c_str(), 1);
-      _exit(RunRank(options, rank, id));
-    }
-    if (child < 0) Fail("fork failed");
-    children.push_back(child);
-  }
-  int failed = 0;
-  for (int rank = 0; rank < options.ranks; ++rank) {
-    int status = 0;
-    waitpid(children[rank], &status, 0);
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-      if (WIFEXITED(status)) {
-        std::printf("ddp_habits: rank %d (pid %d) exited with code %d\n", rank,
-                    static_cast<int>(children[rank]), WEXITSTATUS(status));
-      } else {
-        std::printf("ddp_habits: rank %d (pid %d) ended by signal %d\n", rank,
-                    static_cast<int>(children[rank]), WIFSIGNALED(status) ? WTERMSIG(status) : 0);
-      }
-      ++failed;
-    }
-  }
+  const int failed = ncclguard::testing::ForkRanks(
+      "ddp_habits", options.ranks, [&](int rank) { return RunRank(options, rank, id); });
   if (failed == 0) {
     std::printf("ddp_habits: all %d ranks finished\n", options.ranks);
   } else {

@@ -309,7 +309,7 @@ TEST_CASE("when one rank cannot replay its operation, no rank recovers: every ra
   REQUIRE_FALSE(job.result.timed_out);
   const std::map<int, int> pids = TwoCommsPids(job.result.out);
   REQUIRE(pids.size() == 3);
-  CHECK(CountOccurrences(job.result.out, "ended with status") == 3);
+  CHECK(CountOccurrences(job.result.out, "exited with code 75") == 3);
   CHECK_FALSE(Contains(job.result.err, kRecovered));
   for (const auto& [rank, pid] : pids) {
     INFO("rank " << rank);

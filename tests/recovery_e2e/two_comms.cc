@@ -25,6 +25,8 @@
 #include <string>
 #include <vector>
 
+#include "tests/recovery_e2e/fork_ranks.h"
+
 namespace {
 
 struct Options {
@@ -258,26 +260,8 @@ int main(int argc, char** argv) {
   CheckNccl(-1, ncclGetUniqueId(&id_a), "ncclGetUniqueId");
   CheckNccl(-1, ncclGetUniqueId(&id_b), "ncclGetUniqueId");
   CheckNccl(-1, ncclGetUniqueId(&id_c), "ncclGetUniqueId");
-  std::fflush(nullptr);
-  std::vector<pid_t> children;
-  for (int rank = 0; rank < options.ranks; ++rank) {
-    const pid_t child = fork();
-    if (child == 0) {
-      setenv("RANK", std::to_string(rank).c_str(), 1);
-      _exit(RunRank(options, rank, id_a, id_b, id_c));
-    }
-    if (child < 0) Fail(-1, "fork failed");
-    children.push_back(child);
-  }
-  int failed = 0;
-  for (pid_t child : children) {
-    int status = 0;
-    waitpid(child, &status, 0);
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-      std::printf("two_comms: rank process %d ended with status %d\n", static_cast<int>(child), status);
-      ++failed;
-    }
-  }
+  const int failed = ncclguard::testing::ForkRanks(
+      "two_comms", options.ranks, [&](int rank) { return RunRank(options, rank, id_a, id_b, id_c); });
   std::printf("two_comms: %s\n", failed == 0 ? "all ranks correct" : "job failed");
   return failed == 0 ? 0 : 1;
 }
