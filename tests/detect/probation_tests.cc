@@ -30,6 +30,7 @@ struct FakeDriver {
   static inline std::atomic<int> waits{0};
   static inline std::atomic<bool> refuse_host_functions{false};
   static inline std::atomic<bool> refuse_waits{false};
+  static inline std::atomic<CUstream> last_host_function_stream{nullptr};
 
   static CUresult HostAlloc(void** pointer, size_t bytes, unsigned int) {
     *pointer = std::aligned_alloc(64, bytes);
@@ -39,8 +40,9 @@ struct FakeDriver {
     *device = reinterpret_cast<CUdeviceptr>(host);
     return CUDA_SUCCESS;
   }
-  static CUresult LaunchHostFunc(CUstream, CUhostFn function, void* data) {
+  static CUresult LaunchHostFunc(CUstream stream, CUhostFn function, void* data) {
     if (refuse_host_functions) return CUDA_ERROR_INVALID_VALUE;
+    last_host_function_stream = stream;
     thread_local std::minstd_rand random(std::random_device{}());
     const auto pause = std::chrono::microseconds(random() % 200);
     std::lock_guard<std::mutex> lock(mutex);
@@ -166,7 +168,7 @@ TEST_CASE("a held operation: its stream waits from the call, its host function i
   const std::uint32_t seen = ProbationChanges();
   auto* issuing_stream = reinterpret_cast<CUstream>(0x15);
   REQUIRE(ArmGate(op, issuing_stream));
-  CHECK(op.exec_stream == issuing_stream);
+  CHECK(FakeDriver::last_host_function_stream.load() == issuing_stream);
   FakeDriver::JoinHostThreads();
   CHECK(op.state.load() == ProbationState::kReleased);
   CHECK(op.gate->load() == 1);

@@ -267,7 +267,6 @@ ProbationClaim TakeProbation(CommState& comm, std::uint64_t seq, Api api, const 
   op.reduction = arguments.reduction;
   op.root_or_peer = arguments.root_or_peer;
   op.stream = arguments.stream;
-  op.exec_stream = arguments.stream;
   op.group = group;
   const std::size_t overwritten = OverwrittenInputBytes(op, comm.rank.load(std::memory_order_relaxed),
                                                         comm.nranks.load(std::memory_order_relaxed));

@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "watchdog/common/clock.h"
 #include "watchdog/common/describe.h"
 #include "watchdog/common/libraries.h"
@@ -147,19 +148,16 @@ void Issue(std::vector<Batch>& batches, const CudaDriver& driver) {
   const int slot = batches.front().comm->library.load(std::memory_order_acquire);
   const bool grouped =
       batches.size() > 1 || batches.front().ops.size() > 1 || batches.front().ops.front()->group != 0;
-  auto group_call = [slot](Api api) {
-    return CallRealNccl(
-        slot, api, [](void* function) { return reinterpret_cast<decltype(&::ncclGroupStart)>(function)(); });
-  };
-  ncclResult_t result = grouped ? group_call(Api::ncclGroupStart) : ncclSuccess;
-  for (Batch& batch : batches) {
-    const ncclComm_t handle = batch.comm->handle.load(std::memory_order_acquire);
-    for (const ProbationOp* op : batch.ops) {
-      if (result == ncclSuccess && batch.result == ncclSuccess)
-        batch.result = IssueOperation(*op, slot, handle, batch.stream);
+  // Each communicator's failure is its own; the group's start and end concern them all.
+  const ncclResult_t result = IssueInGroup(slot, grouped, [&] {
+    for (Batch& batch : batches) {
+      const ncclComm_t handle = batch.comm->handle.load(std::memory_order_acquire);
+      for (const ProbationOp* op : batch.ops) {
+        if (batch.result == ncclSuccess) batch.result = IssueOperation(*op, slot, handle, batch.stream);
+      }
     }
-  }
-  if (grouped) result = group_call(Api::ncclGroupEnd);
+    return ncclSuccess;
+  });
   for (Batch& batch : batches) {
     if (batch.result == ncclSuccess) batch.result = result;
     if (batch.result == ncclInProgress) {
@@ -299,6 +297,20 @@ ncclResult_t IssueOperation(const ProbationOp& op, int slot, ncclComm_t comm, CU
     }
 #undef NCCLGUARD_CALL
   });
+}
+
+ncclResult_t IssueInGroup(int slot, bool grouped, absl::FunctionRef<ncclResult_t()> issue) noexcept {
+  auto group_call = [slot](Api api) {
+    return CallRealNccl(
+        slot, api, [](void* function) { return reinterpret_cast<decltype(&::ncclGroupStart)>(function)(); });
+  };
+  ncclResult_t result = grouped ? group_call(Api::ncclGroupStart) : ncclSuccess;
+  if (result == ncclSuccess) result = issue();
+  if (grouped) {
+    const ncclResult_t ended = group_call(Api::ncclGroupEnd);
+    if (result == ncclSuccess) result = ended;
+  }
+  return result;
 }
 
 ncclResult_t AwaitNotInProgress(int slot, ncclComm_t comm, std::int64_t deadline_ns) noexcept {

@@ -12,12 +12,17 @@
 
 #include <cstdint>
 
+#include "absl/functional/function_ref.h"
 #include "watchdog/state/records.h"
 
 namespace ncclguard {
 
 // `op` again, as the application called it, on `comm` and `stream`, through the library in `slot`.
 ncclResult_t IssueOperation(const ProbationOp& op, int slot, ncclComm_t comm, CUstream stream) noexcept;
+
+// Runs `issue` (which returns its first failure) between ncclGroupStart and ncclGroupEnd of the
+// library in `slot` when `grouped`, else alone: the first failure of the three, or ncclSuccess.
+ncclResult_t IssueInGroup(int slot, bool grouped, absl::FunctionRef<ncclResult_t()> issue) noexcept;
 
 // After a call on a non-blocking communicator answered ncclInProgress: polls
 // ncclCommGetAsyncError until it no longer does, or `deadline_ns` (steady clock) passes

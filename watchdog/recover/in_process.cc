@@ -292,20 +292,13 @@ absl::Status Recovery::QueueReplay(CUstream stream) {
       return absl::InternalError("the operation's input cannot be restored");
     }
   }
-  const bool grouped = ops_.size() > 1 || stalled_.group != 0;
-  auto group_call = [this](Api api) {
-    return CallRealNccl(
-        slot_, api, [](void* function) { return reinterpret_cast<decltype(&::ncclGroupStart)>(function)(); });
-  };
-  ncclResult_t replayed = grouped ? group_call(Api::ncclGroupStart) : ncclSuccess;
-  for (const ProbationOp* op : ops_) {
-    if (replayed != ncclSuccess) break;
-    replayed = IssueOperation(*op, slot_, new_comm_, stream);
-  }
-  if (grouped) {
-    const ncclResult_t ended = group_call(Api::ncclGroupEnd);
-    if (replayed == ncclSuccess) replayed = ended;
-  }
+  ncclResult_t replayed = IssueInGroup(slot_, ops_.size() > 1 || stalled_.group != 0, [&] {
+    ncclResult_t issued = ncclSuccess;
+    for (const ProbationOp* op : ops_) {
+      if (issued == ncclSuccess) issued = IssueOperation(*op, slot_, new_comm_, stream);
+    }
+    return issued;
+  });
   if (replayed == ncclInProgress) replayed = AwaitNotInProgress(slot_, new_comm_, Deadline());
   if (replayed != ncclSuccess) {
     return absl::InternalError(absl::StrCat("the replay returned ", std::string(ResultName(replayed))));

@@ -156,7 +156,6 @@ bool WaitAtGate(ProbationOp& op) noexcept {
 bool ArmGate(ProbationOp& op, void* exec_stream) noexcept {
   const CudaDriver* driver = LoadCudaDriver();
   if (driver == nullptr || !driver->probation) return false;
-  op.exec_stream = exec_stream;
   // Pending before the host function can run: it opens only a pending gate.
   op.state.store(ProbationState::kPending, std::memory_order_release);
   if (driver->cuLaunchHostFunc(static_cast<CUstream>(exec_stream), OpenGateUnlessTakenOver, &op) !=

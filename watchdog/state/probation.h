@@ -44,9 +44,9 @@ bool Unreleased(const ProbationOp& op) noexcept;
 // A probation operation was released or queued: wakes the thread that issues held operations.
 // Async-signal-safe (a futex), so host functions may call it.
 void NoteProbationChange() noexcept;
-// Waits until NoteProbationChange is called after `seen` (ProbationChanges()'s earlier value), or
-// `timeout_ms` passed.
+// How many changes were noted so far.
 std::uint32_t ProbationChanges() noexcept;
+// Waits until a change is noted after ProbationChanges() said `seen`, or `timeout_ms` passed.
 void AwaitProbationChange(std::uint32_t seen, int timeout_ms) noexcept;
 
 // Opens the gate: the stream goes on past it.

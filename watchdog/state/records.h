@@ -108,10 +108,7 @@ struct ProbationOp {
   int datatype = 0;
   int reduction = 0;
   int root_or_peer = -1;
-  void* stream = nullptr;  // the application's: it waits at the gate
-  // Where NCCL runs it: the application's stream, or, for an operation ncclguard held and issued
-  // itself, the communicator's issuing stream. Written before `state` becomes kPending.
-  void* exec_stream = nullptr;
+  void* stream = nullptr;   // the application's: it waits at the gate
   std::uint64_t group = 0;  // the ncclGroupStart/End it was issued in (0: none): replayed as one
   // A held operation: the application's stream at the call (the issuing stream waits for it), and
   // whether its group has ended, so that the group is issued whole.
