@@ -346,6 +346,7 @@ bool HoldOperation(CommState& comm, ProbationOp& op, bool grouped) noexcept {
     if (!comm.issuer_listed.exchange(true, std::memory_order_acq_rel)) issuer.comms.push_back(&comm);
   } catch (...) {  // out of memory: nothing issues it, so it is not held
     op.state.store(ProbationState::kNone, std::memory_order_release);
+    OpenGate(op);  // the stream may wait at it already: it must not wait for ever
     return false;
   }
   NoteProbationChange();
