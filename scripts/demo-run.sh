@@ -141,4 +141,11 @@ if [[ -x "$program" ]]; then
   watched env NCCLEMU_DEVICES=4 NCCLEMU_FAULTS="hang:rank=2,seq=4" NCCLGUARD_JOB_ID=grouped NCCLGUARD_TIMEOUT=2 \
     "$program" group --timeout 6 2>&1 | grep -E 'devices|ncclguard WARN' | sed -E 's/ — verdict: ([a-z_]+).*/ — verdict: \1/' || true
   "$build/bin/ncclguard" analyze "$jobs/grouped" | grep -E '^[A-Z_]+  comm|^  ranks:' || true
+  say "   The same program with the hang of step 6 (driver 545.23.08) and NCCLGUARD_RECOVER=inprocess," \
+      "   four warm-up AllReduces queued back to back as the benchmarks do: the four ranks this process" \
+      "   drives are re-created together in one group and replayed, and every result checks (\"ok\"):"
+  watched env NCCLEMU_DEVICES=4 NCCLEMU_FAULTS="p2p_stall:after=0" NCCLEMU_DRIVER_VERSION=545.23.08 \
+    NCCLGUARD_JOB_ID=grouped-inprocess NCCLGUARD_TIMEOUT=2 NCCLGUARD_RECOVER=inprocess \
+    "$program" group --warmup 4 --timeout 30 2>&1 | grep -E '^ok$|ncclguard WARN' |
+    sed -E 's/ — verdict: ([a-z_]+).*/ — verdict: \1/; s/^.*ncclguard WARN known-bad.*/(the known-bad driver warning)/' || true
 fi

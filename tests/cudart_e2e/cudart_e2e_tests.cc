@@ -6,6 +6,7 @@
 #include <regex>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "tests/support/process.h"
 #include "tests/support/train_loop_output.h"
@@ -26,6 +27,7 @@ struct Job {
   std::string mode;
   bool guarded = false;
   std::string faults;  // NCCLEMU_FAULTS, none when empty
+  bool in_process = false;  // NCCLGUARD_RECOVER=inprocess, with S2's driver and a queued warm-up
 };
 
 ProcessResult Run(const TemporaryDirectory& dump_dir, const Job& job) {
@@ -38,12 +40,21 @@ ProcessResult Run(const TemporaryDirectory& dump_dir, const Job& job) {
     options.environment["LD_PRELOAD"] = PRELOAD_LIBRARY;
     options.environment["NCCLGUARD_TIMEOUT"] = "1";
   }
-  // A hung job ends by the program's own timeout, long after ncclguard's (1 s) even on a loaded machine.
-  return RunProcess({NCCL_PROGRAM, job.mode, "--timeout", job.faults.empty() ? "60" : "10"}, options);
+  std::vector<std::string> arguments{NCCL_PROGRAM, job.mode};
+  if (job.in_process) {
+    options.environment["NCCLGUARD_RECOVER"] = "inprocess";
+    options.environment["NCCLEMU_DRIVER_VERSION"] = "545.23.08";
+    arguments.insert(arguments.end(), {"--warmup", "4"});
+  }
+  // A hung job ends by the program's own timeout, long after ncclguard's (1 s) even on a loaded
+  // machine; a recovered one within ncclguard's timeout and the recovery's.
+  arguments.insert(arguments.end(), {"--timeout", job.faults.empty() || job.in_process ? "60" : "10"});
+  return RunProcess(arguments, options);
 }
 
 std::string Transcript(const Job& job, const ProcessResult& result) {
-  return job.mode + (job.guarded ? " (preloaded)" : "") + ": exit code " + std::to_string(result.exit_code) +
+  return job.mode + (job.guarded ? " (preloaded)" : "") + (job.in_process ? " (in-process recovery)" : "") +
+         ": exit code " + std::to_string(result.exit_code) +
          ", signal " + std::to_string(result.signal) + (result.timed_out ? ", timed out" : "") + "\nstdout:\n" +
          result.out + "\nstderr:\n" + result.err;
 }
@@ -110,4 +121,33 @@ TEST_CASE("a hang in an nvcc-built NCCL program without ncclguard: no report, on
   REQUIRE_FALSE(result.timed_out);
   CHECK(result.exit_code == kHangExitCode);
   CHECK(StallLines(result.err).empty());
+}
+
+// S2 in the shape of NCCL's benchmarks (-g 4: one thread, a group per iteration; -t 4: a thread
+// per GPU), warm-up iterations queued back to back: the process's four ranks of the communicator
+// are recovered together, in one attempt, and every result is right.
+TEST_CASE("S2 in a process driving four GPUs: its ranks recover in-process together", "[cudart][recovery]") {
+  for (const char* mode : kModes) {
+    TemporaryDirectory dump_dir;
+    const Job job{mode, true, "p2p_stall:after=0", true};
+    const ProcessResult result = Run(dump_dir, job);
+    INFO(Transcript(job, result));
+    REQUIRE_FALSE(result.timed_out);
+    CHECK(result.exit_code == 0);
+    CHECK(result.out.find("\nok\n") != std::string::npos);
+    const std::regex recovered(
+        R"(ncclguard WARN comm [0-9a-f]{16} #1 AllReduce: re-created with P2P disabled on a private NCCL instance and replayed \(all 4 ranks are ready; this process's 4 ranks of it together\))");
+    std::vector<std::string> warnings;
+    int recoveries = 0;
+    for (const std::string& line : SplitLines(result.err)) {
+      if (line.find("ncclguard WARN") == std::string::npos) continue;
+      warnings.push_back(line);
+      if (std::regex_search(line, recovered)) ++recoveries;
+    }
+    CHECK(recoveries == 1);
+    CHECK(result.err.find("falls back") == std::string::npos);
+    // The known-bad driver, the stall, the recovery begun and done: nothing about the warm-up
+    // iterations queued behind it.
+    CHECK(warnings.size() <= 4);
+  }
 }

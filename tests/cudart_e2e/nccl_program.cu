@@ -2,9 +2,11 @@
 // runtime of the machine runs it), one communicator rank per device of this process, either one
 // thread driving every device through a group ("group") or one thread per device ("threads").
 // It runs collectives, checks their results, captures an AllReduce into a CUDA graph and
-// launches the graph several times, checking each launch, and launches a kernel.
+// launches the graph several times, checking each launch, and launches a kernel. With --warmup N
+// it first queues N AllReduces back to back, out-of-place and in-place by turns, and waits once,
+// as the benchmarks' warm-up iterations do.
 //
-//   nccl_program group|threads [--steps N] [--timeout SECONDS]
+//   nccl_program group|threads [--steps N] [--warmup N] [--timeout SECONDS]
 //
 // Prints "ok" and exits 0 when every result is right; exits 1 on a wrong result or a failed
 // call, 3 when a stream has not finished within the timeout (a hang), 2 on bad usage.
@@ -27,6 +29,7 @@ constexpr int kGraphLaunches = 3;
 struct Options {
   bool one_thread_per_device = false;
   int steps = 3;
+  int warmup = 0;
   double timeout_seconds = 60;
 };
 
@@ -122,6 +125,25 @@ void enqueueStep(const Rank& rank, int step) {
   checkNccl(ncclAllGather(rank.send, rank.gathered, kCount, ncclFloat, rank.comm, rank.stream), "ncclAllGather");
 }
 
+constexpr int kWarmupStep = 50;
+
+// Out-of-place from the input, then in-place on the result: after an even number the result is
+// nranks times the sum, which only holds if every in-place one reduced the previous result once.
+void enqueueWarmup(const Rank& rank, int iteration) {
+  const float* source = iteration % 2 == 0 ? rank.send : rank.reduced;
+  checkNccl(ncclAllReduce(source, rank.reduced, kCount, ncclFloat, ncclSum, rank.comm, rank.stream), "ncclAllReduce");
+}
+
+void checkWarmup(const Rank& rank) {
+  const std::vector<float> reduced = copyBack(rank.reduced, kCount);
+  const float factor = g_options.warmup % 2 == 0 ? static_cast<float>(rank.nranks) : 1.0f;
+  for (size_t i = 0; i < kCount; ++i) {
+    float expected = 0;
+    for (int r = 0; r < rank.nranks; ++r) expected += inputValue(r, kWarmupStep, i);
+    if (reduced[i] != factor * expected) fail(rank, "warm-up AllReduce", i, reduced[i], factor * expected);
+  }
+}
+
 void allocate(Rank& rank) {
   checkCuda(cudaSetDevice(rank.index), "cudaSetDevice");
   checkCuda(cudaStreamCreate(&rank.stream), "cudaStreamCreate");
@@ -189,6 +211,16 @@ void runGroup(std::vector<Rank>& ranks) {
     checkNccl(ncclCommInitRankConfig(&rank.comm, rank.nranks, id, rank.index, &config), "ncclCommInitRankConfig");
   }
   checkNccl(ncclGroupEnd(), "ncclGroupEnd");
+  if (g_options.warmup > 0) {
+    for (Rank& rank : ranks) setInput(rank, kWarmupStep);
+    for (int iteration = 0; iteration < g_options.warmup; ++iteration) {
+      checkNccl(ncclGroupStart(), "ncclGroupStart");
+      for (Rank& rank : ranks) enqueueWarmup(rank, iteration);
+      checkNccl(ncclGroupEnd(), "ncclGroupEnd");
+    }
+    for (Rank& rank : ranks) waitForStream(rank);
+    for (Rank& rank : ranks) checkWarmup(rank);
+  }
   for (int step = 0; step < g_options.steps; ++step) {
     for (Rank& rank : ranks) setInput(rank, step);
     checkNccl(ncclGroupStart(), "ncclGroupStart");
@@ -214,6 +246,12 @@ void runGroup(std::vector<Rank>& ranks) {
 void runThread(Rank& rank, const ncclUniqueId& id) {
   checkCuda(cudaSetDevice(rank.index), "cudaSetDevice");
   checkNccl(ncclCommInitRank(&rank.comm, rank.nranks, id, rank.index), "ncclCommInitRank");
+  if (g_options.warmup > 0) {
+    setInput(rank, kWarmupStep);
+    for (int iteration = 0; iteration < g_options.warmup; ++iteration) enqueueWarmup(rank, iteration);
+    waitForStream(rank);
+    checkWarmup(rank);
+  }
   for (int step = 0; step < g_options.steps; ++step) {
     setInput(rank, step);
     enqueueStep(rank, step);
@@ -250,17 +288,18 @@ bool parse(int argc, char** argv) {
   for (int i = 2; i + 1 < argc; i += 2) {
     const std::string name = argv[i];
     if (name == "--steps") g_options.steps = std::atoi(argv[i + 1]);
+    else if (name == "--warmup") g_options.warmup = std::atoi(argv[i + 1]);
     else if (name == "--timeout") g_options.timeout_seconds = std::atof(argv[i + 1]);
     else return false;
   }
-  return argc % 2 == 0 && g_options.steps > 0 && g_options.timeout_seconds > 0;
+  return argc % 2 == 0 && g_options.steps > 0 && g_options.warmup >= 0 && g_options.timeout_seconds > 0;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   if (!parse(argc, argv)) {
-    std::fprintf(stderr, "usage: %s group|threads [--steps N] [--timeout SECONDS]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s group|threads [--steps N] [--warmup N] [--timeout SECONDS]\n", argv[0]);
     return 2;
   }
   int devices = 0;

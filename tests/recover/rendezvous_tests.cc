@@ -71,6 +71,7 @@ RendezvousRequest Request(const std::string& job_dir, int epoch, int nranks, int
                            .epoch = epoch,
                            .nranks = nranks,
                            .rank = rank,
+                           .other_local_ranks = {},
                            .ready = plan.ready,
                            .not_ready_reason = plan.not_ready_reason,
                            .timeout = timeout};
@@ -180,6 +181,48 @@ TEST_CASE("four ready ranks all recover with the unique id rank 0 made, made onc
   // No temporary file is left behind.
   for (const auto& entry : fs::directory_iterator(directory))
     CHECK(entry.path().filename().string()[0] != '.');
+}
+
+TEST_CASE("a process that drives several ranks votes for each of them, and leads if it holds rank 0",
+          "[rendezvous]") {
+  TemporaryDirectory base;
+  const std::string job_dir = base.path() + "/job";
+  UniqueIdSource source;
+  const RankPlan ready;
+  // Ranks 2 and 3 in one process, rank 0 and 1 in another: rank 1's process leads for rank 0.
+  RendezvousRequest first = Request(job_dir, 1, 4, 2, ready, milliseconds(60'000));
+  first.other_local_ranks = {3};
+  RendezvousRequest second = Request(job_dir, 1, 4, 1, ready, milliseconds(60'000));
+  second.other_local_ranks = {0};
+  absl::StatusOr<RendezvousOutcome> first_outcome = absl::UnknownError("not met");
+  std::thread other([&] { first_outcome = MeetToRecover(first, UniqueIdMaker{}); });
+  const absl::StatusOr<RendezvousOutcome> second_outcome = MeetToRecover(second, source.Maker());
+  other.join();
+  for (const absl::StatusOr<RendezvousOutcome>* outcome :
+       std::vector<const absl::StatusOr<RendezvousOutcome>*>{&first_outcome, &second_outcome}) {
+    REQUIRE(outcome->ok());
+    INFO((*outcome)->reason);
+    CHECK((*outcome)->recover);
+    CHECK(SameId((*outcome)->unique_id, UniqueIdSource::Made()));
+  }
+  CHECK(source.calls.load() == 1);
+  const std::string directory = MeetingDirectory(job_dir, 1);
+  for (int rank = 0; rank < 4; ++rank)
+    CHECK(ReadJson(directory + "/vote-" + std::to_string(rank) + ".json").at("rank") == rank);
+
+  SECTION("one of them not ready: every rank falls back at once, naming it") {
+    RankPlan unsafe;
+    unsafe.ready = false;
+    unsafe.not_ready_reason = "its replay is unsafe";
+    RendezvousRequest alone = Request(job_dir, 2, 4, 1, unsafe, milliseconds(60'000));
+    alone.other_local_ranks = {0, 2, 3};
+    const auto start = std::chrono::steady_clock::now();
+    const absl::StatusOr<RendezvousOutcome> outcome = MeetToRecover(alone, source.Maker());
+    REQUIRE(outcome.ok());
+    CHECK_FALSE(outcome->recover);
+    CHECK_THAT(outcome->reason, Catch::Contains("rank 1 cannot recover: its replay is unsafe"));
+    CHECK(SecondsSince(start) < 30);
+  }
 }
 
 TEST_CASE("ranks that come at different times are waited for", "[rendezvous]") {
@@ -424,6 +467,8 @@ TEST_CASE("an invalid request is refused before any file is written", "[rendezvo
   SECTION("epoch 0") { request.epoch = 0; }
   SECTION("no ranks") { request.nranks = 0; }
   SECTION("a rank beyond the communicator") { request.rank = 4; }
+  SECTION("another local rank beyond the communicator") { request.other_local_ranks = {2, 4}; }
+  SECTION("a local rank named twice") { request.other_local_ranks = {2, 1}; }
   SECTION("a negative timeout") { request.timeout = milliseconds(-1); }
   const absl::StatusOr<RendezvousOutcome> outcome = MeetToRecover(request, UniqueIdMaker{});
   CHECK(absl::IsInvalidArgument(outcome.status()));

@@ -134,8 +134,10 @@ std::optional<Stall> FindOperationStall(const CommState& comm, std::int64_t now_
     if (op.seq.load(std::memory_order_relaxed) != seq || IsFinished(state)) continue;
     // The oldest unfinished operation decides: everything after it waits for it.
     const bool started = state == OpState::kStarted;
-    const std::int64_t since =
-        started ? op.start_ns.load(std::memory_order_relaxed) : op.enqueue_ns.load(std::memory_order_relaxed);
+    // One queued behind a replay waits from the replay's end: the stall before it was reported.
+    const std::int64_t since = started ? op.start_ns.load(std::memory_order_relaxed)
+                                       : std::max(op.enqueue_ns.load(std::memory_order_relaxed),
+                                                  comm.recovered_ns.load(std::memory_order_acquire));
     if (now_ns - since <= timeout_ns) return std::nullopt;
     Stall stall = Describe(comm, op, seq);
     stall.kind = started ? Stall::Kind::kNotCompleted : Stall::Kind::kNotStarted;

@@ -34,6 +34,7 @@
 #include "watchdog/report/snapshot.h"
 #include "watchdog/report/snapshot_builder.h"
 #include "watchdog/state/gpu_events.h"
+#include "watchdog/state/probation.h"
 #include "watchdog/state/records.h"
 #include "watchdog/state/registration.h"
 #include "watchdog/state/registry.h"
@@ -52,15 +53,6 @@ bool CompleteRegistrationUnlessClosing(CommState& comm) {
       !comm.closing.load(std::memory_order_seq_cst) && CompleteRegistration(comm, SteadyNowNs());
   comm.watchdog_in_call.store(false, std::memory_order_seq_cst);
   return completed;
-}
-
-// The operation `seq` of `comm` when it is on probation and its gate still closed.
-ProbationOp* PendingProbationOp(CommState& comm, std::uint64_t seq) {
-  for (ProbationOp& op : comm.TakenProbation()) {
-    // The state first: it publishes the rest of the slot.
-    if (op.state.load(std::memory_order_acquire) == ProbationState::kPending && op.seq == seq) return &op;
-  }
-  return nullptr;
 }
 
 // The verdict about `comm`: with several communicators stalled at once, the first may name another.

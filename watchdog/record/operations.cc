@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -282,14 +283,14 @@ ProbationClaim TakeProbation(CommState& comm, std::uint64_t seq, Api api, const 
 }
 
 // At the outermost end of a group that NCCL launched: its operations on probation are gated, after
-// every kernel of the group. A replay re-creates one communicator: a group that also holds
-// operations of another cannot be replayed whole.
+// every kernel of the group. A replay re-creates one communicator, with all of its ranks that this
+// process drives: a group that also holds operations of another cannot be replayed whole.
 void HoldGroupOnProbation(Api api, ncclResult_t result) {
   const bool launched = api == Api::ncclGroupEnd && result == ncclSuccess;
-  const CommState* first_comm = t_grouped.empty() ? nullptr : t_grouped.front().comm;
+  const std::string_view first_id = t_grouped.empty() ? std::string_view() : t_grouped.front().comm->id;
   const bool one_comm =
       std::all_of(t_grouped.begin(), t_grouped.end(),
-                  [first_comm](const GroupedOperation& grouped) { return grouped.comm == first_comm; });
+                  [first_id](const GroupedOperation& grouped) { return grouped.comm->id == first_id; });
   for (const GroupedOperation& grouped : t_grouped) {
     if (grouped.probation == nullptr || grouped.held || !launched) continue;
     if (!one_comm) {

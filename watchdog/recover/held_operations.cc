@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <mutex>
 #include <span>
+#include <string_view>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -151,6 +152,7 @@ void Issue(std::vector<Batch>& batches, const CudaDriver& driver) {
   // Each communicator's failure is its own; the group's start and end concern them all.
   const ncclResult_t result = IssueInGroup(slot, grouped, [&] {
     for (Batch& batch : batches) {
+      CudaContextScope context(driver, static_cast<CUcontext>(batch.comm->context));
       const ncclComm_t handle = batch.comm->handle.load(std::memory_order_acquire);
       for (const ProbationOp* op : batch.ops) {
         if (batch.result == ncclSuccess) batch.result = IssueOperation(*op, slot, handle, batch.stream);
@@ -170,17 +172,24 @@ void Issue(std::vector<Batch>& batches, const CudaDriver& driver) {
 }
 
 // The batches to issue together with `first`: every listed communicator's head batch of the same
-// group and library. Empty when part of that group is not at the head of its queue yet.
+// group and library. Empty when part of that group is not at the head of its queue yet. Outside
+// a group, the heads of the other ranks of the same communicator that this process drives (one
+// thread per GPU) with the same operation go with it: one thread driving several ranks of a
+// communicator must issue their parts of an operation in one group.
 std::vector<Batch> GroupOf(const Batch& first, const std::vector<Batch>& heads,
                            const std::vector<CommState*>& comms) {
   const std::uint64_t group = first.ops.front()->group;
-  if (group == 0) return {first};
+  const int library = first.comm->library.load(std::memory_order_acquire);
   std::vector<Batch> together;
   for (const Batch& head : heads) {
-    if (head.ops.front()->group == group && head.comm->library.load(std::memory_order_acquire) ==
-                                                first.comm->library.load(std::memory_order_acquire))
-      together.push_back(head);
+    if (head.comm->library.load(std::memory_order_acquire) != library) continue;
+    const bool same = group != 0 ? head.ops.front()->group == group
+                                 : &head == &first || (head.ops.front()->group == 0 &&
+                                                       std::string_view(head.comm->id) == first.comm->id &&
+                                                       head.ops.front()->seq == first.ops.front()->seq);
+    if (same) together.push_back(head);
   }
+  if (group == 0) return together;
   for (CommState* comm : comms) {
     const bool waiting = std::ranges::any_of(
         comm->TakenProbation(), [group](const ProbationOp& op) { return IsHeld(op) && op.group == group; });

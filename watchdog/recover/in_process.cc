@@ -5,10 +5,12 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <exception>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -99,10 +101,42 @@ std::vector<ProbationOp*> ReplayedTogether(CommState& comm, ProbationOp& stalled
   return ops;
 }
 
+// One rank of the communicator that this process drives, and what its recovery takes.
+struct Member {
+  Member(CommState* comm, ProbationOp* stalled) : comm(comm), stalled(stalled) {}
+
+  CommState* comm = nullptr;
+  ProbationOp* stalled = nullptr;   // its operation of the stalled number; nullptr if not pending
+  std::vector<ProbationOp*> ops;    // replayed together, in issue order
+  std::vector<ProbationOp*> taken;  // those whose gates this recovery took over
+  ncclComm_t old_comm = nullptr;
+  ncclComm_t new_comm = nullptr;
+  CUstream stream = nullptr;  // the replay's
+  CUevent done = nullptr;     // recorded after the replay and its gates
+};
+
+// The ranks of `comm`'s communicator in this process: `comm`, then the others with its id (made by
+// ncclCommInitAll, by a group of ncclCommInitRank, by one thread per GPU). One thread that drives
+// several ranks must create and launch them in one group, so they are recovered together or not
+// at all; each has the same operation numbers.
+std::vector<Member> LocalRanks(CommState& comm, ProbationOp& stalled) {
+  std::vector<Member> members{Member(&comm, &stalled)};
+  for (CommState* other : GetRegistry().All()) {
+    if (other == &comm || std::string_view(other->id) != std::string_view(comm.id) ||
+        other->lifecycle.load(std::memory_order_acquire) != CommLifecycle::kReady)
+      continue;
+    members.emplace_back(other, PendingProbationOp(*other, stalled.seq));
+  }
+  return members;
+}
+
 class Recovery {
  public:
   Recovery(CommState& comm, ProbationOp& stalled, const RecoveryRequest& request)
-      : comm_(comm), stalled_(stalled), request_(request), driver_(LoadCudaDriver()) {}
+      : members_(LocalRanks(comm, stalled)),
+        stalled_(stalled),
+        request_(request),
+        driver_(LoadCudaDriver()) {}
 
   RecoveryOutcome Run();
 
@@ -112,69 +146,87 @@ class Recovery {
   void GiveBackAll();
   std::string Ready();  // "" when this rank can recover, else why not
   absl::StatusOr<RendezvousOutcome> Meet(const std::string& not_ready);
-  absl::Status CreateCommunicator(const ncclUniqueId& id);
-  void StartAbort();
+  absl::Status CreateCommunicators(const ncclUniqueId& id);
+  void StartAbort(const Member& member);
   // When the new communicator and the replay must be complete, each (steady clock).
   std::int64_t Deadline() const {
     return SteadyNowNs() +
            std::chrono::duration_cast<std::chrono::nanoseconds>(request_.replay_timeout).count();
   }
   absl::Status Replay();
-  absl::Status QueueReplay(CUstream stream);
-  void Repoint();
+  absl::Status QueueRestores(Member& member);
+  absl::Status QueueGates(Member& member);
+  absl::Status AwaitReplays();
+  void Repoint(Member& member);
 
-  CommState& comm_;
+  std::vector<Member> members_;
   ProbationOp& stalled_;
-  std::vector<ProbationOp*> ops_;    // replayed together, in issue order
-  std::vector<ProbationOp*> taken_;  // those whose gates this recovery took over
   const RecoveryRequest& request_;
   const CudaDriver* driver_;
   int slot_ = -1;
-  ncclComm_t old_comm_ = nullptr;
-  ncclComm_t new_comm_ = nullptr;
   std::int64_t replayed_ns_ = 0;
 };
 
 std::string Recovery::TakeOverAll() {
-  ops_ = ReplayedTogether(comm_, stalled_);
-  for (ProbationOp* op : ops_) {
-    if (!TakeOverGate(*op))
-      return op == &stalled_ ? "its operation completed meanwhile" : "part of its group completed";
-    taken_.push_back(op);
+  for (Member& member : members_) {
+    const int rank = member.comm->rank.load();
+    if (member.stalled == nullptr) {
+      return absl::StrCat("its rank ", rank, " in this process has no operation #", stalled_.seq,
+                          " waiting on probation");
+    }
+    member.ops = ReplayedTogether(*member.comm, *member.stalled);
+    for (ProbationOp* op : member.ops) {
+      if (!TakeOverGate(*op)) {
+        if (op == &stalled_) return "its operation completed meanwhile";
+        return members_.size() == 1 ? "part of its group completed"
+                                    : absl::StrCat("part of its group completed on its rank ", rank);
+      }
+      member.taken.push_back(op);
+    }
   }
   return "";
 }
 
 void Recovery::GiveBackAll() {
-  for (ProbationOp* op : taken_) GiveBack(comm_, *op);
+  for (Member& member : members_) {
+    for (ProbationOp* op : member.taken) GiveBack(*member.comm, *op);
+  }
 }
 
 std::string Recovery::Ready() {
   if (!request_.not_ready_reason.empty()) return request_.not_ready_reason;
   if (driver_ == nullptr || !driver_->probation)
     return "the CUDA driver cannot replay on a stream of its own";
-  if (comm_.closing.load(std::memory_order_acquire)) return "the application is closing the communicator";
-  for (const ProbationOp* op : ops_) {
-    if (const char* unsafe = op->unsafe.load(std::memory_order_acquire)) return unsafe;
+  for (const Member& member : members_) {
+    if (member.comm->closing.load(std::memory_order_acquire))
+      return "the application is closing the communicator";
+    for (const ProbationOp* op : member.ops) {
+      if (const char* unsafe = op->unsafe.load(std::memory_order_acquire)) return unsafe;
+    }
   }
-  absl::StatusOr<int> slot = PrivateInstanceSlot(request_.job_dir, comm_.library.load());
+  absl::StatusOr<int> slot = PrivateInstanceSlot(request_.job_dir, members_.front().comm->library.load());
   if (!slot.ok()) return absl::StrCat("no private NCCL instance: ", slot.status().message());
   slot_ = *slot;
   return "";
 }
 
 absl::StatusOr<RendezvousOutcome> Recovery::Meet(const std::string& not_ready) {
+  const int slot = slot_;
+  std::vector<int> other_local_ranks;
+  for (std::size_t i = 1; i < members_.size(); ++i)
+    other_local_ranks.push_back(members_[i].comm->rank.load());
+  const CommState& comm = *members_.front().comm;
   RendezvousRequest request{.job_dir = request_.job_dir,
-                            .comm_id = comm_.id,
+                            .comm_id = comm.id,
                             // Ranks that stalled in different operations never meet: each number
                             // has a meeting of its own.
                             .epoch = static_cast<int>(stalled_.seq),
-                            .nranks = comm_.nranks.load(),
-                            .rank = comm_.rank.load(),
+                            .nranks = comm.nranks.load(),
+                            .rank = comm.rank.load(),
+                            .other_local_ranks = std::move(other_local_ranks),
                             .ready = not_ready.empty(),
                             .not_ready_reason = not_ready,
                             .timeout = request_.meeting_timeout};
-  const int slot = slot_;
   return MeetToRecover(request, [slot]() -> absl::StatusOr<ncclUniqueId> {
     ncclUniqueId id{};
     const ncclResult_t made = CallRealNccl(slot, Api::ncclGetUniqueId, [&id](void* function) {
@@ -191,42 +243,67 @@ absl::StatusOr<RendezvousOutcome> Recovery::Meet(const std::string& not_ready) {
 // Made on a thread of its own, so that a rank that never joins (it fell back on its own, or died)
 // costs this one the deadline and not for ever: the watchdog, whose init timeout would otherwise
 // notice, is the thread waiting here. With the application's own configuration (blocking or not,
-// CTA counts, network, name...); a non-blocking one is awaited here. Past the deadline the
-// process exits (kBroken), so the thread left waiting in NCCL does no harm.
-absl::Status Recovery::CreateCommunicator(const ncclUniqueId& id) {
+// CTA counts, network, name...); a non-blocking one is awaited here. Several local ranks are
+// created in one group, each in its own context, as the application made them. Past the deadline
+// the process exits (kBroken), so the thread left waiting in NCCL does no harm.
+absl::Status Recovery::CreateCommunicators(const ncclUniqueId& id) {
+  struct Rank {
+    CUcontext context = nullptr;
+    int rank = -1;
+    int nranks = 0;
+    KeptConfig config;
+    ncclComm_t comm = nullptr;
+  };
   struct Creation {
     std::atomic<bool> done{false};
-    ncclComm_t comm = nullptr;
+    std::vector<Rank> ranks;
     ncclResult_t result = ncclInternalError;
   };
   auto creation = std::make_shared<Creation>();
-  const std::int64_t give_up = Deadline();
-  auto config = std::make_shared<KeptConfig>(comm_.config);
-  if (config->present) {
-    config->config.netName = config->net_name.empty() ? nullptr : config->net_name.c_str();
-    config->config.commName = config->comm_name.empty() ? nullptr : config->comm_name.c_str();
+  for (const Member& member : members_) {
+    creation->ranks.push_back(Rank{.context = static_cast<CUcontext>(member.comm->context),
+                                   .rank = member.comm->rank.load(),
+                                   .nranks = member.comm->nranks.load(),
+                                   .config = member.comm->config});
   }
-  const bool with_config = config->present && Real().Function(slot_, Api::ncclCommInitRankConfig) != nullptr;
+  for (Rank& rank : creation->ranks) {
+    KeptConfig& kept = rank.config;
+    if (kept.present) {
+      kept.config.netName = kept.net_name.empty() ? nullptr : kept.net_name.c_str();
+      kept.config.commName = kept.comm_name.empty() ? nullptr : kept.comm_name.c_str();
+    }
+  }
+  const std::int64_t give_up = Deadline();
+  const bool config_known = Real().Function(slot_, Api::ncclCommInitRankConfig) != nullptr;
   const ncclResult_t result = PrivateNcclInstance::WithP2pDisabled([&] {
     try {
-      std::thread([creation, config, with_config, give_up, driver = driver_,
-                   context = static_cast<CUcontext>(comm_.context), slot = slot_,
-                   nranks = comm_.nranks.load(), rank = comm_.rank.load(), id] {
+      std::thread([creation, config_known, give_up, driver = driver_, slot = slot_, id] {
         RecoveryUnderWay recovering;  // NCCL's calls of its own functions on this thread must not wait
-        CudaContextScope scope(*driver, context);
-        ncclResult_t made = ncclInternalError;
-        if (with_config) {
-          made = CallRealNccl(slot, Api::ncclCommInitRankConfig, [&](void* function) {
-            return reinterpret_cast<decltype(&::ncclCommInitRankConfig)>(function)(&creation->comm, nranks,
-                                                                                   id, rank, &config->config);
-          });
-        } else {
-          made = CallRealNccl(slot, Api::ncclCommInitRank, [&](void* function) {
-            return reinterpret_cast<decltype(&::ncclCommInitRank)>(function)(&creation->comm, nranks, id,
-                                                                             rank);
-          });
+        std::vector<Rank>& ranks = creation->ranks;
+        ncclResult_t made = IssueInGroup(slot, ranks.size() > 1, [&] {
+          for (Rank& rank : ranks) {
+            // NCCL takes the device of the calling thread's context at the call.
+            CudaContextScope scope(*driver, rank.context);
+            const ncclResult_t called =
+                rank.config.present && config_known
+                    ? CallRealNccl(slot, Api::ncclCommInitRankConfig,
+                                   [&](void* function) {
+                                     return reinterpret_cast<decltype(&::ncclCommInitRankConfig)>(function)(
+                                         &rank.comm, rank.nranks, id, rank.rank, &rank.config.config);
+                                   })
+                    : CallRealNccl(slot, Api::ncclCommInitRank, [&](void* function) {
+                        return reinterpret_cast<decltype(&::ncclCommInitRank)>(function)(
+                            &rank.comm, rank.nranks, id, rank.rank);
+                      });
+            if (called != ncclSuccess && called != ncclInProgress) return called;
+          }
+          return ncclSuccess;
+        });
+        // A non-blocking one answers ncclInProgress, at its call or at the group's end.
+        for (Rank& rank : ranks) {
+          if (made == ncclSuccess || made == ncclInProgress)
+            made = AwaitNotInProgress(slot, rank.comm, give_up);
         }
-        if (made == ncclInProgress) made = AwaitNotInProgress(slot, creation->comm, give_up);
         creation->result = made;
         creation->done.store(true, std::memory_order_release);
       }).detach();
@@ -243,11 +320,11 @@ absl::Status Recovery::CreateCommunicator(const ncclUniqueId& id) {
   if (result == ncclInProgress)
     return absl::DeadlineExceededError("the new communicator was not complete in time");
   if (result != ncclSuccess) {
-    return absl::InternalError(absl::StrCat(with_config ? "ncclCommInitRankConfig" : "ncclCommInitRank",
+    return absl::InternalError(absl::StrCat(config_known ? "ncclCommInitRankConfig" : "ncclCommInitRank",
                                             " on the private instance returned ",
                                             std::string(ResultName(result))));
   }
-  new_comm_ = creation->comm;
+  for (std::size_t i = 0; i < members_.size(); ++i) members_[i].new_comm = creation->ranks[i].comm;
   return absl::OkStatus();
 }
 
@@ -255,11 +332,12 @@ absl::Status Recovery::CreateCommunicator(const ncclUniqueId& id) {
 // its memory may wait for every stream of the device (cudaFree does), the application's among
 // them, which waits at the gate only the replay opens. The replay waits, on the GPU, for the
 // aborted operations to leave their streams, which the abort flag makes them do at once.
-void Recovery::StartAbort() {
-  const int library = comm_.library.load();
-  std::string id = comm_.id;
-  const ncclComm_t old_comm = old_comm_;
-  auto abort = [library, old_comm, id, driver = driver_, context = static_cast<CUcontext>(comm_.context)] {
+void Recovery::StartAbort(const Member& member) {
+  const int library = member.comm->library.load();
+  std::string id = member.comm->id;
+  const ncclComm_t old_comm = member.old_comm;
+  auto abort = [library, old_comm, id, driver = driver_,
+                context = static_cast<CUcontext>(member.comm->context)] {
     // Not counted as a recovery under way: the application's calls must not wait for this one.
     CudaContextScope scope(*driver, context);
     const std::int64_t start = SteadyNowNs();
@@ -276,80 +354,106 @@ void Recovery::StartAbort() {
   }
 }
 
-// Queues, on `stream`: a wait for each aborted operation to leave its stream (it no longer
-// writes), the in-place inputs restored, the operations again (a group as a group), and the gates
-// opened once they completed.
-absl::Status Recovery::QueueReplay(CUstream stream) {
-  for (const ProbationOp* op : ops_) {
-    const OpRecord& record = comm_.Slot(op->seq);
+// Queues, on the member's replay stream (in its context): a wait for each aborted operation to
+// leave its stream (it no longer writes), and the in-place inputs restored.
+absl::Status Recovery::QueueRestores(Member& member) {
+  if (driver_->cuStreamCreate(&member.stream, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS)
+    return absl::InternalError("no stream to replay on");
+  for (const ProbationOp* op : member.ops) {
+    const OpRecord& record = member.comm->Slot(op->seq);
     if (record.end_recorded.load(std::memory_order_acquire) &&
-        driver_->cuStreamWaitEvent(stream, static_cast<CUevent>(record.end_event), 0) != CUDA_SUCCESS) {
+        driver_->cuStreamWaitEvent(member.stream, static_cast<CUevent>(record.end_event), 0) !=
+            CUDA_SUCCESS) {
       return absl::InternalError("the replay cannot wait for the aborted operation");
     }
     if (op->saved_input != 0 &&
         driver_->cuMemcpyDtoDAsync(reinterpret_cast<CUdeviceptr>(op->send), op->saved_input, op->saved_bytes,
-                                   stream) != CUDA_SUCCESS) {
+                                   member.stream) != CUDA_SUCCESS) {
       return absl::InternalError("the operation's input cannot be restored");
     }
-  }
-  ncclResult_t replayed = IssueInGroup(slot_, ops_.size() > 1 || stalled_.group != 0, [&] {
-    ncclResult_t issued = ncclSuccess;
-    for (const ProbationOp* op : ops_) {
-      if (issued == ncclSuccess) issued = IssueOperation(*op, slot_, new_comm_, stream);
-    }
-    return issued;
-  });
-  if (replayed == ncclInProgress) replayed = AwaitNotInProgress(slot_, new_comm_, Deadline());
-  if (replayed != ncclSuccess) {
-    return absl::InternalError(absl::StrCat("the replay returned ", std::string(ResultName(replayed))));
-  }
-  for (const ProbationOp* op : ops_) {
-    if (driver_->cuStreamWriteValue32(stream, op->gate_device, 1, CU_STREAM_WRITE_VALUE_DEFAULT) !=
-        CUDA_SUCCESS)
-      return absl::InternalError("the gate cannot be queued after the replay");
   }
   return absl::OkStatus();
 }
 
-absl::Status Recovery::Replay() {
-  // A stream of ncclguard's: the application's waits at the gate, behind the aborted operation.
-  CUstream stream = nullptr;
-  if (driver_->cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS)
-    return absl::InternalError("no stream to replay on");
-  if (absl::Status queued = QueueReplay(stream); !queued.ok()) return queued;
-  CUevent done = nullptr;
-  if (driver_->cuEventCreate(&done, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS ||
-      driver_->cuEventRecord(done, stream) != CUDA_SUCCESS) {
+// Queues, after the member's replayed operations: their gates opened, and the event that says so.
+absl::Status Recovery::QueueGates(Member& member) {
+  for (const ProbationOp* op : member.ops) {
+    if (driver_->cuStreamWriteValue32(member.stream, op->gate_device, 1, CU_STREAM_WRITE_VALUE_DEFAULT) !=
+        CUDA_SUCCESS)
+      return absl::InternalError("the gate cannot be queued after the replay");
+  }
+  if (driver_->cuEventCreate(&member.done, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS ||
+      driver_->cuEventRecord(member.done, member.stream) != CUDA_SUCCESS) {
     return absl::InternalError("the replay's completion cannot be watched");
   }
-  const std::int64_t give_up = Deadline();
-  CUresult state = CUDA_ERROR_NOT_READY;
-  while ((state = driver_->cuEventQuery(done)) == CUDA_ERROR_NOT_READY && SteadyNowNs() < give_up) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  return absl::OkStatus();
+}
+
+// The operations again, on streams of ncclguard's (the application's wait at their gates, behind
+// the aborted operations): every local rank's in one group, as a thread driving several ranks
+// must issue them, and so is a group the application issued.
+absl::Status Recovery::Replay() {
+  for (Member& member : members_) {
+    CudaContextScope context(*driver_, static_cast<CUcontext>(member.comm->context));
+    if (absl::Status queued = QueueRestores(member); !queued.ok()) return queued;
   }
-  // The event and the stream are left to the process: destroying either may wait for the GPU.
-  if (state == CUDA_ERROR_NOT_READY)
-    return absl::DeadlineExceededError("the replay did not complete in time");
-  if (state != CUDA_SUCCESS) return absl::InternalError("the replay failed on the GPU");
+  const bool grouped = members_.size() > 1 || members_.front().ops.size() > 1 || stalled_.group != 0;
+  ncclResult_t replayed = IssueInGroup(slot_, grouped, [&] {
+    for (const Member& member : members_) {
+      CudaContextScope context(*driver_, static_cast<CUcontext>(member.comm->context));
+      for (const ProbationOp* op : member.ops) {
+        if (const ncclResult_t issued = IssueOperation(*op, slot_, member.new_comm, member.stream);
+            issued != ncclSuccess && issued != ncclInProgress)
+          return issued;
+      }
+    }
+    return ncclSuccess;
+  });
+  for (const Member& member : members_) {
+    if (replayed == ncclSuccess || replayed == ncclInProgress)
+      replayed = AwaitNotInProgress(slot_, member.new_comm, Deadline());
+  }
+  if (replayed != ncclSuccess) {
+    return absl::InternalError(absl::StrCat("the replay returned ", std::string(ResultName(replayed))));
+  }
+  for (Member& member : members_) {
+    CudaContextScope context(*driver_, static_cast<CUcontext>(member.comm->context));
+    if (absl::Status queued = QueueGates(member); !queued.ok()) return queued;
+  }
+  return AwaitReplays();
+}
+
+// The events and the streams are left to the process: destroying either may wait for the GPU.
+absl::Status Recovery::AwaitReplays() {
+  const std::int64_t give_up = Deadline();
+  for (const Member& member : members_) {
+    CUresult state = CUDA_ERROR_NOT_READY;
+    while ((state = driver_->cuEventQuery(member.done)) == CUDA_ERROR_NOT_READY && SteadyNowNs() < give_up) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    if (state == CUDA_ERROR_NOT_READY)
+      return absl::DeadlineExceededError("the replay did not complete in time");
+    if (state != CUDA_SUCCESS) return absl::InternalError("the replay failed on the GPU");
+  }
   replayed_ns_ = SteadyNowNs();
   return absl::OkStatus();
 }
 
 // The application's handle, and ncclguard's records, follow the new communicator; so do the
 // communicators the application creates from now on. The replayed operations count as completed.
-void Recovery::Repoint() {
-  if (CommHandle* handle = FindCommHandle(old_comm_)) {
-    if (!RepointHandle(handle, new_comm_, slot_))
-      log::Error("comm {}: its handle could not be re-pointed", comm_.id);
+void Recovery::Repoint(Member& member) {
+  CommState& comm = *member.comm;
+  if (CommHandle* handle = FindCommHandle(member.old_comm)) {
+    if (!RepointHandle(handle, member.new_comm, slot_))
+      log::Error("comm {}: its handle could not be re-pointed", comm.id);
   }
-  if (!GetRegistry().Rekey(&comm_, new_comm_, slot_)) {
-    log::Warn("comm {}: more communicators than ncclguard can watch; the new one is not watched", comm_.id);
+  if (!GetRegistry().Rekey(&comm, member.new_comm, slot_)) {
+    log::Warn("comm {}: more communicators than ncclguard can watch; the new one is not watched", comm.id);
   }
-  SendCreationsTo(slot_);
   // Nothing more goes on probation: P2P is off on the private instance.
-  comm_.probation_closed.store(true, std::memory_order_release);
-  for (ProbationOp* op : ops_) {
-    OpRecord& record = comm_.Slot(op->seq);
+  comm.probation_closed.store(true, std::memory_order_release);
+  for (ProbationOp* op : member.ops) {
+    OpRecord& record = comm.Slot(op->seq);
     OpState state = record.state.load(std::memory_order_acquire);
     if (record.seq.load(std::memory_order_relaxed) == op->seq && !IsFinished(state)) {
       if (record.start_ns.load(std::memory_order_relaxed) == 0)
@@ -359,14 +463,14 @@ void Recovery::Repoint() {
     }
     op->state.store(ProbationState::kReleased, std::memory_order_release);
   }
-  const std::uint64_t last = ops_.back()->seq;
-  for (std::atomic<std::uint64_t>* counter : {&comm_.last_started, &comm_.last_completed}) {
+  const std::uint64_t last = member.ops.back()->seq;
+  for (std::atomic<std::uint64_t>* counter : {&comm.last_started, &comm.last_completed}) {
     std::uint64_t value = counter->load(std::memory_order_relaxed);
     while (value < last && !counter->compare_exchange_weak(value, last, std::memory_order_release)) {
     }
   }
-  comm_.recovered.store(true, std::memory_order_release);
-  NoteProbationChange();  // what was held behind the replayed operations goes to the new communicator
+  comm.recovered_ns.store(replayed_ns_, std::memory_order_release);
+  comm.recovered.store(true, std::memory_order_release);
 }
 
 RecoveryOutcome Recovery::Run() {
@@ -378,17 +482,23 @@ RecoveryOutcome Recovery::Run() {
     if (!met.ok()) return Outcome(Result::kFellBack, std::string(met.status().message()));
     return Outcome(Result::kFellBack, met->recover ? not_ready : met->reason);
   }
-  CudaContextScope context(*driver_, static_cast<CUcontext>(comm_.context));
-  old_comm_ = comm_.handle.load();
-  StartAbort();
-  if (absl::Status created = CreateCommunicator(met->unique_id); !created.ok()) {
+  for (Member& member : members_) {
+    member.old_comm = member.comm->handle.load();
+    StartAbort(member);
+  }
+  if (absl::Status created = CreateCommunicators(met->unique_id); !created.ok()) {
     return Outcome(Result::kBroken, std::string(created.message()));
   }
   if (absl::Status replayed = Replay(); !replayed.ok()) {
     return Outcome(Result::kBroken, std::string(replayed.message()));
   }
-  Repoint();
-  RecoveryOutcome outcome = Outcome(Result::kRecovered, met->reason);
+  for (Member& member : members_) Repoint(member);
+  SendCreationsTo(slot_);
+  NoteProbationChange();  // what was held behind the replayed operations goes to the new communicators
+  std::string detail = met->reason;
+  if (members_.size() > 1)
+    absl::StrAppend(&detail, "; this process's ", members_.size(), " ranks of it together");
+  RecoveryOutcome outcome = Outcome(Result::kRecovered, std::move(detail));
   outcome.replay_completed_ns = replayed_ns_;
   return outcome;
 }

@@ -34,9 +34,11 @@ struct RecoveryOutcome {
   std::int64_t replay_completed_ns = 0;  // steady clock, when recovered
 };
 
-// On the watchdog thread, for operation `op` of `comm` that stalled on probation. Blocks for the
-// meeting (at most `meeting_timeout`), the new communicator's initialisation and the replay (at
-// most `replay_timeout`). The application's calls that name a communicator wait meanwhile.
+// On the watchdog thread, for operation `op` of `comm` that stalled on probation; the other ranks
+// of the same communicator that this process drives (ncclCommInitAll, one thread per GPU) are
+// recovered with it, or none of them are. Blocks for the meeting (at most `meeting_timeout`), the
+// new communicators' initialisation and the replay (at most `replay_timeout`). The application's
+// calls that name a communicator wait meanwhile.
 RecoveryOutcome RecoverCommunicator(CommState& comm, ProbationOp& op,
                                     const RecoveryRequest& request) noexcept;
 

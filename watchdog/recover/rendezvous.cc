@@ -267,6 +267,13 @@ absl::StatusOr<std::vector<int>> RanksNotVotedNow(const Place& place) {
   return missing;
 }
 
+// The ranks this process votes for: its own first.
+std::vector<int> LocalRanks(const RendezvousRequest& request) {
+  std::vector<int> ranks{request.rank};
+  ranks.insert(ranks.end(), request.other_local_ranks.begin(), request.other_local_ranks.end());
+  return ranks;
+}
+
 absl::Status CheckRequest(const RendezvousRequest& request) {
   if (request.job_dir.empty() || request.job_dir[0] != '/') {
     return absl::InvalidArgumentError(
@@ -285,9 +292,16 @@ absl::Status CheckRequest(const RendezvousRequest& request) {
     return absl::InvalidArgumentError(
         absl::StrCat(request.nranks, " ranks is not between 1 and ", kMaxRanks));
   }
-  if (request.rank < 0 || request.rank >= request.nranks) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("rank ", request.rank, " is not one of ", request.nranks, " ranks"));
+  std::vector<bool> named(static_cast<std::size_t>(request.nranks), false);
+  for (const int rank : LocalRanks(request)) {
+    if (rank < 0 || rank >= request.nranks) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("rank ", rank, " is not one of ", request.nranks, " ranks"));
+    }
+    if (named[static_cast<std::size_t>(rank)]) {
+      return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " is named twice"));
+    }
+    named[static_cast<std::size_t>(rank)] = true;
   }
   if (request.timeout.count() < 0) return absl::InvalidArgumentError("the timeout is negative");
   return absl::OkStatus();
@@ -327,8 +341,8 @@ class Meeting {
     std::this_thread::sleep_for(left.count() > 0 ? std::min(left, kRendezvousPollInterval)
                                                  : kRendezvousPollInterval);
   }
-  std::string Stamped(Json document) const;
-  absl::Status WriteVote();
+  std::string Stamped(Json document, int rank) const;
+  absl::Status WriteVote(int rank);
   absl::StatusOr<Decision> ReadDecision() const;
   std::optional<Decision> LookForDecision(bool* surely_none) const;
   Decision HostileDecision(const absl::Status& refusal) const;
@@ -348,9 +362,9 @@ class Meeting {
   int ready_count_ = 0;
 };
 
-std::string Meeting::Stamped(Json document) const {
+std::string Meeting::Stamped(Json document, int rank) const {
   const std::int64_t now = WallNowNs();
-  document["rank"] = request_.rank;
+  document["rank"] = rank;
   document["pid"] = pid_;
   document["host"] = host_;
   document["time"] = IsoTime(now);
@@ -359,17 +373,16 @@ std::string Meeting::Stamped(Json document) const {
   return document.dump(-1, ' ', false, Json::error_handler_t::replace) + "\n";
 }
 
-absl::Status Meeting::WriteVote() {
+absl::Status Meeting::WriteVote(int rank) {
   Json vote = Header(kVoteFormat, place_);
   vote["ready"] = request_.ready;
   vote["reason"] = request_.ready ? "" : Truncated(request_.not_ready_reason);
-  const std::string content = Stamped(std::move(vote));
+  const std::string content = Stamped(std::move(vote), rank);
   const Clock::time_point give_up = RetryUntil();
   for (;;) {
     // Not durable: the meeting matters only while the job runs.
-    absl::StatusOr<std::string> written =
-        WriteFileAtomically(place_.directory, VoteName(request_.rank), content,
-                            /*durable=*/false, kLevelsBelowJobDirectory);
+    absl::StatusOr<std::string> written = WriteFileAtomically(place_.directory, VoteName(rank), content,
+                                                              /*durable=*/false, kLevelsBelowJobDirectory);
     if (written.ok() || !IsTransient(written.status()) || Clock::now() >= give_up) return written.status();
     Sleep();
   }
@@ -463,7 +476,7 @@ RendezvousOutcome Meeting::Conclude(const Decision& proposal) {
         absl::string_view(proposal.unique_id.internal, sizeof proposal.unique_id.internal));
   }
   document["reason"] = Truncated(proposal.reason);
-  const std::string content = Stamped(std::move(document));
+  const std::string content = Stamped(std::move(document), request_.rank);
   const Clock::time_point give_up = RetryUntil();
   for (;;) {
     const absl::Status published = PublishFileOnce(place_.directory, kRecoveryDecisionFile, content,
@@ -499,9 +512,14 @@ RendezvousOutcome Meeting::FollowPublishedDecision() const {
 
 RendezvousOutcome Meeting::Run(const UniqueIdMaker& make_unique_id) {
   const int rank = request_.rank;
-  if (absl::Status voted = WriteVote(); !voted.ok()) {
-    return Conclude(Fallback(absl::StrCat("rank ", rank, " could not write its vote: ", voted.message())));
+  const std::vector<int> local_ranks = LocalRanks(request_);
+  for (const int local_rank : local_ranks) {
+    if (absl::Status voted = WriteVote(local_rank); !voted.ok()) {
+      return Conclude(
+          Fallback(absl::StrCat("rank ", local_rank, " could not write its vote: ", voted.message())));
+    }
   }
+  const bool leads = std::ranges::find(local_ranks, 0) != local_ranks.end();
   if (!request_.ready) {
     // Said at once in the decision: nobody waits for the deadline.
     RendezvousOutcome outcome =
@@ -518,7 +536,7 @@ RendezvousOutcome Meeting::Run(const UniqueIdMaker& make_unique_id) {
     if (std::optional<Decision> decision = LookForDecision(&surely_none)) return OutcomeOf(*decision);
     // Rank 0 makes a unique id only once it has seen that no decision exists: an id made in vain
     // leaves the private instance's bootstrap thread waiting for ranks that never come.
-    if (rank == 0 && surely_none) {
+    if (leads && surely_none) {
       if (std::optional<std::string> problem = CollectVotes()) return Conclude(Fallback(*problem));
       if (ready_count_ == place_.nranks) return Conclude(MakeRecoverDecision(make_unique_id));
     }

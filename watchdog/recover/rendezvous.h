@@ -12,6 +12,7 @@
 #include <chrono>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 
@@ -32,6 +33,9 @@ struct RendezvousRequest {
   int epoch = 1;
   int nranks = 0;
   int rank = -1;
+  // The other ranks of the communicator that this process drives (several GPUs per process): it
+  // votes for them as well, with the same readiness, and leads the meeting if one is rank 0.
+  std::vector<int> other_local_ranks;
   bool ready = false;            // whether this rank can recover
   std::string not_ready_reason;  // why not, for the others and the user
   // How long this rank waits for the decision, from the call, on the steady clock. Every rank
@@ -49,11 +53,12 @@ struct RendezvousOutcome {
 
 using UniqueIdMaker = std::function<absl::StatusOr<ncclUniqueId>()>;
 
-// Takes part in the meeting as `request.rank` and returns what was decided. Rank 0 calls
-// `make_unique_id` (at most once, and only when every rank voted ready); other ranks may pass an
-// empty function. Blocks until the decision is known or the timeout has passed, polling every
-// kRendezvousPollInterval. Past the timeout, the file operations that publish or read the decision
-// still get a few seconds (a file system that stops answering holds a write up to kWriteDeadline).
+// Takes part in the meeting as `request.rank` (and its other local ranks) and returns what was
+// decided. The process that votes for rank 0 calls `make_unique_id` (at most once, and only when
+// every rank voted ready); the others may pass an empty function. Blocks until the decision is known or the
+// timeout has passed, polling every kRendezvousPollInterval. Past the timeout, the file operations that
+// publish or read the decision still get a few seconds (a file system that stops answering holds a write up
+// to kWriteDeadline).
 //
 // A fallback is an outcome, not an error: the caller then goes on as without recovery. A non-OK
 // status means the request itself is invalid (or memory ran out): this rank took no part, and the

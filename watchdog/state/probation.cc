@@ -184,6 +184,14 @@ bool Unreleased(const ProbationOp& op) noexcept {
          state == ProbationState::kRecovering;
 }
 
+ProbationOp* PendingProbationOp(CommState& comm, std::uint64_t seq) noexcept {
+  for (ProbationOp& op : comm.TakenProbation()) {
+    // The state first: it publishes the rest of the slot.
+    if (op.state.load(std::memory_order_acquire) == ProbationState::kPending && op.seq == seq) return &op;
+  }
+  return nullptr;
+}
+
 void NoteProbationChange() noexcept {
   g_probation_changes.fetch_add(1, std::memory_order_release);
   syscall(SYS_futex, &g_probation_changes, FUTEX_WAKE_PRIVATE, INT_MAX, nullptr, nullptr, 0);

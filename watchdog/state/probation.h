@@ -41,6 +41,10 @@ bool ArmGate(ProbationOp& op, void* exec_stream) noexcept;
 // being recovered.
 bool Unreleased(const ProbationOp& op) noexcept;
 
+// Operation `seq` of `comm` when it is on probation and in NCCL's hands with its gate still
+// closed; nullptr otherwise.
+ProbationOp* PendingProbationOp(CommState& comm, std::uint64_t seq) noexcept;
+
 // A probation operation was released or queued: wakes the thread that issues held operations.
 // Async-signal-safe (a futex), so host functions may call it.
 void NoteProbationChange() noexcept;

@@ -214,8 +214,11 @@ struct CommState {
   void* issue_stream = nullptr;
   std::atomic<bool> issuer_in_call{false};
   std::atomic<bool> issuer_listed{false};
-  // Set by the watchdog while it recovers the communicator, and once it did.
+  // Set by the watchdog while it recovers the communicator, and once it did; and when the replay
+  // completed (steady clock): the operations queued behind the replayed ones waited for it, so
+  // their wait to start counts from then.
   std::atomic<bool> recovered{false};
+  std::atomic<std::int64_t> recovered_ns{0};
   // Made non-blocking (ncclConfig_t::blocking = 0, or NCCL_COMM_BLOCKING=0): calls may answer
   // ncclInProgress. Its configuration, for a re-creation. Set at registration.
   bool nonblocking = false;
