@@ -11,8 +11,9 @@
 # and maximum over runs. Then what probation costs a healthy job's first collectives: ddp_habits'
 # six Broadcasts, queued back to back as DDP queues them (the last five are held and issued by
 # ncclguard) or each waited for, under NCCLGUARD_RECOVER=off and inprocess, N runs each (figure:
-# the slowest rank's time, median and maximum over runs). Last, handles_bench's translation cost
-# if it is built.
+# the slowest rank's time, median and maximum over runs). Then S2 in one process driving four
+# GPUs, the way NCCL's benchmarks run (if cudart_nccl_program is built). Last, handles_bench's
+# translation cost if it is built.
 # --smoke: one run, handles_bench very briefly. Fails if a job fails, a rank did not recover, or a
 # figure is missing; never on timing.
 set -euo pipefail
@@ -47,6 +48,16 @@ done
 work=$(mktemp -d "${TMPDIR:-/tmp}/ncclguard-recovery-bench.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 
+# "median <m> max <x>" of the numbers on standard input, one a line, printed with `format`.
+median_max() {
+  sort -n | awk -v format="$1" '
+    { value[NR] = $1 }
+    END {
+      median = NR % 2 ? value[(NR + 1) / 2] : (value[NR / 2] + value[NR / 2 + 1]) / 2
+      printf "median " format " max " format, median, value[NR]
+    }'
+}
+
 ranks=4
 figures=()
 for ((run = 1; run <= runs; run++)); do
@@ -73,12 +84,36 @@ for ((run = 1; run <= runs; run++)); do
   echo "run $run of $runs: detection_to_replay_ms $largest (ranks 0 to $((ranks - 1)): $per_rank)"
 done
 
-printf '%s\n' "${figures[@]}" | sort -n | awk -v runs="$runs" -v ranks="$ranks" '
-  { value[NR] = $1 }
-  END {
-    median = NR % 2 ? value[(NR + 1) / 2] : (value[NR / 2] + value[NR / 2 + 1]) / 2
-    printf "detection_to_replay_ms median %g max %g (%d runs, %d ranks, emulator)\n", median, value[NR], runs, ranks
-  }'
+echo "detection_to_replay_ms $(printf '%s\n' "${figures[@]}" | median_max %g) ($runs runs, $ranks ranks, emulator)"
+
+# The same in one process driving four GPUs, as NCCL's benchmarks do (-g 4: one thread and a group
+# per iteration; -t 4: a thread per GPU), four warm-up AllReduces queued behind the first: the
+# process's four ranks are recovered together, and log it once.
+program=$build/tests/cudart_e2e/cudart_nccl_program
+if [[ -x $program ]]; then
+  for shape in group threads; do
+    figures=()
+    for ((run = 1; run <= runs; run++)); do
+      dumps=$(mktemp -d "$work/dumps.XXXXXX")
+      log=$work/devices-$shape-$run.log
+      status=0
+      env -u NCCL_COMM_ID LD_LIBRARY_PATH="$emulator" LD_PRELOAD="$preload" NCCLEMU_DEVICES=4 \
+        NCCLGUARD_DUMP_DIR="$dumps" NCCLGUARD_JOB_ID=recovery-bench-devices NCCLGUARD_RECOVER=inprocess \
+        NCCLGUARD_TIMEOUT=1 NCCLGUARD_POLL_INTERVAL=0.05 NCCLGUARD_STATUS_INTERVAL=0.2 \
+        NCCLEMU_FAULTS="p2p_stall:after=0" NCCLEMU_DRIVER_VERSION=545.23.08 \
+        "$program" "$shape" --warmup 4 --timeout 30 >"$log" 2>&1 || status=$?
+      rm -rf "$dumps"
+      took=$(sed -nE 's/.*ncclguard WARN comm [0-9a-f]+ #1 AllReduce: re-created .*4 ranks of it together.* ([0-9]+) ms after the stall was found.*/\1/p' "$log")
+      if ((status != 0)) || [[ -z $took ]]; then
+        echo "$0: one process, four GPUs ($shape), run $run: exit status $status, recovered together: ${took:-no}" >&2
+        tail -n 30 "$log" >&2
+        exit 1
+      fi
+      figures+=("$took")
+    done
+    echo "detection_to_replay_ms one process 4 GPUs $shape $(printf '%s\n' "${figures[@]}" | median_max %g) ($runs runs, emulator)"
+  done
+fi
 
 # What probation costs the first collectives of a healthy job.
 ddp_habits=$build/tests/recovery_e2e/ddp_habits
@@ -106,12 +141,7 @@ if [[ -x $ddp_habits ]]; then
         fi
         figures+=("$slowest")
       done
-      printf '%s\n' "${figures[@]}" | sort -n | awk -v shape="$shape" -v recover="$recover" -v runs="$runs" '
-        { value[NR] = $1 }
-        END {
-          median = NR % 2 ? value[(NR + 1) / 2] : (value[NR / 2] + value[NR / 2 + 1]) / 2
-          printf "first_6_broadcasts_ms %s NCCLGUARD_RECOVER=%s median %.2f max %.2f (%d runs, emulator)\n", shape, recover, median, value[NR], runs
-        }'
+      echo "first_6_broadcasts_ms $shape NCCLGUARD_RECOVER=$recover $(printf '%s\n' "${figures[@]}" | median_max %.2f) ($runs runs, emulator)"
     done
   done
 fi
