@@ -1,10 +1,12 @@
-// ncclguard analyze DIR [--json] [--trace FILE] [--status-interval SECONDS]
+// ncclguard analyze DIR [--json] [--trace FILE] [--status-interval SECONDS] [--deadline SECONDS]
 //
 // Reads what the processes of a job left in their job directory and says which rank is at fault
 // and why. Exit status: 0 healthy, 1 something is wrong, 2 usage error or unreadable directory.
 #include <algorithm>
 #include <cctype>
+#include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <filesystem>
 #include <functional>
 #include <iostream>
@@ -29,6 +31,7 @@
 #include "watchdog/common/clock.h"
 #include "watchdog/common/config.h"
 #include "watchdog/common/escape.h"
+#include "watchdog/common/files.h"
 #include "watchdog/common/ranks.h"
 #include "watchdog/diagnose/job_view.h"
 #include "watchdog/diagnose/known_bad.h"
@@ -52,6 +55,7 @@ struct AnalyzeOptions {
   bool json = false;
   std::string trace_path;
   std::optional<double> status_interval_seconds;
+  double deadline_seconds = std::chrono::duration<double>(kReadDeadline).count();
 };
 
 std::string Upper(std::string text) {
@@ -200,6 +204,17 @@ void PrintForHumans(const JobView& job, const std::vector<Verdict>& verdicts) {
   const std::size_t processes = job.processes.size();
   std::cout << "ncclguard analyze " << EscapeControlCharacters(job.directory) << ": " << processes
             << (processes == 1 ? " process" : " processes") << ", read at " << IsoTime(job.now_ns) << "\n\n";
+  if (const NotRead& not_read = job.not_read; not_read.files > 0 || not_read.listing_cut_short) {
+    std::cout << "Read in part: " << not_read.files << (not_read.files == 1 ? " file" : " files")
+              << " not read (" << EscapeControlCharacters(not_read.why) << "); ";
+    if (not_read.SomeProcessMissing()) {
+      std::cout << not_read.processes << (not_read.processes == 1 ? " process" : " processes")
+                << " left no file that was read. The verdicts rest on the processes read and name no rank "
+                   "as missing; --deadline SECONDS gives the reading more time.\n\n";
+    } else {
+      std::cout << "every process was read. --deadline SECONDS gives the reading more time.\n\n";
+    }
+  }
   if (const std::optional<JobEnd> end = EndedTogether(job)) {
     std::cout << "Job end: " << EscapeControlCharacters(end->message) << "\n\n";
   }
@@ -224,13 +239,17 @@ int Analyze(const AnalyzeOptions& options) {
     return kExitUsage;
   }
   const double given_interval = options.status_interval_seconds.value_or(kDefaultStatusIntervalSeconds);
-  absl::StatusOr<JobView> job = ReadJobDirectory(options.directory, WallNowNs(), given_interval);
+  JobReadLimits limits;
+  limits.deadline = std::chrono::milliseconds(static_cast<std::int64_t>(options.deadline_seconds * 1000));
+  absl::StatusOr<JobView> job = ReadJobDirectory(options.directory, WallNowNs(), given_interval,
+                                                 JobDirectoryOrigin::kNamedByUser, limits);
   if (!job.ok()) {
     std::cerr << "ncclguard analyze: cannot read " << options.directory << ": " << job.status().message()
               << '\n';
     return kExitUsage;
   }
-  if (job->processes.empty()) {
+  // A directory whose files were there but not read in time is judged (unknown), not refused.
+  if (job->processes.empty() && job->not_read.files == 0 && !job->not_read.listing_cut_short) {
     std::cerr << "ncclguard analyze: no status file or dump in " << options.directory
               << "; a job directory is NCCLGUARD_DUMP_DIR/<job id>\n";
     for (const std::string& problem : job->problems)
@@ -239,9 +258,11 @@ int Analyze(const AnalyzeOptions& options) {
   }
   if (!options.status_interval_seconds) {
     // Large jobs stretch their interval (see StatusIntervalSeconds); judging their status files
-    // by the 2 s default would call every rank stale.
+    // by the 2 s default would call every rank stale. The processes not read count: the job ran
+    // with them.
+    const std::size_t processes = job->processes.size() + job->not_read.processes;
     job->status_interval_seconds =
-        StatusIntervalSeconds(kDefaultStatusIntervalSeconds, static_cast<int>(job->processes.size()));
+        StatusIntervalSeconds(kDefaultStatusIntervalSeconds, static_cast<int>(processes));
   }
 
   // The command's log is not started: say here that P2P verdicts lack part of their evidence.
@@ -269,22 +290,27 @@ int Analyze(const AnalyzeOptions& options) {
   return healthy ? kExitHealthy : kExitProblemFound;
 }
 
-// The setting's own range; NaN and infinities fail it too (CLI::PositiveNumber lets NaN through).
-CLI::Validator StatusIntervalValidator() {
-  const std::optional<SettingRange> known = RangeOf("NCCLGUARD_STATUS_INTERVAL");
-  if (!known) throw std::logic_error("NCCLGUARD_STATUS_INTERVAL has no range in the settings table");
-  const SettingRange range = *known;
+// Seconds within `range`, for `option`; NaN and infinities fail it too (CLI::PositiveNumber and
+// CLI::Range let NaN through).
+CLI::Validator SecondsValidator(const std::string& option, SettingRange range) {
   const std::string description = absl::StrCat("seconds between ", range.least, " and ", range.greatest);
   return CLI::Validator(
-      [range, description](std::string& text) -> std::string {
+      [option, range, description](std::string& text) -> std::string {
         double seconds = 0;
         if (!CLI::detail::lexical_cast(text, seconds) ||
             !(seconds >= range.least && seconds <= range.greatest)) {
-          return absl::StrCat("--status-interval ", text, " is not a number of ", description);
+          return absl::StrCat(option, " ", text, " is not a number of ", description);
         }
         return {};
       },
       description);
+}
+
+// The setting's own range.
+CLI::Validator StatusIntervalValidator() {
+  const std::optional<SettingRange> known = RangeOf("NCCLGUARD_STATUS_INTERVAL");
+  if (!known) throw std::logic_error("NCCLGUARD_STATUS_INTERVAL has no range in the settings table");
+  return SecondsValidator("--status-interval", *known);
 }
 
 }  // namespace
@@ -302,6 +328,12 @@ void AddAnalyzeCommand(CLI::App& app, std::function<int()>& run) {
       ->add_option("--trace", options->trace_path,
                    "Also write the timeline to FILE as a Chrome trace (ui.perfetto.dev, chrome://tracing)")
       ->type_name("FILE");
+  analyze
+      ->add_option("--deadline", options->deadline_seconds,
+                   "How long reading the directory may take (default: 10); what is not read by then is left "
+                   "out, and the verdicts say so")
+      ->type_name("SECONDS")
+      ->check(SecondsValidator("--deadline", SettingRange{.least = 0.001, .greatest = 3600}));
   analyze
       ->add_option("--status-interval", options->status_interval_seconds,
                    "The job's NCCLGUARD_STATUS_INTERVAL (default: 2, stretched as the job did for its size); "

@@ -3,6 +3,8 @@
 // status, the text, the --json document and the --trace file.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+#include <cstddef>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -134,6 +136,10 @@ TEST_CASE("analyze --json prints only the verdicts document") {
     CHECK(first.at("seq") == 8);
     CHECK(first.at("ranks") == Json::array({1}));
     CHECK(first.at("message").get<std::string>().size() > 0);
+    // Read whole: the verdicts rest on every file.
+    CHECK(first.at("partial_read").is_null());
+    CHECK(document.at("not_read").at("files") == 0);
+    CHECK(document["not_read"].at("processes") == 0);
   }
   SECTION("stuck_inside_nccl") {
     Job job(Scenario(SyntheticJob::Scenario::kAllStuck));
@@ -152,6 +158,46 @@ TEST_CASE("analyze --json prints only the verdicts document") {
     const Json document = ParseJson(result.out);
     REQUIRE(document.at("verdicts").size() == 1);
     CHECK(document["verdicts"][0].at("kind") == "healthy");
+  }
+}
+
+TEST_CASE("analyze --deadline: what is not read in time is said, and no rank is blamed for it") {
+  SyntheticJob options = Scenario(SyntheticJob::Scenario::kRankNotJoined, /*late_rank=*/40);
+  options.ranks = 64;
+  Job job(options);
+  SECTION("time enough: the late rank, read whole") {
+    const ProcessResult result = Ncclguard({"analyze", job.path, "--deadline", "60"});
+    INFO(Transcript(result));
+    CHECK(result.exit_code == kProblemFound);
+    CHECK(result.out.find("RANK_NOT_JOINED") != std::string::npos);
+    CHECK(result.out.find("Read in part") == std::string::npos);
+  }
+  SECTION("a millisecond: given up, or read in part and said so") {
+    const ProcessResult result = Ncclguard({"analyze", "--json", job.path, "--deadline", "0.001"});
+    INFO(Transcript(result));
+    if (result.exit_code == kUsageError) {
+      CHECK(result.err.find("took longer than 1 ms") != std::string::npos);
+    } else {
+      const Json document = ParseJson(result.out);
+      const std::size_t read = document.at("processes").size();
+      CHECK(read + document.at("not_read").at("processes").get<std::size_t>() == 64);
+      for (const Json& verdict : document.at("verdicts")) {
+        if (read < 64) CHECK(verdict.at("partial_read").at("processes_read") == read);
+        // A rank is named only from its own record.
+        for (const Json& rank : verdict.at("ranks")) {
+          const bool seen = std::any_of(document["processes"].begin(), document["processes"].end(),
+                                        [&](const Json& process) { return process.at("rank") == rank; });
+          CHECK(seen);
+        }
+      }
+    }
+  }
+  SECTION("a deadline that is no number of seconds is a usage error") {
+    const std::string deadline = GENERATE("0", "-1", "nan", "soon");
+    const ProcessResult result = Ncclguard({"analyze", job.path, "--deadline", deadline});
+    INFO(Transcript(result));
+    CHECK(result.exit_code == kUsageError);
+    CHECK(result.err.find("--deadline") != std::string::npos);
   }
 }
 

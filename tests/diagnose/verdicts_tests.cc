@@ -4,9 +4,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <fstream>
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <tuple>
 
@@ -1316,6 +1319,207 @@ TEST_CASE("an initialisation that a rank never joined says where that rank is", 
     const std::vector<Verdict> older = Classify(job);
     for (const Verdict& verdict : older) CHECK_FALSE(absl::StrContains(verdict.message, "save_checkpoint"));
   }
+}
+
+// ---------------------------------------------------------------------------------------------
+// A partial read: what a deadline or a cap left unread is never taken for absent
+
+// What a read that the deadline stopped left out: `processes` processes, one status file each.
+NotRead DeadlinePassed(std::size_t processes) {
+  return NotRead{.files = processes,
+                 .processes = processes,
+                 .listing_cut_short = false,
+                 .first_files = {"status-node-1-1002.json"},
+                 .why = "the deadline passed"};
+}
+
+TEST_CASE("a rank whose files were not read is never named as missing", "[verdicts][partial]") {
+  // Ranks 0 and 1 wait in #42; ranks 2 and 3 left files that were not read.
+  JobView job = Job({Rank(0, 41, 42), Rank(1, 41, 42)});
+  SECTION("all read: the ranks with no record did not join") {
+    const std::vector<Verdict> verdicts = Classify(job);
+    REQUIRE(Kinds(verdicts) == std::vector<std::string>{"rank_not_joined"});
+    CHECK(verdicts[0].ranks == std::vector<int>{2, 3});
+    CHECK(VerdictsToJson(job, verdicts)["verdicts"][0]["partial_read"].is_null());
+  }
+  SECTION("not read: unknown, naming nobody, saying what it rests on") {
+    job.not_read = DeadlinePassed(2);
+    const std::vector<Verdict> verdicts = Classify(job);
+    REQUIRE(Kinds(verdicts) == std::vector<std::string>{"unknown"});
+    CHECK(verdicts[0].comm == kComm);
+    CHECK(verdicts[0].seq == 42);
+    CHECK(verdicts[0].ranks.empty());
+    CHECK(verdicts[0].message ==
+          "ranks 0,1 wait in AllReduce #42 (float32 × 1024, sum); ranks 2,3 are not among the processes read, so "
+          "which rank the others wait for is not known (read the job directory again with more time: ncclguard "
+          "analyze --deadline SECONDS) [this rests on 2 of 4 processes: the files of 2 were not read (the "
+          "deadline passed)]");
+    CHECK(verdicts[0].evidence["not_read_ranks"] == nlohmann::json::array({2, 3}));
+    // The stalls the waiting ranks reported are what the verdict describes.
+    CHECK(ActOnTimeout(verdicts));
+    const nlohmann::json document = VerdictsToJson(job, verdicts);
+    CHECK(document["verdicts"][0]["partial_read"] ==
+          nlohmann::json{{"processes_read", 2}, {"processes_not_read", 2}, {"files_not_read", 2}, {"listing_cut_short", false}});
+    CHECK(document["not_read"]["files"] == 2);
+    CHECK(document["not_read"]["why"] == "the deadline passed");
+    CHECK(document["not_read"]["first_files"] == nlohmann::json::array({"status-node-1-1002.json"}));
+  }
+  SECTION("a late rank that was read is named; those not read are only said") {
+    job.processes.push_back(Rank(2, 41, 41));
+    job.not_read = DeadlinePassed(1);
+    const std::vector<Verdict> verdicts = Classify(job);
+    REQUIRE(Kinds(verdicts) == std::vector<std::string>{"rank_not_joined"});
+    CHECK(verdicts[0].ranks == std::vector<int>{2});
+    CHECK(absl::StrContains(verdicts[0].message,
+                            "; rank 3 is not among the processes read and may be late too [this rests on 3 of 4 "
+                            "processes: the files of 1 were not read (the deadline passed)]"));
+    CHECK(verdicts[0].evidence["not_read_ranks"] == nlohmann::json::array({3}));
+    // Whether rank 3 is alive is not known: the late rank's being busy is no reason to wait longer.
+    CHECK_FALSE(verdicts[0].late_ranks_busy_outside_nccl);
+  }
+  SECTION("dumps not read, every process read: the verdict stands, and says so") {
+    job.processes.push_back(Rank(2, 41, 41));
+    job.processes.push_back(Rank(3, 41, 42));
+    job.not_read = NotRead{.files = 3, .processes = 0, .listing_cut_short = false, .first_files = {}, .why = "the deadline passed"};
+    const std::vector<Verdict> verdicts = Classify(job);
+    REQUIRE(Kinds(verdicts) == std::vector<std::string>{"rank_not_joined"});
+    CHECK(verdicts[0].ranks == std::vector<int>{2});
+    CHECK(absl::EndsWith(verdicts[0].message,
+                         " [this rests on every process but not every file: 3 files were not read (the deadline "
+                         "passed)]"));
+  }
+}
+
+TEST_CASE("a job read in part is not called healthy", "[verdicts][partial]") {
+  JobView job = Job({Rank(0, 50, 50), Rank(1, 50, 50)});
+  job.not_read = DeadlinePassed(2);
+  std::vector<Verdict> verdicts = Classify(job);
+  REQUIRE(Kinds(verdicts) == std::vector<std::string>{"unknown"});
+  CHECK(verdicts[0].message ==
+        "nothing wrong found in the 2 processes read, but not every process was read [this rests on 2 of 4 "
+        "processes: the files of 2 were not read (the deadline passed)]");
+  CHECK(VerdictsToJson(job, verdicts)["healthy"] == false);
+
+  job.processes.clear();
+  job.not_read = DeadlinePassed(4);
+  verdicts = Classify(job);
+  REQUIRE(Kinds(verdicts) == std::vector<std::string>{"unknown"});
+  CHECK(absl::StartsWith(verdicts[0].message,
+                         "no status file or dump of the job directory was read: 4 files were not read (the "
+                         "deadline passed)"));
+}
+
+TEST_CASE("an initialisation some ranks of which were not read names none as missing", "[verdicts][partial]") {
+  JobView job = Job({Initialising(0, kNow - 30 * kSecond), Initialising(1, kNow - 30 * kSecond),
+                     Initialising(2, kNow - 29 * kSecond)});
+  job.not_read = DeadlinePassed(1);
+  const std::vector<Verdict> verdicts = Classify(job);
+  REQUIRE(Kinds(verdicts) == std::vector<std::string>{"stuck_in_init"});
+  CHECK(verdicts[0].ranks.empty());
+  CHECK(absl::StartsWith(verdicts[0].message,
+                         "the initialisation of communicator 00000000000000bb (ncclCommInitRank, 4 ranks) has waited "
+                         "30.0 s: ranks 0,1,2 arrived; rank 3 is not among the processes read, so whether it called "
+                         "ncclCommInitRank is not known"));
+  CHECK(verdicts[0].evidence["missing_ranks"].empty());
+  CHECK(verdicts[0].evidence["not_read_ranks"] == nlohmann::json::array({3}));
+}
+
+// Four ranks of a job, one status file each (status-<host>-<1000 + rank>.json, in rank order):
+// ranks 0, 1 and 3 wait in #42, rank `late` completed #41 only.
+void WriteWaitingJob(const std::string& job_dir, int late, int ranks = 4) {
+  for (int rank = 0; rank < ranks; ++rank) {
+    ProcessSnapshot snapshot = Rank(rank, 41, rank == late ? 41 : 42, ranks).snapshot;
+    if (rank != late) {
+      snapshot.stall = StallSnapshot{};
+      snapshot.stall->kind = "not_completed";
+      snapshot.stall->comm_id = kComm;
+      snapshot.stall->seq = 42;
+    }
+    REQUIRE(WriteStatus(job_dir, snapshot, Facts("node-1", 1000 + rank)).ok());
+  }
+}
+
+bool Names(const std::vector<Verdict>& verdicts, int rank) {
+  return std::any_of(verdicts.begin(), verdicts.end(), [&](const Verdict& verdict) {
+    return std::find(verdict.ranks.begin(), verdict.ranks.end(), rank) != verdict.ranks.end();
+  });
+}
+
+TEST_CASE("reading a job directory: what a cap on the files leaves out is not read, not absent",
+          "[verdicts][job_dir][partial]") {
+  TemporaryDirectory temporary;
+  WriteWaitingJob(temporary.path(), /*late=*/2);
+  JobReadLimits limits;
+  SECTION("the normal case: every file read, the late rank named") {
+    const absl::StatusOr<JobView> job =
+        ReadJobDirectory(temporary.path(), kNow, 2, JobDirectoryOrigin::kNamedByUser, limits);
+    REQUIRE(job.ok());
+    CHECK(job->processes.size() == 4);
+    CHECK(job->not_read.files == 0);
+    CHECK_FALSE(job->not_read.SomeProcessMissing());
+    const std::vector<Verdict> verdicts = Classify(*job);
+    REQUIRE(Kinds(verdicts) == std::vector<std::string>{"rank_not_joined"});
+    CHECK(verdicts[0].ranks == std::vector<int>{2});
+    CHECK_FALSE(absl::StrContains(verdicts[0].message, "rests on"));
+  }
+  SECTION("the late rank's file not read: nobody named") {
+    limits.max_files = 2;
+    const absl::StatusOr<JobView> job =
+        ReadJobDirectory(temporary.path(), kNow, 2, JobDirectoryOrigin::kNamedByUser, limits);
+    REQUIRE(job.ok());
+    CHECK(job->processes.size() == 2);
+    CHECK(job->not_read.files == 2);
+    CHECK(job->not_read.processes == 2);
+    CHECK(job->not_read.first_files == std::vector<std::string>{"status-node-1-1002.json", "status-node-1-1003.json"});
+    CHECK(job->not_read.why == "more than 2 files");
+    CHECK(job->problems ==
+          std::vector<std::string>{"2 status files: not read, more than 2 files (the first: status-node-1-1002.json)"});
+    const std::vector<Verdict> verdicts = Classify(*job);
+    REQUIRE(Kinds(verdicts) == std::vector<std::string>{"unknown"});
+    CHECK_FALSE(Names(verdicts, 2));
+    CHECK_FALSE(Names(verdicts, 3));
+    CHECK(absl::StrContains(verdicts[0].message, "[this rests on 2 of 4 processes: the files of 2 were not read (more than 2 files)]"));
+  }
+  SECTION("the late rank's file read, another not: the late rank alone named") {
+    limits.max_files = 3;
+    const absl::StatusOr<JobView> job =
+        ReadJobDirectory(temporary.path(), kNow, 2, JobDirectoryOrigin::kNamedByUser, limits);
+    REQUIRE(job.ok());
+    const std::vector<Verdict> verdicts = Classify(*job);
+    REQUIRE(Kinds(verdicts) == std::vector<std::string>{"rank_not_joined"});
+    CHECK(verdicts[0].ranks == std::vector<int>{2});
+    CHECK_FALSE(Names(verdicts, 3));
+    CHECK(absl::StrContains(verdicts[0].message, "rank 3 is not among the processes read"));
+  }
+}
+
+TEST_CASE("reading a job directory: what the deadline leaves out is not read, not absent",
+          "[verdicts][job_dir][partial]") {
+  TemporaryDirectory temporary;
+  WriteWaitingJob(temporary.path(), /*late=*/9, /*ranks=*/12);
+  // A clock that moves on by a second at each look: the reading stops at 8 s of a 10 s deadline,
+  // after the first eight files (one thread reads them in order).
+  auto looks = std::make_shared<std::atomic<int>>(0);
+  const auto start = std::chrono::steady_clock::now();
+  JobReadLimits limits;
+  limits.deadline = std::chrono::seconds(10);
+  limits.threads = 1;
+  limits.now = [looks, start] { return start + std::chrono::seconds((*looks)++); };
+  const absl::StatusOr<JobView> job =
+      ReadJobDirectory(temporary.path(), kNow, 2, JobDirectoryOrigin::kNamedByUser, limits);
+  REQUIRE(job.ok());
+  CHECK(job->processes.size() == 8);
+  CHECK(job->not_read.files == 4);
+  CHECK(job->not_read.processes == 4);
+  CHECK(job->not_read.why == "the deadline passed");
+  CHECK(job->problems ==
+        std::vector<std::string>{"4 status files: not read, the deadline passed (the first: status-node-1-1008.json)"});
+  const std::vector<Verdict> verdicts = Classify(*job);
+  REQUIRE(!verdicts.empty());
+  for (const int rank : {8, 9, 10, 11}) CHECK_FALSE(Names(verdicts, rank));
+  CHECK(verdicts[0].kind == VerdictKind::kUnknown);
+  CHECK(absl::StrContains(verdicts[0].message, "ranks 8-11 are not among the processes read"));
+  CHECK(absl::StrContains(verdicts[0].message, "[this rests on 8 of 12 processes: the files of 4 were not read (the deadline passed)]"));
 }
 
 }  // namespace ncclguard

@@ -207,12 +207,12 @@ absl::Status CheckReadable(const struct stat& entry, std::size_t max_bytes) {
   return absl::OkStatus();
 }
 
-// Reads the open `fd` (and closes it): a regular file, the one examined as `examined` when given,
-// at most `max_bytes` even if it grows while being read.
-absl::StatusOr<std::string> ReadOpenFile(int fd, const struct stat* examined, std::size_t max_bytes) {
-  struct stat opened {};
-  absl::Status status =
-      fstat(fd, &opened) == 0 ? CheckReadable(opened, max_bytes) : ErrnoError("fstat", errno);
+// Reads the open `fd` (and closes it), whose fstat() gave `opened` (or failed: `opened_status`): a
+// regular file, the one examined as `examined` when given, at most `max_bytes` even if it grows
+// while being read.
+absl::StatusOr<std::string> ReadOpenFile(int fd, const struct stat& opened, absl::Status opened_status,
+                                         const struct stat* examined, std::size_t max_bytes) {
+  absl::Status status = opened_status.ok() ? CheckReadable(opened, max_bytes) : std::move(opened_status);
   if (status.ok() && examined != nullptr &&
       (opened.st_dev != examined->st_dev || opened.st_ino != examined->st_ino)) {
     status = absl::UnavailableError("replaced while being opened");
@@ -221,12 +221,15 @@ absl::StatusOr<std::string> ReadOpenFile(int fd, const struct stat* examined, st
   if (status.ok()) content.resize(static_cast<std::size_t>(opened.st_size) + 1);
   std::size_t filled = 0;
   while (status.ok()) {
-    const ssize_t n = read(fd, content.data() + filled, content.size() - filled);
+    const std::size_t wanted = content.size() - filled;
+    const ssize_t n = read(fd, content.data() + filled, wanted);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) status = ErrnoError("read", errno);
     if (n <= 0) break;
     filled += static_cast<std::size_t>(n);
-    if (filled < content.size()) continue;
+    // A regular file reads short only at its end: no read() more to be told so (a job's worth of
+    // files is read at once, and each system call counts).
+    if (static_cast<std::size_t>(n) < wanted) break;
     if (content.size() > max_bytes) {
       status = absl::OutOfRangeError(absl::StrCat("larger than ", max_bytes, " bytes"));
     } else {
@@ -413,22 +416,26 @@ absl::StatusOr<std::string> ReadFileAt(int directory_fd, const std::string& name
       return absl::NotFoundError(std::strerror(errno));
     }
     if (absl::Status type = CheckReadable(entry, max_bytes); !type.ok()) return type;
-    struct stat directory {};
-    if (fstat(directory_fd, &directory) != 0) return ErrnoError("cannot examine the directory", errno);
-    if (entry.st_uid != geteuid() && entry.st_uid != 0 && entry.st_uid != directory.st_uid) {
-      return absl::PermissionDeniedError(
-          absl::StrCat("belongs to uid ", entry.st_uid, ", neither this user (", geteuid(),
-                       "), root nor the directory's owner (", directory.st_uid, ")"));
+    // The directory's owner matters only for a file that is neither this user's nor root's.
+    if (entry.st_uid != geteuid() && entry.st_uid != 0) {
+      struct stat directory {};
+      if (fstat(directory_fd, &directory) != 0) return ErrnoError("cannot examine the directory", errno);
+      if (entry.st_uid != directory.st_uid) {
+        return absl::PermissionDeniedError(
+            absl::StrCat("belongs to uid ", entry.st_uid, ", neither this user (", geteuid(),
+                         "), root nor the directory's owner (", directory.st_uid, ")"));
+      }
     }
     const int fd = openat(directory_fd, name.c_str(), kReadFlags | O_NOFOLLOW);
     if (fd < 0) return absl::NotFoundError(std::strerror(errno));
     struct stat opened {};
-    if (look < kLooks && fstat(fd, &opened) == 0 &&
+    absl::Status opened_status = fstat(fd, &opened) == 0 ? absl::OkStatus() : ErrnoError("fstat", errno);
+    if (look < kLooks && opened_status.ok() &&
         (opened.st_dev != entry.st_dev || opened.st_ino != entry.st_ino)) {
       close(fd);
       continue;
     }
-    return ReadOpenFile(fd, &entry, max_bytes);
+    return ReadOpenFile(fd, opened, std::move(opened_status), &entry, max_bytes);
   }
 }
 
@@ -447,7 +454,7 @@ absl::StatusOr<std::string> ReadOwnFile(const std::string& path, std::size_t max
     return absl::PermissionDeniedError(
         absl::StrCat(path, ": belongs to uid ", opened.st_uid, ", not to this user"));
   }
-  absl::StatusOr<std::string> content = ReadOpenFile(fd, &opened, max_bytes);
+  absl::StatusOr<std::string> content = ReadOpenFile(fd, opened, absl::OkStatus(), nullptr, max_bytes);
   if (!content.ok())
     return absl::Status(content.status().code(), absl::StrCat(path, ": ", content.status().message()));
   return content;
@@ -456,7 +463,10 @@ absl::StatusOr<std::string> ReadOwnFile(const std::string& path, std::size_t max
 absl::StatusOr<std::string> ReadRegularFile(const std::string& path, std::size_t max_bytes) {
   const int fd = open(path.c_str(), kReadFlags);
   if (fd < 0) return absl::NotFoundError(absl::StrCat(path, ": ", std::strerror(errno)));
-  absl::StatusOr<std::string> content = ReadOpenFile(fd, nullptr, max_bytes);
+  struct stat opened {};
+  absl::Status opened_status = fstat(fd, &opened) == 0 ? absl::OkStatus() : ErrnoError("fstat", errno);
+  absl::StatusOr<std::string> content =
+      ReadOpenFile(fd, opened, std::move(opened_status), nullptr, max_bytes);
   if (!content.ok())
     return absl::Status(content.status().code(), absl::StrCat(path, ": ", content.status().message()));
   return content;

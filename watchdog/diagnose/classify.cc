@@ -23,10 +23,13 @@ using classifier::Buckets;
 using classifier::Communicator;
 using classifier::Json;
 
-// Nothing to judge: no process left a file that could be read.
+// Nothing to judge: no process left a file that could be read (in time).
 Verdict Unknown(const JobView& job) {
   std::string message = "the job directory holds no readable status file or dump";
-  if (!job.problems.empty()) {
+  if (job.not_read.files > 0 || job.not_read.listing_cut_short) {
+    message = fmt::format("no status file or dump of the job directory was read: {} files were not read ({})",
+                          job.not_read.files, job.not_read.why);
+  } else if (!job.problems.empty()) {
     message += fmt::format(
         " ({} could not be read; first: {})",
         job.problems.size() == 1 ? std::string("1 file") : fmt::format("{} files", job.problems.size()),
@@ -72,7 +75,17 @@ std::vector<Verdict> ClassifyAsIs(const JobView& job, const std::vector<KnownBad
   classifier::ClassifyFailedInits(job, buckets);
   classifier::ClassifyUnexplained(job, buckets);
   std::vector<Verdict> verdicts = buckets.TakeAll();
-  if (verdicts.empty()) {
+  // A job of which some processes were not read may be anything but healthy.
+  if (verdicts.empty() && job.not_read.SomeProcessMissing()) {
+    verdicts.push_back(Verdict{
+        .kind = VerdictKind::kUnknown,
+        .comm = "",
+        .seq = 0,
+        .ranks = {},
+        .message = fmt::format("nothing wrong found in the {} processes read, but not every process was read",
+                               job.processes.size()),
+        .evidence = Json::object()});
+  } else if (verdicts.empty()) {
     verdicts.push_back(
         Verdict{.kind = VerdictKind::kHealthy,
                 .comm = "",
@@ -80,6 +93,9 @@ std::vector<Verdict> ClassifyAsIs(const JobView& job, const std::vector<KnownBad
                 .ranks = {},
                 .message = fmt::format("nothing wrong found in {} processes", job.processes.size()),
                 .evidence = Json::object()});
+  }
+  if (const std::string part = classifier::PartOfJob(job); !part.empty()) {
+    for (Verdict& verdict : verdicts) verdict.message += fmt::format(" [{}]", part);
   }
   return verdicts;
 }
@@ -104,10 +120,12 @@ std::optional<JobEnd> EndedTogether(const JobView& job) {
              .message = ""};
   if (end.killed_from_outside) {
     end.message = fmt::format(
-        "all {} processes ended within {} of each other (at {}) and none exited normally: the job was killed "
+        "all {} processes{} ended within {} of each other (at {}) and none exited normally: the job was "
+        "killed "
         "from outside (a launcher's or scheduler's time limit, or a signal to the whole job) after what the "
         "verdicts say, which judge each rank as it was then",
-        end.processes, classifier::Seconds(within_seconds), IsoTime(newest_ns));
+        end.processes, job.not_read.SomeProcessMissing() ? " read" : "", classifier::Seconds(within_seconds),
+        IsoTime(newest_ns));
   } else {
     const ProcessView& process = job.processes.front();
     end.message = fmt::format(

@@ -41,6 +41,28 @@ std::string Ranks(const std::vector<int>& ranks) {
   return absl::StrCat(ranks.size() == 1 ? "rank " : "ranks ", FormatRanks(ranks, kRanksInMessages));
 }
 
+std::string RanksBriefly(const std::vector<int>& ranks) {
+  constexpr RankListStyle kBriefly{.separator = ",", .min_range = 4, .max_parts = 8};
+  return absl::StrCat(ranks.size() == 1 ? "rank " : "ranks ", FormatRanks(ranks, kBriefly));
+}
+
+std::string PartOfJob(const JobView& job) {
+  const NotRead& not_read = job.not_read;
+  if (not_read.files == 0 && !not_read.listing_cut_short) return "";
+  if (!not_read.SomeProcessMissing()) {
+    return fmt::format("this rests on every process but not every file: {} {} not read ({})", not_read.files,
+                       not_read.files == 1 ? "file was" : "files were", not_read.why);
+  }
+  if (not_read.listing_cut_short) {
+    return fmt::format(
+        "this rests on the {} processes read: the directory held more files than are read ({})",
+        job.processes.size(), not_read.why);
+  }
+  return fmt::format("this rests on {} of {} processes: the files of {} were not read ({})",
+                     job.processes.size(), job.processes.size() + not_read.processes, not_read.processes,
+                     not_read.why);
+}
+
 bool IsPointToPoint(const OpSnapshot& op) { return op.op == "Send" || op.op == "Recv"; }
 
 std::string OpName(const OpSnapshot* op, std::uint64_t seq) {

@@ -5,20 +5,29 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <fstream>
+#include <mutex>
+#include <optional>
 #include <string>
+#include <string_view>
+#include <system_error>
+#include <thread>
 #include <tuple>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "watchdog/common/config.h"
 #include "watchdog/common/files.h"
 #include "watchdog/common/log.h"
@@ -161,82 +170,311 @@ class RankSlots {
   std::int64_t total_ = 0;
 };
 
-// Every dump and status file of the directory open as `directory_fd` that can be read before
-// `stop_reading`; the others become problems.
-JobView ReadOpenJobDirectory(int directory_fd, const std::string& directory,
-                             std::chrono::steady_clock::time_point stop_reading) {
-  JobView job;
-  job.directory = directory;
-  std::unordered_map<std::string, size_t> by_process;
-  auto view_of = [&](const std::string& host, int pid) -> ProcessView& {
-    auto [found, inserted] = by_process.try_emplace(ProcessKey(host, pid), job.processes.size());
-    if (inserted) {
-      job.processes.emplace_back();
-      job.processes.back().host = host;
-      job.processes.back().pid = pid;
-    }
-    return job.processes[found->second];
-  };
-  absl::StatusOr<std::vector<std::string>> dump_names = ListNamesAt(directory_fd, "dump-", ".json");
-  if (!dump_names.ok()) job.problems.push_back(absl::StrCat("dumps: ", dump_names.status().message()));
-  // Dumps written with the default ring are read in full whatever this process's ring.
-  const std::size_t max_dump_bytes =
-      MaxDumpBytes(std::max(GetConfig().ring_size.value, Config{}.ring_size.value));
-  RankSlots slots;
-  // The pending initialisations of each process's newest dump, before a newer status replaces them.
-  std::unordered_map<std::string, ProcessSnapshot> dump_pending_inits;
-  // A process keeps its dump with the latest time.
-  for (const std::string& name : dump_names.ok() ? *dump_names : std::vector<std::string>()) {
-    if (std::chrono::steady_clock::now() > stop_reading) {
-      job.problems.push_back(absl::StrCat(name, " and later dumps: not read, the deadline passed"));
-      break;
-    }
-    absl::StatusOr<std::string> content = ReadFileAt(directory_fd, name, max_dump_bytes);
-    absl::StatusOr<ParsedDump> dump =
-        content.ok() ? ParseDump(*content) : absl::StatusOr<ParsedDump>(content.status());
-    if (absl::Status admitted = dump.ok() ? slots.Admit(dump->snapshot) : absl::OkStatus(); !admitted.ok()) {
-      dump = admitted;
-    }
-    if (!dump.ok()) {
-      job.problems.push_back(absl::StrCat(name, ": ", dump.status().message()));
-      continue;
-    }
-    ProcessView& view = view_of(dump->facts.host, dump->facts.pid);
-    if (!view.dump_file.empty() && view.snapshot.time_ns >= dump->snapshot.time_ns) continue;
-    view.dump_file = absl::StrCat(directory, "/", name);
-    view.dump_reason = dump->snapshot.reason;
-    ProcessSnapshot& pending = dump_pending_inits[ProcessKey(dump->facts.host, dump->facts.pid)];
-    pending.time_ns = dump->snapshot.time_ns;
-    pending.pending_inits = dump->snapshot.pending_inits;
-    view.snapshot = std::move(dump->snapshot);
-    view.facts = std::move(dump->facts);
+// A file of the job directory to read: status files first, so that a deadline leaves as few
+// processes unread as it can (a status file is small and every live process has one), then dumps.
+struct JobFile {
+  enum class Kind { kStatus, kDump };
+  std::string name;
+  Kind kind;
+};
+
+// What became of each file.
+enum class Outcome : std::uint8_t {
+  kNotRead,     // a bound stopped the reading before it (the deadline, the count of files)
+  kRead,        // in the view (or an older dump of a process whose newer dump is)
+  kCapped,      // refused by a cap on bytes or ranks: not read either, and said among the problems
+  kUnreadable,  // not a readable file of ours: a problem
+};
+
+// The process that wrote a file, as its name says: "<host>-<pid>" of status-<host>-<pid>.json and
+// of dump-<host>-<pid>-<rank>-<n>.json (the host as SafeFileName wrote it).
+std::string_view WriterOf(const JobFile& file) {
+  std::string_view name = file.name;
+  const bool status = file.kind == JobFile::Kind::kStatus;
+  name.remove_prefix(status ? std::strlen("status-") : std::strlen("dump-"));
+  name.remove_suffix(std::strlen(".json"));
+  for (int part = 0; !status && part < 2; ++part)
+    name = name.substr(0, std::min(name.rfind('-'), name.size()));
+  return name;
+}
+
+// What the reading threads share: the processes found so far, filled under the mutex. Every
+// status file is added before the first dump (ReadOpenJobDirectory reads them in two rounds), so
+// that a process's status, merged into its dump as soon as the dump is in, is not held meanwhile:
+// a job's worth of status snapshots would double the memory.
+class Merger {
+ public:
+  // `several_dumps`: the writers (WriterOf) of more than one dump, whose status waits for all.
+  Merger(JobView& job, std::size_t expected_processes, std::unordered_set<std::string_view> several_dumps)
+      : job_(job), several_dumps_(std::move(several_dumps)) {
+    job_.processes.reserve(expected_processes);
+    by_process_.reserve(expected_processes);
   }
 
-  StatusScan statuses = ReadStatusesAt(directory_fd, stop_reading);
-  job.problems.insert(job.problems.end(), statuses.problems.begin(), statuses.problems.end());
-  for (PeerStatus& status : statuses.statuses) {
-    if (absl::Status admitted = slots.Admit(status.snapshot); !admitted.ok()) {
-      job.problems.push_back(absl::StrCat(status.file, ": ", admitted.message()));
-      continue;
+  // Both return the file's outcome; the caller holds no lock.
+  Outcome AddStatus(const JobFile& file, PeerStatus status) {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    if (absl::Status admitted = slots_.Admit(status.snapshot); !admitted.ok()) {
+      job_.problems.push_back(absl::StrCat(file.name, ": ", admitted.message()));
+      return Outcome::kCapped;
     }
-    ProcessView& view = view_of(status.host, status.pid);
-    view.status_file = absl::StrCat(directory, "/", status.file);
+    const std::size_t index = IndexOf(status.host, status.pid);
+    ProcessView& view = job_.processes[index];
+    view.status_file = absl::StrCat(job_.directory, "/", file.name);
     if (view.dump_file.empty()) {
+      // Until a dump comes, the status is all there is of the process, facts included.
       view.snapshot = std::move(status.snapshot);
-      // A dump's facts are the fuller ones; without a dump, the status file's are what there is.
       view.facts = std::move(status.facts);
+      status_only_[index] = true;
     } else if (status.snapshot.time_ns > view.snapshot.time_ns) {
       MergeNewerStatus(view.snapshot, status.snapshot);
     }
+    return Outcome::kRead;
   }
 
-  const std::string own_host = log::HostName();
-  for (ProcessView& view : job.processes) {
-    SeparateFailedInits(view, dump_pending_inits[ProcessKey(view.host, view.pid)]);
-    view.last_seen_ns = view.snapshot.time_ns;
-    view.liveness = CheckLiveness(view.host, view.pid, own_host);
-    view.exited = view.snapshot.exiting || view.dump_reason == "exit";
+  Outcome AddDump(const JobFile& file, ParsedDump dump) {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    if (absl::Status admitted = slots_.Admit(dump.snapshot); !admitted.ok()) {
+      job_.problems.push_back(absl::StrCat(file.name, ": ", admitted.message()));
+      return Outcome::kCapped;
+    }
+    const std::size_t index = IndexOf(dump.facts.host, dump.facts.pid);
+    ProcessView& view = job_.processes[index];
+    // A process keeps its dump with the latest time.
+    if (!view.dump_file.empty() && view.snapshot.time_ns >= dump.snapshot.time_ns) return Outcome::kRead;
+    std::optional<ProcessSnapshot> status;
+    if (status_only_[index]) status = std::move(view.snapshot);
+    status_only_[index] = false;
+    view.dump_file = absl::StrCat(job_.directory, "/", file.name);
+    view.dump_reason = dump.snapshot.reason;
+    // Only a dump taken for a failed call tells initialisations that failed (SeparateFailedInits).
+    failed_call_dumps_.erase(index);
+    if (view.dump_reason == "error_return") {
+      ProcessSnapshot& pending = failed_call_dumps_[index];
+      pending.time_ns = dump.snapshot.time_ns;
+      pending.pending_inits = dump.snapshot.pending_inits;
+    }
+    // A dump's facts are the fuller ones.
+    view.snapshot = std::move(dump.snapshot);
+    view.facts = std::move(dump.facts);
+    if (!status) return Outcome::kRead;
+    // A newer dump of the same process may follow: then the status waits for it.
+    if (several_dumps_.contains(WriterOf(file))) {
+      waiting_statuses_.insert_or_assign(index, *std::move(status));
+    } else if (status->time_ns > view.snapshot.time_ns) {
+      MergeNewerStatus(view.snapshot, *status);
+    }
+    return Outcome::kRead;
   }
+
+  void AddProblem(std::string problem) {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    job_.problems.push_back(std::move(problem));
+  }
+
+  // Once every reading thread is done: the statuses that waited merged, failed initialisations
+  // set apart, liveness looked at.
+  void Finish() {
+    const std::string own_host = log::HostName();
+    for (std::size_t index = 0; index < job_.processes.size(); ++index) {
+      ProcessView& view = job_.processes[index];
+      if (const auto status = waiting_statuses_.find(index); status != waiting_statuses_.end()) {
+        if (status->second.time_ns > view.snapshot.time_ns) MergeNewerStatus(view.snapshot, status->second);
+        waiting_statuses_.erase(status);
+      }
+      if (const auto dump = failed_call_dumps_.find(index); dump != failed_call_dumps_.end()) {
+        SeparateFailedInits(view, dump->second);
+      }
+      view.last_seen_ns = view.snapshot.time_ns;
+      view.liveness = CheckLiveness(view.host, view.pid, own_host);
+      view.exited = view.snapshot.exiting || view.dump_reason == "exit";
+    }
+  }
+
+ private:
+  std::size_t IndexOf(const std::string& host, int pid) {
+    const auto [found, inserted] = by_process_.try_emplace(ProcessKey(host, pid), job_.processes.size());
+    if (inserted) {
+      ProcessView& view = job_.processes.emplace_back();
+      view.host = host;
+      view.pid = pid;
+      status_only_.push_back(false);
+    }
+    return found->second;
+  }
+
+  std::mutex mutex_;
+  JobView& job_;
+  const std::unordered_set<std::string_view> several_dumps_;
+  std::unordered_map<std::string, std::size_t> by_process_;
+  std::vector<bool> status_only_;  // by process: its snapshot is its status file's, no dump yet
+  // The status snapshots of processes with several dumps, merged once the newest dump is known.
+  std::unordered_map<std::size_t, ProcessSnapshot> waiting_statuses_;
+  // The pending initialisations of each process's newest dump when it was taken for a failed call.
+  std::unordered_map<std::size_t, ProcessSnapshot> failed_call_dumps_;
+  RankSlots slots_;
+};
+
+int ReadingThreads(const JobReadLimits& limits, std::size_t files) {
+  // More than a small machine's cores: a reading thread mostly waits for the file system (a page
+  // not cached, a shared file system's round trip), and the others parse meanwhile.
+  constexpr int kDefaultReadingThreads = 8;
+  const int threads = limits.threads > 0 ? limits.threads : kDefaultReadingThreads;
+  return static_cast<int>(std::clamp<std::size_t>(files, 1, static_cast<std::size_t>(threads)));
+}
+
+// Reads files[first, end) with `threads` threads side by side, each file once, until they run out
+// or `stop_reading` passes; `outcomes` says what became of each.
+void ReadFiles(int directory_fd, const std::vector<JobFile>& files, std::size_t first, std::size_t end,
+               std::vector<Outcome>& outcomes, Merger& merger, int threads, const JobReadLimits& limits,
+               std::chrono::steady_clock::time_point stop_reading) {
+  // Dumps written with the default ring are read in full whatever this process's ring.
+  const std::size_t max_dump_bytes =
+      MaxDumpBytes(std::max(GetConfig().ring_size.value, Config{}.ring_size.value));
+  std::atomic<std::size_t> next{first};
+  auto read_one = [&](const JobFile& file) -> Outcome {
+    auto refusal = [&](const absl::Status& status) {
+      merger.AddProblem(absl::StrCat(file.name, ": ", status.message()));
+      return absl::IsOutOfRange(status) ? Outcome::kCapped : Outcome::kUnreadable;
+    };
+    if (file.kind == JobFile::Kind::kStatus) {
+      absl::StatusOr<PeerStatus> status = ReadStatusFileAt(directory_fd, file.name);
+      return status.ok() ? merger.AddStatus(file, *std::move(status)) : refusal(status.status());
+    }
+    absl::StatusOr<ParsedDump> dump = [&]() -> absl::StatusOr<ParsedDump> {
+      const absl::StatusOr<std::string> content = ReadFileAt(directory_fd, file.name, max_dump_bytes);
+      if (!content.ok()) return content.status();
+      return ParseDump(*content);
+    }();
+    return dump.ok() ? merger.AddDump(file, *std::move(dump)) : refusal(dump.status());
+  };
+  // Each thread takes the next file nobody took; one that finds the time up leaves it unread.
+  auto work = [&]() noexcept {
+    for (std::size_t index = next++; index < end; index = next++) {
+      if (limits.now() > stop_reading) return;
+      try {
+        outcomes[index] = read_one(files[index]);
+      } catch (...) {
+        outcomes[index] = Outcome::kUnreadable;
+        try {
+          merger.AddProblem(absl::StrCat(files[index].name, ": cannot be read (out of memory)"));
+        } catch (...) {
+        }
+      }
+    }
+  };
+  // Started from the reading thread, they inherit its mask with every signal blocked.
+  std::vector<std::thread> helpers;
+  for (int helper = 1; helper < threads; ++helper) {
+    try {
+      helpers.emplace_back(work);
+    } catch (const std::system_error&) {
+      break;  // no more threads to be had: fewer read
+    }
+  }
+  work();
+  for (std::thread& helper : helpers) helper.join();
+}
+
+// Counts what the bounds left unread, and says so among the problems: one line per kind of file
+// and bound (a file refused by a cap on bytes or ranks has a line of its own already).
+void NoteUnread(const std::vector<JobFile>& files, const std::vector<Outcome>& outcomes,
+                std::size_t max_files, JobView& job) {
+  constexpr std::size_t kNamedUnreadFiles = 5;
+  struct Unread {
+    std::size_t files = 0;
+    const std::string* first = nullptr;
+  };
+  // By kind of file, then stopped by the deadline or by the count of files.
+  std::array<std::array<Unread, 2>, 2> unread{};
+  bool capped = false;
+  std::unordered_set<std::string_view> read_writers;
+  std::unordered_set<std::string_view> unread_writers;
+  for (std::size_t index = 0; index < files.size(); ++index) {
+    const Outcome outcome = outcomes[index];
+    if (outcome == Outcome::kUnreadable) continue;
+    if (outcome == Outcome::kRead) {
+      read_writers.insert(WriterOf(files[index]));
+      continue;
+    }
+    unread_writers.insert(WriterOf(files[index]));
+    ++job.not_read.files;
+    if (job.not_read.first_files.size() < kNamedUnreadFiles)
+      job.not_read.first_files.push_back(files[index].name);
+    if (outcome == Outcome::kCapped) {
+      capped = true;
+      continue;
+    }
+    Unread& stopped = unread[static_cast<std::size_t>(files[index].kind)][index >= max_files ? 1 : 0];
+    if (stopped.files++ == 0) stopped.first = &files[index].name;
+  }
+  for (const std::string_view writer : unread_writers)
+    job.not_read.processes += read_writers.contains(writer) ? 0 : 1;
+
+  std::vector<std::string> reasons;
+  const std::string over_count = absl::StrCat("more than ", max_files, " files");
+  for (const std::size_t by_count : {0, 1}) {
+    const std::string why = by_count == 0 ? std::string("the deadline passed") : over_count;
+    for (const JobFile::Kind kind : {JobFile::Kind::kStatus, JobFile::Kind::kDump}) {
+      const Unread& stopped = unread[static_cast<std::size_t>(kind)][by_count];
+      if (stopped.files == 0) continue;
+      job.problems.push_back(absl::StrCat(stopped.files,
+                                          kind == JobFile::Kind::kStatus ? " status files" : " dumps",
+                                          ": not read, ", why, " (the first: ", *stopped.first, ")"));
+      if (std::find(reasons.begin(), reasons.end(), why) == reasons.end()) reasons.push_back(why);
+    }
+  }
+  if (capped) reasons.emplace_back("a cap on a file's bytes or the job's ranks refused some");
+  if (job.not_read.listing_cut_short) reasons.push_back(job.not_read.why);
+  job.not_read.why = absl::StrJoin(reasons, "; ");
+}
+
+// Every dump and status file of the directory open as `directory_fd` that can be read before
+// `stop_reading` within `limits`; the others are problems, and those a bound left unread are
+// counted in job.not_read.
+JobView ReadOpenJobDirectory(int directory_fd, const std::string& directory, const JobReadLimits& limits,
+                             std::chrono::steady_clock::time_point stop_reading) {
+  JobView job;
+  job.directory = directory;
+  std::vector<JobFile> files;
+  for (const auto& [prefix, kind] :
+       {std::pair{"status-", JobFile::Kind::kStatus}, std::pair{"dump-", JobFile::Kind::kDump}}) {
+    absl::StatusOr<std::vector<std::string>> names = ListNamesAt(directory_fd, prefix, ".json");
+    if (!names.ok()) {
+      job.problems.push_back(absl::StrCat(kind == JobFile::Kind::kStatus ? "status files: " : "dumps: ",
+                                          names.status().message()));
+      // Too many to list: who wrote them is not known, nor whether they hold the job's ranks.
+      if (absl::IsOutOfRange(names.status())) {
+        job.not_read.listing_cut_short = true;
+        job.not_read.why = std::string(names.status().message());
+      }
+      continue;
+    }
+    for (std::string& name : *names) files.push_back(JobFile{.name = std::move(name), .kind = kind});
+  }
+
+  std::unordered_set<std::string_view> writers;
+  std::unordered_set<std::string_view> several_dumps;
+  std::size_t statuses = 0;
+  for (const JobFile& file : files) {
+    const bool status = file.kind == JobFile::Kind::kStatus;
+    statuses += status ? 1 : 0;
+    if (!writers.insert(WriterOf(file)).second && !status) several_dumps.insert(WriterOf(file));
+  }
+  Merger merger(job, writers.size(), std::move(several_dumps));
+  writers = {};
+  // Files past the cap are never started on; they stay kNotRead. Every status file is in before
+  // the first dump (Merger).
+  std::vector<Outcome> outcomes(files.size(), Outcome::kNotRead);
+  const std::size_t to_read = std::min(files.size(), limits.max_files);
+  const int threads = ReadingThreads(limits, to_read);
+  const std::size_t statuses_to_read = std::min(statuses, to_read);
+  ReadFiles(directory_fd, files, 0, statuses_to_read, outcomes, merger, threads, limits, stop_reading);
+  ReadFiles(directory_fd, files, statuses_to_read, to_read, outcomes, merger, threads, limits, stop_reading);
+  NoteUnread(files, outcomes, limits.max_files, job);
+  merger.Finish();
+  // In the order of the files' names, whichever thread read them.
+  std::sort(job.problems.begin(), job.problems.end());
   std::sort(job.processes.begin(), job.processes.end(), [](const ProcessView& a, const ProcessView& b) {
     return std::tie(a.snapshot.rank, a.host, a.pid) < std::tie(b.snapshot.rank, b.host, b.pid);
   });
@@ -247,30 +485,38 @@ JobView ReadOpenJobDirectory(int directory_fd, const std::string& directory,
 
 absl::StatusOr<JobView> ReadJobDirectory(const std::string& directory, std::int64_t now_ns,
                                          double status_interval_seconds, JobDirectoryOrigin origin,
-                                         std::chrono::milliseconds deadline) noexcept {
+                                         const JobReadLimits& limits) noexcept {
   try {
     // The reading thread stops a little before the caller gives up on it, so that what was read
     // in time is still used.
-    const auto stop_reading = std::chrono::steady_clock::now() + deadline * 4 / 5;
+    const auto stop_reading = limits.now() + limits.deadline * 4 / 5;
     absl::StatusOr<JobView> job = RunWithDeadline<JobView>(
         [=]() -> absl::StatusOr<JobView> {
           absl::StatusOr<int> directory_fd = OpenJobDirectory(directory, origin);
           if (!directory_fd.ok()) return directory_fd.status();
-          JobView job = ReadOpenJobDirectory(*directory_fd, directory, stop_reading);
+          JobView job = ReadOpenJobDirectory(*directory_fd, directory, limits, stop_reading);
           close(*directory_fd);
           job.now_ns = now_ns;
           job.status_interval_seconds = status_interval_seconds;
           return job;
         },
-        deadline);
+        limits.deadline);
     if (absl::IsDeadlineExceeded(job.status())) {
-      return absl::DeadlineExceededError(
-          absl::StrCat("reading ", directory, " took longer than ", deadline.count(), " ms; given up"));
+      return absl::DeadlineExceededError(absl::StrCat("reading ", directory, " took longer than ",
+                                                      limits.deadline.count(), " ms; given up"));
     }
     return job;
   } catch (...) {
     return absl::ResourceExhaustedError(absl::StrCat("cannot read ", directory));
   }
+}
+
+absl::StatusOr<JobView> ReadJobDirectory(const std::string& directory, std::int64_t now_ns,
+                                         double status_interval_seconds, JobDirectoryOrigin origin,
+                                         std::chrono::milliseconds deadline) noexcept {
+  JobReadLimits limits;
+  limits.deadline = deadline;
+  return ReadJobDirectory(directory, now_ns, status_interval_seconds, origin, limits);
 }
 
 }  // namespace ncclguard

@@ -3,7 +3,9 @@
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -37,12 +39,31 @@ struct ProcessView {
   ProcessFacts facts;  // from the dump, else the status file (no memory figures)
 };
 
+// The files of a job directory that were not read because a bound stopped the reading: the
+// deadline passed, or a cap on how many files, bytes or ranks are read was reached. Unlike a file
+// that is missing or unreadable (a problem), such a file may well hold a live rank's record: the
+// processes that wrote only such files are neither present nor absent, so the classifier names
+// none of the ranks it cannot find as missing while any is not read.
+struct NotRead {
+  std::size_t files = 0;
+  // Processes (told apart by the host and pid in the files' names) none of whose files was read.
+  std::size_t processes = 0;
+  // More files were there than could be listed: how many, and whose, is not known.
+  bool listing_cut_short = false;
+  std::vector<std::string> first_files;  // the first few names, for messages
+  std::string why;                       // "the deadline passed", "larger than 1048576 bytes", ...
+
+  // Whether some process may be missing from the view only because its files were not read.
+  bool SomeProcessMissing() const { return processes > 0 || listing_cut_short; }
+};
+
 struct JobView {
   std::string directory;
   std::int64_t now_ns = 0;             // when it was read (epoch ns)
   double status_interval_seconds = 2;  // a status older than 3 intervals is stale
   std::vector<ProcessView> processes;
   std::vector<std::string> problems;  // files that could not be read, and why
+  NotRead not_read;                   // files left unread by the deadline or a cap (also in problems)
 };
 
 // Whose job directory is read. kNamedByUser (`ncclguard analyze`): a relative path or a symbolic
@@ -51,8 +72,26 @@ struct JobView {
 // rules (files.h).
 enum class JobDirectoryOrigin { kNamedByUser, kOwn };
 
-// Reads every dump and status file of a job directory, within `deadline` as a whole (files not
-// reached in time become problems). Never throws; unreadable files become problems.
+// What bounds the reading of a job directory. The defaults are what the watchdog and `ncclguard
+// analyze` use; tests make them small to see what a bound leaves unread.
+struct JobReadLimits {
+  // The whole read, listing included; the reading stops at four fifths of it so that what was
+  // read in time is still used, and past all of it the caller gives up on a file system that hangs.
+  std::chrono::milliseconds deadline = kReadDeadline;
+  // Status files and dumps read at most, status files first; the rest is not read.
+  std::size_t max_files = std::size_t{1} << 19;
+  // Threads reading files side by side; 0: eight.
+  int threads = 0;
+  // The clock the reading stops by (a test's clock moves on with each look).
+  std::function<std::chrono::steady_clock::time_point()> now = std::chrono::steady_clock::now;
+};
+
+// Reads every dump and status file of a job directory within `limits`: the files a bound left
+// unread are counted in JobView::not_read and listed among the problems. Never throws;
+// unreadable files become problems.
+absl::StatusOr<JobView> ReadJobDirectory(const std::string& directory, std::int64_t now_ns,
+                                         double status_interval_seconds, JobDirectoryOrigin origin,
+                                         const JobReadLimits& limits) noexcept;
 absl::StatusOr<JobView> ReadJobDirectory(const std::string& directory, std::int64_t now_ns,
                                          double status_interval_seconds,
                                          JobDirectoryOrigin origin = JobDirectoryOrigin::kNamedByUser,

@@ -67,6 +67,11 @@ Whereabouts Locate(const ProcessView& process, const JobView& job);
 
 // "rank 3", "ranks 0,1,2", "ranks 0-1023".
 std::string Ranks(const std::vector<int>& ranks);
+// The same, cut short after a few ranges: "ranks 0-15,32-47,... (4096 ranks)".
+std::string RanksBriefly(const std::vector<int>& ranks);
+// What the verdicts rest on when some files of the job were not read: "this rests on 66380 of
+// 131072 processes: the files of 64692 were not read (the deadline passed)"; "" when all were.
+std::string PartOfJob(const JobView& job);
 // "AllReduce #42", or "#42" when the operation is unknown.
 std::string OpName(const OpSnapshot* op, std::uint64_t seq);
 // "AllReduce #42 (float32 × 1024, sum)".
@@ -89,8 +94,9 @@ class Buckets {
   std::vector<Verdict> TakeAll();
 
  private:
-  // healthy and unknown are no rule's: Classify gives them when the rules find nothing.
-  std::array<std::vector<Verdict>, static_cast<size_t>(kStraggler) + 1> by_kind_;
+  // healthy is no rule's: Classify gives it when the rules find nothing. unknown is a rule's only
+  // where what it would name may be in the files that were not read.
+  std::array<std::vector<Verdict>, static_cast<size_t>(kUnknown) + 1> by_kind_;
 };
 
 Verdict& Add(Buckets& buckets, VerdictKind kind, std::string comm, std::uint64_t seq, std::vector<int> ranks,

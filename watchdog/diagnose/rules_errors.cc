@@ -201,9 +201,9 @@ void ClassifyFailedInits(const JobView& job, Buckets& buckets) {
     }
   }
   for (const FailedInit& init : inits) {
-    const bool every_rank = init.nranks > 0
-                                ? static_cast<int>(init.ranks.size()) >= init.nranks
-                                : init.ranks.size() == job.processes.size() && init.ranks.size() > 1;
+    const bool every_rank = init.nranks > 0 ? static_cast<int>(init.ranks.size()) >= init.nranks
+                                            : init.ranks.size() == job.processes.size() &&
+                                                  init.ranks.size() > 1 && !job.not_read.SomeProcessMissing();
     Json per_rank = Json::array();
     for (size_t i = 0; i < init.processes.size(); ++i) {
       per_rank.push_back(Json{{"rank", init.ranks[i]},
@@ -237,8 +237,9 @@ void ClassifyFailedInits(const JobView& job, Buckets& buckets) {
 // a job in which anything went wrong is never healthy.
 void ClassifyUnexplained(const JobView& job, Buckets& buckets) {
   std::set<std::string> explained_comms;
+  // An unknown verdict on a communicator describes its stall: what it lacks is in files not read.
   for (const VerdictKind kind : {kAsyncError, kP2pSuspect, kStuckInInit, kRankDead, kMismatch, kRankNotJoined,
-                                 kStuckInsideNccl, kFailedCall}) {
+                                 kStuckInsideNccl, kFailedCall, kUnknown}) {
     for (const Verdict& verdict : buckets[kind]) explained_comms.insert(verdict.comm);
   }
   const bool errors_explained = !buckets[kAsyncError].empty() || !buckets[kFailedCall].empty();

@@ -123,24 +123,35 @@ void AddStuckInInit(Buckets& buckets, const JobView& job, const std::string& com
   const std::vector<int> arrived_ranks(arrived.begin(), arrived.end());
   const std::string what = fmt::format("the initialisation of communicator {} ({}, {} ranks) has waited {}",
                                        comm_id, init.api, init.nranks, Seconds(init.waited_seconds));
+  // The ranks missing may be in the files that were not read: said, never named.
+  const bool missing_not_read = !missing.empty() && job.not_read.SomeProcessMissing();
   std::string message =
       missing.empty()
           ? fmt::format(
                 "{} although all {} ranks arrived: stuck inside NCCL's bootstrap or transport setup "
                 "(network interfaces, firewall, NCCL_SOCKET_IFNAME)",
                 what, init.nranks)
+      : missing_not_read
+          ? fmt::format(
+                "{}: {} arrived; {} {} not among the processes read, so whether {} called {} is not known",
+                what, Ranks(arrived_ranks), RanksBriefly(missing), missing.size() == 1 ? "is" : "are",
+                missing.size() == 1 ? "it" : "they", init.api)
           : fmt::format(
                 "{}: {} arrived, {} did not — {} never called {} for it (not started, crashed "
                 "before, or given another unique id)",
                 what, Ranks(arrived_ranks), Ranks(missing), missing.size() == 1 ? "that rank" : "those ranks",
                 init.api);
   Json missing_whereabouts = DescribeMissing(job, init.processes, missing, init.started_ns, message);
-  Add(buckets, kStuckInInit, comm_id, 0, missing.empty() ? arrived_ranks : missing, std::move(message),
+  const std::vector<int> named = missing.empty()    ? arrived_ranks
+                                 : missing_not_read ? std::vector<int>()
+                                                    : missing;
+  Add(buckets, kStuckInInit, comm_id, 0, named, std::move(message),
       Json{{"api", init.api},
            {"nranks", init.nranks},
            {"arrived_ranks", arrived_ranks},
            {"pending_ranks", init.pending},
-           {"missing_ranks", missing},
+           {"missing_ranks", missing_not_read ? std::vector<int>() : missing},
+           {"not_read_ranks", missing_not_read ? missing : std::vector<int>()},
            {"missing_whereabouts", std::move(missing_whereabouts)},
            {"waited_seconds", init.waited_seconds}});
 }

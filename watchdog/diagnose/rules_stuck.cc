@@ -6,6 +6,7 @@
 #include <limits>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -77,19 +78,22 @@ Json LateRankJson(const Member& member, Whereabouts where, const JobView& job) {
   return late;
 }
 
-// The process whose initialisation of this communicator as `rank` had not returned when it last
-// wrote its status: the rank is not a member yet, but it is not unaccounted for either.
-const ProcessView* InitialisingProcess(const JobView& job, const std::string& comm_id, int rank,
-                                       const PendingInitSnapshot** init) {
+// A process whose initialisation of a communicator had not returned when it last wrote its
+// status: its rank is not a member yet, but it is not unaccounted for either.
+struct Initialising {
+  const ProcessView* process;
+  const PendingInitSnapshot* init;
+};
+
+// The processes initialising `comm_id`, by rank; the first of each rank.
+std::unordered_map<int, Initialising> InitialisingProcesses(const JobView& job, const std::string& comm_id) {
+  std::unordered_map<int, Initialising> by_rank;
   for (const ProcessView& process : job.processes) {
     for (const PendingInitSnapshot& pending : process.snapshot.pending_inits) {
-      if (pending.comm_id == comm_id && pending.rank == rank) {
-        *init = &pending;
-        return &process;
-      }
+      if (pending.comm_id == comm_id) by_rank.try_emplace(pending.rank, Initialising{&process, &pending});
     }
   }
-  return nullptr;
+  return by_rank;
 }
 
 Json InitialisingJson(const ProcessView& process, const PendingInitSnapshot& init, Whereabouts where,
@@ -232,6 +236,9 @@ struct Absentees {
   Json not_joined_evidence = Json::array();
   bool all_finished = true;           // every one that did not join finished its loop
   bool all_busy_outside_nccl = true;  // every one that did not join is alive and busy outside NCCL
+  // Ranks with no record among the processes read while some processes' files were not read:
+  // neither present nor absent, never named as missing.
+  std::vector<int> not_read_ranks;
 };
 
 void AddLateMember(const Member& member, const Communicator& communicator, const JobView& job,
@@ -288,12 +295,18 @@ void AddLateMember(const Member& member, const Communicator& communicator, const
   absent.not_joined_evidence.push_back(LateRankJson(member, where, job));
 }
 
-// A rank with no record on the communicator: still initialising it (alive or dead), or silent.
-void AddUnreportedRank(int rank, const Communicator& communicator, const JobView& job,
-                       std::uint64_t stuck_seq, Absentees& absent) {
+// A rank with no record on the communicator: still initialising it (alive or dead), silent, or in
+// the files that were not read.
+void AddUnreportedRank(int rank, const std::unordered_map<int, Initialising>& initialising_ranks,
+                       const JobView& job, std::uint64_t stuck_seq, Absentees& absent) {
+  const auto found = initialising_ranks.find(rank);
+  const ProcessView* initialising = found != initialising_ranks.end() ? found->second.process : nullptr;
+  const PendingInitSnapshot* init = initialising != nullptr ? found->second.init : nullptr;
+  if (initialising == nullptr && job.not_read.SomeProcessMissing()) {
+    absent.not_read_ranks.push_back(rank);
+    return;
+  }
   absent.all_finished = false;
-  const PendingInitSnapshot* init = nullptr;
-  const ProcessView* initialising = InitialisingProcess(job, communicator.id, rank, &init);
   if (initialising != nullptr && IsGone(*initialising, job)) {
     absent.dead_ranks.push_back(rank);
     absent.dead_clauses.push_back(fmt::format(
@@ -402,32 +415,49 @@ std::vector<int> UnreportedRanks(const Communicator& communicator) {
 }
 
 // rank_dead and rank_not_joined for the ranks that never entered the stuck operation.
+// rank_dead and rank_not_joined for the ranks that never entered the stuck operation; when some
+// ranks may be in files that were not read, they are said but not named, and without a rank to
+// name the verdict is unknown.
 void AddAbsentees(Buckets& buckets, const Communicator& communicator, const StuckOperation& stuck,
-                  Absentees absent, const std::string& completed, const Json& common) {
+                  Absentees absent, const std::string& completed, Json common) {
   const std::string described = DescribeOp(stuck.op, stuck.seq);
   const std::vector<int> waiting_ranks = RanksOf(stuck.waiting);
+  std::string others = fmt::format("{} {} in {}", Ranks(waiting_ranks),
+                                   waiting_ranks.size() == 1 ? "waits" : "wait", described);
+  if (!stuck.finished.empty()) others += fmt::format(" ({})", completed);
+  const std::vector<int>& not_read = absent.not_read_ranks;
+  const std::string not_read_ranks = fmt::format("{} {} not among the processes read", RanksBriefly(not_read),
+                                                 not_read.size() == 1 ? "is" : "are");
+  if (!not_read.empty()) common["not_read_ranks"] = not_read;
   if (!absent.dead_ranks.empty()) {
     Json evidence = common;
     evidence["dead_ranks"] = std::move(absent.dead_evidence);
     Add(buckets, kRankDead, communicator.id, stuck.seq, absent.dead_ranks,
         fmt::format(
-            "{}; the others wait in {} — {} killed or crashed (e.g. out of memory), not a network fault",
+            "{}; the others wait in {} — {} killed or crashed (e.g. out of memory), not a network fault{}",
             JoinClauses(absent.dead_clauses), described,
-            absent.dead_ranks.size() == 1 ? "it was" : "they were"),
+            absent.dead_ranks.size() == 1 ? "it was" : "they were",
+            not_read.empty() ? "" : fmt::format("; {} and may have ended too", not_read_ranks)),
         std::move(evidence));
   }
   if (!absent.not_joined_ranks.empty()) {
     Json evidence = common;
     evidence["late_ranks"] = std::move(absent.not_joined_evidence);
-    std::string others = fmt::format("{} {} in {}", Ranks(waiting_ranks),
-                                     waiting_ranks.size() == 1 ? "waits" : "wait", described);
-    if (!stuck.finished.empty()) others += fmt::format(" ({})", completed);
     Verdict& verdict =
         Add(buckets, kRankNotJoined, communicator.id, stuck.seq, absent.not_joined_ranks,
-            fmt::format("{} while {} — {}not a network fault", JoinClauses(absent.not_joined_clauses), others,
-                        absent.all_finished ? "uneven data across ranks, " : ""),
+            fmt::format("{} while {} — {}not a network fault{}", JoinClauses(absent.not_joined_clauses),
+                        others, absent.all_finished && not_read.empty() ? "uneven data across ranks, " : "",
+                        not_read.empty() ? "" : fmt::format("; {} and may be late too", not_read_ranks)),
             std::move(evidence));
-    verdict.late_ranks_busy_outside_nccl = absent.all_busy_outside_nccl;
+    // Whether the ranks not read are alive is not known: waiting for them to come back is no safer.
+    verdict.late_ranks_busy_outside_nccl = absent.all_busy_outside_nccl && not_read.empty();
+  }
+  if (!not_read.empty() && absent.dead_ranks.empty() && absent.not_joined_ranks.empty()) {
+    Add(buckets, kUnknown, communicator.id, stuck.seq, {},
+        fmt::format("{}; {}, so which rank the others wait for is not known (read the job directory again "
+                    "with more time: ncclguard analyze --deadline SECONDS)",
+                    others, not_read_ranks),
+        std::move(common));
   }
 }
 
@@ -448,7 +478,10 @@ void ClassifyStuckOperation(const Communicator& communicator, const JobView& job
   Absentees absent;
   for (const Member* member : stuck.late)
     AddLateMember(*member, communicator, job, done_everywhere, stuck.seq, absent);
-  for (const int rank : unreported) AddUnreportedRank(rank, communicator, job, stuck.seq, absent);
+  const std::unordered_map<int, Initialising> initialising =
+      unreported.empty() ? std::unordered_map<int, Initialising>()
+                         : InitialisingProcesses(job, communicator.id);
+  for (const int rank : unreported) AddUnreportedRank(rank, initialising, job, stuck.seq, absent);
 
   const std::vector<int> waiting_ranks = RanksOf(stuck.waiting);
   const std::string completed = CompletedClause(stuck.finished, communicator, job, done_everywhere);

@@ -44,6 +44,15 @@ std::optional<VerdictKind> ParseVerdictKind(std::string_view name) {
 }
 
 nlohmann::json VerdictsToJson(const JobView& job, const std::vector<Verdict>& verdicts) {
+  const NotRead& not_read = job.not_read;
+  // Every verdict rests on what was read: the whole job (null), or part of it.
+  Json partial_read = nullptr;
+  if (not_read.files > 0 || not_read.listing_cut_short) {
+    partial_read = Json{{"processes_read", job.processes.size()},
+                        {"processes_not_read", not_read.processes},
+                        {"files_not_read", not_read.files},
+                        {"listing_cut_short", not_read.listing_cut_short}};
+  }
   Json list = Json::array();
   for (const Verdict& verdict : verdicts) {
     list.push_back(Json{{"kind", VerdictKindName(verdict.kind)},
@@ -51,7 +60,8 @@ nlohmann::json VerdictsToJson(const JobView& job, const std::vector<Verdict>& ve
                         {"seq", verdict.seq},
                         {"ranks", verdict.ranks},
                         {"message", verdict.message},
-                        {"evidence", verdict.evidence}});
+                        {"evidence", verdict.evidence},
+                        {"partial_read", partial_read}});
   }
   Json processes = Json::array();
   for (const ProcessView& process : job.processes) {
@@ -83,7 +93,12 @@ nlohmann::json VerdictsToJson(const JobView& job, const std::vector<Verdict>& ve
               {"time_ns", job.now_ns},
               {"status_interval_seconds", job.status_interval_seconds},
               {"processes", std::move(processes)},
-              {"problems", job.problems}};
+              {"problems", job.problems},
+              {"not_read", Json{{"files", not_read.files},
+                                {"processes", not_read.processes},
+                                {"listing_cut_short", not_read.listing_cut_short},
+                                {"first_files", not_read.first_files},
+                                {"why", not_read.why}}}};
 }
 
 }  // namespace ncclguard

@@ -11,6 +11,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "watchdog/report/dump.h"
 #include "watchdog/report/facts.h"
@@ -134,13 +135,59 @@ class JsonBounds final : public nlohmann::json_sax<Json> {
   std::string refusal_;
 };
 
+// Builds the document while JsonBounds measures it, in one pass over the text: each value is
+// measured before it is added, so the part built when the bounds refuse the rest is within them.
+// The building is nlohmann's own (the DOM builder its parse() uses), told not to throw: a parse
+// error is the bounds' refusal like any other.
+class BoundedDocumentBuilder {
+ public:
+  BoundedDocumentBuilder(Json& document, std::size_t max_bytes)
+      : bounds_(max_bytes), builder_(document, /*allow_exceptions_=*/false) {}
+
+  bool null() { return bounds_.null() && builder_.null(); }
+  bool boolean(bool value) { return bounds_.boolean(value) && builder_.boolean(value); }
+  bool number_integer(Json::number_integer_t value) {
+    return bounds_.number_integer(value) && builder_.number_integer(value);
+  }
+  bool number_unsigned(Json::number_unsigned_t value) {
+    return bounds_.number_unsigned(value) && builder_.number_unsigned(value);
+  }
+  bool number_float(Json::number_float_t value, const Json::string_t& text) {
+    return bounds_.number_float(value, text) && builder_.number_float(value, text);
+  }
+  bool string(Json::string_t& value) { return bounds_.string(value) && builder_.string(value); }
+  bool binary(Json::binary_t& value) { return bounds_.binary(value) && builder_.binary(value); }
+  bool key(Json::string_t& value) { return bounds_.key(value) && builder_.key(value); }
+  bool start_object(std::size_t elements) {
+    return bounds_.start_object(elements) && builder_.start_object(elements);
+  }
+  bool start_array(std::size_t elements) {
+    return bounds_.start_array(elements) && builder_.start_array(elements);
+  }
+  bool end_object() { return bounds_.end_object() && builder_.end_object(); }
+  bool end_array() { return bounds_.end_array() && builder_.end_array(); }
+  bool parse_error(std::size_t position, const std::string& token, const nlohmann::detail::exception& error) {
+    return bounds_.parse_error(position, token, error);
+  }
+
+  const std::string& refusal() const { return bounds_.refusal(); }
+
+ private:
+  JsonBounds bounds_;
+  nlohmann::detail::json_sax_dom_parser<Json> builder_;
+};
+
 }  // namespace
 
 nlohmann::json ParseBoundedJson(const std::string& content) {
-  JsonBounds bounds((64 << 10) + kMaxMemoryPerByte * content.size());
-  // A first pass builds nothing: the document is built only once known to be within bounds.
-  if (!Json::sax_parse(content, &bounds)) throw std::runtime_error(bounds.refusal());
-  return Json::parse(content);
+  Json document;
+  BoundedDocumentBuilder builder(document, (64 << 10) + kMaxMemoryPerByte * content.size());
+  // Files rewritten in place are padded with spaces; the lexer would go through them one by one.
+  std::size_t end = content.size();
+  while (end > 0 && absl::ascii_isspace(static_cast<unsigned char>(content[end - 1]))) --end;
+  if (!Json::sax_parse(content.data(), content.data() + end, &builder))
+    throw std::runtime_error(builder.refusal());
+  return document;
 }
 
 void CheckRanks(int rank, int nranks) {

@@ -286,18 +286,26 @@ StatusScan ReadStatusesAt(int directory_fd, std::chrono::steady_clock::time_poin
       scan.problems.push_back(absl::StrCat(name, " and later status files: not read, the deadline passed"));
       break;
     }
-    absl::StatusOr<std::string> content = ReadFileAt(directory_fd, name, kMaxReadBytes);
-    if (!content.ok()) {
-      scan.problems.push_back(absl::StrCat(name, ": ", content.status().message()));
-      continue;
-    }
-    try {
-      scan.statuses.push_back(ParseStatus(name, *content));
-    } catch (const std::exception& error) {
-      scan.problems.push_back(absl::StrCat(name, ": ", error.what()));
+    absl::StatusOr<PeerStatus> status = ReadStatusFileAt(directory_fd, name);
+    if (status.ok()) {
+      scan.statuses.push_back(*std::move(status));
+    } else {
+      scan.problems.push_back(absl::StrCat(name, ": ", status.status().message()));
     }
   }
   return scan;
+}
+
+absl::StatusOr<PeerStatus> ReadStatusFileAt(int directory_fd, const std::string& name) noexcept {
+  try {
+    absl::StatusOr<std::string> content = ReadFileAt(directory_fd, name, kMaxReadBytes);
+    if (!content.ok()) return content.status();
+    return ParseStatus(name, *content);
+  } catch (const std::exception& error) {
+    return absl::InvalidArgumentError(error.what());
+  } catch (...) {
+    return absl::ResourceExhaustedError("cannot read the status file (out of memory)");
+  }
 }
 
 absl::StatusOr<StatusScan> ReadStatuses(const std::string& job_dir) noexcept {

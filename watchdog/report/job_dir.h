@@ -77,6 +77,10 @@ absl::StatusOr<StatusScan> ReadStatuses(const std::string& job_dir) noexcept;
 // by `deadline` are problems.
 StatusScan ReadStatusesAt(int directory_fd, std::chrono::steady_clock::time_point deadline);
 
+// One status file, `name` in the directory open as `directory_fd`, as ReadStatusesAt reads each:
+// for a reader that reads a job's files side by side. Never throws.
+absl::StatusOr<PeerStatus> ReadStatusFileAt(int directory_fd, const std::string& name) noexcept;
+
 struct DumpRequest {
   std::string name;  // dump-request-<host>-<pid>-<n>
   std::string requester;
