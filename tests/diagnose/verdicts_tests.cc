@@ -1349,17 +1349,20 @@ TEST_CASE("a rank whose files were not read is never named as missing", "[verdic
     CHECK(verdicts[0].comm == kComm);
     CHECK(verdicts[0].seq == 42);
     CHECK(verdicts[0].ranks.empty());
-    CHECK(verdicts[0].message ==
-          "ranks 0,1 wait in AllReduce #42 (float32 × 1024, sum); ranks 2,3 are not among the processes read, so "
-          "which rank the others wait for is not known (read the job directory again with more time: ncclguard "
-          "analyze --deadline SECONDS) [this rests on 2 of 4 processes: the files of 2 were not read (the "
-          "deadline passed)]");
+    CHECK(
+        verdicts[0].message ==
+        "ranks 0,1 wait in AllReduce #42 (float32 × 1024, sum); ranks 2,3 are not among the processes read, "
+        "so which rank the others wait for is not known (read the job directory again with more time: "
+        "ncclguard analyze --deadline SECONDS) [this rests on 2 of 4 processes: the files of 2 were not read "
+        "(the deadline passed)]");
     CHECK(verdicts[0].evidence["not_read_ranks"] == nlohmann::json::array({2, 3}));
     // The stalls the waiting ranks reported are what the verdict describes.
     CHECK(ActOnTimeout(verdicts));
     const nlohmann::json document = VerdictsToJson(job, verdicts);
-    CHECK(document["verdicts"][0]["partial_read"] ==
-          nlohmann::json{{"processes_read", 2}, {"processes_not_read", 2}, {"files_not_read", 2}, {"listing_cut_short", false}});
+    CHECK(document["verdicts"][0]["partial_read"] == nlohmann::json{{"processes_read", 2},
+                                                                    {"processes_not_read", 2},
+                                                                    {"files_not_read", 2},
+                                                                    {"listing_cut_short", false}});
     CHECK(document["not_read"]["files"] == 2);
     CHECK(document["not_read"]["why"] == "the deadline passed");
     CHECK(document["not_read"]["first_files"] == nlohmann::json::array({"status-node-1-1002.json"}));
@@ -1370,9 +1373,10 @@ TEST_CASE("a rank whose files were not read is never named as missing", "[verdic
     const std::vector<Verdict> verdicts = Classify(job);
     REQUIRE(Kinds(verdicts) == std::vector<std::string>{"rank_not_joined"});
     CHECK(verdicts[0].ranks == std::vector<int>{2});
-    CHECK(absl::StrContains(verdicts[0].message,
-                            "; rank 3 is not among the processes read and may be late too [this rests on 3 of 4 "
-                            "processes: the files of 1 were not read (the deadline passed)]"));
+    CHECK(absl::StrContains(
+        verdicts[0].message,
+        "; rank 3 is not among the processes read and may be late too [this rests on 3 of 4 "
+        "processes: the files of 1 were not read (the deadline passed)]"));
     CHECK(verdicts[0].evidence["not_read_ranks"] == nlohmann::json::array({3}));
     // Whether rank 3 is alive is not known: the late rank's being busy is no reason to wait longer.
     CHECK_FALSE(verdicts[0].late_ranks_busy_outside_nccl);
@@ -1380,13 +1384,18 @@ TEST_CASE("a rank whose files were not read is never named as missing", "[verdic
   SECTION("dumps not read, every process read: the verdict stands, and says so") {
     job.processes.push_back(Rank(2, 41, 41));
     job.processes.push_back(Rank(3, 41, 42));
-    job.not_read = NotRead{.files = 3, .processes = 0, .listing_cut_short = false, .first_files = {}, .why = "the deadline passed"};
+    job.not_read = NotRead{.files = 3,
+                           .processes = 0,
+                           .listing_cut_short = false,
+                           .first_files = {},
+                           .why = "the deadline passed"};
     const std::vector<Verdict> verdicts = Classify(job);
     REQUIRE(Kinds(verdicts) == std::vector<std::string>{"rank_not_joined"});
     CHECK(verdicts[0].ranks == std::vector<int>{2});
-    CHECK(absl::EndsWith(verdicts[0].message,
-                         " [this rests on every process but not every file: 3 files were not read (the deadline "
-                         "passed)]"));
+    CHECK(absl::EndsWith(
+        verdicts[0].message,
+        " [this rests on every process but not every file: 3 files were not read (the deadline "
+        "passed)]"));
   }
 }
 
@@ -1409,17 +1418,19 @@ TEST_CASE("a job read in part is not called healthy", "[verdicts][partial]") {
                          "deadline passed)"));
 }
 
-TEST_CASE("an initialisation some ranks of which were not read names none as missing", "[verdicts][partial]") {
+TEST_CASE("an initialisation some ranks of which were not read names none as missing",
+          "[verdicts][partial]") {
   JobView job = Job({Initialising(0, kNow - 30 * kSecond), Initialising(1, kNow - 30 * kSecond),
                      Initialising(2, kNow - 29 * kSecond)});
   job.not_read = DeadlinePassed(1);
   const std::vector<Verdict> verdicts = Classify(job);
   REQUIRE(Kinds(verdicts) == std::vector<std::string>{"stuck_in_init"});
   CHECK(verdicts[0].ranks.empty());
-  CHECK(absl::StartsWith(verdicts[0].message,
-                         "the initialisation of communicator 00000000000000bb (ncclCommInitRank, 4 ranks) has waited "
-                         "30.0 s: ranks 0,1,2 arrived; rank 3 is not among the processes read, so whether it called "
-                         "ncclCommInitRank is not known"));
+  CHECK(absl::StartsWith(
+      verdicts[0].message,
+      "the initialisation of communicator 00000000000000bb (ncclCommInitRank, 4 ranks) has waited "
+      "30.0 s: ranks 0,1,2 arrived; rank 3 is not among the processes read, so whether it called "
+      "ncclCommInitRank is not known"));
   CHECK(verdicts[0].evidence["missing_ranks"].empty());
   CHECK(verdicts[0].evidence["not_read_ranks"] == nlohmann::json::array({3}));
 }
@@ -1439,6 +1450,13 @@ void WriteWaitingJob(const std::string& job_dir, int late, int ranks = 4) {
   }
 }
 
+// The job directory read within `limits`, as `ncclguard analyze` reads it at kNow.
+JobView ReadWithin(const std::string& job_dir, const JobReadLimits& limits) {
+  absl::StatusOr<JobView> job = ReadJobDirectory(job_dir, kNow, 2, JobDirectoryOrigin::kNamedByUser, limits);
+  REQUIRE(job.ok());
+  return *std::move(job);
+}
+
 bool Names(const std::vector<Verdict>& verdicts, int rank) {
   return std::any_of(verdicts.begin(), verdicts.end(), [&](const Verdict& verdict) {
     return std::find(verdict.ranks.begin(), verdict.ranks.end(), rank) != verdict.ranks.end();
@@ -1451,41 +1469,39 @@ TEST_CASE("reading a job directory: what a cap on the files leaves out is not re
   WriteWaitingJob(temporary.path(), /*late=*/2);
   JobReadLimits limits;
   SECTION("the normal case: every file read, the late rank named") {
-    const absl::StatusOr<JobView> job =
-        ReadJobDirectory(temporary.path(), kNow, 2, JobDirectoryOrigin::kNamedByUser, limits);
-    REQUIRE(job.ok());
-    CHECK(job->processes.size() == 4);
-    CHECK(job->not_read.files == 0);
-    CHECK_FALSE(job->not_read.SomeProcessMissing());
-    const std::vector<Verdict> verdicts = Classify(*job);
+    const JobView job = ReadWithin(temporary.path(), limits);
+    CHECK(job.processes.size() == 4);
+    CHECK(job.not_read.files == 0);
+    CHECK_FALSE(job.not_read.SomeProcessMissing());
+    const std::vector<Verdict> verdicts = Classify(job);
     REQUIRE(Kinds(verdicts) == std::vector<std::string>{"rank_not_joined"});
     CHECK(verdicts[0].ranks == std::vector<int>{2});
     CHECK_FALSE(absl::StrContains(verdicts[0].message, "rests on"));
   }
   SECTION("the late rank's file not read: nobody named") {
     limits.max_files = 2;
-    const absl::StatusOr<JobView> job =
-        ReadJobDirectory(temporary.path(), kNow, 2, JobDirectoryOrigin::kNamedByUser, limits);
-    REQUIRE(job.ok());
-    CHECK(job->processes.size() == 2);
-    CHECK(job->not_read.files == 2);
-    CHECK(job->not_read.processes == 2);
-    CHECK(job->not_read.first_files == std::vector<std::string>{"status-node-1-1002.json", "status-node-1-1003.json"});
-    CHECK(job->not_read.why == "more than 2 files");
-    CHECK(job->problems ==
-          std::vector<std::string>{"2 status files: not read, more than 2 files (the first: status-node-1-1002.json)"});
-    const std::vector<Verdict> verdicts = Classify(*job);
+    const JobView job = ReadWithin(temporary.path(), limits);
+    CHECK(job.processes.size() == 2);
+    CHECK(job.not_read.files == 2);
+    CHECK(job.not_read.processes == 2);
+    CHECK(job.not_read.first_files ==
+          std::vector<std::string>{"status-node-1-1002.json", "status-node-1-1003.json"});
+    CHECK(job.not_read.why == "more than 2 files");
+    CHECK(job.problems ==
+          std::vector<std::string>{
+              "2 status files: not read, more than 2 files (the first: status-node-1-1002.json)"});
+    const std::vector<Verdict> verdicts = Classify(job);
     REQUIRE(Kinds(verdicts) == std::vector<std::string>{"unknown"});
     CHECK_FALSE(Names(verdicts, 2));
     CHECK_FALSE(Names(verdicts, 3));
-    CHECK(absl::StrContains(verdicts[0].message, "[this rests on 2 of 4 processes: the files of 2 were not read (more than 2 files)]"));
+    CHECK(absl::StrContains(
+        verdicts[0].message,
+        "[this rests on 2 of 4 processes: the files of 2 were not read (more than 2 files)]"));
   }
   SECTION("the late rank's file read, another not: the late rank alone named") {
     limits.max_files = 3;
-    const absl::StatusOr<JobView> job =
-        ReadJobDirectory(temporary.path(), kNow, 2, JobDirectoryOrigin::kNamedByUser, limits);
-    REQUIRE(job.ok());
-    const std::vector<Verdict> verdicts = Classify(*job);
+    const JobView job = ReadWithin(temporary.path(), limits);
+    const std::vector<Verdict> verdicts = Classify(job);
     REQUIRE(Kinds(verdicts) == std::vector<std::string>{"rank_not_joined"});
     CHECK(verdicts[0].ranks == std::vector<int>{2});
     CHECK_FALSE(Names(verdicts, 3));
@@ -1505,21 +1521,22 @@ TEST_CASE("reading a job directory: what the deadline leaves out is not read, no
   limits.deadline = std::chrono::seconds(10);
   limits.threads = 1;
   limits.now = [looks, start] { return start + std::chrono::seconds((*looks)++); };
-  const absl::StatusOr<JobView> job =
-      ReadJobDirectory(temporary.path(), kNow, 2, JobDirectoryOrigin::kNamedByUser, limits);
-  REQUIRE(job.ok());
-  CHECK(job->processes.size() == 8);
-  CHECK(job->not_read.files == 4);
-  CHECK(job->not_read.processes == 4);
-  CHECK(job->not_read.why == "the deadline passed");
-  CHECK(job->problems ==
-        std::vector<std::string>{"4 status files: not read, the deadline passed (the first: status-node-1-1008.json)"});
-  const std::vector<Verdict> verdicts = Classify(*job);
+  const JobView job = ReadWithin(temporary.path(), limits);
+  CHECK(job.processes.size() == 8);
+  CHECK(job.not_read.files == 4);
+  CHECK(job.not_read.processes == 4);
+  CHECK(job.not_read.why == "the deadline passed");
+  CHECK(job.problems ==
+        std::vector<std::string>{
+            "4 status files: not read, the deadline passed (the first: status-node-1-1008.json)"});
+  const std::vector<Verdict> verdicts = Classify(job);
   REQUIRE(!verdicts.empty());
   for (const int rank : {8, 9, 10, 11}) CHECK_FALSE(Names(verdicts, rank));
   CHECK(verdicts[0].kind == VerdictKind::kUnknown);
   CHECK(absl::StrContains(verdicts[0].message, "ranks 8-11 are not among the processes read"));
-  CHECK(absl::StrContains(verdicts[0].message, "[this rests on 8 of 12 processes: the files of 4 were not read (the deadline passed)]"));
+  CHECK(absl::StrContains(
+      verdicts[0].message,
+      "[this rests on 8 of 12 processes: the files of 4 were not read (the deadline passed)]"));
 }
 
 }  // namespace ncclguard
