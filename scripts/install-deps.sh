@@ -10,6 +10,7 @@ packages=(
   libbenchmark-dev
   libunwind-dev libdw-dev
   clang clang-format clang-tidy
+  strace
 )
 # Lmod, for the tests of the modulefiles. Debian's Lmod and Environment Modules conflict: a machine
 # that has the latter keeps it, and those tests are skipped there.

@@ -1,6 +1,7 @@
 // The job's coordination directory: job ids, status files, dump requests.
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -21,6 +22,7 @@
 
 #include "absl/strings/str_join.h"
 #include "tests/support/process.h"
+#include "watchdog/common/files.h"
 #include "watchdog/report/dump.h"
 #include "watchdog/report/job_dir.h"
 #include "watchdog/diagnose/verdicts.h"
@@ -38,6 +40,12 @@ EnvironmentReader FakeEnvironment(std::map<std::string, std::string> variables) 
     *value = found->second;
     return true;
   };
+}
+
+// A status file's size without the spaces it is padded with to its size.
+std::size_t WrittenBytes(const std::string& path) {
+  const std::string content = testing::ReadFile(path);
+  return content.find_last_not_of(' ') + 1;
 }
 
 std::string OwnHost() {
@@ -163,7 +171,7 @@ TEST_CASE("status files are small, and read back", "[job_dir]") {
   const absl::StatusOr<std::string> busy = WriteStatus(job_dir, BusySnapshot(4), Identity("gpu-node-1", 100));
   REQUIRE(busy.ok());
   CHECK(fs::path(*busy).filename() == "status-gpu-node-1-100.json");
-  CHECK(fs::file_size(*busy) < 4096);
+  CHECK(WrittenBytes(*busy) < 4096);
   ProcessSnapshot idle;
   idle.time_ns = 5'000'000'000;
   ProcessFacts launched = Identity("gpu-node-2", 200);
@@ -209,18 +217,20 @@ TEST_CASE("status files are small, and read back", "[job_dir]") {
   CHECK(second.snapshot.comms.empty());
 }
 
-// Every process rewrites its status file every interval, by renaming a new file over it: a
-// reader that looks at the file just before a rename and opens it just after must read the new
-// one, not report the process's status as unreadable (a live rank would look absent).
-TEST_CASE("a status file replaced while it is being read is read and not reported as a problem", "[job_dir]") {
+// Every process rewrites its status file every interval, in place: a reader that reads it while a
+// rewrite is half done must read it again, not report the process's status as unreadable (a live
+// rank would look absent). Rewritten here every 200 microseconds, ten thousand times as often as
+// at the defaults, with contents of two sizes.
+TEST_CASE("a status file rewritten while it is being read is read and not reported as a problem", "[job_dir]") {
   TemporaryDirectory temporary;
   const std::string job_dir = temporary.path() + "/job";
   REQUIRE(WriteStatus(job_dir, BusySnapshot(2), Identity("gpu-node-1", 100)).ok());
   std::atomic<bool> stop{false};
   std::atomic<long> rewrites{0};
   std::thread rewriter([&] {
-    while (!stop.load()) {
-      if (WriteStatus(job_dir, BusySnapshot(2), Identity("gpu-node-1", 100)).ok()) ++rewrites;
+    for (int communicators = 1; !stop.load(); communicators = 3 - communicators) {
+      if (WriteStatus(job_dir, BusySnapshot(communicators), Identity("gpu-node-1", 100)).ok()) ++rewrites;
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
     }
   });
   int reads = 0;
@@ -242,6 +252,105 @@ TEST_CASE("a status file replaced while it is being read is read and not reporte
   CHECK(rewrites.load() > 0);
   CHECK(statuses == 1);
   CHECK(problems == std::vector<std::string>{});
+}
+
+ino_t InodeOf(const std::string& path) {
+  struct stat file {};
+  REQUIRE(stat(path.c_str(), &file) == 0);
+  return file.st_ino;
+}
+
+TEST_CASE("a status file is rewritten in place, and created anew only when it outgrows its size", "[job_dir]") {
+  TemporaryDirectory temporary;
+  const std::string job_dir = temporary.path() + "/job";
+  const absl::StatusOr<std::string> path = WriteStatus(job_dir, BusySnapshot(1), Identity("node-a", 7));
+  REQUIRE(path.ok());
+  const ino_t first = InodeOf(*path);
+  // Smaller and a little larger: the same file, its size a whole number of pages.
+  REQUIRE(WriteStatus(job_dir, ProcessSnapshot{}, Identity("node-a", 7)).ok());
+  REQUIRE(WriteStatus(job_dir, BusySnapshot(2), Identity("node-a", 7)).ok());
+  CHECK(InodeOf(*path) == first);
+  CHECK(fs::file_size(*path) % 4096 == 0);
+  absl::StatusOr<StatusScan> scan = ReadStatuses(job_dir);
+  REQUIRE(scan.ok());
+  CHECK(scan->problems.empty());
+  REQUIRE(scan->statuses.size() == 1);
+  CHECK(scan->statuses[0].snapshot.comms.size() == 2);
+  // Much larger: created anew, renamed over the old one.
+  REQUIRE(WriteStatus(job_dir, BusySnapshot(40), Identity("node-a", 7)).ok());
+  CHECK(InodeOf(*path) != first);
+  scan = ReadStatuses(job_dir);
+  REQUIRE(scan.ok());
+  REQUIRE(scan->statuses.size() == 1);
+  CHECK(scan->statuses[0].snapshot.comms.size() == 40);
+  for (const auto& entry : fs::directory_iterator(job_dir))
+    CHECK(entry.path().filename().string().rfind(".tmp-", 0) == std::string::npos);
+}
+
+TEST_CASE("a status file that a crash cut off in a rewrite is not read as a status", "[job_dir]") {
+  TemporaryDirectory temporary;
+  const std::string job_dir = temporary.path() + "/job";
+  const absl::StatusOr<std::string> path = WriteStatus(job_dir, BusySnapshot(3), Identity("node-a", 7));
+  REQUIRE(path.ok());
+  // The first bytes of another version written, the rest not: still valid JSON, a different rank.
+  std::string content = testing::ReadFile(*path);
+  const std::size_t rank = content.find("\"rank\":3");
+  REQUIRE(rank != std::string::npos);
+  content[rank + 7] = '5';
+  std::ofstream(*path, std::ios::binary | std::ios::trunc) << content;
+  const absl::StatusOr<StatusScan> scan = ReadStatuses(job_dir);
+  REQUIRE(scan.ok());
+  CHECK(scan->statuses.empty());
+  REQUIRE(scan->problems.size() == 1);
+  CHECK_THAT(scan->problems[0], Catch::Contains("status-node-a-7.json") && Catch::Contains("checksum"));
+}
+
+TEST_CASE("a status file of this build read by itself: a checksum, then spaces to the file's size", "[job_dir]") {
+  TemporaryDirectory temporary;
+  const std::string job_dir = temporary.path() + "/job";
+  const absl::StatusOr<std::string> path = WriteStatus(job_dir, BusySnapshot(1), Identity("node-a", 7));
+  REQUIRE(path.ok());
+  const std::string content = testing::ReadFile(*path);
+  const nlohmann::json document = nlohmann::json::parse(content);  // trailing spaces are JSON
+  CHECK(document.at("checksum").get<std::string>().size() == 16);
+  CHECK(content.find_last_not_of(' ') < content.size() - 1);
+}
+
+TEST_CASE("temporary files a killed writer of this host left are removed at the first write", "[job_dir]") {
+  TemporaryDirectory temporary;
+  const std::string job_dir = temporary.path() + "/job";
+  fs::create_directories(job_dir);
+  fs::permissions(job_dir, fs::perms::owner_all);
+  const pid_t ended = fork();
+  if (ended == 0) _exit(0);
+  REQUIRE(ended > 0);
+  REQUIRE(waitpid(ended, nullptr, 0) == ended);
+  const std::string host = SafeFileName(OwnHost());
+  const std::string dead = ".tmp-status-" + host + "-" + std::to_string(ended) + ".json." + std::to_string(ended) + ".3";
+  const std::string alive =
+      ".tmp-status-" + host + "-" + std::to_string(getpid()) + ".json." + std::to_string(getpid()) + ".9";
+  const std::string elsewhere = ".tmp-status-another-host-5.json." + std::to_string(ended) + ".1";
+  for (const std::string& name : {dead, alive, elsewhere}) std::ofstream(job_dir + "/" + name);  // zero bytes
+  REQUIRE(WriteStatus(job_dir, ProcessSnapshot{}, Identity(OwnHost(), 424242)).ok());
+  CHECK_FALSE(fs::exists(job_dir + "/" + dead));
+  CHECK(fs::exists(job_dir + "/" + alive));
+  CHECK(fs::exists(job_dir + "/" + elsewhere));
+  // None of them is read as a status.
+  const absl::StatusOr<StatusScan> scan = ReadStatuses(job_dir);
+  REQUIRE(scan.ok());
+  CHECK(scan->statuses.size() == 1);
+  CHECK(scan->problems.empty());
+}
+
+TEST_CASE("a status file whose directory was removed under the job is written again", "[job_dir]") {
+  TemporaryDirectory temporary;
+  const std::string job_dir = temporary.path() + "/job";
+  REQUIRE(WriteStatus(job_dir, BusySnapshot(1), Identity("node-a", 8)).ok());
+  fs::remove_all(job_dir);
+  // Written into the removed file until the look every kInPlaceChecks writes finds it gone.
+  for (int write = 0; write < kInPlaceChecks; ++write)
+    (void)WriteStatus(job_dir, BusySnapshot(1), Identity("node-a", 8));
+  CHECK(fs::exists(job_dir + "/status-node-a-8.json"));
 }
 
 // What the P2P evidence and the known-bad entries match on, for a process that has not dumped.
@@ -271,7 +380,7 @@ TEST_CASE("status files carry the facts that do not change, and the job view use
   const ProcessFacts written = FactsOfAGeForceNode("gpu-node-1", 100);
   const absl::StatusOr<std::string> path = WriteStatus(job_dir, BusySnapshot(4), written);
   REQUIRE(path.ok());
-  CHECK(fs::file_size(*path) < 4096);
+  CHECK(WrittenBytes(*path) < 4096);
   // Memory changes while the process runs: a status file does not pretend to know it.
   CHECK(testing::ReadFile(*path).find("memory") == std::string::npos);
 
@@ -373,8 +482,10 @@ void WriteRawRequest(const std::string& job_dir, const std::string& name, const 
   REQUIRE(WriteFileAtomically(job_dir + "/" + kDumpRequestsDirectory, name, content, false).ok());
 }
 
+// As RequestDumps writes it: in place, since every process keeps it open.
 void SetGeneration(const std::string& job_dir, const std::string& name) {
-  REQUIRE(WriteFileAtomically(job_dir + "/" + kDumpRequestsDirectory, "generation", name + "\n", false)
+  REQUIRE(OverwriteInPlace(job_dir + "/" + kDumpRequestsDirectory, "generation", name + "\n", 256,
+                           /*levels_below_job_directory=*/1)
               .ok());
 }
 
@@ -486,6 +597,29 @@ TEST_CASE("the coordination files are private", "[job_dir]") {
     CHECK(permissions == expected);
     CHECK(entry.path().filename().string().rfind(".tmp-", 0) == std::string::npos);
   }
+}
+
+TEST_CASE("the dump requests' generation is kept open and rewritten in place", "[job_dir]") {
+  TemporaryDirectory temporary;
+  const std::string job_dir = temporary.path() + "/job";
+  DumpRequestWatcher watcher(job_dir, "me", 1, kNoFreshRequests);
+  REQUIRE(watcher.Poll()->empty());
+  // The first poll made it, empty, to keep it open.
+  const std::string generation = job_dir + "/" + kDumpRequestsDirectory + "/generation";
+  REQUIRE(fs::exists(generation));
+  const ino_t inode = InodeOf(generation);
+  const absl::StatusOr<std::string> request = RequestDumps(job_dir, "rank 1 stalled");
+  REQUIRE(request.ok());
+  CHECK(InodeOf(generation) == inode);
+  CHECK(RequestNames(*watcher.Poll()) == std::vector<std::string>{*request});
+  // An older build renames a new generation over it: seen once the file is opened again.
+  REQUIRE(WriteFileAtomically(job_dir + "/" + kDumpRequestsDirectory, "generation", "dump-request-old-1-1\n",
+                              false, 1)
+              .ok());
+  WriteRawRequest(job_dir, "dump-request-old-1-1", "old", 1);
+  std::vector<std::string> seen;
+  for (int poll = 0; poll < kInPlaceChecks && seen.empty(); ++poll) seen = RequestNames(*watcher.Poll());
+  CHECK(seen == std::vector<std::string>{"dump-request-old-1-1"});
 }
 
 }  // namespace

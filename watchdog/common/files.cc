@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <stdio.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/types.h>
 #include <unistd.h>
 
@@ -15,6 +16,8 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <utility>
@@ -111,11 +114,20 @@ absl::Status WriteAll(int fd, const std::string& content) {
   return absl::OkStatus();
 }
 
+// Whether `fd` lies on NFS, whose client keeps written data until a close or a flush: another
+// host reading the file would not see an in-place write before.
+bool OnNfs(int fd) {
+  constexpr decltype(statfs::f_type) kNfsMagic = 0x6969;
+  struct statfs file_system {};
+  return fstatfs(fd, &file_system) == 0 && file_system.f_type == kNfsMagic;
+}
+
 // Writes `content` into a new hidden file of the directory open as `directory_fd` (O_EXCL,
 // O_NOFOLLOW, mode 0600), fsync()ed when `durable`, and returns its name; removed again on failure.
+// With `kept_fd`, the file is left open there (flushed as a close would flush it) instead of closed.
 absl::StatusOr<std::string> WriteTemporaryFile(int directory_fd, const std::string& directory,
                                                const std::string& name, const std::string& content,
-                                               bool durable) {
+                                               bool durable, int* kept_fd = nullptr) {
   std::string temporary = absl::StrCat(".tmp-", name, ".", getpid(), ".", g_temporary_counter.fetch_add(1));
   const int fd =
       openat(directory_fd, temporary.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
@@ -124,7 +136,12 @@ absl::StatusOr<std::string> WriteTemporaryFile(int directory_fd, const std::stri
   // The umask may have taken bits away; 0600 is what a dump must have, exactly.
   if (fchmod(fd, 0600) != 0) status = ErrnoError("fchmod", errno);
   if (status.ok()) status = WriteAll(fd, content);
-  if (status.ok() && durable && fsync(fd) != 0) status = ErrnoError("fsync", errno);
+  const bool flush = durable || (kept_fd != nullptr && OnNfs(fd));
+  if (status.ok() && flush && fsync(fd) != 0) status = ErrnoError("fsync", errno);
+  if (kept_fd != nullptr && status.ok()) {
+    *kept_fd = fd;
+    return temporary;
+  }
   // NFS reports a failed write as late as close().
   if (close(fd) != 0 && status.ok()) status = ErrnoError("close", errno);
   if (!status.ok()) {
@@ -132,6 +149,32 @@ absl::StatusOr<std::string> WriteTemporaryFile(int directory_fd, const std::stri
     return status;
   }
   return temporary;
+}
+
+// pwrite() of all of `content` at offset 0.
+absl::Status WriteAllAtStart(int fd, const std::string& content) {
+  std::size_t written = 0;
+  while (written < content.size()) {
+    const ssize_t n =
+        pwrite(fd, content.data() + written, content.size() - written, static_cast<off_t>(written));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return ErrnoError("pwrite", errno);
+    written += static_cast<std::size_t>(n);
+  }
+  return absl::OkStatus();
+}
+
+// A regular file of this user, open as `fd` (`path` for messages).
+absl::Status CheckOwnRegularFile(int fd, const std::string& path) {
+  struct stat opened {};
+  if (fstat(fd, &opened) != 0) return ErrnoError(absl::StrCat("cannot examine ", path), errno);
+  if (!S_ISREG(opened.st_mode))
+    return absl::PermissionDeniedError(absl::StrCat(path, " is not a regular file"));
+  if (opened.st_uid != geteuid()) {
+    return absl::PermissionDeniedError(
+        absl::StrCat(path, " belongs to uid ", opened.st_uid, ", not to this process's uid ", geteuid()));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::string> WriteFileNow(const std::string& directory, const std::string& name,
@@ -381,6 +424,282 @@ absl::StatusOr<std::string> WriteFileAtomically(const std::string& directory, co
   }
   if (!result.ok()) LogFirstWriteFailure(std::string(result.status().message()));
   return result;
+}
+
+namespace {
+
+// After a failure to create or open a file the process keeps open (a full disk, the directory
+// unwritable or gone), the next tries are spaced out: 1, 2, 4, ... 64 calls are skipped, so that a
+// broken file system is not asked again every interval by every process.
+class Backoff {
+ public:
+  bool Skip() {
+    if (skip_ == 0) return false;
+    --skip_;
+    return true;
+  }
+  void Failed() { skip_ = 1 << std::min(failures_++, 6); }
+  void Succeeded() { failures_ = 0; }
+
+ private:
+  int failures_ = 0;
+  int skip_ = 0;
+};
+
+}  // namespace
+
+struct InPlaceFile::State {
+  std::mutex mutex;  // held by the thread writing; a write still hanging holds it
+  Backoff backoff;
+  int fd = -1;
+  int pid = 0;  // the process that opened `fd`: a forked child creates its own file
+  std::size_t size = 0;
+  bool flush = false;  // on NFS
+  int writes_since_look = 0;
+};
+
+namespace {
+
+// Whether the file open as `fd` is still in its directory (the job directory may be deleted under
+// the job, or the file replaced by an older build's rename).
+bool StillThere(int fd, const std::string& path) {
+  struct stat opened {};
+  struct stat named {};
+  return fstat(fd, &opened) == 0 && opened.st_nlink > 0 && lstat(path.c_str(), &named) == 0 &&
+         named.st_dev == opened.st_dev && named.st_ino == opened.st_ino;
+}
+
+void Forget(int& fd) {
+  if (fd >= 0) close(fd);
+  fd = -1;
+}
+
+absl::StatusOr<std::string> WriteInPlaceNow(InPlaceFile::State& state, const std::string& directory,
+                                            const std::string& name, const std::string& content) {
+  std::string path = absl::StrCat(directory, "/", name);
+  if (state.pid != static_cast<int>(getpid())) {
+    state.fd = -1;  // the parent's, inherited: not closed here (it is close-on-exec anyway)
+    state.pid = static_cast<int>(getpid());
+  }
+  if (state.fd >= 0 && ++state.writes_since_look >= kInPlaceChecks) {
+    state.writes_since_look = 0;
+    if (!StillThere(state.fd, path)) Forget(state.fd);
+  }
+  if (state.fd >= 0 && content.size() <= state.size) {
+    std::string padded = content;
+    padded.resize(state.size, ' ');
+    absl::Status written = WriteAllAtStart(state.fd, padded);
+    if (written.ok() && state.flush && fdatasync(state.fd) != 0) written = ErrnoError("fdatasync", errno);
+    if (written.ok()) return path;
+    Forget(state.fd);  // created anew below
+  }
+  if (state.backoff.Skip())
+    return absl::UnavailableError(absl::StrCat("not writing ", path, " for now: it failed"));
+  // A quarter to spare, in whole pages: a file that grows a little is not created again each time.
+  constexpr std::size_t kPage = 4096;
+  const std::size_t size = (content.size() + content.size() / 4 + kPage) / kPage * kPage;
+  std::string padded = content;
+  padded.resize(size, ' ');
+  absl::StatusOr<int> directory_fd = OpenPrivateDirectory(directory, /*create=*/true);
+  if (!directory_fd.ok()) {
+    state.backoff.Failed();
+    return directory_fd.status();
+  }
+  int fd = -1;
+  absl::StatusOr<std::string> temporary =
+      WriteTemporaryFile(*directory_fd, directory, name, padded, false, &fd);
+  absl::Status status = temporary.status();
+  if (status.ok() && renameat(*directory_fd, temporary->c_str(), *directory_fd, name.c_str()) != 0) {
+    status = ErrnoError("rename", errno);
+    unlinkat(*directory_fd, temporary->c_str(), 0);
+    Forget(fd);
+  }
+  close(*directory_fd);
+  if (!status.ok()) {
+    state.backoff.Failed();
+    return absl::Status(status.code(), absl::StrCat("cannot write ", path, ": ", status.message()));
+  }
+  state.backoff.Succeeded();
+  state.fd = fd;
+  state.size = size;
+  state.flush = OnNfs(fd);
+  state.writes_since_look = 0;
+  return path;
+}
+
+}  // namespace
+
+InPlaceFile::InPlaceFile(std::string directory, std::string name)
+    : directory_(std::move(directory)), name_(std::move(name)), state_(std::make_shared<State>()) {}
+
+absl::StatusOr<std::string> InPlaceFile::Write(const std::string& content) noexcept {
+  absl::StatusOr<std::string> result = absl::UnknownError("not written");
+  try {
+    result = RunWithDeadline<std::string>(
+        [state = state_, directory = directory_, name = name_, content]() -> absl::StatusOr<std::string> {
+          std::unique_lock<std::mutex> lock(state->mutex, std::try_to_lock);
+          if (!lock.owns_lock())
+            return absl::UnavailableError(
+                absl::StrCat("an earlier write of ", directory, "/", name, " still hangs"));
+          return WriteInPlaceNow(*state, directory, name, content);
+        },
+        kWriteDeadline);
+    if (absl::IsDeadlineExceeded(result.status())) {
+      result =
+          absl::DeadlineExceededError(absl::StrCat("writing ", directory_, "/", name_, " took longer than ",
+                                                   kWriteDeadline.count() / 1000, " s; given up"));
+    }
+  } catch (...) {
+    result = absl::ResourceExhaustedError(absl::StrCat("cannot write ", directory_, "/", name_));
+  }
+  if (!result.ok()) LogFirstWriteFailure(std::string(result.status().message()));
+  return result;
+}
+
+namespace {
+
+// Opens (creating it 0600 when missing) `name` in `directory` for `flags`, a regular file of this
+// user, never through a symbolic link and never blocking.
+absl::StatusOr<int> OpenOwnFile(const std::string& directory, const std::string& name, int flags,
+                                int levels_below_job_directory) {
+  absl::StatusOr<int> directory_fd =
+      OpenPrivateDirectory(directory, /*create=*/true, levels_below_job_directory);
+  if (!directory_fd.ok()) return directory_fd.status();
+  const std::string path = absl::StrCat(directory, "/", name);
+  const int fd = openat(*directory_fd, name.c_str(),
+                        flags | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC, 0600);
+  const int error = errno;
+  close(*directory_fd);
+  if (fd < 0)
+    return ErrnoError(absl::StrCat("cannot open ", path, error == ELOOP ? " (a symbolic link)" : ""), error);
+  if (absl::Status own = CheckOwnRegularFile(fd, path); !own.ok()) {
+    close(fd);
+    return own;
+  }
+  return fd;
+}
+
+}  // namespace
+
+absl::Status OverwriteInPlace(const std::string& directory, const std::string& name,
+                              const std::string& content, std::size_t size,
+                              int levels_below_job_directory) noexcept {
+  try {
+    absl::StatusOr<bool> written = RunWithDeadline<bool>(
+        [directory, name, content, size, levels_below_job_directory]() -> absl::StatusOr<bool> {
+          absl::StatusOr<int> fd = OpenOwnFile(directory, name, O_WRONLY, levels_below_job_directory);
+          if (!fd.ok()) return fd.status();
+          std::string padded = content;
+          if (padded.size() < size) padded.resize(size, ' ');
+          absl::Status status = WriteAllAtStart(*fd, padded);
+          // NFS reports a failed write as late as close(), which also publishes it to other hosts.
+          if (close(*fd) != 0 && status.ok()) status = ErrnoError("close", errno);
+          if (!status.ok()) return status;
+          return true;
+        },
+        kWriteDeadline);
+    return written.status();
+  } catch (...) {
+    return absl::ResourceExhaustedError(absl::StrCat("cannot write ", directory, "/", name));
+  }
+}
+
+struct PolledFile::State {
+  std::mutex mutex;
+  std::string directory;
+  std::string name;
+  std::size_t max_bytes = 0;
+  int levels_below_job_directory = 0;
+  Backoff backoff;
+  int directory_fd = -1;  // kept too: opening the file again is then one openat()
+  int fd = -1;
+  int pid = 0;
+  int reads_since_open = 0;
+};
+
+namespace {
+
+// Opens the polled file again: through the directory kept open, else (the directory is gone or
+// was never opened) from its path, creating both when missing.
+absl::Status ReopenPolled(PolledFile::State& state) {
+  Forget(state.fd);
+  if (state.directory_fd >= 0) {
+    const int fd = openat(state.directory_fd, state.name.c_str(),
+                          O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+    if (fd >= 0 && CheckOwnRegularFile(fd, absl::StrCat(state.directory, "/", state.name)).ok()) {
+      state.fd = fd;
+      return absl::OkStatus();
+    }
+    if (fd >= 0) close(fd);
+    Forget(state.directory_fd);
+  }
+  absl::StatusOr<int> directory_fd =
+      OpenPrivateDirectory(state.directory, /*create=*/true, state.levels_below_job_directory);
+  if (!directory_fd.ok()) return directory_fd.status();
+  state.directory_fd = *directory_fd;
+  const int fd = openat(state.directory_fd, state.name.c_str(),
+                        O_RDONLY | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC, 0600);
+  if (fd < 0) return ErrnoError(absl::StrCat("cannot open ", state.directory, "/", state.name), errno);
+  if (absl::Status own = CheckOwnRegularFile(fd, absl::StrCat(state.directory, "/", state.name)); !own.ok()) {
+    close(fd);
+    return own;
+  }
+  state.fd = fd;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+PolledFile::PolledFile(std::string directory, std::string name, std::size_t max_bytes,
+                       int levels_below_job_directory)
+    : state_(std::make_shared<State>()) {
+  state_->directory = std::move(directory);
+  state_->name = std::move(name);
+  state_->max_bytes = max_bytes;
+  state_->levels_below_job_directory = levels_below_job_directory;
+}
+
+absl::StatusOr<std::string> PolledFile::ReadNow() noexcept {
+  try {
+    State& state = *state_;
+    std::unique_lock<std::mutex> lock(state.mutex, std::try_to_lock);
+    if (!lock.owns_lock()) return absl::UnavailableError("an earlier read still hangs");
+    if (state.pid != static_cast<int>(getpid())) {
+      state.fd = -1;  // the parent's, inherited
+      state.directory_fd = -1;
+      state.pid = static_cast<int>(getpid());
+    }
+    if (state.fd < 0 || ++state.reads_since_open >= kInPlaceChecks) {
+      if (state.fd < 0 && state.backoff.Skip())
+        return absl::UnavailableError("not opened for now: it failed");
+      if (absl::Status opened = ReopenPolled(state); !opened.ok()) {
+        state.backoff.Failed();
+        return opened;
+      }
+      state.backoff.Succeeded();
+      state.reads_since_open = 0;
+    }
+    std::string content(state.max_bytes + 1, '\0');
+    std::size_t filled = 0;
+    while (filled < content.size()) {
+      const ssize_t n =
+          pread(state.fd, content.data() + filled, content.size() - filled, static_cast<off_t>(filled));
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) {
+        const int error = errno;
+        Forget(state.fd);
+        return ErrnoError("pread", error);
+      }
+      if (n == 0) break;
+      filled += static_cast<std::size_t>(n);
+    }
+    if (filled > state.max_bytes)
+      return absl::OutOfRangeError(absl::StrCat("larger than ", state.max_bytes, " bytes"));
+    content.resize(filled);
+    return content;
+  } catch (...) {
+    return absl::ResourceExhaustedError("cannot read a polled file");
+  }
 }
 
 absl::Status PublishFileOnce(const std::string& directory, const std::string& name,

@@ -31,6 +31,57 @@ absl::StatusOr<std::string> WriteFileAtomically(const std::string& directory, co
                                                 const std::string& content, bool durable,
                                                 int levels_below_job_directory = 0) noexcept;
 
+// How many in-place writes (InPlaceFile) or polled reads (PolledFile) go by between two looks at
+// the file itself: the only metadata operations they cost a shared file system.
+inline constexpr int kInPlaceChecks = 15;
+
+// A file one process rewrites often (its status file). Created as WriteFileAtomically creates a
+// file and kept open; then rewritten in place, one pwrite() at offset 0, which costs the file
+// system no metadata operation (no create, no rename, no stat). The file only grows: `content`
+// is padded with spaces to the file's size, so the caller's format must allow trailing spaces
+// (JSON does), and a reader may see a rewrite half done, or cut off by a crash: the caller's format
+// must let it tell (a checksum). Created anew when the content outgrows it, after a failed write,
+// in a forked child, and when a look every kInPlaceChecks writes finds it gone from the directory.
+// On NFS each rewrite is flushed (fdatasync), as a close would. Thread-safe; each write is bounded
+// by kWriteDeadline, and one still hanging makes the next fail at once.
+class InPlaceFile {
+ public:
+  InPlaceFile(std::string directory, std::string name);
+  absl::StatusOr<std::string> Write(const std::string& content) noexcept;  // the file's path
+
+  struct State;
+
+ private:
+  std::string directory_;
+  std::string name_;
+  std::shared_ptr<State> state_;
+};
+
+// Writes `content`, padded with spaces to `size` bytes (at least), into directory/name in place:
+// created 0600 when missing, never through a symbolic link, only a regular file of this user. For
+// a small file that other processes keep open and poll (PolledFile), which a rename would take
+// away from them. Bounded by kWriteDeadline.
+absl::Status OverwriteInPlace(const std::string& directory, const std::string& name,
+                              const std::string& content, std::size_t size,
+                              int levels_below_job_directory) noexcept;
+
+// A small file a process reads every status interval (the dump requests' generation): kept open
+// and read with pread(), which costs the file system no metadata operation. Opened again every
+// kInPlaceChecks reads, and after a failure, so that a file replaced meanwhile, or a client cache
+// that would not show a change, is not trusted for longer. Created empty (with its directory)
+// when missing, so that it can be kept open. Not bounded: the caller runs it with a deadline.
+// One thread at a time: a read while another still hangs fails at once.
+class PolledFile {
+ public:
+  PolledFile(std::string directory, std::string name, std::size_t max_bytes, int levels_below_job_directory);
+  absl::StatusOr<std::string> ReadNow() noexcept;
+
+  struct State;
+
+ private:
+  std::shared_ptr<State> state_;
+};
+
 // Writes `content` as directory/name unless that name exists already: of several writers, in this
 // process or on other hosts of a shared file system, exactly one wins; the others get
 // AlreadyExists and find the winner's file there (or whatever else took the name first). A

@@ -1,6 +1,8 @@
 #include "watchdog/report/job_dir.h"
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -12,10 +14,14 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <set>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -25,7 +31,11 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
 #include "watchdog/common/clock.h"
 #include "watchdog/common/config.h"
 #include "watchdog/common/files.h"
@@ -113,8 +123,51 @@ void CheckStatusFormat(const nlohmann::json& document) {
   }
 }
 
+// A status file is rewritten in place (InPlaceFile): a reader may find a rewrite half done, or cut
+// off by a crash. Its first member says that its last is a checksum of every byte before it, which
+// tells: a mix of two versions may have lost the checksum altogether (a longer version written
+// over a shorter one's), but never the first member, which both have.
+constexpr char kChecksummedStart[] = "{\"checksummed\":true,";
+constexpr char kChecksumMember[] = ",\"checksum\":\"";
+
+std::uint64_t Fnv1a(absl::string_view bytes) {
+  std::uint64_t hash = 0xcbf29ce484222325ULL;
+  for (const char byte : bytes) {
+    hash ^= static_cast<unsigned char>(byte);
+    hash *= 0x100000001b3ULL;
+  }
+  return hash;
+}
+
+// `document` (a JSON object of several members, as dumped) marked as checksummed, with the
+// checksum as its last member.
+std::string WithChecksum(const std::string& object) {
+  if (object.size() < 2 || object.front() != '{' || object.back() != '}') return object;
+  std::string document = absl::StrCat(kChecksummedStart, absl::string_view(object).substr(1));
+  document.pop_back();
+  const std::uint64_t checksum = Fnv1a(document);
+  absl::StrAppend(&document, kChecksumMember, absl::Hex(checksum, absl::kZeroPad16), "\"}");
+  return document;
+}
+
+// Whether `content`'s checksum matches what precedes it; true for a file of an earlier build,
+// which has none (it was renamed into place, never rewritten in place).
+bool ChecksumMatches(absl::string_view content) {
+  if (!absl::StartsWith(content, kChecksummedStart)) return true;
+  content = absl::StripTrailingAsciiWhitespace(content);
+  const std::size_t member = content.rfind(kChecksumMember);
+  if (member == absl::string_view::npos) return false;
+  const absl::string_view hex = content.substr(member + std::strlen(kChecksumMember));
+  std::uint64_t checksum = 0;
+  return hex.size() == 16 + 2 && hex.substr(16) == "\"}" &&
+         absl::SimpleHexAtoi(hex.substr(0, 16), &checksum) && checksum == Fnv1a(content.substr(0, member));
+}
+
 // Throws nlohmann::json's exceptions on a document of the wrong shape.
 PeerStatus ParseStatus(const std::string& file, const std::string& content) {
+  if (!ChecksumMatches(content)) {
+    throw std::runtime_error("being rewritten, or cut off by a crash (its checksum does not match)");
+  }
   const nlohmann::json document = ParseBoundedJson(content);
   CheckStatusFormat(document);
   PeerStatus status;
@@ -142,6 +195,25 @@ PeerStatus ParseStatus(const std::string& file, const std::string& content) {
   }
   snapshot.exiting = document.value("exiting", false);
   return status;
+}
+
+// One status file. A rewrite seen half done is read again: it takes microseconds, and a live rank
+// must not look unreadable. A few times at most: a file cut off by a crash stays as it is.
+absl::StatusOr<PeerStatus> ReadStatusFile(int directory_fd, const std::string& name) {
+  constexpr int kReads = 5;
+  for (int read = 1;; ++read) {
+    absl::StatusOr<std::string> content = ReadFileAt(directory_fd, name, kMaxReadBytes);
+    if (!content.ok()) return content.status();
+    if (!ChecksumMatches(*content) && read < kReads) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      continue;
+    }
+    try {
+      return ParseStatus(name, *content);
+    } catch (const std::exception& error) {
+      return absl::InvalidArgumentError(error.what());
+    }
+  }
 }
 
 absl::StatusOr<StatusScan> ReadStatusesNow(const std::string& job_dir) {
@@ -193,12 +265,65 @@ absl::StatusOr<std::vector<DumpRequest>> ListRequestsNow(const std::string& job_
   return requests;
 }
 
-absl::StatusOr<std::string> ReadGeneration(const std::string& job_dir) {
-  const std::string path = absl::StrCat(job_dir, "/", kDumpRequestsDirectory, "/", kGenerationFile);
-  absl::StatusOr<std::string> content = ReadOwnFile(path, kMaxGenerationBytes);
-  if (absl::IsNotFound(content.status())) return std::string();  // nobody has asked yet
-  if (!content.ok()) return absl::UnavailableError(absl::StrCat("cannot read ", content.status().message()));
+// The name of the latest request, "" when nobody has asked yet (the file is empty).
+absl::StatusOr<std::string> ReadGeneration(PolledFile& generation) {
+  absl::StatusOr<std::string> content = generation.ReadNow();
+  if (!content.ok())
+    return absl::UnavailableError(absl::StrCat("cannot read the generation: ", content.status().message()));
   return std::string(absl::StripAsciiWhitespace(*content));
+}
+
+// The status files this process rewrites in place, by path; never destroyed (a write still
+// hanging may outlive static destructors). A forked child starts a table of its own: the
+// parent's mutex may have been held by a thread the child does not have.
+constexpr std::size_t kMaxStatusFiles = 16;
+struct StatusFiles {
+  std::mutex mutex;
+  std::map<std::string, std::unique_ptr<InPlaceFile>> by_path;
+  pid_t pid = getpid();
+};
+
+StatusFiles& GetStatusFiles() {
+  static std::atomic<StatusFiles*> files{nullptr};
+  StatusFiles* current = files.load(std::memory_order_acquire);
+  if (current == nullptr || current->pid != getpid()) {
+    auto* fresh = new StatusFiles;  // an inherited table is left as it is
+    if (files.compare_exchange_strong(current, fresh, std::memory_order_acq_rel)) return *fresh;
+    delete fresh;  // another thread of this process made one first
+  }
+  return *current;
+}
+
+// What a writer killed while creating its status file left: a temporary file
+// (.tmp-status-<host>-<pid>.json.<writer pid>.<n>) that nobody reads (readers skip hidden files)
+// and nobody would remove. Those of this host whose writer is gone are removed; a process id on
+// another host says nothing here. Once per status file, at its first write.
+void RemoveLeftTemporaries(const std::string& job_dir, const std::string& host) {
+  const std::string prefix = absl::StrCat(".tmp-", kStatusPrefix, host, "-");
+  (void)RunWithDeadline<bool>(
+      [job_dir, prefix]() -> absl::StatusOr<bool> {
+        absl::StatusOr<int> directory_fd = OpenPrivateDirectory(job_dir, /*create=*/false);
+        if (!directory_fd.ok()) return directory_fd.status();
+        const ScopedFd directory(*directory_fd);
+        DIR* listing = fdopendir(dup(directory.get()));
+        if (listing == nullptr) return false;
+        std::vector<std::string> left;
+        while (const dirent* entry = readdir(listing)) {
+          const absl::string_view name = entry->d_name;
+          if (!absl::StartsWith(name, prefix)) continue;
+          // ".json.<writer pid>.<n>"
+          const std::vector<absl::string_view> parts = absl::StrSplit(name.substr(prefix.size()), '.');
+          int writer = 0;
+          if (parts.size() >= 3 && absl::SimpleAtoi(parts[parts.size() - 2], &writer) && writer > 0 &&
+              kill(writer, 0) != 0 && errno == ESRCH) {
+            left.emplace_back(name);
+          }
+        }
+        closedir(listing);
+        for (const std::string& name : left) unlinkat(directory.get(), name.c_str(), 0);
+        return true;
+      },
+      kWriteDeadline);
 }
 
 struct PollOutcome {
@@ -261,17 +386,30 @@ double StatusIntervalSeconds(double configured_seconds, int job_processes) {
 
 absl::StatusOr<std::string> WriteStatus(const std::string& job_dir, const ProcessSnapshot& snapshot,
                                         const ProcessFacts& facts) noexcept {
-  std::string content;
   try {
-    content = StatusJson(snapshot, facts).dump(-1, ' ', false, Json::error_handler_t::replace);
+    const std::string content =
+        WithChecksum(StatusJson(snapshot, facts).dump(-1, ' ', false, Json::error_handler_t::replace)) + "\n";
+    const std::string name = absl::StrCat(kStatusPrefix, SafeFileName(facts.host), "-", facts.pid, ".json");
+    InPlaceFile* file = nullptr;
+    {
+      StatusFiles& files = GetStatusFiles();
+      std::lock_guard<std::mutex> lock(files.mutex);
+      auto [entry, created] = files.by_path.try_emplace(absl::StrCat(job_dir, "/", name));
+      if (created) {
+        // A few at most (a process writes one; tests write several): the oldest go.
+        if (files.by_path.size() > kMaxStatusFiles) files.by_path.clear();
+        entry = files.by_path.try_emplace(absl::StrCat(job_dir, "/", name)).first;
+        entry->second = std::make_unique<InPlaceFile>(job_dir, name);
+        RemoveLeftTemporaries(job_dir, SafeFileName(facts.host));
+      }
+      file = entry->second.get();
+    }
+    // Not fsync()ed (but on NFS, where other hosts would not see it otherwise): a status file is
+    // rewritten every few seconds; flushing every rewrite would cost every rank a disk round trip.
+    return file->Write(content);
   } catch (...) {
     return absl::ResourceExhaustedError("cannot format the status file");
   }
-  // Not fsync()ed: a status file is rewritten every few seconds and a reader skips one that a
-  // crash left empty; flushing every rewrite would cost every rank a disk (or NFS COMMIT) round trip.
-  return WriteFileAtomically(job_dir,
-                             absl::StrCat(kStatusPrefix, SafeFileName(facts.host), "-", facts.pid, ".json"),
-                             content + "\n", /*durable=*/false);
 }
 
 StatusScan ReadStatusesAt(int directory_fd, std::chrono::steady_clock::time_point deadline) {
@@ -286,7 +424,7 @@ StatusScan ReadStatusesAt(int directory_fd, std::chrono::steady_clock::time_poin
       scan.problems.push_back(absl::StrCat(name, " and later status files: not read, the deadline passed"));
       break;
     }
-    absl::StatusOr<PeerStatus> status = ReadStatusFileAt(directory_fd, name);
+    absl::StatusOr<PeerStatus> status = ReadStatusFile(directory_fd, name);
     if (status.ok()) {
       scan.statuses.push_back(*std::move(status));
     } else {
@@ -298,11 +436,7 @@ StatusScan ReadStatusesAt(int directory_fd, std::chrono::steady_clock::time_poin
 
 absl::StatusOr<PeerStatus> ReadStatusFileAt(int directory_fd, const std::string& name) noexcept {
   try {
-    absl::StatusOr<std::string> content = ReadFileAt(directory_fd, name, kMaxReadBytes);
-    if (!content.ok()) return content.status();
-    return ParseStatus(name, *content);
-  } catch (const std::exception& error) {
-    return absl::InvalidArgumentError(error.what());
+    return ReadStatusFile(directory_fd, name);
   } catch (...) {
     return absl::ResourceExhaustedError("cannot read the status file (out of memory)");
   }
@@ -343,10 +477,13 @@ absl::StatusOr<std::string> RequestDumps(const std::string& job_dir, const std::
   absl::StatusOr<std::string> written = WriteFileAtomically(directory, name, content + "\n", /*durable=*/true,
                                                             /*levels_below_job_directory=*/1);
   if (!written.ok()) return written.status();
-  absl::StatusOr<std::string> generation =
-      WriteFileAtomically(directory, kGenerationFile, name + "\n", /*durable=*/false,
-                          /*levels_below_job_directory=*/1);
-  if (!generation.ok()) return generation.status();
+  // In place, not renamed over: every process keeps the generation file open and polls it.
+  absl::Status generation = OverwriteInPlace(directory, kGenerationFile, name + "\n", kMaxGenerationBytes,
+                                             /*levels_below_job_directory=*/1);
+  if (!generation.ok()) {
+    LogFirstWriteFailure(std::string(generation.message()));
+    return generation;
+  }
   return name;
 }
 
@@ -362,15 +499,21 @@ absl::StatusOr<std::vector<DumpRequest>> PendingDumpRequests(
 
 DumpRequestWatcher::DumpRequestWatcher(std::string job_dir, const std::string& own_host, int own_pid,
                                        std::int64_t fresh_since_ns)
-    : job_dir_(std::move(job_dir)), own_host_(own_host), own_pid_(own_pid), fresh_since_ns_(fresh_since_ns) {}
+    : job_dir_(std::move(job_dir)),
+      own_host_(own_host),
+      own_pid_(own_pid),
+      fresh_since_ns_(fresh_since_ns),
+      generation_(std::make_shared<PolledFile>(absl::StrCat(job_dir_, "/", kDumpRequestsDirectory),
+                                               kGenerationFile, kMaxGenerationBytes,
+                                               /*levels_below_job_directory=*/1)) {}
 
 absl::StatusOr<std::vector<DumpRequest>> DumpRequestWatcher::Poll() noexcept {
   try {
     absl::StatusOr<PollOutcome> outcome = RunWithDeadline<PollOutcome>(
-        [job_dir = job_dir_, seen = seen_generation_, baseline_taken = baseline_taken_,
-         handled = handled_]() -> absl::StatusOr<PollOutcome> {
+        [job_dir = job_dir_, generation_file = generation_, seen = seen_generation_,
+         baseline_taken = baseline_taken_, handled = handled_]() -> absl::StatusOr<PollOutcome> {
           PollOutcome outcome;
-          absl::StatusOr<std::string> generation = ReadGeneration(job_dir);
+          absl::StatusOr<std::string> generation = ReadGeneration(*generation_file);
           if (!generation.ok()) return generation.status();
           outcome.generation = *generation;
           if (outcome.generation == seen && baseline_taken) return outcome;

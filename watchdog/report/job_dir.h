@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>
@@ -14,6 +15,7 @@
 
 #include "absl/status/statusor.h"
 #include "watchdog/common/config.h"
+#include "watchdog/common/files.h"
 #include "watchdog/report/facts.h"
 #include "watchdog/report/snapshot.h"
 
@@ -46,7 +48,9 @@ double StatusIntervalSeconds(double configured_seconds, int job_processes);
 // ring, when the caller put one there; the rest of the ring is not written) and the signatures of
 // its latest operations (for the first kMaxSignedCommunicators communicators), and the facts that
 // do not change while it runs (environment, kernel, drivers, GPUs: collected once by the caller,
-// CollectMatchingFacts; memory figures are not written).
+// CollectMatchingFacts; memory figures are not written). Rewritten in place (InPlaceFile), ending
+// with a checksum that tells a reader a rewrite it saw half done, or one a crash cut off. At its
+// first write, the temporary files that killed writers of this host left are removed.
 absl::StatusOr<std::string> WriteStatus(const std::string& job_dir, const ProcessSnapshot& snapshot,
                                         const ProcessFacts& facts) noexcept;
 
@@ -90,7 +94,8 @@ struct DumpRequest {
 };
 
 // Asks every process of the job to dump: writes dump-requests/dump-request-<host>-<pid>-<n>, then
-// the generation file that the other processes watch. Returns the request's name.
+// the generation file that the other processes watch (in place: they keep it open). Returns the
+// request's name.
 absl::StatusOr<std::string> RequestDumps(const std::string& job_dir, const std::string& requester) noexcept;
 
 // The requests in the directory whose names are not in `already_handled`, oldest name first.
@@ -98,10 +103,11 @@ absl::StatusOr<std::string> RequestDumps(const std::string& job_dir, const std::
 absl::StatusOr<std::vector<DumpRequest>> PendingDumpRequests(
     const std::string& job_dir, const std::set<std::string>& already_handled) noexcept;
 
-// What a process calls every status interval. Reads the one small generation file and lists the
-// requests directory only when it changed, so a quiet job costs one open() per process per
-// interval. The first call takes note of the requests already there (left by an earlier launch
-// with the same job id) without reporting them. This process's own requests are never reported.
+// What a process calls every status interval. Reads the one small generation file, which it
+// keeps open (created empty when missing), and lists the requests directory only when it changed,
+// so a quiet job costs the file system one pread() per process per interval and one open() every
+// kInPlaceChecks intervals. The first call takes note of the requests already there (left by an earlier
+// launch with the same job id) without reporting them. This process's own requests are never reported.
 class DumpRequestWatcher {
  public:
   // Requests already in the directory at the first call are taken as old (an earlier launch with
@@ -121,6 +127,7 @@ class DumpRequestWatcher {
   bool baseline_taken_ = false;
   std::string seen_generation_;
   std::set<std::string> handled_;
+  std::shared_ptr<PolledFile> generation_;  // kept open: a quiet job's poll is one pread()
 };
 
 }  // namespace ncclguard
