@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <functional>
@@ -298,9 +299,14 @@ void LogFirstWriteFailure(const std::string& message) {
 namespace detail {
 
 bool StartBoundedThread(std::function<void()> body) {
-  if (g_unfinished_threads.fetch_add(1) >= kMaxUnfinishedThreads) {
+  // A thread that has handed over its result is counted until it has ended, a moment later: on a
+  // busy machine calls in quick succession would find the count full of those. A refusal
+  // therefore waits up to 20 ms for them; threads that hang keep it full, and the call fails.
+  constexpr int kWaits = 20;
+  for (int wait = 0; g_unfinished_threads.fetch_add(1) >= kMaxUnfinishedThreads; ++wait) {
     g_unfinished_threads.fetch_sub(1);
-    return false;
+    if (wait == kWaits) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   // The thread inherits the creator's signal mask: block everything around its creation so an
   // application's signal handler never runs on it.
