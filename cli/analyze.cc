@@ -37,6 +37,7 @@
 #include "watchdog/diagnose/known_bad.h"
 #include "watchdog/diagnose/op_states.h"
 #include "watchdog/diagnose/verdicts.h"
+#include "watchdog/report/job_board.h"
 #include "watchdog/report/job_dir.h"
 #include "watchdog/report/snapshot.h"
 
@@ -51,7 +52,8 @@ constexpr std::size_t kMaxTableRows = 32;
 constexpr std::size_t kMaxProblemLines = 20;
 
 struct AnalyzeOptions {
-  std::string directory;
+  std::string directory;  // or redis://host[:port][/db]/<job id>
+  std::string dump_directory;
   bool json = false;
   std::string trace_path;
   std::optional<double> status_interval_seconds;
@@ -231,18 +233,35 @@ void PrintForHumans(const JobView& job, const std::vector<Verdict>& verdicts) {
   }
 }
 
+// The board `options.directory` names: a job directory, or a job on a Redis board (whose dumps
+// are files of --dump-dir, by default the job's directory as NCCLGUARD_DUMP_DIR names it here).
+absl::StatusOr<std::shared_ptr<JobBoard>> NamedBoard(const AnalyzeOptions& options) {
+  if (!IsRedisName(options.directory)) {
+    std::error_code error;
+    if (!std::filesystem::is_directory(options.directory, error)) {
+      return absl::InvalidArgumentError(absl::StrCat(options.directory, " is not a directory",
+                                                     error ? absl::StrCat(" (", error.message(), ")") : ""));
+    }
+    return OpenJobBoard("", options.directory, "", BoardIdentity{});
+  }
+  absl::StatusOr<RedisJob> job = ParseRedisJob(options.directory);
+  if (!job.ok()) return job.status();
+  const std::string dumps =
+      options.dump_directory.empty() ? JobDirectory(GetConfig(), job->job_id) : options.dump_directory;
+  return MakeRedisBoard(job->address, dumps, job->job_id, BoardIdentity{});
+}
+
 int Analyze(const AnalyzeOptions& options) {
-  std::error_code error;
-  if (!std::filesystem::is_directory(options.directory, error)) {
-    std::cerr << "ncclguard analyze: " << options.directory << " is not a directory"
-              << (error ? absl::StrCat(" (", error.message(), ")") : "") << '\n';
+  absl::StatusOr<std::shared_ptr<JobBoard>> board = NamedBoard(options);
+  if (!board.ok()) {
+    std::cerr << "ncclguard analyze: " << board.status().message() << '\n';
     return kExitUsage;
   }
   const double given_interval = options.status_interval_seconds.value_or(kDefaultStatusIntervalSeconds);
   JobReadLimits limits;
   limits.deadline = std::chrono::milliseconds(static_cast<std::int64_t>(options.deadline_seconds * 1000));
-  absl::StatusOr<JobView> job = ReadJobDirectory(options.directory, WallNowNs(), given_interval,
-                                                 JobDirectoryOrigin::kNamedByUser, limits);
+  absl::StatusOr<JobView> job =
+      ReadJob(*board, WallNowNs(), given_interval, JobDirectoryOrigin::kNamedByUser, limits);
   if (!job.ok()) {
     std::cerr << "ncclguard analyze: cannot read " << options.directory << ": " << job.status().message()
               << '\n';
@@ -250,8 +269,9 @@ int Analyze(const AnalyzeOptions& options) {
   }
   // A directory whose files were there but not read in time is judged (unknown), not refused.
   if (job->processes.empty() && job->not_read.files == 0 && !job->not_read.listing_cut_short) {
-    std::cerr << "ncclguard analyze: no status file or dump in " << options.directory
-              << "; a job directory is NCCLGUARD_DUMP_DIR/<job id>\n";
+    std::cerr
+        << "ncclguard analyze: no status file or dump in " << options.directory
+        << "; a job directory is NCCLGUARD_DUMP_DIR/<job id>, a job on Redis redis://host:port/db/<job id>\n";
     for (const std::string& problem : job->problems)
       std::cerr << "  " << EscapeControlCharacters(problem) << '\n';
     return kExitUsage;
@@ -261,8 +281,8 @@ int Analyze(const AnalyzeOptions& options) {
     // by the 2 s default would call every rank stale. The processes not read count: the job ran
     // with them.
     const std::size_t processes = job->processes.size() + job->not_read.processes;
-    job->status_interval_seconds =
-        StatusIntervalSeconds(kDefaultStatusIntervalSeconds, static_cast<int>(processes));
+    job->status_interval_seconds = StatusIntervalSeconds(
+        kDefaultStatusIntervalSeconds, static_cast<int>(processes), (*board)->StatusWritesPerSecond());
   }
 
   // The command's log is not started: say here that P2P verdicts lack part of their evidence.
@@ -321,8 +341,15 @@ void AddAnalyzeCommand(CLI::App& app, std::function<int()>& run) {
       app.add_subcommand("analyze",
                          "Name the rank at fault and the cause from a job directory. Exit status: 0 healthy, "
                          "1 something is wrong, 2 usage error or unreadable directory.");
-  analyze->add_option("DIR", options->directory, "The job directory: NCCLGUARD_DUMP_DIR/<job id>")
+  analyze
+      ->add_option("DIR", options->directory,
+                   "The job directory, NCCLGUARD_DUMP_DIR/<job id>; or a job on a Redis board, "
+                   "redis://host[:port][/db]/<job id>")
       ->required();
+  analyze
+      ->add_option("--dump-dir", options->dump_directory,
+                   "For a job on Redis: the directory of its dumps (default: NCCLGUARD_DUMP_DIR/<job id>)")
+      ->type_name("DIR");
   analyze->add_flag("--json", options->json, "Print the verdicts as JSON (schema: docs/verdicts.md)");
   analyze
       ->add_option("--trace", options->trace_path,

@@ -6,13 +6,13 @@
 #include <stdlib.h>
 #include <sys/resource.h>
 
-#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <exception>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -25,6 +25,8 @@
 #include "watchdog/diagnose/job_view.h"
 #include "watchdog/diagnose/known_bad.h"
 #include "watchdog/diagnose/verdicts.h"
+#include "watchdog/report/job_board.h"
+#include "watchdog/report/job_dir.h"
 
 namespace {
 
@@ -40,6 +42,52 @@ std::string MakeTemporaryDirectory() {
   return pattern;
 }
 
+// Writes the job on `board` and its time into root/now_ns, or with `reuse` takes the time an
+// earlier run wrote there.
+absl::Status WriteOrReuse(const std::shared_ptr<ncclguard::JobBoard>& board, ncclguard::SyntheticJob& job,
+                          const std::string& root, bool reuse) {
+  const std::string time_file = root + "/now_ns";
+  if (reuse) {
+    std::ifstream(time_file) >> job.now_ns;
+    if (job.now_ns <= 0) {
+      return absl::FailedPreconditionError(time_file + " holds no time; run once without --reuse");
+    }
+    std::cout << "ranks: " << job.ranks << " (reused)\n";
+    return absl::OkStatus();
+  }
+  const auto generation_start = std::chrono::steady_clock::now();
+  if (absl::Status written = ncclguard::WriteSyntheticJob(board, job); !written.ok()) return written;
+  std::ofstream(time_file) << job.now_ns << '\n';
+  std::cout << "ranks: " << job.ranks << "\nboard: " << board->Where()
+            << "\ngenerate_seconds: " << SecondsSince(generation_start) << '\n';
+  return absl::OkStatus();
+}
+
+// Prints the figures and the verdict; whether the verdict names the late rank alone.
+bool Report(const ncclguard::JobView& view, const std::vector<ncclguard::Verdict>& verdicts,
+            const ncclguard::SyntheticJob& job, double analysis_seconds, double read_seconds) {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  std::cout << "analyze_seconds: " << analysis_seconds << '\n'
+            << "read_seconds: " << read_seconds << '\n'
+            << "analyze_peak_rss_mb: " << static_cast<double>(usage.ru_maxrss) / 1024.0 << '\n'
+            << "processes_read: " << view.processes.size() << '\n'
+            << "files_not_read: " << view.not_read.files << '\n'
+            << "processes_not_read: " << view.not_read.processes << '\n'
+            << "problems: " << view.problems.size() << '\n';
+  const bool expected = !verdicts.empty() && verdicts[0].kind == ncclguard::VerdictKind::kRankNotJoined &&
+                        verdicts[0].ranks == std::vector<int>{job.late_rank} &&
+                        view.processes.size() == static_cast<std::size_t>(job.ranks);
+  std::cout << "verdict: " << (verdicts.empty() ? "none" : ncclguard::VerdictKindName(verdicts[0].kind))
+            << " ranks [" << (verdicts.empty() ? "" : ncclguard::FormatRanks(verdicts[0].ranks)) << "]"
+            << (expected
+                    ? ""
+                    : " (expected rank_not_joined naming only rank " + std::to_string(job.late_rank) + ")")
+            << '\n';
+  if (!verdicts.empty()) std::cout << "message: " << verdicts[0].message << '\n';
+  return expected;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) try {
@@ -48,6 +96,7 @@ int main(int argc, char** argv) try {
   std::string kept_directory;
   bool reuse = false;
   ncclguard::JobReadLimits limits;
+  std::string store;
   app.add_option("--ranks", ranks, "Ranks in the job")->check(CLI::Range(2, 1 << 20));
   app.add_option("--threads", limits.threads, "Threads reading the files (default: 8)")
       ->check(CLI::Range(0, 64));
@@ -55,6 +104,9 @@ int main(int argc, char** argv) try {
       app.add_option("--keep", kept_directory, "Write the job into this directory and leave it there");
   app.add_flag("--reuse", reuse, "Analyse the job an earlier run with the same --keep and --ranks wrote")
       ->needs(keep);
+  app.add_option("--store", store,
+                 "The job board the statuses go on, as NCCLGUARD_STORE names it (default: the job directory; "
+                 "redis://host:port/db: Redis, the dumps still files of the job directory)");
   CLI11_PARSE(app, argc, argv);
 
   const std::string root = kept_directory.empty() ? MakeTemporaryDirectory() : kept_directory;
@@ -63,6 +115,13 @@ int main(int argc, char** argv) try {
     return 2;
   }
   const std::string job_dir = root + "/job";
+  // One job id per size: a run with --reuse finds the statuses an earlier one left on Redis.
+  absl::StatusOr<std::shared_ptr<ncclguard::JobBoard>> board = ncclguard::OpenJobBoard(
+      store, job_dir, "analyze-bench-" + std::to_string(ranks), ncclguard::BoardIdentity{});
+  if (!board.ok()) {
+    std::cerr << "analyze_bench: " << board.status() << '\n';
+    return 2;
+  }
 
   ncclguard::SyntheticJob job;
   job.ranks = ranks;
@@ -71,31 +130,19 @@ int main(int argc, char** argv) try {
   job.now_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
                    std::chrono::system_clock::now().time_since_epoch())
                    .count();
-  // The interval a job of this size runs with (at least 2 s, stretched to 1,000 writes a second).
-  const double status_interval = std::max(2.0, ranks / 1000.0);
+  // The interval a job of this size runs with on this board (at least 2 s, stretched for large jobs).
+  const double status_interval =
+      ncclguard::StatusIntervalSeconds(2, ranks, (*board)->StatusWritesPerSecond());
 
-  const std::string time_file = root + "/now_ns";
-  if (reuse) {
-    std::ifstream(time_file) >> job.now_ns;
-    if (job.now_ns <= 0) {
-      std::cerr << "analyze_bench: " << time_file << " holds no time; run once without --reuse\n";
-      return 2;
-    }
-    std::cout << "ranks: " << ranks << " (reused)\n";
-  } else {
-    const auto generation_start = std::chrono::steady_clock::now();
-    if (absl::Status written = ncclguard::WriteSyntheticJob(job_dir, job); !written.ok()) {
-      std::cerr << "analyze_bench: " << written << '\n';
-      return 2;
-    }
-    std::ofstream(time_file) << job.now_ns << '\n';
-    std::cout << "ranks: " << ranks << "\ngenerate_seconds: " << SecondsSince(generation_start) << '\n';
+  if (absl::Status ready = WriteOrReuse(*board, job, root, reuse); !ready.ok()) {
+    std::cerr << "analyze_bench: " << ready.message() << '\n';
+    return 2;
   }
 
   // Read as of the moment the job was written, so that a slow disk cannot age the status files.
   const auto analysis_start = std::chrono::steady_clock::now();
-  absl::StatusOr<ncclguard::JobView> view = ncclguard::ReadJobDirectory(
-      job_dir, job.now_ns, status_interval, ncclguard::JobDirectoryOrigin::kNamedByUser, limits);
+  absl::StatusOr<ncclguard::JobView> view = ncclguard::ReadJob(
+      *board, job.now_ns, status_interval, ncclguard::JobDirectoryOrigin::kNamedByUser, limits);
   if (!view.ok()) {
     std::cerr << "analyze_bench: " << view.status() << '\n';
     return 2;
@@ -105,27 +152,8 @@ int main(int argc, char** argv) try {
       ncclguard::Classify(*view, ncclguard::ProcessKnownBad().entries);
   const double analysis_seconds = SecondsSince(analysis_start);
 
-  rusage usage{};
-  getrusage(RUSAGE_SELF, &usage);
-  std::cout << "analyze_seconds: " << analysis_seconds << '\n'
-            << "read_seconds: " << read_seconds << '\n'
-            << "analyze_peak_rss_mb: " << static_cast<double>(usage.ru_maxrss) / 1024.0 << '\n'
-            << "processes_read: " << view->processes.size() << '\n'
-            << "files_not_read: " << view->not_read.files << '\n'
-            << "processes_not_read: " << view->not_read.processes << '\n'
-            << "problems: " << view->problems.size() << '\n';
+  const bool expected = Report(*view, verdicts, job, analysis_seconds, read_seconds);
   if (kept_directory.empty()) std::filesystem::remove_all(root);
-
-  const bool expected = !verdicts.empty() && verdicts[0].kind == ncclguard::VerdictKind::kRankNotJoined &&
-                        verdicts[0].ranks == std::vector<int>{job.late_rank} &&
-                        view->processes.size() == static_cast<std::size_t>(ranks);
-  std::cout << "verdict: " << (verdicts.empty() ? "none" : ncclguard::VerdictKindName(verdicts[0].kind))
-            << " ranks [" << (verdicts.empty() ? "" : ncclguard::FormatRanks(verdicts[0].ranks)) << "]"
-            << (expected
-                    ? ""
-                    : " (expected rank_not_joined naming only rank " + std::to_string(job.late_rank) + ")")
-            << '\n';
-  if (!verdicts.empty()) std::cout << "message: " << verdicts[0].message << '\n';
   return expected ? 0 : 1;
 } catch (const std::exception& error) {
   std::cerr << "analyze_bench: " << error.what() << '\n';

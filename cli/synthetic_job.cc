@@ -1,6 +1,7 @@
 #include "cli/synthetic_job.h"
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 
@@ -10,7 +11,7 @@
 #include "watchdog/common/clock.h"
 #include "watchdog/report/dump.h"
 #include "watchdog/report/facts.h"
-#include "watchdog/report/job_dir.h"
+#include "watchdog/report/job_board.h"
 #include "watchdog/report/snapshot.h"
 
 namespace ncclguard {
@@ -150,6 +151,12 @@ ProcessSnapshot RankSnapshot(const SyntheticJob& job, const Timeline& timeline, 
 }  // namespace
 
 absl::Status WriteSyntheticJob(const std::string& job_dir, const SyntheticJob& job) {
+  absl::StatusOr<std::shared_ptr<JobBoard>> board = OpenJobBoard("", job_dir, "", BoardIdentity{});
+  if (!board.ok()) return board.status();
+  return WriteSyntheticJob(*board, job);
+}
+
+absl::Status WriteSyntheticJob(const std::shared_ptr<JobBoard>& board, const SyntheticJob& job) {
   if (job.ranks < 1 || job.operations < 1 || job.ring_entries < 1 || job.ranks_per_host < 1) {
     return absl::InvalidArgumentError(
         "a synthetic job needs at least one rank, operation, ring entry and rank per host");
@@ -168,13 +175,11 @@ absl::Status WriteSyntheticJob(const std::string& job_dir, const SyntheticJob& j
   for (int rank = 0; rank < job.ranks; ++rank) {
     const ProcessSnapshot snapshot = RankSnapshot(job, timeline, rank);
     const ProcessFacts facts = Facts(job, rank);
-    if (absl::StatusOr<std::string> status = WriteStatus(job_dir, snapshot, facts); !status.ok()) {
-      return status.status();
-    }
+    if (absl::Status status = board->PublishStatus(snapshot, facts); !status.ok()) return status;
     const bool late = job.scenario == SyntheticJob::Scenario::kRankNotJoined && rank == job.late_rank;
     const bool dead = late && job.late_rank_state == SyntheticJob::LateRank::kGone;
     if (!dead) {
-      if (DumpResult dump = WriteDump(job_dir, snapshot, facts); !dump.ok()) return dump.status();
+      if (DumpResult dump = WriteDump(board->Directory(), snapshot, facts); !dump.ok()) return dump.status();
     }
   }
   return absl::OkStatus();

@@ -5,9 +5,11 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "absl/status/status.h"
+#include "watchdog/report/job_board.h"
 
 namespace ncclguard {
 
@@ -39,5 +41,7 @@ struct SyntheticJob {
 // Writes the job into `job_dir` (created if missing). Host names never match this machine's, so a
 // reader judges liveness from the age of the status files rather than from process ids.
 absl::Status WriteSyntheticJob(const std::string& job_dir, const SyntheticJob& job);
+// The same on any board: the statuses on it, the dumps in its job directory.
+absl::Status WriteSyntheticJob(const std::shared_ptr<JobBoard>& board, const SyntheticJob& job);
 
 }  // namespace ncclguard

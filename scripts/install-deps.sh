@@ -9,6 +9,7 @@ packages=(
   libspdlog-dev libfmt-dev libabsl-dev catch2 nlohmann-json3-dev libcli11-dev
   libbenchmark-dev
   libunwind-dev libdw-dev
+  libhiredis-dev redis-server
   clang clang-format clang-tidy
   strace
 )

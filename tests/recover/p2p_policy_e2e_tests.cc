@@ -2,21 +2,22 @@
 // emulator, like NCCL, reads NCCL_P2P_DISABLE once at its first communicator init and says which
 // transport each channel uses (NCCL_DEBUG=INFO): "via P2P/..." or "via SHM/...". So a variable
 // set too late, or not at all, shows.
-#include <catch2/catch.hpp>
-
 #include <map>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include <catch2/catch.hpp>
+
+#include "tests/support/board.h"
 #include "tests/support/process.h"
 #include "tests/support/train_loop_output.h"
-#include "watchdog/report/dump.h"
 #include "watchdog/recover/p2p_verdict.h"
+#include "watchdog/report/dump.h"
 
 using ncclguard::testing::Checksums;
-using ncclguard::testing::EmulatorJobEnvironment;
 using ncclguard::testing::CountOccurrences;
+using ncclguard::testing::EmulatorJobEnvironment;
 using ncclguard::testing::LogLinesOf;
 using ncclguard::testing::ProcessOptions;
 using ncclguard::testing::ProcessResult;
@@ -50,8 +51,8 @@ Job RunTrainLoop(const TemporaryDirectory& dump_dir, const Environment& settings
   Job job;
   job.result = RunProcess(argv, options);
   job.pids = RankPids(job.result.out);
-  job.transcript = "train_loop: exit code " + std::to_string(job.result.exit_code) + "\nstdout:\n" + job.result.out +
-                   "\nstderr:\n" + job.result.err;
+  job.transcript = "train_loop: exit code " + std::to_string(job.result.exit_code) + "\nstdout:\n" +
+                   job.result.out + "\nstderr:\n" + job.result.err;
   return job;
 }
 
@@ -83,8 +84,9 @@ TEST_CASE("a known-bad driver is reported at the first NCCL call, and P2P stays 
   const Job job = RunTrainLoop(dump_dir, {{"NCCLEMU_DRIVER_VERSION", "545.23.08"}});
   INFO(job.transcript);
   RequireCompleted(job);
-  RequireOneLinePerRank(job, "WARN known-bad configuration: [driver-545.23.08-p2p] driver 545.23.08, P2P not "
-                             "disabled: ");
+  RequireOneLinePerRank(job,
+                        "WARN known-bad configuration: [driver-545.23.08-p2p] driver 545.23.08, P2P not "
+                        "disabled: ");
   RequireOneLinePerRank(job, "set NCCL_P2P_DISABLE=1, or change the driver");
   CHECK(UsedP2p(job));
   CHECK_FALSE(UsedShm(job));
@@ -107,20 +109,24 @@ TEST_CASE("a disable entry turns P2P off before the first init", "[p2p_policy_e2
           "match": {"gpu_name": "H100", "p2p_enabled": true}, "action": "disable",
           "summary": "a test entry", "remedy": "none needed", "source": "https://example.org/test"}]})";
   REQUIRE(ncclguard::WriteFileAtomically(dump_dir.path(), "test-known-bad.json", entries, false).ok());
-  const Job job = RunTrainLoop(dump_dir, {{"NCCLGUARD_KNOWN_BAD_FILE", dump_dir.path() + "/test-known-bad.json"}});
+  const Job job =
+      RunTrainLoop(dump_dir, {{"NCCLGUARD_KNOWN_BAD_FILE", dump_dir.path() + "/test-known-bad.json"}});
   INFO(job.transcript);
   RequireCompleted(job);
-  RequireOneLinePerRank(job, "WARN known-bad configuration: [test-h100-no-p2p] GPU NVIDIA H100 80GB HBM3, P2P not "
-                             "disabled: a test entry — none needed");
-  RequireOneLinePerRank(job, "WARN NCCL_P2P_DISABLE=1 set before the first communicator: known-bad configuration "
-                             "test-h100-no-p2p");
+  RequireOneLinePerRank(job,
+                        "WARN known-bad configuration: [test-h100-no-p2p] GPU NVIDIA H100 80GB HBM3, P2P not "
+                        "disabled: a test entry — none needed");
+  RequireOneLinePerRank(job,
+                        "WARN NCCL_P2P_DISABLE=1 set before the first communicator: known-bad configuration "
+                        "test-h100-no-p2p");
   CHECK(UsedShm(job));
   CHECK_FALSE(UsedP2p(job));
 
   SECTION("not on other GPUs") {
     TemporaryDirectory other_dump_dir;
-    const Job other = RunTrainLoop(other_dump_dir, {{"NCCLGUARD_KNOWN_BAD_FILE", dump_dir.path() + "/test-known-bad.json"},
-                                                    {"NCCLEMU_GPU_NAME", "NVIDIA A100-SXM4-80GB"}});
+    const Job other =
+        RunTrainLoop(other_dump_dir, {{"NCCLGUARD_KNOWN_BAD_FILE", dump_dir.path() + "/test-known-bad.json"},
+                                      {"NCCLEMU_GPU_NAME", "NVIDIA A100-SXM4-80GB"}});
     INFO(other.transcript);
     RequireCompleted(other);
     CHECK(CountOccurrences(other.result.err, "WARN known-bad") == 0);
@@ -146,8 +152,9 @@ TEST_CASE("the user's NCCL_P2P_DISABLE=0 is respected and reported", "[p2p_polic
     const Job job = RunTrainLoop(dump_dir, {{"NCCLGUARD_P2P", "off"}, {"NCCL_P2P_DISABLE", "0"}});
     INFO(job.transcript);
     RequireCompleted(job);
-    RequireOneLinePerRank(job, "WARN P2P left as the user set it (NCCL_P2P_DISABLE=0 in the environment) although "
-                               "NCCLGUARD_P2P=off");
+    RequireOneLinePerRank(job,
+                          "WARN P2P left as the user set it (NCCL_P2P_DISABLE=0 in the environment) although "
+                          "NCCLGUARD_P2P=off");
     CHECK(UsedP2p(job));
     CHECK_FALSE(UsedShm(job));
   }
@@ -163,7 +170,8 @@ TEST_CASE("the user's NCCL_P2P_DISABLE=0 is respected and reported", "[p2p_polic
   }
 }
 
-TEST_CASE("a verdict of an earlier attempt disables P2P, and a corrupt one is named and ignored", "[p2p_policy_e2e]") {
+TEST_CASE("a verdict of an earlier attempt disables P2P, and a corrupt one is named and ignored",
+          "[p2p_policy_e2e]") {
   TemporaryDirectory dump_dir;
   const std::string job_dir = dump_dir.path() + "/" + kJobId;
   SECTION("the verdict") {
@@ -176,17 +184,21 @@ TEST_CASE("a verdict of an earlier attempt disables P2P, and a corrupt one is na
     record.host = "node0";
     record.pid = 100;
     record.rank = 0;
-    REQUIRE(ncclguard::WriteP2pVerdict(job_dir, record).ok());
+    REQUIRE(ncclguard::WriteP2pVerdict(ncclguard::testing::TestBoard(job_dir, kJobId), record).ok());
     const Job job = RunTrainLoop(dump_dir, {});
     INFO(job.transcript);
     RequireCompleted(job);
-    RequireOneLinePerRank(job, "WARN NCCL_P2P_DISABLE=1 set before the first communicator: an earlier attempt of "
-                               "job p2p-policy found P2P at fault (00000000000000aa: stuck inside NCCL with P2P in use");
+    RequireOneLinePerRank(
+        job,
+        "WARN NCCL_P2P_DISABLE=1 set before the first communicator: an earlier attempt of "
+        "job p2p-policy found P2P at fault (00000000000000aa: stuck inside NCCL with P2P in use");
     CHECK(UsedShm(job));
     CHECK_FALSE(UsedP2p(job));
   }
   SECTION("a corrupt file") {
-    REQUIRE(ncclguard::WriteFileAtomically(job_dir, ncclguard::kP2pVerdictFile, "{\"format\": \"ncclguard-p2p", false).ok());
+    REQUIRE(ncclguard::testing::TestBoard(job_dir, kJobId)
+                ->Put("", ncclguard::kP2pVerdictFile, "{\"format\": \"ncclguard-p2p", false)
+                .ok());
     const Job job = RunTrainLoop(dump_dir, {});
     INFO(job.transcript);
     RequireCompleted(job);

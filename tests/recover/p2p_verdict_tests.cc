@@ -7,9 +7,9 @@
 #include <fstream>
 
 #include <catch2/catch.hpp>
-
 #include <nlohmann/json.hpp>
 
+#include "tests/support/board.h"
 #include "tests/support/process.h"
 #include "watchdog/recover/p2p_verdict.h"
 
@@ -38,7 +38,7 @@ void WriteText(const std::string& path, const std::string& text) {
 
 // The message of a read that must fail with InvalidArgument.
 std::string Refusal(const std::string& job_dir, const std::string& job_id = "job-7") {
-  const absl::StatusOr<P2pVerdictRecord> read = ReadP2pVerdict(job_dir, job_id);
+  const absl::StatusOr<P2pVerdictRecord> read = ReadP2pVerdict(testing::DirectoryBoard(job_dir), job_id);
   REQUIRE_FALSE(read.ok());
   INFO(read.status().ToString());
   CHECK(absl::IsInvalidArgument(read.status()));
@@ -48,7 +48,7 @@ std::string Refusal(const std::string& job_dir, const std::string& job_id = "job
 TEST_CASE("a P2P verdict is written privately and read back whole", "[p2p_verdict]") {
   TemporaryDirectory base;
   const std::string job_dir = base.path() + "/job-7";
-  REQUIRE(WriteP2pVerdict(job_dir, SampleRecord()).ok());
+  REQUIRE(WriteP2pVerdict(testing::DirectoryBoard(job_dir), SampleRecord()).ok());
 
   struct stat file {};
   REQUIRE(stat((job_dir + "/p2p-verdict.json").c_str(), &file) == 0);
@@ -59,7 +59,7 @@ TEST_CASE("a P2P verdict is written privately and read back whole", "[p2p_verdic
   CHECK(document.at("verdict") == "p2p_suspect");
   CHECK(document.at("time") == "2023-11-14T22:13:20.123Z");
 
-  const absl::StatusOr<P2pVerdictRecord> read = ReadP2pVerdict(job_dir, "job-7");
+  const absl::StatusOr<P2pVerdictRecord> read = ReadP2pVerdict(testing::DirectoryBoard(job_dir), "job-7");
   REQUIRE(read.ok());
   const P2pVerdictRecord expected = SampleRecord();
   CHECK(read->job_id == expected.job_id);
@@ -75,20 +75,21 @@ TEST_CASE("a P2P verdict is written privately and read back whole", "[p2p_verdic
   // A second writer replaces the record.
   P2pVerdictRecord newer = SampleRecord();
   newer.rank = 0;
-  REQUIRE(WriteP2pVerdict(job_dir, newer).ok());
-  CHECK(ReadP2pVerdict(job_dir, "job-7")->rank == 0);
+  REQUIRE(WriteP2pVerdict(testing::DirectoryBoard(job_dir), newer).ok());
+  CHECK(ReadP2pVerdict(testing::DirectoryBoard(job_dir), "job-7")->rank == 0);
 }
 
 TEST_CASE("no record: NotFound, whether or not the job directory exists", "[p2p_verdict]") {
   TemporaryDirectory base;
-  CHECK(absl::IsNotFound(ReadP2pVerdict(base.path() + "/never-ran", "never-ran").status()));
-  CHECK(absl::IsNotFound(ReadP2pVerdict(base.path(), "x").status()));
+  CHECK(absl::IsNotFound(
+      ReadP2pVerdict(testing::DirectoryBoard(base.path() + "/never-ran"), "never-ran").status()));
+  CHECK(absl::IsNotFound(ReadP2pVerdict(testing::DirectoryBoard(base.path()), "x").status()));
 }
 
 TEST_CASE("a file that is not a record of this job is refused, naming the file and why", "[p2p_verdict]") {
   TemporaryDirectory base;
   const std::string job_dir = base.path() + "/job-7";
-  REQUIRE(WriteP2pVerdict(job_dir, SampleRecord()).ok());
+  REQUIRE(WriteP2pVerdict(testing::DirectoryBoard(job_dir), SampleRecord()).ok());
   const std::string path = job_dir + "/p2p-verdict.json";
   const std::string written = testing::ReadFile(path);
 
@@ -105,8 +106,9 @@ TEST_CASE("a file that is not a record of this job is refused, naming the file a
   SECTION("another program's JSON") {
     WriteText(path, R"({"format": "ncclguard-status", "format_version": 1})");
     CHECK(Refusal(job_dir) ==
-          path + ": not a P2P verdict of this ncclguard: not an ncclguard P2P verdict (\"format\" is not "
-                 "\"ncclguard-p2p-verdict\")");
+          path +
+              ": not a P2P verdict of this ncclguard: not an ncclguard P2P verdict (\"format\" is not "
+              "\"ncclguard-p2p-verdict\")");
   }
   SECTION("another format version") {
     nlohmann::json document = nlohmann::json::parse(written);

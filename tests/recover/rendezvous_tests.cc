@@ -20,6 +20,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "tests/support/board.h"
 #include "tests/support/process.h"
 #include "watchdog/common/files.h"
 #include "watchdog/recover/rendezvous.h"
@@ -66,7 +67,7 @@ bool SameId(const ncclUniqueId& a, const ncclUniqueId& b) {
 
 RendezvousRequest Request(const std::string& job_dir, int epoch, int nranks, int rank, const RankPlan& plan,
                           milliseconds timeout) {
-  return RendezvousRequest{.job_dir = job_dir,
+  return RendezvousRequest{.board = testing::DirectoryBoard(job_dir),
                            .comm_id = kComm,
                            .epoch = epoch,
                            .nranks = nranks,
@@ -461,7 +462,8 @@ TEST_CASE("an invalid request is refused before any file is written", "[rendezvo
   TemporaryDirectory base;
   const std::string job_dir = base.path() + "/job";
   RendezvousRequest request = Request(job_dir, 1, 4, 1, {}, milliseconds(1'000));
-  SECTION("a relative job directory") { request.job_dir = "job"; }
+  SECTION("a relative job directory") { request.board = testing::DirectoryBoard("job"); }
+  SECTION("no board") { request.board = nullptr; }
   SECTION("a communicator id that is not one") { request.comm_id = "../../etc"; }
   SECTION("an upper-case communicator id") { request.comm_id = "93996A01F150309A"; }
   SECTION("epoch 0") { request.epoch = 0; }

@@ -2,31 +2,35 @@
 // classified p2p_suspect, records the verdict, exits with the restart code, and `ncclguard run`
 // brings it back with P2P disabled, to the checksums of a healthy run. What a user reads is
 // checked: the exit status, the emulator's transport report and ncclguard's own log lines.
-#include <catch2/catch.hpp>
-
 #include <filesystem>
 #include <map>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "tests/recovery_e2e/job.h"
+#include "tests/support/board.h"
 #include "tests/support/process.h"
 #include "tests/support/train_loop_output.h"
 
+using ncclguard::testing::AnalyzeTarget;
 using ncclguard::testing::Checksums;
-using ncclguard::testing::CountOccurrences;
-using ncclguard::testing::LogLinesOf;
-using ncclguard::testing::RankPids;
-using ncclguard::testing::ReadFile;
-using ncclguard::testing::TemporaryDirectory;
 using ncclguard::testing::Contains;
+using ncclguard::testing::CountOccurrences;
 using ncclguard::testing::Environment;
 using ncclguard::testing::HealthyChecksums;
 using ncclguard::testing::Job;
+using ncclguard::testing::LogLinesOf;
+using ncclguard::testing::RankPids;
+using ncclguard::testing::ReadFile;
 using ncclguard::testing::RunEmulatorJob;
+using ncclguard::testing::TemporaryDirectory;
+using ncclguard::testing::TestBoard;
 using ncclguard::testing::TrainLoop;
 
 namespace {
@@ -39,7 +43,8 @@ constexpr char kRecordFile[] = "p2p-verdict.json";
 
 // Runs `command` on the emulator with short timeouts and NCCLGUARD_ACTION=reinit, a job directory
 // of its own in `dump_dir` and NCCL's INFO log (the transport report).
-Job RunJob(const TemporaryDirectory& dump_dir, const std::vector<std::string>& command, const Environment& settings) {
+Job RunJob(const TemporaryDirectory& dump_dir, const std::vector<std::string>& command,
+           const Environment& settings) {
   const Environment reinit_settings{{"NCCL_DEBUG", "INFO"},
                                     {"NCCLGUARD_ACTION", "reinit"},
                                     {"NCCLGUARD_TIMEOUT", "1"},
@@ -74,7 +79,8 @@ void CheckRecoveredP2pStall(const Job& job, int ranks, const std::map<int, std::
 
   // First attempt: P2P in use, every rank ends with the restart code.
   CHECK(Contains(first, " via P2P/"));
-  CHECK(Contains(first, "ranks failed: " + std::string(ranks == 4 ? "0,1,2,3" : "0,1") + "; ranks not finished: none"));
+  CHECK(Contains(
+      first, "ranks failed: " + std::string(ranks == 4 ? "0,1,2,3" : "0,1") + "; ranks not finished: none"));
   CHECK(CountOccurrences(first, "failed: exit code " + std::to_string(kRestartExitCode)) == ranks);
   const std::map<int, int> first_pids = RankPids(first);
   REQUIRE(first_pids.size() == static_cast<size_t>(ranks));
@@ -83,7 +89,7 @@ void CheckRecoveredP2pStall(const Job& job, int ranks, const std::map<int, std::
     INFO("first attempt, rank " << rank << ", pid " << pid);
     const std::vector<std::string> recorded = LogLinesOf(job.result.err, pid, "recorded p2p_suspect");
     REQUIRE(recorded.size() == 1);
-    if (Contains(recorded[0], "recorded p2p_suspect in " + job.job_dir + "/" + kRecordFile +
+    if (Contains(recorded[0], "recorded p2p_suspect in " + AnalyzeTarget(job.job_dir)[0] + "/" + kRecordFile +
                                   "; exiting with 75 so that the job restarts with NCCL_P2P_DISABLE=1")) {
       ++recorders;
       const std::vector<std::string> stall = LogLinesOf(job.result.err, pid, " — verdict: p2p_suspect: ");
@@ -93,10 +99,14 @@ void CheckRecoveredP2pStall(const Job& job, int ranks, const std::map<int, std::
       CHECK(Contains(recorded[0], "exiting with 75 so that the job restarts with NCCL_P2P_DISABLE=1"));
     }
     // A few lines tell the story: no flood of warnings.
-    CHECK(LogLinesOf(job.result.err, pid, " WARN ").size() + LogLinesOf(job.result.err, pid, " ERROR ").size() <= 4);
+    CHECK(LogLinesOf(job.result.err, pid, " WARN ").size() +
+              LogLinesOf(job.result.err, pid, " ERROR ").size() <=
+          4);
   }
   CHECK(recorders >= 1);
-  const nlohmann::json record = nlohmann::json::parse(ReadFile(job.job_dir + "/" + kRecordFile));
+  const absl::StatusOr<std::string> recorded = TestBoard(job.job_dir, kJobId)->Get("", kRecordFile, 1 << 16);
+  REQUIRE(recorded.ok());
+  const nlohmann::json record = nlohmann::json::parse(*recorded);
   CHECK(record.at("verdict") == "p2p_suspect");
   CHECK(record.at("job_id") == kJobId);
   CHECK(Contains(record.at("message"), "NCCL_P2P_DISABLE=1"));
@@ -108,8 +118,10 @@ void CheckRecoveredP2pStall(const Job& job, int ranks, const std::map<int, std::
   REQUIRE(second_pids.size() == static_cast<size_t>(ranks));
   for (const auto& [rank, pid] : second_pids) {
     INFO("second attempt, rank " << rank << ", pid " << pid);
-    CHECK(LogLinesOf(job.result.err, pid, "NCCL_P2P_DISABLE=1 set before the first communicator: an earlier attempt "
-                                          "of job recovery found P2P at fault").size() == 1);
+    CHECK(LogLinesOf(job.result.err, pid,
+                     "NCCL_P2P_DISABLE=1 set before the first communicator: an earlier attempt "
+                     "of job recovery found P2P at fault")
+              .size() == 1);
     // The record of the first attempt does not make the second one exit.
     CHECK(LogLinesOf(job.result.err, pid, "exiting with").empty());
   }
@@ -129,16 +141,18 @@ TEST_CASE("S2: the first collective hangs with driver 545.23.08 and the job rest
   CheckRecoveredP2pStall(job, 4, healthy);
 }
 
-TEST_CASE("S1: P2P stalls on GeForce RTX 4090s after 50 collectives (dlopen loader and forked workers) and "
-          "the job restarts with P2P disabled",
-          "[reinit][p2p_suspect]") {
-  const std::vector<std::string> arguments = {"--ranks", "2", "--steps", "80", "--nccl-loader", "dlopen",
-                                              "--workers", "2", "--timeout", "15"};
+TEST_CASE(
+    "S1: P2P stalls on GeForce RTX 4090s after 50 collectives (dlopen loader and forked workers) and "
+    "the job restarts with P2P disabled",
+    "[reinit][p2p_suspect]") {
+  const std::vector<std::string> arguments = {"--ranks", "2",         "--steps", "80",        "--nccl-loader",
+                                              "dlopen",  "--workers", "2",       "--timeout", "15"};
   const std::map<int, std::string> healthy = HealthyChecksums(arguments);
   REQUIRE(healthy.size() == 2);
   TemporaryDirectory dump_dir;
-  const Job job = RunJob(dump_dir, UnderNcclguardRun(arguments),
-                         {{"NCCLEMU_FAULTS", "p2p_stall:after=50"}, {"NCCLEMU_GPU_NAME", "NVIDIA GeForce RTX 4090"}});
+  const Job job =
+      RunJob(dump_dir, UnderNcclguardRun(arguments),
+             {{"NCCLEMU_FAULTS", "p2p_stall:after=50"}, {"NCCLEMU_GPU_NAME", "NVIDIA GeForce RTX 4090"}});
   CheckRecoveredP2pStall(job, 2, healthy);
   INFO(job.transcript);
   CHECK(CountOccurrences(SplitAttempts(job.result.out).second, "2 data loader workers finished") == 2);
@@ -152,18 +166,21 @@ TEST_CASE("a stall that is not P2P exits with the restart code and records no P2
   REQUIRE_FALSE(job.result.timed_out);
   CHECK(Contains(job.result.out, "ranks failed: 0,1,2,3; ranks not finished: none"));
   CHECK(CountOccurrences(job.result.out, "failed: exit code 75") == 4);
-  CHECK_FALSE(std::filesystem::exists(job.job_dir + "/" + kRecordFile));
+  CHECK(absl::IsNotFound(TestBoard(job.job_dir, kJobId)->Get("", kRecordFile, 1 << 16).status()));
   const std::map<int, int> pids = RankPids(job.result.out);
   REQUIRE(pids.size() == 4);
   for (const auto& [rank, pid] : pids) {
     INFO("rank " << rank);
-    CHECK(LogLinesOf(job.result.err, pid, "exiting with code 75 after the stall (NCCLGUARD_ACTION=reinit; verdict "
-                                          "stuck_inside_nccl: the restarted job keeps its P2P setting)").size() == 1);
+    CHECK(LogLinesOf(job.result.err, pid,
+                     "exiting with code 75 after the stall (NCCLGUARD_ACTION=reinit; verdict "
+                     "stuck_inside_nccl: the restarted job keeps its P2P setting)")
+              .size() == 1);
   }
 }
 
-TEST_CASE("a p2p_suspect verdict while the user set NCCL_P2P_LEVEL exits with the restart code and records nothing",
-          "[reinit][p2p_suspect]") {
+TEST_CASE(
+    "a p2p_suspect verdict while the user set NCCL_P2P_LEVEL exits with the restart code and records nothing",
+    "[reinit][p2p_suspect]") {
   TemporaryDirectory dump_dir;
   const Job job = RunJob(dump_dir, TrainLoop({"--ranks", "2", "--steps", "20", "--timeout", "15"}),
                          {{"NCCLEMU_FAULTS", "p2p_stall:after=3"},
@@ -173,14 +190,18 @@ TEST_CASE("a p2p_suspect verdict while the user set NCCL_P2P_LEVEL exits with th
   INFO(job.transcript);
   REQUIRE_FALSE(job.result.timed_out);
   CHECK(CountOccurrences(job.result.out, "failed: exit code 75") == 2);
-  CHECK_FALSE(std::filesystem::exists(job.job_dir + "/" + kRecordFile));
+  CHECK(absl::IsNotFound(TestBoard(job.job_dir, kJobId)->Get("", kRecordFile, 1 << 16).status()));
   const std::map<int, int> pids = RankPids(job.result.out);
   REQUIRE(pids.size() == 2);
   for (const auto& [rank, pid] : pids) {
     INFO("rank " << rank);
-    CHECK(LogLinesOf(job.result.err, pid, "p2p_suspect, but NCCL_P2P_LEVEL=SYS is set explicitly: a restart would not "
-                                          "change P2P, so no P2P verdict is recorded").size() == 1);
-    CHECK(LogLinesOf(job.result.err, pid, "exiting with code 75 after the stall (NCCLGUARD_ACTION=reinit; verdict "
-                                          "p2p_suspect").size() == 1);
+    CHECK(LogLinesOf(job.result.err, pid,
+                     "p2p_suspect, but NCCL_P2P_LEVEL=SYS is set explicitly: a restart would not "
+                     "change P2P, so no P2P verdict is recorded")
+              .size() == 1);
+    CHECK(LogLinesOf(job.result.err, pid,
+                     "exiting with code 75 after the stall (NCCLGUARD_ACTION=reinit; verdict "
+                     "p2p_suspect")
+              .size() == 1);
   }
 }

@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tests/support/process.h"
+#include "tests/support/redis_server.h"
 #include "tests/support/train_loop_output.h"
 
 using ncclguard::testing::EmulatorJobEnvironment;
@@ -59,10 +60,18 @@ Job RunLateRankJob(const TemporaryDirectory& dump_dir, std::vector<std::string> 
   return job;
 }
 
+// `ncclguard analyze` of the job whose directory is `job_dir`, on whichever board it ran.
+std::vector<std::string> AnalyzeCommand(const std::string& job_dir, const std::vector<std::string>& options) {
+  std::vector<std::string> argv = {NCCLGUARD_CLI, "analyze"};
+  for (const std::string& argument : ncclguard::testing::AnalyzeTarget(job_dir)) argv.push_back(argument);
+  argv.insert(argv.end(), options.begin(), options.end());
+  return argv;
+}
+
 Json Analyze(const std::string& job_dir) {
   ProcessOptions options;
   options.timeout_seconds = 30;
-  const ProcessResult result = RunProcess({NCCLGUARD_CLI, "analyze", job_dir, "--json"}, options);
+  const ProcessResult result = RunProcess(AnalyzeCommand(job_dir, {"--json"}), options);
   INFO("analyze: " << result.exit_code << "\n" << result.out << "\n" << result.err);
   REQUIRE_FALSE(result.timed_out);
   return Json::parse(result.out);
@@ -71,7 +80,7 @@ Json Analyze(const std::string& job_dir) {
 std::string AnalyzeText(const std::string& job_dir) {
   ProcessOptions options;
   options.timeout_seconds = 30;
-  return RunProcess({NCCLGUARD_CLI, "analyze", job_dir}, options).out;
+  return RunProcess(AnalyzeCommand(job_dir, {}), options).out;
 }
 
 Json FindVerdict(const Json& document, const std::string& kind) {
@@ -132,12 +141,13 @@ void CheckLateRank(const Job& job, const std::string& function, const std::strin
   const std::string trace_path = job.job_dir + "/../trace.json";
   ProcessOptions options;
   options.timeout_seconds = 30;
-  REQUIRE(RunProcess({NCCLGUARD_CLI, "analyze", job.job_dir, "--trace", trace_path}, options).exit_code == 1);
+  REQUIRE(RunProcess(AnalyzeCommand(job.job_dir, {"--trace", trace_path}), options).exit_code == 1);
   std::ifstream trace_file(trace_path);
   const Json trace = Json::parse(trace_file);
   bool marked = false;
   for (const Json& event : trace.at("traceEvents")) {
-    if (event.at("ph") == "X" && Contains(event.at("name").get<std::string>(), where) && event.at("pid") == 2) {
+    if (event.at("ph") == "X" && Contains(event.at("name").get<std::string>(), where) &&
+        event.at("pid") == 2) {
       marked = Contains(event.at("args").at("stack").dump(), function);
     }
   }

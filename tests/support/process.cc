@@ -15,6 +15,8 @@
 #include <stdexcept>
 #include <thread>
 
+#include "tests/support/redis_server.h"
+
 extern char** environ;
 
 namespace ncclguard::testing {
@@ -30,6 +32,11 @@ std::vector<std::string> BuildEnvironment(const ProcessOptions& options) {
     if (name == "LD_PRELOAD" || name.rfind("NCCLGUARD_", 0) == 0) continue;
     variables[name] = text.substr(equals + 1);
   }
+  // The end-to-end tests' run on a Redis board: every program they start uses it.
+  const auto dump_dir = options.environment.find("NCCLGUARD_DUMP_DIR");
+  const std::string store =
+      TestStore(dump_dir != options.environment.end() && dump_dir->second ? *dump_dir->second : "");
+  if (!store.empty()) variables["NCCLGUARD_STORE"] = store;
   for (const auto& [name, value] : options.environment) {
     if (value) {
       variables[name] = *value;
@@ -59,10 +66,10 @@ ProcessResult RunProcess(const std::vector<std::string>& argv, const ProcessOpti
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, out_path.c_str(),
-                                   O_WRONLY | O_CREAT | O_TRUNC, 0600);
-  posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, err_path.c_str(),
-                                   O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
+                                   0600);
+  posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
+                                   0600);
   if (!options.working_directory.empty()) {
     posix_spawn_file_actions_addchdir_np(&actions, options.working_directory.c_str());
   }
@@ -86,8 +93,8 @@ ProcessResult RunProcess(const std::vector<std::string>& argv, const ProcessOpti
   }
 
   ProcessResult result;
-  const auto deadline = std::chrono::steady_clock::now() +
-                        std::chrono::duration<double>(options.timeout_seconds);
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::duration<double>(options.timeout_seconds);
   int status = 0;
   while (waitpid(pid, &status, WNOHANG) == 0) {
     if (std::chrono::steady_clock::now() > deadline) {

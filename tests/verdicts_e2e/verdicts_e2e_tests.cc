@@ -2,29 +2,32 @@
 // preloaded and the faults of the field cases, then `ncclguard analyze --json` on the job
 // directory they left. Each test checks what a user reads: the verdicts, the analyzer's exit
 // status, and the verdict the watchdog logged at the moment of the stall.
-#include <catch2/catch.hpp>
-
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <optional>
 #include <regex>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
 #include "tests/support/process.h"
+#include "tests/support/redis_server.h"
 #include "tests/support/train_loop_output.h"
 
+using ncclguard::testing::AnalyzeTarget;
 using ncclguard::testing::Checksums;
 using ncclguard::testing::EmulatorJobEnvironment;
 using ncclguard::testing::LogLinesOf;
 using ncclguard::testing::ProcessOptions;
-using ncclguard::testing::RankPids;
 using ncclguard::testing::ProcessResult;
+using ncclguard::testing::RankPids;
 using ncclguard::testing::ReadFile;
 using ncclguard::testing::RunProcess;
 using ncclguard::testing::SplitLines;
@@ -56,7 +59,8 @@ Job RunTrainLoop(const TemporaryDirectory& dump_dir, std::vector<std::string> ar
                  const Environment& settings, bool guarded = true, double kill_after_seconds = 50) {
   arguments.insert(arguments.begin(), TRAIN_LOOP);
   ProcessOptions options;
-  options.timeout_seconds = kill_after_seconds;  // by default a last resort: train_loop's --timeout ends hung jobs
+  options.timeout_seconds =
+      kill_after_seconds;  // by default a last resort: train_loop's --timeout ends hung jobs
   options.environment = EmulatorJobEnvironment(EMULATOR_LIBRARY_DIR, dump_dir.path(), kJobId);
   if (guarded) options.environment["LD_PRELOAD"] = PRELOAD_LIBRARY;
   for (const auto& [name, value] : settings) options.environment[name] = value;
@@ -64,8 +68,8 @@ Job RunTrainLoop(const TemporaryDirectory& dump_dir, std::vector<std::string> ar
   job.result = RunProcess(arguments, options);
   job.job_dir = dump_dir.path() + "/" + kJobId;
   job.transcript = "train_loop: exit code " + std::to_string(job.result.exit_code) +
-                   (job.result.timed_out ? ", timed out" : "") + "\nstdout:\n" + job.result.out + "\nstderr:\n" +
-                   job.result.err;
+                   (job.result.timed_out ? ", timed out" : "") + "\nstdout:\n" + job.result.out +
+                   "\nstderr:\n" + job.result.err;
   return job;
 }
 
@@ -75,7 +79,9 @@ struct Analysis {
 };
 
 Analysis Analyze(const std::string& job_dir, std::vector<std::string> extra = {}) {
-  std::vector<std::string> argv = {NCCLGUARD_CLI, "analyze", job_dir, "--json"};
+  std::vector<std::string> argv = {NCCLGUARD_CLI, "analyze"};
+  for (const std::string& argument : AnalyzeTarget(job_dir)) argv.push_back(argument);
+  argv.emplace_back("--json");
   argv.insert(argv.end(), extra.begin(), extra.end());
   ProcessOptions options;
   options.timeout_seconds = 30;
@@ -100,7 +106,9 @@ Json FindVerdict(const Json& document, const std::string& kind) {
 
 std::vector<int> Ranks(const Json& verdict) { return verdict.at("ranks").get<std::vector<int>>(); }
 
-bool Contains(const std::string& text, const std::string& needle) { return text.find(needle) != std::string::npos; }
+bool Contains(const std::string& text, const std::string& needle) {
+  return text.find(needle) != std::string::npos;
+}
 
 // The verdict the watchdog logged with the first stall it reported ("... — verdict: KIND:
 // MESSAGE — dump: PATH"), or "" when that process reported none.
@@ -117,7 +125,8 @@ std::string OnlineVerdict(const std::string& err, int pid) {
 namespace {
 
 Job RunUnevenData(const TemporaryDirectory& dump_dir, const Environment& settings) {
-  return RunTrainLoop(dump_dir, {"--ranks", "4", "--steps", "50", "--stop-early", "3:40", "--timeout", kHungJobSeconds},
+  return RunTrainLoop(dump_dir,
+                      {"--ranks", "4", "--steps", "50", "--stop-early", "3:40", "--timeout", kHungJobSeconds},
                       settings);
 }
 
@@ -127,7 +136,8 @@ Job RunUnevenData(const TemporaryDirectory& dump_dir, const Environment& setting
 TEST_CASE("uneven data: the rank that finished its loop is named, with the operation the others wait in",
           "[rank_not_joined]") {
   TemporaryDirectory dump_dir;
-  const Job job = RunUnevenData(dump_dir, {{"NCCLGUARD_TIMEOUT", kStallTimeout}, {"NCCLGUARD_DUMP_ON_EXIT", "1"}});
+  const Job job =
+      RunUnevenData(dump_dir, {{"NCCLGUARD_TIMEOUT", kStallTimeout}, {"NCCLGUARD_DUMP_ON_EXIT", "1"}});
   INFO(job.transcript);
   REQUIRE_FALSE(job.result.timed_out);
   REQUIRE(Contains(job.result.out, "ranks not finished: 0,1,2"));
@@ -180,7 +190,8 @@ TEST_CASE("the late rank's last completed collective is named from its peers' ri
   CHECK(Contains(analysis.document.at("verdicts")[0].at("message"), "rank 3 completed AllReduce #41"));
   for (const int rank : {0, 1, 2}) {
     INFO("rank " << rank);
-    CHECK(OnlineVerdict(job.result.err, pids.at(rank)).starts_with("rank_not_joined: rank 3 completed AllReduce #41"));
+    CHECK(OnlineVerdict(job.result.err, pids.at(rank))
+              .starts_with("rank_not_joined: rank 3 completed AllReduce #41"));
   }
 }
 
@@ -190,10 +201,11 @@ TEST_CASE("a killed rank is named as gone, with its pid", "[rank_dead]") {
   TemporaryDirectory dump_dir;
   // Emulated steps take microseconds: slowed down (every rank alike) and with frequent status
   // files, rank 1 lives long enough to leave a status file, as a rank killed in a real job has.
-  const Job job = RunTrainLoop(dump_dir, {"--ranks", "4", "--steps", "50", "--exit", "1:30", "--timeout", kHungJobSeconds},
-                               {{"NCCLEMU_FAULTS", "slow:ms=20"},
-                                {"NCCLGUARD_STATUS_INTERVAL", kShortStatusInterval},
-                                {"NCCLGUARD_TIMEOUT", kStallTimeout}});
+  const Job job = RunTrainLoop(
+      dump_dir, {"--ranks", "4", "--steps", "50", "--exit", "1:30", "--timeout", kHungJobSeconds},
+      {{"NCCLEMU_FAULTS", "slow:ms=20"},
+       {"NCCLGUARD_STATUS_INTERVAL", kShortStatusInterval},
+       {"NCCLGUARD_TIMEOUT", kStallTimeout}});
   INFO(job.transcript);
   REQUIRE_FALSE(job.result.timed_out);
   REQUIRE(Contains(job.result.out, "rank 1 failed: exit code 3"));
@@ -217,7 +229,8 @@ TEST_CASE("a killed rank is named as gone, with its pid", "[rank_dead]") {
 
   for (const int rank : {0, 2, 3}) {
     INFO("rank " << rank);
-    CHECK(OnlineVerdict(job.result.err, pids.at(rank)).starts_with("rank_dead: rank 1 (pid " + std::to_string(pids.at(1))));
+    CHECK(OnlineVerdict(job.result.err, pids.at(rank))
+              .starts_with("rank_dead: rank 1 (pid " + std::to_string(pids.at(1))));
   }
 }
 
@@ -227,7 +240,8 @@ namespace {
 // kStallTimeout, and every process had time to rewrite its status since.
 constexpr double kJobKilledAfterSeconds = 8;
 
-Job RunKilledAsAWhole(const TemporaryDirectory& dump_dir, std::vector<std::string> extra, const Environment& settings) {
+Job RunKilledAsAWhole(const TemporaryDirectory& dump_dir, std::vector<std::string> extra,
+                      const Environment& settings) {
   std::vector<std::string> arguments = {"--ranks", "4", "--steps", "50"};
   arguments.insert(arguments.end(), extra.begin(), extra.end());
   Environment environment = settings;
@@ -274,7 +288,9 @@ TEST_CASE("a job killed as a whole keeps the late rank not joined, and says it w
 
   ProcessOptions options;
   options.timeout_seconds = 30;
-  const ProcessResult text = RunProcess({NCCLGUARD_CLI, "analyze", job.job_dir}, options);
+  std::vector<std::string> argv = {NCCLGUARD_CLI, "analyze"};
+  for (const std::string& argument : AnalyzeTarget(job.job_dir)) argv.push_back(argument);
+  const ProcessResult text = RunProcess(argv, options);
   INFO(text.out);
   CHECK(text.exit_code == kAnalyzeUnhealthy);
   CHECK(Contains(text.out, "\nJob end: all 4 processes ended within "));
@@ -284,7 +300,8 @@ TEST_CASE("a job killed as a whole keeps the late rank not joined, and says it w
 
 // The emulator's crash fault kills rank 1 alone as it starts its 12th operation; the others wait
 // until the whole job is killed seconds later: rank 1 vanished while its peers lived.
-TEST_CASE("a rank killed alone is dead, even when the rest of the job was killed later", "[rank_dead][job_end]") {
+TEST_CASE("a rank killed alone is dead, even when the rest of the job was killed later",
+          "[rank_dead][job_end]") {
   TemporaryDirectory dump_dir;
   const Job job = RunKilledAsAWhole(dump_dir, {}, {{"NCCLEMU_FAULTS", "crash:rank=1,seq=12"}});
   INFO(job.transcript);
@@ -305,7 +322,8 @@ TEST_CASE("a rank killed alone is dead, even when the rest of the job was killed
 
 // A malformed NCCLEMU_FAULTS makes the emulated ncclCommInitRank of every rank return
 // ncclInvalidArgument with a WARN naming the bad part, as NCCL refuses a bad setting.
-TEST_CASE("every rank's failed ncclCommInitRank is one failed_call with NCCL's warning", "[failed_call][init]") {
+TEST_CASE("every rank's failed ncclCommInitRank is one failed_call with NCCL's warning",
+          "[failed_call][init]") {
   TemporaryDirectory dump_dir;
   const std::string warning = "NCCLEMU_FAULTS: unknown key 'sq' for hang in 'hang:rank=1,sq=3'";
   const Job job = RunTrainLoop(dump_dir, {"--ranks", "4", "--steps", "10", "--timeout", kHungJobSeconds},
@@ -317,7 +335,9 @@ TEST_CASE("every rank's failed ncclCommInitRank is one failed_call with NCCL's w
   REQUIRE(pids.size() == 4);
   for (const auto& [rank, pid] : pids) {
     INFO("rank " << rank);
-    CHECK(LogLinesOf(job.result.err, pid, "ncclCommInitRank returned ncclInvalidArgument: " + warning).size() == 1);
+    CHECK(
+        LogLinesOf(job.result.err, pid, "ncclCommInitRank returned ncclInvalidArgument: " + warning).size() ==
+        1);
   }
 
   const Analysis analysis = Analyze(job.job_dir);
@@ -329,7 +349,8 @@ TEST_CASE("every rank's failed ncclCommInitRank is one failed_call with NCCL's w
   REQUIRE(verdict.at("kind") == "failed_call");
   CHECK(Ranks(verdict) == std::vector<int>{0, 1, 2, 3});
   const std::string message = verdict.at("message");
-  CHECK(message.starts_with("every rank's ncclCommInitRank for communicator " + verdict.at("comm").get<std::string>() +
+  CHECK(message.starts_with("every rank's ncclCommInitRank for communicator " +
+                            verdict.at("comm").get<std::string>() +
                             " (4 ranks) failed (ranks 0-3); NCCL's warning: \"" + warning + "\""));
   CHECK(verdict.at("evidence").at("api") == "ncclCommInitRank");
   CHECK(verdict.at("evidence").at("every_rank") == true);
@@ -340,7 +361,9 @@ TEST_CASE("every rank's failed ncclCommInitRank is one failed_call with NCCL's w
 
   ProcessOptions options;
   options.timeout_seconds = 30;
-  const ProcessResult text = RunProcess({NCCLGUARD_CLI, "analyze", job.job_dir}, options);
+  std::vector<std::string> argv = {NCCLGUARD_CLI, "analyze"};
+  for (const std::string& argument : AnalyzeTarget(job.job_dir)) argv.push_back(argument);
+  const ProcessResult text = RunProcess(argv, options);
   INFO(text.out);
   CHECK(text.exit_code == kAnalyzeUnhealthy);
   CHECK(Contains(text.out, "\nFAILED_CALL  comm "));
@@ -400,7 +423,8 @@ namespace {
 // the rounds of its peers' next ones, so ranks 0,1,3 finish their loops and exit while rank 2
 // hangs in its last AllReduce. The mismatch is then only in the rings, hence the exit dumps.
 Job RunDesync(const TemporaryDirectory& dump_dir) {
-  return RunTrainLoop(dump_dir, {"--ranks", "4", "--steps", "40", "--desync", "2:25", "--timeout", kHungJobSeconds},
+  return RunTrainLoop(dump_dir,
+                      {"--ranks", "4", "--steps", "40", "--desync", "2:25", "--timeout", kHungJobSeconds},
                       {{"NCCLGUARD_TIMEOUT", kStallTimeout}, {"NCCLGUARD_DUMP_ON_EXIT", "1"}});
 }
 
@@ -434,8 +458,9 @@ TEST_CASE("a desync is a mismatch showing both counts", "[mismatch]") {
 // signatures of their latest 64 operations (#18..#81 here). Rank 2 stalls in its last AllReduce.
 TEST_CASE("a desync is found from status files alone: the stalled rank is never healthy", "[mismatch]") {
   TemporaryDirectory dump_dir;
-  const Job job = RunTrainLoop(dump_dir, {"--ranks", "4", "--steps", "80", "--desync", "2:25", "--timeout", kHungJobSeconds},
-                               {{"NCCLGUARD_TIMEOUT", kStallTimeout}});
+  const Job job = RunTrainLoop(
+      dump_dir, {"--ranks", "4", "--steps", "80", "--desync", "2:25", "--timeout", kHungJobSeconds},
+      {{"NCCLGUARD_TIMEOUT", kStallTimeout}});
   INFO(job.transcript);
   REQUIRE_FALSE(job.result.timed_out);
   const std::map<int, int> pids = RankPids(job.result.out);
@@ -445,8 +470,9 @@ TEST_CASE("a desync is found from status files alone: the stalled rank is never 
   const std::string online = OnlineVerdict(job.result.err, pids.at(2));
   CHECK(online.starts_with("mismatch: rank 2 issued #26 with signature "));
   CHECK(Contains(online, " while ranks 0,1,3 issued #26 with signature "));
-  CHECK(Contains(online, "since then rank 2 waits in AllReduce #80 (float32 × 1024, sum): ranks 0,1,3 completed it "
-                         "and exited"));
+  CHECK(Contains(online,
+                 "since then rank 2 waits in AllReduce #80 (float32 × 1024, sum): ranks 0,1,3 completed it "
+                 "and exited"));
 
   // Afterwards rank 2's stall dump describes its side.
   const Analysis analysis = Analyze(job.job_dir);
@@ -457,8 +483,9 @@ TEST_CASE("a desync is found from status files alone: the stalled rank is never 
   REQUIRE(verdict.at("kind") == "mismatch");
   CHECK(verdict.at("seq") == 26);
   CHECK(Ranks(verdict) == std::vector<int>{2});
-  CHECK(Contains(verdict.at("message"),
-                 "rank 2 issued AllReduce #26 (float32 × 1049600, sum) while ranks 0,1,3 issued #26 with signature "));
+  CHECK(Contains(
+      verdict.at("message"),
+      "rank 2 issued AllReduce #26 (float32 × 1049600, sum) while ranks 0,1,3 issued #26 with signature "));
   const Json& sides = verdict.at("evidence").at("sides");
   REQUIRE(sides.size() == 2);
   CHECK(sides[0].at("ranks") == Json({0, 1, 3}));
@@ -470,8 +497,7 @@ TEST_CASE("a desync is found from status files alone: the stalled rank is never 
 
 // Ranks 0,1,3 destroyed their communicator (which waits for all its work) and exited within
 // milliseconds, before their watchdog had looked at a single operation's events.
-TEST_CASE("operations of a communicator destroyed after its work completed are never stuck",
-          "[mismatch]") {
+TEST_CASE("operations of a communicator destroyed after its work completed are never stuck", "[mismatch]") {
   TemporaryDirectory dump_dir;
   const Job job = RunDesync(dump_dir);
   INFO(job.transcript);
@@ -498,11 +524,12 @@ TEST_CASE("operations of a communicator destroyed after its work completed are n
 // it holds every rank in the first round: no rank completes the broadcast, root 0 included. The
 // rules then say stuck_inside_nccl (every rank entered #1, none completed it), and the message
 // names the broadcast with its size and root.
-TEST_CASE("a broadcast that never completes names Broadcast, its count, datatype and root", "[stuck_inside_nccl]") {
+TEST_CASE("a broadcast that never completes names Broadcast, its count, datatype and root",
+          "[stuck_inside_nccl]") {
   TemporaryDirectory dump_dir;
-  const Job job = RunTrainLoop(dump_dir,
-                               {"--ranks", "3", "--steps", "5", "--model-count", "4000000", "--timeout", kHungJobSeconds},
-                               {{"NCCLEMU_FAULTS", "hang:rank=2,seq=1"}, {"NCCLGUARD_TIMEOUT", kStallTimeout}});
+  const Job job = RunTrainLoop(
+      dump_dir, {"--ranks", "3", "--steps", "5", "--model-count", "4000000", "--timeout", kHungJobSeconds},
+      {{"NCCLEMU_FAULTS", "hang:rank=2,seq=1"}, {"NCCLGUARD_TIMEOUT", kStallTimeout}});
   INFO(job.transcript);
   REQUIRE_FALSE(job.result.timed_out);
   REQUIRE(Contains(job.result.out, "ranks not finished: 0,1,2"));
@@ -558,7 +585,8 @@ TEST_CASE("a hang inside NCCL with every rank joined is stuck_inside_nccl", "[st
   REQUIRE(verdict.at("kind") == "stuck_inside_nccl");
   CHECK(verdict.at("seq") == 10);
   CHECK(Ranks(verdict) == std::vector<int>{0, 1, 2, 3});
-  CHECK(Contains(verdict.at("message"), "all 4 ranks entered AllReduce #10 (float32 × 1024, sum) and none has completed it"));
+  CHECK(Contains(verdict.at("message"),
+                 "all 4 ranks entered AllReduce #10 (float32 × 1024, sum) and none has completed it"));
   for (const auto& [rank, pid] : pids) {
     INFO("rank " << rank);
     CHECK(OnlineVerdict(job.result.err, pid).starts_with("stuck_inside_nccl: "));
@@ -567,7 +595,9 @@ TEST_CASE("a hang inside NCCL with every rank joined is stuck_inside_nccl", "[st
 
 // Files the reader refuses are said at each stall, but a job directory full of junk must not flood
 // every rank's log: five lines and a count.
-TEST_CASE("files a verdict leaves out are logged, a few lines at most", "[stuck_inside_nccl][hostile]") {
+// Status files planted in the job directory: on a Redis board they are no statuses at all.
+TEST_CASE("files a verdict leaves out are logged, a few lines at most",
+          "[stuck_inside_nccl][hostile][one-board]") {
   TemporaryDirectory dump_dir;
   const std::filesystem::path job_dir = std::filesystem::path(dump_dir.path()) / kJobId;
   std::filesystem::create_directory(job_dir);
@@ -585,7 +615,8 @@ TEST_CASE("files a verdict leaves out are logged, a few lines at most", "[stuck_
     INFO("rank " << rank);
     CHECK(OnlineVerdict(job.result.err, pid).starts_with("stuck_inside_nccl: "));
     // Five named and a count of the other three, at every verdict the rank worked out.
-    const std::size_t verdicts = LogLinesOf(job.result.err, pid, "the verdict leaves out 3 more files of ").size();
+    const std::size_t verdicts =
+        LogLinesOf(job.result.err, pid, "the verdict leaves out 3 more files of ").size();
     CHECK(verdicts >= 1);
     CHECK(LogLinesOf(job.result.err, pid, "the verdict leaves out status-junk-").size() == 5 * verdicts);
   }
@@ -705,14 +736,15 @@ TEST_CASE("the asynchronous error is named as NCCL names it", "[async_error]") {
   INFO(analysis.result.out);
   const Json& verdict = analysis.document.at("verdicts").at(0);
   REQUIRE(verdict.at("kind") == "async_error");
-  CHECK(Contains(verdict.at("message"), "error on communicator " + verdict.at("comm").get<std::string>() +
-                                            ": ncclRemoteError"));
+  CHECK(Contains(verdict.at("message"),
+                 "error on communicator " + verdict.at("comm").get<std::string>() + ": ncclRemoteError"));
 }
 
 TEST_CASE("a rank that is slow before every collective is a straggler", "[straggler]") {
   TemporaryDirectory dump_dir;
-  const Job job = RunTrainLoop(dump_dir, {"--ranks", "4", "--steps", "25", "--slow", "2:100", "--timeout", "40"},
-                               {{"NCCLGUARD_DUMP_ON_EXIT", "1"}});
+  const Job job =
+      RunTrainLoop(dump_dir, {"--ranks", "4", "--steps", "25", "--slow", "2:100", "--timeout", "40"},
+                   {{"NCCLGUARD_DUMP_ON_EXIT", "1"}});
   INFO(job.transcript);
   REQUIRE_FALSE(job.result.timed_out);
   REQUIRE(job.result.exit_code == 0);
@@ -773,12 +805,14 @@ TEST_CASE("the trace of a hung job is Chrome trace JSON with a track per rank an
     REQUIRE(event.contains("ph"));
     REQUIRE(event.contains("pid"));
     if (event.at("ph") == "M" && event.at("name") == "process_name") {
-      CHECK(track_names.emplace(event.at("pid").get<int>(), event.at("args").at("name").get<std::string>()).second);
+      CHECK(track_names.emplace(event.at("pid").get<int>(), event.at("args").at("name").get<std::string>())
+                .second);
     }
     if (event.at("ph") == "X") {
       CHECK(event.at("ts").is_number());
       CHECK(event.at("dur").get<double>() >= 0);
-      if (event.at("name") == "AllReduce #10 (stuck)") tracks_with_stuck_op.insert(event.at("pid").get<int>());
+      if (event.at("name") == "AllReduce #10 (stuck)")
+        tracks_with_stuck_op.insert(event.at("pid").get<int>());
     }
   }
   REQUIRE(track_names.size() == 4);
@@ -789,4 +823,87 @@ TEST_CASE("the trace of a hung job is Chrome trace JSON with a track per rank an
     CHECK(Contains(track_names.at(rank + 1), ":" + std::to_string(pid) + ")"));
     CHECK(tracks_with_stuck_op.contains(rank + 1));
   }
+}
+
+namespace {
+
+// A job whose board fails early and comes back: train_loop steps every 50 ms and rank 1 hangs in
+// AllReduce #60, about 3 s in. Once every rank has published a status, `interrupt` breaks the
+// board; one second later `restore` mends it. Nothing may crash or hang, and the stall that comes
+// after the board's return is reported with its verdict by every rank.
+Job RunThroughBoardFailure(const TemporaryDirectory& dump_dir, const Environment& settings,
+                           const std::function<bool()>& statuses_published,
+                           const std::function<void()>& interrupt, const std::function<void()>& restore) {
+  Environment hang = settings;
+  hang["NCCLEMU_FAULTS"] = "hang:rank=1,seq=60";
+  hang["NCCLGUARD_TIMEOUT"] = kStallTimeout;
+  hang["NCCLGUARD_STATUS_INTERVAL"] = kShortStatusInterval;
+  Job job;
+  std::thread running([&] {
+    job =
+        RunTrainLoop(dump_dir, {"--ranks", "4", "--steps", "100", "--slow", "0:50", "--timeout", "14"}, hang);
+  });
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!statuses_published() && std::chrono::steady_clock::now() < give_up) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  interrupt();
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  restore();
+  running.join();
+  return job;
+}
+
+void CheckStallReportedWithVerdict(const Job& job) {
+  INFO(job.transcript);
+  REQUIRE_FALSE(job.result.timed_out);
+  REQUIRE(Contains(job.result.out, "ranks not finished: 0,1,2,3"));  // hung, ended by train_loop's --timeout
+  const std::map<int, int> pids = RankPids(job.result.out);
+  REQUIRE(pids.size() == 4);
+  for (const auto& [rank, pid] : pids) {
+    INFO("rank " << rank);
+    CHECK(OnlineVerdict(job.result.err, pid)
+              .starts_with("stuck_inside_nccl: all 4 ranks entered AllReduce #60"));
+    CHECK(LogLinesOf(job.result.err, pid, " ERROR ").empty());
+  }
+}
+
+}  // namespace
+
+TEST_CASE("Redis killed and restarted in the middle of a job: no crash, no hang, verdicts once it is back",
+          "[board][one-board]") {
+  TemporaryDirectory dump_dir;
+  ncclguard::testing::RedisServer redis;
+  REQUIRE(redis.started());
+  const std::string status_key = std::string("ncclguard:{") + kJobId + "}:status";
+  const Job job = RunThroughBoardFailure(
+      dump_dir, {{"NCCLGUARD_STORE", redis.Url()}}, [&] { return redis.HashLength(status_key) == 4; },
+      [&] { redis.Kill(); }, [&] { REQUIRE(redis.Start()); });
+  CheckStallReportedWithVerdict(job);
+  // Each process said once that the board failed, and once that it answers again.
+  for (const auto& [rank, pid] : RankPids(job.result.out)) {
+    INFO("rank " << rank);
+    CHECK(LogLinesOf(job.result.err, pid, "the Redis job board " + redis.Url() + " cannot be used").size() ==
+          1);
+  }
+  CHECK(redis.HashLength(status_key) == 4);
+}
+
+TEST_CASE("the job directory removed in the middle of a job: no crash, no hang, verdicts once it is back",
+          "[board][one-board]") {
+  TemporaryDirectory dump_dir;
+  const std::string job_dir = dump_dir.path() + "/" + kJobId;
+  auto statuses = [&] {
+    std::error_code error;
+    int count = 0;
+    for (const auto& entry : std::filesystem::directory_iterator(job_dir, error)) {
+      count += entry.path().filename().string().starts_with("status-") ? 1 : 0;
+    }
+    return count == 4;
+  };
+  // The processes make it again at their next status (the test makes nothing).
+  const Job job = RunThroughBoardFailure(
+      dump_dir, {}, statuses, [&] { std::filesystem::remove_all(job_dir); }, [] {});
+  CheckStallReportedWithVerdict(job);
+  CHECK(statuses());  // written again into the directory the processes made anew
 }

@@ -66,6 +66,11 @@
     "Name of this job's directory. Default: the launcher's job id (`SLURM_JOB_ID`, "                 \
     "`TORCHELASTIC_RUN_ID`, `PADDLE_JOB_ID`, ...), else one derived from the first "                 \
     "communicator's unique id, which every rank shares.")                                            \
+  X(STORE, store, std::string, "",                                                                   \
+    "The job board where the processes of a job publish their status, ask each other for dumps and " \
+    "meet to recover: empty or `dir` for the job directory, `redis://host[:port][/db]` for a Redis " \
+    "server (for jobs of thousands of ranks; needs libhiredis). Dumps stay files of the job "        \
+    "directory either way.")                                                                         \
   X(RING_SIZE, ring_size, Count, Count{2048},                                                        \
     "Operations kept per communicator in the flight recorder (preallocated).")                       \
   X(DUMP_SIGNAL, dump_signal, Signal, Signal{SIGUSR2},                                               \

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <thread>
@@ -31,6 +32,7 @@
 #include "watchdog/recover/p2p_verdict.h"
 #include "watchdog/report/dump.h"
 #include "watchdog/report/facts.h"
+#include "watchdog/report/job_board.h"
 #include "watchdog/report/job_dir.h"
 #include "watchdog/report/snapshot.h"
 #include "watchdog/report/thread_stacks.h"
@@ -58,12 +60,18 @@ std::string SystemEffects::WriteDump(const ProcessSnapshot& snapshot) {
 
 bool SystemEffects::JobDirectoryKnown() { return !JobDir().empty(); }
 
+double SystemEffects::BoardWritesPerSecond() {
+  const std::shared_ptr<JobBoard> board = Board();
+  return board ? board->StatusWritesPerSecond() : kJobStatusWritesPerSecond;
+}
+
 std::optional<ThreadsSnapshot> SystemEffects::CaptureThreads() { return CaptureThreadStacks(); }
 
 void SystemEffects::WriteStatus(const ProcessSnapshot& snapshot) {
-  if (JobDir().empty()) return;
+  const std::shared_ptr<JobBoard> board = Board();
+  if (!board) return;
   // A failure was logged where it happened; the next interval tries again.
-  const auto written = ncclguard::WriteStatus(JobDir(), snapshot, Facts());
+  const absl::Status written = board->PublishStatus(snapshot, Facts());
   (void)written;
 }
 
@@ -84,15 +92,17 @@ const ProcessFacts& SystemEffects::Facts() {
 }
 
 absl::StatusOr<std::string> SystemEffects::RecordP2pVerdict(P2pVerdictRecord record) {
-  if (JobDir().empty()) return absl::FailedPreconditionError("the job directory is not known yet");
-  record.job_id = JobId();
-  if (absl::Status written = WriteP2pVerdict(JobDir(), record); !written.ok()) return written;
-  return JobDir() + "/" + kP2pVerdictFile;
+  const std::shared_ptr<JobBoard> board = Board();
+  if (!board) return absl::FailedPreconditionError("the job directory is not known yet");
+  record.job_id = board->JobId();
+  if (absl::Status written = WriteP2pVerdict(board, record); !written.ok()) return written;
+  return board->Where() + "/" + kP2pVerdictFile;
 }
 
 std::optional<P2pVerdictRecord> SystemEffects::FreshP2pVerdict() {
-  if (JobDir().empty()) return std::nullopt;
-  absl::StatusOr<P2pVerdictRecord> record = ReadP2pVerdict(JobDir(), JobId());
+  const std::shared_ptr<JobBoard> board = Board();
+  if (!board) return std::nullopt;
+  absl::StatusOr<P2pVerdictRecord> record = ReadP2pVerdict(board, board->JobId());
   if (!record.ok()) {
     if (!absl::IsNotFound(record.status())) log::Warn("{}", std::string(record.status().message()));
     return std::nullopt;
@@ -103,17 +113,19 @@ std::optional<P2pVerdictRecord> SystemEffects::FreshP2pVerdict() {
 }
 
 void SystemEffects::RequestPeerDumps(const std::string& why) {
-  if (JobDir().empty()) return;
-  const auto written = RequestDumps(JobDir(), why);  // a failure was logged where it happened
+  const std::shared_ptr<JobBoard> board = Board();
+  if (!board) return;
+  const auto written = board->RequestDumps(why);  // a failure was logged where it happened
   (void)written;
 }
 
 std::vector<Verdict> SystemEffects::Classify(const ProcessSnapshot& own_status) {
-  if (JobDir().empty()) return {};
-  WriteStatus(own_status);  // the others' files are as fresh as their last interval; ours is now
+  const std::shared_ptr<JobBoard> board = Board();
+  if (!board) return {};
+  WriteStatus(own_status);  // the others' statuses are as fresh as their last interval; ours is now
   const double interval = StatusIntervalSeconds(GetConfig().status_interval.value, 0);
   const absl::StatusOr<JobView> job =
-      ReadJobDirectory(JobDir(), ::ncclguard::WallNowNs(), interval, JobDirectoryOrigin::kOwn);
+      ReadJob(board, ::ncclguard::WallNowNs(), interval, JobDirectoryOrigin::kOwn, JobReadLimits{});
   if (!job.ok()) {
     log::Warn("no verdict: {}", std::string(job.status().message()));
     return {};
@@ -125,17 +137,16 @@ std::vector<Verdict> SystemEffects::Classify(const ProcessSnapshot& own_status) 
     log::Warn("the verdict leaves out {}", job->problems[i]);
   }
   if (job->problems.size() > kProblemsLogged) {
-    log::Warn("the verdict leaves out {} more files of {}", job->problems.size() - kProblemsLogged, JobDir());
+    log::Warn("the verdict leaves out {} more files of {}", job->problems.size() - kProblemsLogged,
+              board->Where());
   }
   return ncclguard::Classify(*job, ProcessKnownBad().entries);
 }
 
 std::int64_t SystemEffects::TakePeerDumpRequest() {
-  if (JobDir().empty()) return 0;
-  if (!request_watcher_) {
-    request_watcher_.emplace(JobDir(), log::HostName(), static_cast<int>(getpid()), started_wall_ns_);
-  }
-  const auto requests = request_watcher_->Poll();
+  const std::shared_ptr<JobBoard> board = Board();
+  if (!board) return 0;
+  const auto requests = board->PollDumpRequests();
   std::int64_t newest = 0;
   if (requests.ok()) {
     for (const DumpRequest& request : *requests)
@@ -179,6 +190,7 @@ void SystemEffects::Abort(CommState& comm) {
 RecoveryOutcome SystemEffects::RecoverInProcess(CommState& comm, ProbationOp& op,
                                                 const std::string& not_ready_reason) {
   const std::string job_dir = JobDir();
+  const std::shared_ptr<JobBoard> board = Board();
   const Config& config = GetConfig();
   // Every rank finds the stall within about one timeout of the others; a meeting shorter than a
   // few seconds would fall back for a rank that merely polled later.
@@ -186,6 +198,7 @@ RecoveryOutcome SystemEffects::RecoverInProcess(CommState& comm, ProbationOp& op
       static_cast<std::int64_t>(std::clamp(config.timeout.value, 5.0, 60.0) * 1000));
   return RecoverCommunicator(comm, op,
                              RecoveryRequest{.job_dir = job_dir,
+                                             .board = board,
                                              .not_ready_reason = job_dir.empty() && not_ready_reason.empty()
                                                                      ? "the job directory is not known"
                                                                      : not_ready_reason,
@@ -237,7 +250,25 @@ std::string SystemEffects::JobDir() {
   job_id_ = ::ncclguard::JobId(ReadProcessEnvironment, first_comm);
   job_dir_ = JobDirectory(GetConfig(), job_id_);
   log::Info("job directory: {}", job_dir_);
+  const BoardIdentity identity{
+      .host = log::HostName(), .pid = static_cast<int>(getpid()), .started_wall_ns = started_wall_ns_};
+  absl::StatusOr<std::shared_ptr<JobBoard>> board =
+      OpenJobBoard(GetConfig().store, job_dir_, job_id_, identity);
+  if (!board.ok()) {
+    log::Warn("{}; the job directory is the job board", std::string(board.status().message()));
+    board = OpenJobBoard("", job_dir_, job_id_, identity);
+  }
+  if (board.ok()) {
+    board_ = *std::move(board);
+    if (!board_->StatusesAreFiles()) log::Info("job board: {}", board_->Where());
+  }
   return job_dir_;
+}
+
+std::shared_ptr<JobBoard> SystemEffects::Board() {
+  if (JobDir().empty()) return nullptr;
+  MutexLock lock(job_dir_mutex_);
+  return board_;
 }
 
 std::vector<int> SystemEffects::Devices() {

@@ -10,6 +10,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -17,15 +18,17 @@
 #include "absl/base/thread_annotations.h"
 #include "watchdog/common/mutex.h"
 #include "watchdog/detect/watchdog.h"
-#include "watchdog/report/job_dir.h"
+#include "watchdog/report/job_board.h"
 
 namespace ncclguard {
 
-// The real effects: files in the job directory, NCCL and CUDA calls, the process's exit.
+// The real effects: the job board and the files of the job directory, NCCL and CUDA calls, the
+// process's exit.
 class SystemEffects final : public WatchdogEffects {
  public:
   std::string WriteDump(const ProcessSnapshot& snapshot) override;
   bool JobDirectoryKnown() override;
+  double BoardWritesPerSecond() override;
   void WriteStatus(const ProcessSnapshot& snapshot) override;
   std::optional<ThreadsSnapshot> CaptureThreads() override;
 
@@ -62,17 +65,19 @@ class SystemEffects final : public WatchdogEffects {
   // A copy: the application's thread (status at communicator creation) may ask too.
   std::string JobDir();
   std::string JobId();  // "" until JobDir() has named the job directory
+  // The job board (NCCLGUARD_STORE), opened once JobDir() has named the job; null before.
+  std::shared_ptr<JobBoard> Board();
 
   static std::vector<int> Devices();
 
   Mutex job_dir_mutex_;
   std::string job_id_ ABSL_GUARDED_BY(job_dir_mutex_);
   std::string job_dir_ ABSL_GUARDED_BY(job_dir_mutex_);
+  std::shared_ptr<JobBoard> board_ ABSL_GUARDED_BY(job_dir_mutex_);
   const std::int64_t started_wall_ns_ = ::ncclguard::WallNowNs();
   const ProcessFacts identity_ = CollectIdentityFacts(RealFactSources());
   ProcessFacts facts_;
   std::atomic<bool> facts_collected_{false};
-  std::optional<DumpRequestWatcher> request_watcher_;
 };
 
 // True once HoldApplicationCalls was called (NCCLGUARD_ACTION=exit, just before it aborts): the

@@ -101,8 +101,9 @@ void Watchdog::PollOnce(std::int64_t now_ns) {
   if (now_ns >= next_status_ns_ && effects_.JobDirectoryKnown()) {
     int job_processes = 0;
     for (CommState* comm : registry_.All()) job_processes = std::max(job_processes, comm->nranks.load());
-    status_interval_ns_ =
-        static_cast<std::int64_t>(StatusIntervalSeconds(config_.status_interval.value, job_processes) * 1e9);
+    status_interval_ns_ = static_cast<std::int64_t>(
+        StatusIntervalSeconds(config_.status_interval.value, job_processes, effects_.BoardWritesPerSecond()) *
+        1e9);
     next_status_ns_ = now_ns + status_interval_ns_;
     {
       Activity activity(*this, "writing the status file");

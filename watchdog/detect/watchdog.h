@@ -22,6 +22,7 @@
 #include "watchdog/recover/in_process.h"
 #include "watchdog/recover/p2p_verdict.h"
 #include "watchdog/report/facts.h"
+#include "watchdog/report/job_dir.h"
 #include "watchdog/report/snapshot.h"
 #include "watchdog/state/gpu_events.h"
 #include "watchdog/state/registry.h"
@@ -39,6 +40,8 @@ class WatchdogEffects {
   // False until the job directory is known (it is named after the first communicator): status
   // files and dump requests wait for it.
   virtual bool JobDirectoryKnown() = 0;
+  // How many statuses per second the whole job may write on its board.
+  virtual double BoardWritesPerSecond() { return kJobStatusWritesPerSecond; }
   virtual void WriteStatus(const ProcessSnapshot& snapshot) = 0;
   // Every thread's stack, native and Python, for a dump (report/thread_stacks.h).
   virtual std::optional<ThreadsSnapshot> CaptureThreads() = 0;

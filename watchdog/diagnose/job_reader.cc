@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <cstring>
 #include <fstream>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -35,6 +36,7 @@
 #include "watchdog/diagnose/op_states.h"
 #include "watchdog/report/dump.h"
 #include "watchdog/report/dump_reader.h"
+#include "watchdog/report/job_board.h"
 #include "watchdog/report/job_dir.h"
 #include "watchdog/report/snapshot.h"
 #include "watchdog/state/records.h"
@@ -176,6 +178,8 @@ struct JobFile {
   enum class Kind { kStatus, kDump };
   std::string name;
   Kind kind;
+  // A status the board fetched (Redis), parsed instead of a file read; null for a file.
+  const StatusRecord* record = nullptr;
 };
 
 // What became of each file.
@@ -205,8 +209,11 @@ std::string_view WriterOf(const JobFile& file) {
 class Merger {
  public:
   // `several_dumps`: the writers (WriterOf) of more than one dump, whose status waits for all.
-  Merger(JobView& job, std::size_t expected_processes, std::unordered_set<std::string_view> several_dumps)
-      : job_(job), several_dumps_(std::move(several_dumps)) {
+  // `dump_directory`: where the dumps are files (the job's directory, also when the statuses come
+  // from another board).
+  Merger(JobView& job, std::string dump_directory, std::size_t expected_processes,
+         std::unordered_set<std::string_view> several_dumps)
+      : job_(job), dump_directory_(std::move(dump_directory)), several_dumps_(std::move(several_dumps)) {
     job_.processes.reserve(expected_processes);
     by_process_.reserve(expected_processes);
   }
@@ -245,7 +252,7 @@ class Merger {
     std::optional<ProcessSnapshot> status;
     if (status_only_[index]) status = std::move(view.snapshot);
     status_only_[index] = false;
-    view.dump_file = absl::StrCat(job_.directory, "/", file.name);
+    view.dump_file = absl::StrCat(dump_directory_, "/", file.name);
     view.dump_reason = dump.snapshot.reason;
     // Only a dump taken for a failed call tells initialisations that failed (SeparateFailedInits).
     failed_call_dumps_.erase(index);
@@ -305,6 +312,7 @@ class Merger {
 
   std::mutex mutex_;
   JobView& job_;
+  const std::string dump_directory_;
   const std::unordered_set<std::string_view> several_dumps_;
   std::unordered_map<std::string, std::size_t> by_process_;
   std::vector<bool> status_only_;  // by process: its snapshot is its status file's, no dump yet
@@ -338,7 +346,12 @@ void ReadFiles(int directory_fd, const std::vector<JobFile>& files, std::size_t 
       return absl::IsOutOfRange(status) ? Outcome::kCapped : Outcome::kUnreadable;
     };
     if (file.kind == JobFile::Kind::kStatus) {
-      absl::StatusOr<PeerStatus> status = ReadStatusFileAt(directory_fd, file.name);
+      absl::StatusOr<PeerStatus> status = file.record != nullptr
+                                              ? ParseStatusRecord(file.name, file.record->content)
+                                              : ReadStatusFileAt(directory_fd, file.name);
+      if (status.ok() && file.record != nullptr) {
+        status->snapshot.time_ns = std::max(status->snapshot.time_ns, file.record->heartbeat_ns);
+      }
       return status.ok() ? merger.AddStatus(file, *std::move(status)) : refusal(status.status());
     }
     absl::StatusOr<ParsedDump> dump = [&]() -> absl::StatusOr<ParsedDump> {
@@ -429,16 +442,32 @@ void NoteUnread(const std::vector<JobFile>& files, const std::vector<Outcome>& o
   job.not_read.why = absl::StrJoin(reasons, "; ");
 }
 
-// Every dump and status file of the directory open as `directory_fd` that can be read before
-// `stop_reading` within `limits`; the others are problems, and those a bound left unread are
-// counted in job.not_read.
-JobView ReadOpenJobDirectory(int directory_fd, const std::string& directory, const JobReadLimits& limits,
-                             std::chrono::steady_clock::time_point stop_reading) {
+// Every dump and status file of the directory `directory`, open as `directory_fd` (-1: none), that
+// can be read before `stop_reading` within `limits`; the others are problems, and those a bound
+// left unread are counted in job.not_read. With `fetched_statuses`, the statuses are those (from
+// the board `where`), not the directory's files.
+JobView ReadOpenJobDirectory(int directory_fd, const std::string& where, const std::string& directory,
+                             const JobReadLimits& limits, std::chrono::steady_clock::time_point stop_reading,
+                             const StatusRecords* fetched_statuses) {
   JobView job;
-  job.directory = directory;
+  job.directory = where;
   std::vector<JobFile> files;
+  if (fetched_statuses != nullptr) {
+    for (const StatusRecord& record : fetched_statuses->records) {
+      files.push_back(JobFile{.name = record.name, .kind = JobFile::Kind::kStatus, .record = &record});
+    }
+    if (fetched_statuses->not_fetched > 0) {
+      // Whose statuses they are is not known: no rank may be named as missing.
+      job.not_read.listing_cut_short = true;
+      job.not_read.why =
+          absl::StrCat(fetched_statuses->not_fetched,
+                       " statuses not fetched from the board: ", fetched_statuses->why_not_fetched);
+      job.problems.push_back(job.not_read.why);
+    }
+  }
   for (const auto& [prefix, kind] :
        {std::pair{"status-", JobFile::Kind::kStatus}, std::pair{"dump-", JobFile::Kind::kDump}}) {
+    if (directory_fd < 0 || (kind == JobFile::Kind::kStatus && fetched_statuses != nullptr)) continue;
     absl::StatusOr<std::vector<std::string>> names = ListNamesAt(directory_fd, prefix, ".json");
     if (!names.ok()) {
       job.problems.push_back(absl::StrCat(kind == JobFile::Kind::kStatus ? "status files: " : "dumps: ",
@@ -461,7 +490,7 @@ JobView ReadOpenJobDirectory(int directory_fd, const std::string& directory, con
     statuses += status ? 1 : 0;
     if (!writers.insert(WriterOf(file)).second && !status) several_dumps.insert(WriterOf(file));
   }
-  Merger merger(job, writers.size(), std::move(several_dumps));
+  Merger merger(job, directory, writers.size(), std::move(several_dumps));
   writers = {};
   // Files past the cap are never started on; they stay kNotRead. Every status file is in before
   // the first dump (Merger).
@@ -494,7 +523,8 @@ absl::StatusOr<JobView> ReadJobDirectory(const std::string& directory, std::int6
         [=]() -> absl::StatusOr<JobView> {
           absl::StatusOr<int> directory_fd = OpenJobDirectory(directory, origin);
           if (!directory_fd.ok()) return directory_fd.status();
-          JobView job = ReadOpenJobDirectory(*directory_fd, directory, limits, stop_reading);
+          JobView job =
+              ReadOpenJobDirectory(*directory_fd, directory, directory, limits, stop_reading, nullptr);
           close(*directory_fd);
           job.now_ns = now_ns;
           job.status_interval_seconds = status_interval_seconds;
@@ -508,6 +538,39 @@ absl::StatusOr<JobView> ReadJobDirectory(const std::string& directory, std::int6
     return job;
   } catch (...) {
     return absl::ResourceExhaustedError(absl::StrCat("cannot read ", directory));
+  }
+}
+
+absl::StatusOr<JobView> ReadJob(const std::shared_ptr<JobBoard>& board, std::int64_t now_ns,
+                                double status_interval_seconds, JobDirectoryOrigin origin,
+                                const JobReadLimits& limits) noexcept {
+  const std::string& directory = board->Directory();
+  if (board->StatusesAreFiles())
+    return ReadJobDirectory(directory, now_ns, status_interval_seconds, origin, limits);
+  try {
+    const auto stop_reading = limits.now() + limits.deadline * 4 / 5;
+    absl::StatusOr<JobView> job = RunWithDeadline<JobView>(
+        [=]() -> absl::StatusOr<JobView> {
+          // The statuses, as many as the deadline lets through; then the dumps, files of the
+          // job's directory wherever the board is (none when nobody dumped).
+          absl::StatusOr<StatusRecords> fetched = board->FetchStatuses(stop_reading);
+          if (!fetched.ok()) return fetched.status();
+          absl::StatusOr<int> directory_fd = OpenJobDirectory(directory, origin);
+          JobView job = ReadOpenJobDirectory(directory_fd.ok() ? *directory_fd : -1, board->Where(),
+                                             directory, limits, stop_reading, &*fetched);
+          if (directory_fd.ok()) close(*directory_fd);
+          job.now_ns = now_ns;
+          job.status_interval_seconds = status_interval_seconds;
+          return job;
+        },
+        limits.deadline);
+    if (absl::IsDeadlineExceeded(job.status())) {
+      return absl::DeadlineExceededError(absl::StrCat("reading ", board->Where(), " took longer than ",
+                                                      limits.deadline.count(), " ms; given up"));
+    }
+    return job;
+  } catch (...) {
+    return absl::ResourceExhaustedError(absl::StrCat("cannot read ", board->Where()));
   }
 }
 

@@ -6,12 +6,14 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "watchdog/common/files.h"
 #include "watchdog/report/facts.h"
+#include "watchdog/report/job_board.h"
 #include "watchdog/report/snapshot.h"
 
 namespace ncclguard {
@@ -92,6 +94,11 @@ struct JobReadLimits {
 absl::StatusOr<JobView> ReadJobDirectory(const std::string& directory, std::int64_t now_ns,
                                          double status_interval_seconds, JobDirectoryOrigin origin,
                                          const JobReadLimits& limits) noexcept;
+// The same for a job on any board: the statuses from the board (a directory board's are its files),
+// the dumps from the job's directory. Statuses the deadline left on the board are not read.
+absl::StatusOr<JobView> ReadJob(const std::shared_ptr<JobBoard>& board, std::int64_t now_ns,
+                                double status_interval_seconds, JobDirectoryOrigin origin,
+                                const JobReadLimits& limits) noexcept;
 absl::StatusOr<JobView> ReadJobDirectory(const std::string& directory, std::int64_t now_ns,
                                          double status_interval_seconds,
                                          JobDirectoryOrigin origin = JobDirectoryOrigin::kNamedByUser,

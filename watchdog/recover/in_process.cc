@@ -216,7 +216,7 @@ absl::StatusOr<RendezvousOutcome> Recovery::Meet(const std::string& not_ready) {
   for (std::size_t i = 1; i < members_.size(); ++i)
     other_local_ranks.push_back(members_[i].comm->rank.load());
   const CommState& comm = *members_.front().comm;
-  RendezvousRequest request{.job_dir = request_.job_dir,
+  RendezvousRequest request{.board = request_.board,
                             .comm_id = comm.id,
                             // Ranks that stalled in different operations never meet: each number
                             // has a meeting of its own.

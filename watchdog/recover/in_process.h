@@ -7,14 +7,17 @@
 
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <string>
 
+#include "watchdog/report/job_board.h"
 #include "watchdog/state/records.h"
 
 namespace ncclguard {
 
 struct RecoveryRequest {
-  std::string job_dir;  // where the ranks meet, and where the private copy of NCCL goes
+  std::string job_dir;              // where the private copy of NCCL goes
+  std::shared_ptr<JobBoard> board;  // where the ranks meet
   // Why this rank cannot recover; "" when it can. A rank that cannot still takes part in the
   // meeting, so that the others fall back at once instead of at their deadline.
   std::string not_ready_reason;

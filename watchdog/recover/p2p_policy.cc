@@ -1,11 +1,13 @@
 #include "watchdog/recover/p2p_policy.h"
 
 #include <stdlib.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <exception>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -23,6 +25,7 @@
 #include "watchdog/diagnose/known_bad.h"
 #include "watchdog/recover/p2p_verdict.h"
 #include "watchdog/report/facts.h"
+#include "watchdog/report/job_board.h"
 #include "watchdog/report/job_dir.h"
 
 namespace ncclguard {
@@ -99,8 +102,11 @@ std::vector<NcclConfigFile> ReadNcclConfigFiles(const EnvironmentReader& read_en
 void ReadEarlierVerdict(const Config& config, P2pPolicyInputs& inputs) {
   const std::optional<std::string> job_id = NamedJobId(inputs.read_environment);
   inputs.job_id_known = job_id.has_value();
-  if (inputs.mode == P2pMode::kAuto && job_id)
-    inputs.verdict = ReadP2pVerdict(JobDirectory(config, *job_id), *job_id);
+  if (inputs.mode != P2pMode::kAuto || !job_id) return;
+  absl::StatusOr<std::shared_ptr<JobBoard>> board =
+      OpenJobBoard(config.store, JobDirectory(config, *job_id), *job_id,
+                   BoardIdentity{.host = log::HostName(), .pid = static_cast<int>(getpid())});
+  inputs.verdict = board.ok() ? ReadP2pVerdict(*board, *job_id) : board.status();
 }
 
 P2pDecision DecideP2p(const P2pPolicyInputs& inputs) {

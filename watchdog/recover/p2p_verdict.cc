@@ -1,13 +1,9 @@
 #include "watchdog/recover/p2p_verdict.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
-#include <cerrno>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -21,6 +17,7 @@
 #include "watchdog/common/files.h"
 #include "watchdog/diagnose/verdicts.h"
 #include "watchdog/report/dump_reader.h"
+#include "watchdog/report/job_board.h"
 
 namespace ncclguard {
 namespace {
@@ -56,43 +53,34 @@ P2pVerdictRecord ParseRecord(const std::string& content) {
                           .time_ns = document.at("time_ns").get<std::int64_t>()};
 }
 
-absl::StatusOr<P2pVerdictRecord> ReadNow(const std::string& job_dir, const std::string& job_id) {
-  const std::string path = absl::StrCat(job_dir, "/", kP2pVerdictFile);
-  struct stat entry {};
-  if (lstat(job_dir.c_str(), &entry) != 0 && errno == ENOENT) {
-    return absl::NotFoundError(absl::StrCat(job_dir, " does not exist"));
-  }
-  absl::StatusOr<int> directory_fd = OpenPrivateDirectory(job_dir, /*create=*/false);
-  if (!directory_fd.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": ", directory_fd.status().message()));
-  }
-  const bool exists = fstatat(*directory_fd, kP2pVerdictFile, &entry, AT_SYMLINK_NOFOLLOW) == 0;
-  absl::StatusOr<std::string> content =
-      exists ? ReadFileAt(*directory_fd, kP2pVerdictFile, kMaxRecordBytes) : absl::NotFoundError("");
-  close(*directory_fd);
-  if (!exists) return absl::NotFoundError(absl::StrCat(path, " does not exist"));
+absl::StatusOr<P2pVerdictRecord> ReadNow(const std::shared_ptr<JobBoard>& board, const std::string& job_id) {
+  const std::string where = absl::StrCat(board->Where(), "/", kP2pVerdictFile);
+  absl::StatusOr<std::string> content = board->Get("", kP2pVerdictFile, kMaxRecordBytes);
+  if (absl::IsNotFound(content.status())) return absl::NotFoundError(absl::StrCat(where, " does not exist"));
+  if (absl::IsUnavailable(content.status())) return content.status();
   if (!content.ok()) {
     // A symbolic link, a file too large or unreadable: something is there, and it is not a record.
     return absl::InvalidArgumentError(
-        absl::StrCat(path, ": cannot be read as a P2P verdict: ", content.status().message()));
+        absl::StrCat(where, ": cannot be read as a P2P verdict: ", content.status().message()));
   }
   P2pVerdictRecord record;
   try {
     record = ParseRecord(*content);
   } catch (const std::exception& error) {
     return absl::InvalidArgumentError(
-        absl::StrCat(path, ": not a P2P verdict of this ncclguard: ", error.what()));
+        absl::StrCat(where, ": not a P2P verdict of this ncclguard: ", error.what()));
   }
   if (record.job_id != job_id) {
     return absl::InvalidArgumentError(
-        absl::StrCat(path, ": the record of job '", record.job_id, "', not of this job '", job_id, "'"));
+        absl::StrCat(where, ": the record of job '", record.job_id, "', not of this job '", job_id, "'"));
   }
   return record;
 }
 
 }  // namespace
 
-absl::Status WriteP2pVerdict(const std::string& job_dir, const P2pVerdictRecord& record) noexcept {
+absl::Status WriteP2pVerdict(const std::shared_ptr<JobBoard>& board,
+                             const P2pVerdictRecord& record) noexcept {
   std::string content;
   try {
     content = Json{{"format", kFormat},         {"format_version", kP2pVerdictFormatVersion},
@@ -107,22 +95,21 @@ absl::Status WriteP2pVerdict(const std::string& job_dir, const P2pVerdictRecord&
     return absl::ResourceExhaustedError("cannot format the P2P verdict");
   }
   // Durable: the next attempt, maybe after a node reboot, decides on it.
-  absl::StatusOr<std::string> written = WriteFileAtomically(job_dir, kP2pVerdictFile, content + "\n", true);
-  return written.status();
+  return board->Put("", kP2pVerdictFile, content + "\n", /*durable=*/true);
 }
 
-absl::StatusOr<P2pVerdictRecord> ReadP2pVerdict(const std::string& job_dir,
+absl::StatusOr<P2pVerdictRecord> ReadP2pVerdict(const std::shared_ptr<JobBoard>& board,
                                                 const std::string& job_id) noexcept {
   try {
-    absl::StatusOr<P2pVerdictRecord> record = RunWithDeadline<P2pVerdictRecord>(
-        [job_dir, job_id] { return ReadNow(job_dir, job_id); }, kWriteDeadline);
+    absl::StatusOr<P2pVerdictRecord> record =
+        RunWithDeadline<P2pVerdictRecord>([board, job_id] { return ReadNow(board, job_id); }, kWriteDeadline);
     if (absl::IsDeadlineExceeded(record.status()) || absl::IsUnavailable(record.status())) {
       return absl::UnavailableError(
-          absl::StrCat(job_dir, "/", kP2pVerdictFile, ": ", record.status().message()));
+          absl::StrCat(board->Where(), "/", kP2pVerdictFile, ": ", record.status().message()));
     }
     return record;
   } catch (...) {
-    return absl::ResourceExhaustedError(absl::StrCat("cannot read ", job_dir, "/", kP2pVerdictFile));
+    return absl::ResourceExhaustedError(absl::StrCat("cannot read ", board->Where(), "/", kP2pVerdictFile));
   }
 }
 

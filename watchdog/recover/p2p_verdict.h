@@ -1,15 +1,17 @@
 // The record that an attempt of a job found P2P at fault. Under NCCLGUARD_ACTION=reinit, a process
-// whose stall is classified p2p_suspect writes it into the job directory before the job exits with
-// the restart code; at the next attempt, NCCLGUARD_P2P=auto reads it before the first
-// communicator exists and turns P2P off. One small JSON file, replaced atomically.
+// whose stall is classified p2p_suspect writes it on the job board before the job exits with the
+// restart code; at the next attempt, NCCLGUARD_P2P=auto reads it before the first communicator
+// exists and turns P2P off. One small JSON record (in the job directory, a file replaced atomically).
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "watchdog/report/job_board.h"
 
 namespace ncclguard {
 
@@ -28,15 +30,16 @@ struct P2pVerdictRecord {
   std::int64_t time_ns = 0;  // when (epoch ns)
 };
 
-// Writes <job_dir>/p2p-verdict.json atomically (several processes may write it at once; any one
-// of their records is fine).
-absl::Status WriteP2pVerdict(const std::string& job_dir, const P2pVerdictRecord& record) noexcept;
+// Writes the record p2p-verdict.json on the job's board (a file of the job directory, replaced
+// atomically; or a Redis record): several processes may write it at once, and any one of their
+// records is fine.
+absl::Status WriteP2pVerdict(const std::shared_ptr<JobBoard>& board, const P2pVerdictRecord& record) noexcept;
 
-// NotFound when the job directory has no record. InvalidArgument, with a message that names the
+// NotFound when the board has no record. InvalidArgument, with a message that names the
 // file and says what is wrong with it, when the file is not a record in this format (corrupt,
 // truncated, another program's, another format version) or is the record of another job.
-// Unavailable when the file system did not answer within kWriteDeadline. Never blocks longer.
-absl::StatusOr<P2pVerdictRecord> ReadP2pVerdict(const std::string& job_dir,
+// Unavailable when the board did not answer within kWriteDeadline. Never blocks longer.
+absl::StatusOr<P2pVerdictRecord> ReadP2pVerdict(const std::shared_ptr<JobBoard>& board,
                                                 const std::string& job_id) noexcept;
 
 }  // namespace ncclguard

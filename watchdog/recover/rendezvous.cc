@@ -13,6 +13,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <exception>
+#include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -35,6 +36,7 @@
 #include "watchdog/common/files.h"
 #include "watchdog/common/log.h"
 #include "watchdog/report/dump_reader.h"
+#include "watchdog/report/job_board.h"
 
 namespace ncclguard {
 namespace {
@@ -46,8 +48,6 @@ constexpr char kVoteFormat[] = "ncclguard-recovery-vote";
 constexpr char kDecisionFormat[] = "ncclguard-recovery-decision";
 constexpr char kVotePrefix[] = "vote-";
 constexpr char kJsonSuffix[] = ".json";
-// The meeting's directory, recovery/<comm>/<epoch>, lies three levels below the job directory.
-constexpr int kLevelsBelowJobDirectory = 3;
 // A vote or a decision takes a few hundred bytes and its reason; a larger file is not one.
 constexpr std::size_t kMaxFileBytes = 64 << 10;
 constexpr std::size_t kMaxReasonBytes = 4000;
@@ -57,9 +57,11 @@ constexpr std::chrono::milliseconds kMinFileDeadline{1000};
 // How many ranks a reason names before it counts the others.
 constexpr std::size_t kRanksNamed = 8;
 
-// What identifies one meeting; copied into file operations, which may outlive the call.
+// What identifies one meeting; copied into board operations, which may outlive the call.
 struct Place {
-  std::string directory;
+  std::shared_ptr<JobBoard> board;
+  std::string folder;     // recovery/<comm>/<epoch>
+  std::string directory;  // where that folder is, in messages
   std::string comm;
   int epoch = 0;
   int nranks = 0;
@@ -202,12 +204,7 @@ absl::Status Refusal(const absl::Status& status) {
 }
 
 absl::StatusOr<Decision> ReadDecisionNow(const Place& place) {
-  absl::StatusOr<int> directory_fd =
-      OpenPrivateDirectory(place.directory, /*create=*/false, kLevelsBelowJobDirectory);
-  // Created by this rank's vote; a directory that cannot be opened now fails the writes too.
-  if (!directory_fd.ok()) return absl::UnavailableError(directory_fd.status().message());
-  absl::StatusOr<std::string> content = ReadFileAt(*directory_fd, kRecoveryDecisionFile, kMaxFileBytes);
-  close(*directory_fd);
+  absl::StatusOr<std::string> content = place.board->Get(place.folder, kRecoveryDecisionFile, kMaxFileBytes);
   if (!content.ok()) return Refusal(content.status());
   try {
     return ParseDecision(*content, place);
@@ -219,19 +216,14 @@ absl::StatusOr<Decision> ReadDecisionNow(const Place& place) {
 // The votes of ranks not in `already`, as far as they are there; a vote that cannot be read yet is
 // left for the next look.
 absl::StatusOr<std::vector<VoteRead>> ReadNewVotesNow(const Place& place, const std::vector<bool>& already) {
-  absl::StatusOr<int> directory_fd =
-      OpenPrivateDirectory(place.directory, /*create=*/false, kLevelsBelowJobDirectory);
-  if (!directory_fd.ok()) return absl::UnavailableError(directory_fd.status().message());
-  absl::StatusOr<std::vector<std::string>> names = ListNamesAt(*directory_fd, kVotePrefix, kJsonSuffix);
-  if (!names.ok()) {
-    close(*directory_fd);
-    return absl::UnavailableError(names.status().message());
-  }
+  absl::StatusOr<std::vector<std::string>> names =
+      place.board->ListNames(place.folder, kVotePrefix, kJsonSuffix);
+  if (!names.ok()) return absl::UnavailableError(names.status().message());
   std::vector<VoteRead> reads;
   for (const std::string& name : *names) {
     const int rank = RankOfVoteName(name, place.nranks);
     if (rank < 0 || already[static_cast<std::size_t>(rank)]) continue;
-    absl::StatusOr<std::string> content = ReadFileAt(*directory_fd, name, kMaxFileBytes);
+    absl::StatusOr<std::string> content = place.board->Get(place.folder, name, kMaxFileBytes);
     if (IsTransient(content.status())) continue;
     if (!content.ok()) {
       reads.push_back(VoteRead{.rank = rank, .vote = Refusal(content.status())});
@@ -243,17 +235,13 @@ absl::StatusOr<std::vector<VoteRead>> ReadNewVotesNow(const Place& place, const 
       reads.push_back(VoteRead{.rank = rank, .vote = absl::InvalidArgumentError(error.what())});
     }
   }
-  close(*directory_fd);
   return reads;
 }
 
 // The ranks that have not voted (whether their votes can be read or not).
 absl::StatusOr<std::vector<int>> RanksNotVotedNow(const Place& place) {
-  absl::StatusOr<int> directory_fd =
-      OpenPrivateDirectory(place.directory, /*create=*/false, kLevelsBelowJobDirectory);
-  if (!directory_fd.ok()) return directory_fd.status();
-  absl::StatusOr<std::vector<std::string>> names = ListNamesAt(*directory_fd, kVotePrefix, kJsonSuffix);
-  close(*directory_fd);
+  absl::StatusOr<std::vector<std::string>> names =
+      place.board->ListNames(place.folder, kVotePrefix, kJsonSuffix);
   if (!names.ok()) return names.status();
   std::vector<bool> voted(static_cast<std::size_t>(place.nranks), false);
   for (const std::string& name : *names) {
@@ -275,9 +263,10 @@ std::vector<int> LocalRanks(const RendezvousRequest& request) {
 }
 
 absl::Status CheckRequest(const RendezvousRequest& request) {
-  if (request.job_dir.empty() || request.job_dir[0] != '/') {
+  if (!request.board) return absl::InvalidArgumentError("no job board to meet on");
+  if (const std::string& job_dir = request.board->Directory(); job_dir.empty() || job_dir[0] != '/') {
     return absl::InvalidArgumentError(
-        absl::StrCat("the job directory '", request.job_dir, "' is not an absolute path"));
+        absl::StrCat("the job directory '", job_dir, "' is not an absolute path"));
   }
   const bool hex = std::all_of(request.comm_id.begin(), request.comm_id.end(), [](char c) {
     return absl::ascii_isdigit(static_cast<unsigned char>(c)) || (c >= 'a' && c <= 'f');
@@ -312,7 +301,9 @@ class Meeting {
  public:
   explicit Meeting(const RendezvousRequest& request)
       : request_(request),
-        place_{.directory = RendezvousDirectory(request),
+        place_{.board = request.board,
+               .folder = RendezvousFolder(request),
+               .directory = RendezvousDirectory(request),
                .comm = request.comm_id,
                .epoch = request.epoch,
                .nranks = request.nranks},
@@ -381,9 +372,8 @@ absl::Status Meeting::WriteVote(int rank) {
   const Clock::time_point give_up = RetryUntil();
   for (;;) {
     // Not durable: the meeting matters only while the job runs.
-    absl::StatusOr<std::string> written = WriteFileAtomically(place_.directory, VoteName(rank), content,
-                                                              /*durable=*/false, kLevelsBelowJobDirectory);
-    if (written.ok() || !IsTransient(written.status()) || Clock::now() >= give_up) return written.status();
+    const absl::Status written = place_.board->Put(place_.folder, VoteName(rank), content, /*durable=*/false);
+    if (written.ok() || !IsTransient(written) || Clock::now() >= give_up) return written;
     Sleep();
   }
 }
@@ -479,8 +469,8 @@ RendezvousOutcome Meeting::Conclude(const Decision& proposal) {
   const std::string content = Stamped(std::move(document), request_.rank);
   const Clock::time_point give_up = RetryUntil();
   for (;;) {
-    const absl::Status published = PublishFileOnce(place_.directory, kRecoveryDecisionFile, content,
-                                                   kLevelsBelowJobDirectory, FileDeadline());
+    const absl::Status published =
+        place_.board->PutOnce(place_.folder, kRecoveryDecisionFile, content, FileDeadline());
     if (published.ok()) return OutcomeOf(proposal);
     if (absl::IsAlreadyExists(published)) return FollowPublishedDecision();
     if (!IsTransient(published) || Clock::now() >= give_up) {
@@ -547,8 +537,13 @@ RendezvousOutcome Meeting::Run(const UniqueIdMaker& make_unique_id) {
 
 }  // namespace
 
+std::string RendezvousFolder(const RendezvousRequest& request) {
+  return absl::StrCat(kRecoveryDirectory, "/", request.comm_id, "/", request.epoch);
+}
+
 std::string RendezvousDirectory(const RendezvousRequest& request) {
-  return absl::StrCat(request.job_dir, "/", kRecoveryDirectory, "/", request.comm_id, "/", request.epoch);
+  return absl::StrCat(request.board ? request.board->Where() : std::string("?"), "/",
+                      RendezvousFolder(request));
 }
 
 absl::StatusOr<RendezvousOutcome> MeetToRecover(const RendezvousRequest& request,

@@ -1,5 +1,5 @@
-// The meeting at which the ranks of a stuck communicator agree, through the job directory alone
-// (local, or shared by every node; no server), to re-create it in their own processes: all of them
+// The meeting at which the ranks of a stuck communicator agree, through the job board (the job
+// directory, local or shared by every node, or Redis), to re-create it in their own processes: all of them
 // or none. Each rank votes; rank 0, once every rank is ready, makes the new communicator's unique
 // id; and one decision file, which only its first writer can create, carries either that unique
 // id or the reason to fall back. The files are described in docs/recovery.md.
@@ -11,10 +11,12 @@
 
 #include <chrono>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "watchdog/report/job_board.h"
 
 namespace ncclguard {
 
@@ -26,8 +28,8 @@ inline constexpr int kRendezvousFormatVersion = 1;
 inline constexpr std::chrono::milliseconds kRendezvousPollInterval{20};
 
 struct RendezvousRequest {
-  std::string job_dir;  // absolute; the same directory on every rank
-  std::string comm_id;  // the communicator's id (CommState::id): 16 lowercase hex digits
+  std::shared_ptr<JobBoard> board;  // the job's board, the same on every rank
+  std::string comm_id;              // the communicator's id (CommState::id): 16 lowercase hex digits
   // The recovery attempt of this communicator, from 1: each attempt meets in a directory of its
   // own, so a later attempt never reads an earlier one's decision.
   int epoch = 1;
@@ -72,7 +74,9 @@ using UniqueIdMaker = std::function<absl::StatusOr<ncclUniqueId>()>;
 absl::StatusOr<RendezvousOutcome> MeetToRecover(const RendezvousRequest& request,
                                                 const UniqueIdMaker& make_unique_id) noexcept;
 
-// "<job_dir>/recovery/<comm>/<epoch>": where the meeting of `request` keeps its files.
+// "recovery/<comm>/<epoch>": the board's folder where the meeting of `request` keeps its records;
+// and where that is, for messages ("<job_dir>/recovery/<comm>/<epoch>" on a directory board).
+std::string RendezvousFolder(const RendezvousRequest& request);
 std::string RendezvousDirectory(const RendezvousRequest& request);
 
 }  // namespace ncclguard

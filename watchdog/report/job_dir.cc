@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -223,7 +224,9 @@ absl::StatusOr<StatusScan> ReadStatusesNow(const std::string& job_dir) {
   return ReadStatusesAt(directory.get(), std::chrono::steady_clock::now() + kReadDeadline);
 }
 
-DumpRequest ParseRequest(const std::string& name, const absl::StatusOr<std::string>& content) {
+}  // namespace
+
+DumpRequest ParseDumpRequest(const std::string& name, const absl::StatusOr<std::string>& content) {
   DumpRequest request;
   request.name = name;
   request.requester = "unknown";
@@ -240,6 +243,8 @@ DumpRequest ParseRequest(const std::string& name, const absl::StatusOr<std::stri
   }
   return request;
 }
+
+namespace {
 
 // The requests of the job directory not in `already_handled`; none when nobody ever asked.
 absl::StatusOr<std::vector<DumpRequest>> ListRequestsNow(const std::string& job_dir,
@@ -260,7 +265,7 @@ absl::StatusOr<std::vector<DumpRequest>> ListRequestsNow(const std::string& job_
   std::vector<DumpRequest> requests;
   for (const std::string& name : *names) {
     if (already_handled.contains(name)) continue;
-    requests.push_back(ParseRequest(name, ReadFileAt(directory.get(), name, kMaxReadBytes)));
+    requests.push_back(ParseDumpRequest(name, ReadFileAt(directory.get(), name, kMaxReadBytes)));
   }
   return requests;
 }
@@ -380,16 +385,40 @@ std::string JobDirectory(const Config& config, const std::string& job_id) {
   return absl::StrCat(base, "/", SafeFileName(job_id));
 }
 
-double StatusIntervalSeconds(double configured_seconds, int job_processes) {
-  return std::max(configured_seconds, job_processes / kJobStatusWritesPerSecond);
+double StatusIntervalSeconds(double configured_seconds, int job_processes, double writes_per_second) {
+  return std::max(configured_seconds, job_processes / writes_per_second);
+}
+
+std::string StatusName(const ProcessFacts& facts) {
+  return absl::StrCat(kStatusPrefix, SafeFileName(facts.host), "-", facts.pid, ".json");
+}
+
+absl::StatusOr<std::string> FormatStatus(const ProcessSnapshot& snapshot,
+                                         const ProcessFacts& facts) noexcept {
+  try {
+    return WithChecksum(StatusJson(snapshot, facts).dump(-1, ' ', false, Json::error_handler_t::replace)) +
+           "\n";
+  } catch (...) {
+    return absl::ResourceExhaustedError("cannot format the status file");
+  }
+}
+
+absl::StatusOr<PeerStatus> ParseStatusRecord(const std::string& name, const std::string& content) noexcept {
+  try {
+    return ParseStatus(name, content);
+  } catch (const std::exception& error) {
+    return absl::InvalidArgumentError(error.what());
+  } catch (...) {
+    return absl::ResourceExhaustedError("cannot read the status (out of memory)");
+  }
 }
 
 absl::StatusOr<std::string> WriteStatus(const std::string& job_dir, const ProcessSnapshot& snapshot,
                                         const ProcessFacts& facts) noexcept {
+  absl::StatusOr<std::string> content = FormatStatus(snapshot, facts);
+  if (!content.ok()) return content.status();
   try {
-    const std::string content =
-        WithChecksum(StatusJson(snapshot, facts).dump(-1, ' ', false, Json::error_handler_t::replace)) + "\n";
-    const std::string name = absl::StrCat(kStatusPrefix, SafeFileName(facts.host), "-", facts.pid, ".json");
+    const std::string name = StatusName(facts);
     InPlaceFile* file = nullptr;
     {
       StatusFiles& files = GetStatusFiles();
@@ -406,9 +435,9 @@ absl::StatusOr<std::string> WriteStatus(const std::string& job_dir, const Proces
     }
     // Not fsync()ed (but on NFS, where other hosts would not see it otherwise): a status file is
     // rewritten every few seconds; flushing every rewrite would cost every rank a disk round trip.
-    return file->Write(content);
+    return file->Write(*content);
   } catch (...) {
-    return absl::ResourceExhaustedError("cannot format the status file");
+    return absl::ResourceExhaustedError("cannot write the status file");
   }
 }
 
@@ -450,27 +479,33 @@ absl::StatusOr<StatusScan> ReadStatuses(const std::string& job_dir) noexcept {
   }
 }
 
-absl::StatusOr<std::string> RequestDumps(const std::string& job_dir, const std::string& requester) noexcept {
-  std::string name;
-  std::string content;
+absl::StatusOr<FormattedDumpRequest> FormatDumpRequest(const std::string& requester) noexcept {
   try {
     const std::string host = HostName();
     const int pid = static_cast<int>(getpid());
     const std::int64_t now = WallNowNs();
-    name =
+    FormattedDumpRequest request;
+    request.name =
         absl::StrCat(kRequestPrefix, SafeFileName(host), "-", pid, "-", g_request_counter.fetch_add(1) + 1);
-    content = Json{
+    request.content = Json{
         {"format", "ncclguard-dump-request"},
         {"format_version", 1},
         {"requester", requester},
         {"host", host},
         {"pid", pid},
         {"time", IsoTime(now)},
-        {"time_ns",
-         now}}.dump(-1, ' ', false, Json::error_handler_t::replace);
+        {"time_ns", now}}.dump(-1, ' ', false, Json::error_handler_t::replace);
+    return request;
   } catch (...) {
     return absl::ResourceExhaustedError("cannot format the dump request");
   }
+}
+
+absl::StatusOr<std::string> RequestDumps(const std::string& job_dir, const std::string& requester) noexcept {
+  absl::StatusOr<FormattedDumpRequest> request = FormatDumpRequest(requester);
+  if (!request.ok()) return request.status();
+  const std::string& name = request->name;
+  const std::string& content = request->content;
   const std::string directory = absl::StrCat(job_dir, "/", kDumpRequestsDirectory);
   // The request first, then the generation naming it: a process that sees the new generation is
   // sure to find the request in its listing.
@@ -497,27 +532,40 @@ absl::StatusOr<std::vector<DumpRequest>> PendingDumpRequests(
   }
 }
 
+std::vector<DumpRequest> RequestSieve::Sift(std::vector<DumpRequest> listed, const std::string& generation) {
+  std::vector<DumpRequest> reported;
+  for (DumpRequest& request : listed) {
+    if (!handled_.insert(request.name).second) continue;
+    const bool own = request.host == own_host_ && request.pid == own_pid_;
+    if (!own && (baseline_taken_ || request.time_ns >= fresh_since_ns_))
+      reported.push_back(std::move(request));
+  }
+  baseline_taken_ = true;
+  // A listing that does not show the request the generation names is older than the generation
+  // (a shared file system's cached directory): list again next time.
+  if (generation.empty() || handled_.contains(generation)) seen_generation_ = generation;
+  return reported;
+}
+
 DumpRequestWatcher::DumpRequestWatcher(std::string job_dir, const std::string& own_host, int own_pid,
                                        std::int64_t fresh_since_ns)
     : job_dir_(std::move(job_dir)),
-      own_host_(own_host),
-      own_pid_(own_pid),
-      fresh_since_ns_(fresh_since_ns),
+      sieve_(own_host, own_pid, fresh_since_ns),
       generation_(std::make_shared<PolledFile>(absl::StrCat(job_dir_, "/", kDumpRequestsDirectory),
                                                kGenerationFile, kMaxGenerationBytes,
                                                /*levels_below_job_directory=*/1)) {}
 
 absl::StatusOr<std::vector<DumpRequest>> DumpRequestWatcher::Poll() noexcept {
   try {
+    // The sieve is copied: a look that outlives its deadline must not touch this watcher.
     absl::StatusOr<PollOutcome> outcome = RunWithDeadline<PollOutcome>(
-        [job_dir = job_dir_, generation_file = generation_, seen = seen_generation_,
-         baseline_taken = baseline_taken_, handled = handled_]() -> absl::StatusOr<PollOutcome> {
+        [job_dir = job_dir_, generation_file = generation_, sieve = sieve_]() -> absl::StatusOr<PollOutcome> {
           PollOutcome outcome;
           absl::StatusOr<std::string> generation = ReadGeneration(*generation_file);
           if (!generation.ok()) return generation.status();
           outcome.generation = *generation;
-          if (outcome.generation == seen && baseline_taken) return outcome;
-          absl::StatusOr<std::vector<DumpRequest>> fresh = ListRequestsNow(job_dir, handled);
+          if (!sieve.MustList(outcome.generation)) return outcome;
+          absl::StatusOr<std::vector<DumpRequest>> fresh = ListRequestsNow(job_dir, sieve.handled());
           if (!fresh.ok()) return fresh.status();
           outcome.listed = true;
           outcome.fresh = *std::move(fresh);
@@ -525,23 +573,8 @@ absl::StatusOr<std::vector<DumpRequest>> DumpRequestWatcher::Poll() noexcept {
         },
         kReadDeadline);
     if (!outcome.ok()) return outcome.status();
-    std::vector<DumpRequest> reported;
-    for (DumpRequest& request : outcome->fresh) {
-      handled_.insert(request.name);
-      const bool own = request.host == own_host_ && request.pid == own_pid_;
-      if (!own && (baseline_taken_ || request.time_ns >= fresh_since_ns_)) {
-        reported.push_back(std::move(request));
-      }
-    }
-    if (outcome->listed) {
-      baseline_taken_ = true;
-      // A listing that does not show the request the generation names is older than the
-      // generation (a shared file system's cached directory): list again next time.
-      if (outcome->generation.empty() || handled_.contains(outcome->generation)) {
-        seen_generation_ = outcome->generation;
-      }
-    }
-    return reported;
+    if (!outcome->listed) return std::vector<DumpRequest>();
+    return sieve_.Sift(std::move(outcome->fresh), outcome->generation);
   } catch (...) {
     return absl::ResourceExhaustedError("cannot look for dump requests");
   }

@@ -39,9 +39,11 @@ std::string JobDirectory(const Config& config, const std::string& job_id);
 
 // How often a process of a job of `job_processes` processes rewrites its status file and looks
 // for dump requests: NCCLGUARD_STATUS_INTERVAL, stretched so that the whole job writes at most
-// kJobStatusWritesPerSecond status files per second into the shared directory.
+// `writes_per_second` statuses per second on its board (kJobStatusWritesPerSecond into a shared
+// directory; a Redis board takes more, JobBoard::StatusWritesPerSecond).
 inline constexpr double kJobStatusWritesPerSecond = 1000;
-double StatusIntervalSeconds(double configured_seconds, int job_processes);
+double StatusIntervalSeconds(double configured_seconds, int job_processes,
+                             double writes_per_second = kJobStatusWritesPerSecond);
 
 // Writes status-<host>-<pid>.json: the process's identity, its stall if any, per communicator
 // its progress, oldest outstanding operation (the first unfinished entry of the communicator's
@@ -53,6 +55,11 @@ double StatusIntervalSeconds(double configured_seconds, int job_processes);
 // first write, the temporary files that killed writers of this host left are removed.
 absl::StatusOr<std::string> WriteStatus(const std::string& job_dir, const ProcessSnapshot& snapshot,
                                         const ProcessFacts& facts) noexcept;
+
+// The status document WriteStatus writes (with its checksum and a final newline), for a board that
+// keeps it elsewhere; and its file name, status-<host>-<pid>.json.
+absl::StatusOr<std::string> FormatStatus(const ProcessSnapshot& snapshot, const ProcessFacts& facts) noexcept;
+std::string StatusName(const ProcessFacts& facts);
 
 struct PeerStatus {
   std::string file;
@@ -77,6 +84,10 @@ struct StatusScan {
 // process that analyses a stall, not for every process at every interval.
 absl::StatusOr<StatusScan> ReadStatuses(const std::string& job_dir) noexcept;
 
+// One status document, as read from wherever it was kept (`name` says where, in messages). A
+// document whose checksum does not match is refused: it was being rewritten, or a crash cut it off.
+absl::StatusOr<PeerStatus> ParseStatusRecord(const std::string& name, const std::string& content) noexcept;
+
 // The same in the directory open as `directory_fd`, with ReadFileAt's rules; the files not read
 // by `deadline` are problems.
 StatusScan ReadStatusesAt(int directory_fd, std::chrono::steady_clock::time_point deadline);
@@ -91,6 +102,40 @@ struct DumpRequest {
   std::string host;
   int pid = -1;
   std::int64_t time_ns = 0;
+};
+
+// A dump request's name and document, as RequestDumps writes them (for a board kept elsewhere).
+struct FormattedDumpRequest {
+  std::string name;
+  std::string content;
+};
+absl::StatusOr<FormattedDumpRequest> FormatDumpRequest(const std::string& requester) noexcept;
+// A request as read back; one whose document cannot be read is still a request.
+DumpRequest ParseDumpRequest(const std::string& name, const absl::StatusOr<std::string>& content);
+
+// What a watcher of dump requests reports of the requests it lists: each once, never the
+// process's own, and at the first listing only those made since the process started (the others
+// are an earlier launch's with the same job id).
+class RequestSieve {
+ public:
+  RequestSieve(std::string own_host, int own_pid, std::int64_t fresh_since_ns)
+      : own_host_(std::move(own_host)), own_pid_(own_pid), fresh_since_ns_(fresh_since_ns) {}
+  // Whether the requests must be listed, the latest request being `generation` ("" when none).
+  bool MustList(const std::string& generation) const {
+    return !baseline_taken_ || generation != seen_generation_;
+  }
+  // The requests already reported or passed over: a listing may leave them out.
+  const std::set<std::string>& handled() const { return handled_; }
+  // Takes note of a listing made when the latest request was `generation`; returns what to report.
+  std::vector<DumpRequest> Sift(std::vector<DumpRequest> listed, const std::string& generation);
+
+ private:
+  std::string own_host_;
+  int own_pid_;
+  std::int64_t fresh_since_ns_;
+  bool baseline_taken_ = false;
+  std::string seen_generation_;
+  std::set<std::string> handled_;
 };
 
 // Asks every process of the job to dump: writes dump-requests/dump-request-<host>-<pid>-<n>, then
@@ -121,12 +166,7 @@ class DumpRequestWatcher {
 
  private:
   std::string job_dir_;
-  std::string own_host_;
-  int own_pid_;
-  std::int64_t fresh_since_ns_;
-  bool baseline_taken_ = false;
-  std::string seen_generation_;
-  std::set<std::string> handled_;
+  RequestSieve sieve_;
   std::shared_ptr<PolledFile> generation_;  // kept open: a quiet job's poll is one pread()
 };
 

@@ -1,0 +1,54 @@
+// A redis-server of a test's own: on a free loopback port, persisting nothing, in a directory of
+// its own; killed by the destructor. Tests of the Redis job board start one; so does RunProcess
+// for every program it starts when NCCLGUARD_TEST_BOARD=redis (the end-to-end tests' second run).
+#pragma once
+
+#include <sys/types.h>
+
+#include <string>
+
+#include "tests/support/process.h"
+
+namespace ncclguard::testing {
+
+class RedisServer {
+ public:
+  // Starts the server and waits until it answers PING; started() says whether it does.
+  RedisServer();
+  ~RedisServer();
+  RedisServer(const RedisServer&) = delete;
+  RedisServer& operator=(const RedisServer&) = delete;
+
+  bool started() const { return pid_ > 0; }
+  const std::string& why_not_started() const { return why_; }
+  int port() const { return port_; }
+  static constexpr int kDatabases = 256;
+  std::string Url(int database = 0) const;  // redis://127.0.0.1:<port>/<database>
+
+  // How many fields the hash `key` of database 0 has (HLEN); -1 when the server does not answer.
+  long long HashLength(const std::string& key) const;
+
+  // Kills the server (SIGKILL: what a crash or an OOM kill does) and waits for it to end.
+  void Kill();
+  // Starts it again on the same port, empty; true once it answers.
+  bool Start();
+
+ private:
+  TemporaryDirectory directory_;
+  int port_ = 0;
+  pid_t pid_ = -1;
+  std::string why_;
+};
+
+// NCCLGUARD_STORE for the programs a test starts with NCCLGUARD_DUMP_DIR=`dump_dir`: "" (the job
+// directory), or, when this test program runs with NCCLGUARD_TEST_BOARD=redis, a database of a
+// redis-server it started at the first call and kills at exit. Each dump directory gets a
+// database of its own, as each gets job directories of its own: jobs of one test that reuse a job
+// id in fresh directories must not meet on the board either.
+std::string TestStore(const std::string& dump_dir = "");
+
+// The arguments that name a job for `ncclguard analyze`: its job directory, or on a Redis board
+// redis://.../<job id> with --dump-dir set to that directory.
+std::vector<std::string> AnalyzeTarget(const std::string& job_dir);
+
+}  // namespace ncclguard::testing

@@ -1,0 +1,559 @@
+// The job board's Redis backend (job_board.h). hiredis is loaded privately (dlopen RTLD_LOCAL) at
+// the first use, so that a process that never names a Redis board never loads it, and one whose
+// node lacks it keeps running with a clear message.
+//
+// Keys, all under ncclguard:{<job id>}: (the braces keep a job's keys on one Redis Cluster slot),
+// each expiring kRecordLifetime after its last write:
+//   status          hash: status-<host>-<pid>.json -> the status document, written when it changes
+//   heartbeat       hash: the same names -> the time of the writer's latest status (epoch ns)
+//   dump-requests   list: "<name>\n<document>" per request, oldest first; its length is the
+//                   generation a watcher compares, so a quiet job's look is one LLEN
+//   records:<folder> hash: name -> a small record (the P2P verdict, a recovery meeting's files)
+#include <dlfcn.h>
+#include <hiredis/hiredis.h>
+#include <hiredis/read.h>
+#include <sys/time.h>
+#include <sys/types.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "watchdog/common/clock.h"
+#include "watchdog/common/log.h"
+#include "watchdog/common/mutex.h"
+#include "watchdog/report/facts.h"
+#include "watchdog/report/job_board.h"
+#include "watchdog/report/job_dir.h"
+#include "watchdog/report/snapshot.h"
+
+#define NCCLGUARD_STRINGIFY_INNER(x) #x
+#define NCCLGUARD_STRINGIFY(x) NCCLGUARD_STRINGIFY_INNER(x)
+
+namespace ncclguard {
+namespace {
+
+// Long enough to analyse a job days after it was killed; short enough that a cluster's Redis does
+// not fill up with ended jobs.
+constexpr int kRecordLifetimeSeconds = 3 * 24 * 3600;
+constexpr std::chrono::milliseconds kConnectTimeout{1000};
+// One command's round trip at most; a Redis slower than that is treated as down.
+constexpr std::chrono::milliseconds kCommandTimeout{2000};
+// A status costs one round trip of 2 to 4 commands, and its process's look for dump requests one
+// more: at this rate a whole job sends a Redis some 50,000 commands a second, a fraction of what one
+// Redis thread serves, leaving room for other jobs on a cluster's shared Redis.
+constexpr double kStatusWritesPerSecond = 10'000;
+// Statuses published between two renewals of the status keys' lifetime.
+constexpr std::uint64_t kRenewEvery = 15;
+// Statuses fetched per HSCAN round trip.
+constexpr int kScanBatch = 1000;
+// The wait before trying a Redis that failed again doubles from the first to the last.
+constexpr std::chrono::milliseconds kFirstRetry{500};
+constexpr std::chrono::milliseconds kLastRetry{30'000};
+
+struct Hiredis {
+  decltype(&::redisConnectWithTimeout) connect = nullptr;
+  decltype(&::redisSetTimeout) set_timeout = nullptr;
+  decltype(&::redisFree) free_context = nullptr;
+  decltype(&::redisAppendCommandArgv) append = nullptr;
+  decltype(&::redisGetReply) get_reply = nullptr;
+  decltype(&::freeReplyObject) free_reply = nullptr;
+};
+
+// hiredis, loaded once per process; the reason when it cannot be.
+const absl::StatusOr<Hiredis>& LoadHiredis() {
+  static const absl::StatusOr<Hiredis> loaded = []() -> absl::StatusOr<Hiredis> {
+    // The soname of the hiredis whose header this was built with: its structures' layout.
+    constexpr char kSoname[] = "libhiredis.so." NCCLGUARD_STRINGIFY(HIREDIS_SONAME);
+    void* library = dlopen(kSoname, RTLD_NOW | RTLD_LOCAL);
+    if (library == nullptr) {
+      const char* error = dlerror();
+      return absl::FailedPreconditionError(absl::StrCat(
+          "cannot load ", kSoname, " (install hiredis: ", error != nullptr ? error : "not found", ")"));
+    }
+    Hiredis hiredis;
+    bool complete = true;
+    auto resolve = [&](auto& function, const char* name) {
+      function = reinterpret_cast<std::remove_reference_t<decltype(function)>>(dlsym(library, name));
+      complete = complete && function != nullptr;
+    };
+    resolve(hiredis.connect, "redisConnectWithTimeout");
+    resolve(hiredis.set_timeout, "redisSetTimeout");
+    resolve(hiredis.free_context, "redisFree");
+    resolve(hiredis.append, "redisAppendCommandArgv");
+    resolve(hiredis.get_reply, "redisGetReply");
+    resolve(hiredis.free_reply, "freeReplyObject");
+    if (!complete)
+      return absl::FailedPreconditionError(absl::StrCat(kSoname, " lacks a function ncclguard uses"));
+    return hiredis;
+  }();
+  return loaded;
+}
+
+timeval ToTimeval(std::chrono::milliseconds duration) {
+  return timeval{.tv_sec = static_cast<time_t>(duration.count() / 1000),
+                 .tv_usec = static_cast<suseconds_t>(duration.count() % 1000 * 1000)};
+}
+
+using Command = std::vector<std::string>;
+
+// One reply, copied out of hiredis's (so that nothing of hiredis outlives the lock).
+struct Reply {
+  enum class Type { kString, kInteger, kArray, kNil, kStatus, kError };
+  Type type = Type::kNil;
+  std::string text;  // string, status or error
+  long long integer = 0;
+  std::vector<Reply> elements;
+};
+
+Reply CopyReply(const redisReply& reply) {
+  Reply copy;
+  switch (reply.type) {
+    case REDIS_REPLY_STRING:
+      copy.type = Reply::Type::kString;
+      copy.text.assign(reply.str, reply.len);
+      break;
+    case REDIS_REPLY_STATUS:
+      copy.type = Reply::Type::kStatus;
+      copy.text.assign(reply.str, reply.len);
+      break;
+    case REDIS_REPLY_ERROR:
+      copy.type = Reply::Type::kError;
+      copy.text.assign(reply.str, reply.len);
+      break;
+    case REDIS_REPLY_INTEGER:
+      copy.type = Reply::Type::kInteger;
+      copy.integer = reply.integer;
+      break;
+    case REDIS_REPLY_ARRAY:
+      copy.type = Reply::Type::kArray;
+      copy.elements.reserve(reply.elements);
+      for (std::size_t i = 0; i < reply.elements; ++i) copy.elements.push_back(CopyReply(*reply.element[i]));
+      break;
+    default:
+      copy.type = Reply::Type::kNil;
+  }
+  return copy;
+}
+
+// One connection to Redis, shared by the process's threads one command batch at a time. A Redis
+// that fails is left alone for a while (doubling up to kLastRetry): meanwhile every call answers
+// Unavailable at once, so that the watchdog keeps its pace. The first failure is logged, and so is
+// the return.
+class RedisConnection {
+ public:
+  explicit RedisConnection(RedisAddress address) : address_(std::move(address)) {}
+  RedisConnection(const RedisConnection&) = delete;
+  RedisConnection& operator=(const RedisConnection&) = delete;
+  ~RedisConnection() {
+    MutexLock lock(mutex_);
+    if (context_ != nullptr && owner_pid_ == getpid()) LoadHiredis()->free_context(context_);
+  }
+
+  // Sends `commands` in one round trip (pipelined) and returns their replies in order. An error
+  // reply of one command is its reply, not a failure of the batch.
+  absl::StatusOr<std::vector<Reply>> Run(const std::vector<Command>& commands) {
+    MutexLock lock(mutex_);
+    if (absl::Status connected = ConnectLocked(); !connected.ok()) return connected;
+    const Hiredis& hiredis = *LoadHiredis();
+    for (const Command& command : commands) {
+      std::vector<const char*> argv;
+      std::vector<std::size_t> lengths;
+      for (const std::string& argument : command) {
+        argv.push_back(argument.data());
+        lengths.push_back(argument.size());
+      }
+      if (hiredis.append(context_, static_cast<int>(argv.size()), argv.data(), lengths.data()) != REDIS_OK) {
+        return FailLocked("cannot queue a command");
+      }
+    }
+    std::vector<Reply> replies;
+    replies.reserve(commands.size());
+    for (std::size_t i = 0; i < commands.size(); ++i) {
+      void* raw = nullptr;
+      if (hiredis.get_reply(context_, &raw) != REDIS_OK || raw == nullptr) return FailLocked("no answer");
+      replies.push_back(CopyReply(*static_cast<redisReply*>(raw)));
+      hiredis.free_reply(raw);
+    }
+    if (failures_ > 0) log::Info("the Redis job board {} answers again", address_.ToString());
+    failures_ = 0;
+    return replies;
+  }
+
+ private:
+  absl::Status ConnectLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
+    if (owner_pid_ != getpid()) {
+      context_ = nullptr;  // a forked child's: the parent's socket and memory are left alone
+      owner_pid_ = getpid();
+    }
+    if (context_ != nullptr) return absl::OkStatus();
+    if (failures_ > 0 && std::chrono::steady_clock::now() < retry_at_) {
+      return absl::UnavailableError(absl::StrCat("the Redis job board ", address_.ToString(),
+                                                 " failed; it is tried again shortly: ", last_error_));
+    }
+    const absl::StatusOr<Hiredis>& hiredis = LoadHiredis();
+    if (!hiredis.ok()) return NoteFailureLocked(std::string(hiredis.status().message()));
+    redisContext* context =
+        hiredis->connect(address_.host.c_str(), address_.port, ToTimeval(kConnectTimeout));
+    if (context == nullptr) return NoteFailureLocked("cannot allocate a connection");
+    if (context->err != 0) {
+      std::string why = context->errstr;
+      hiredis->free_context(context);
+      return NoteFailureLocked(why);
+    }
+    hiredis->set_timeout(context, ToTimeval(kCommandTimeout));
+    context_ = context;
+    if (address_.database != 0) {
+      absl::Status selected = SelectLocked();
+      if (!selected.ok()) return selected;
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status SelectLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
+    const std::string database = absl::StrCat(address_.database);
+    const char* argv[] = {"SELECT", database.c_str()};
+    const std::size_t lengths[] = {6, database.size()};
+    const Hiredis& hiredis = *LoadHiredis();
+    void* raw = nullptr;
+    if (hiredis.append(context_, 2, argv, lengths) != REDIS_OK ||
+        hiredis.get_reply(context_, &raw) != REDIS_OK || raw == nullptr) {
+      return FailLocked("cannot select the database");
+    }
+    const Reply reply = CopyReply(*static_cast<redisReply*>(raw));
+    hiredis.free_reply(raw);
+    if (reply.type == Reply::Type::kError) return FailLocked(absl::StrCat("SELECT: ", reply.text));
+    return absl::OkStatus();
+  }
+
+  // The connection broke (or Redis refused): it is closed and tried again later.
+  absl::Status FailLocked(const std::string& what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
+    std::string why = what;
+    if (context_ != nullptr) {
+      if (context_->err != 0) absl::StrAppend(&why, ": ", context_->errstr);
+      LoadHiredis()->free_context(context_);
+      context_ = nullptr;
+    }
+    return NoteFailureLocked(why);
+  }
+
+  absl::Status NoteFailureLocked(const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
+    if (failures_ == 0) {
+      log::Warn(
+          "the Redis job board {} cannot be used: {}; ncclguard keeps watching this process and tries "
+          "again with backoff",
+          address_.ToString(), why);
+    }
+    const std::chrono::milliseconds wait =
+        std::min<std::chrono::milliseconds>(kLastRetry, kFirstRetry * (1 << std::min(failures_, 6)));
+    ++failures_;
+    retry_at_ = std::chrono::steady_clock::now() + wait;
+    last_error_ = why;
+    return absl::UnavailableError(absl::StrCat("Redis ", address_.ToString(), ": ", why));
+  }
+
+  const RedisAddress address_;
+  Mutex mutex_;
+  redisContext* context_ ABSL_GUARDED_BY(mutex_) = nullptr;
+  pid_t owner_pid_ ABSL_GUARDED_BY(mutex_) = getpid();
+  int failures_ ABSL_GUARDED_BY(mutex_) = 0;  // in a row
+  std::chrono::steady_clock::time_point retry_at_ ABSL_GUARDED_BY(mutex_);
+  std::string last_error_ ABSL_GUARDED_BY(mutex_);
+};
+
+ProcessSnapshot WithTime(const ProcessSnapshot& snapshot, std::int64_t time_ns) {
+  ProcessSnapshot timed = snapshot;
+  timed.time_ns = time_ns;
+  return timed;
+}
+
+// A reply that must not be an error.
+absl::Status Checked(const Reply& reply, const char* what) {
+  if (reply.type == Reply::Type::kError) return absl::UnavailableError(absl::StrCat(what, ": ", reply.text));
+  return absl::OkStatus();
+}
+
+class RedisBoard final : public JobBoard {
+ public:
+  RedisBoard(const RedisAddress& address, std::string job_dir, std::string job_id, const BoardIdentity& identity)
+      : connection_(address),
+        where_(absl::StrCat(address.ToString(), "/", job_id)),
+        job_dir_(std::move(job_dir)),
+        job_id_(std::move(job_id)),
+        prefix_(absl::StrCat("ncclguard:{", job_id_, "}:")),
+        identity_(identity),
+        sieve_(identity.host, identity.pid, identity.started_wall_ns) {}
+
+  std::string Where() const override { return where_; }
+  const std::string& Directory() const override { return job_dir_; }
+  const std::string& JobId() const override { return job_id_; }
+  double StatusWritesPerSecond() const override { return kStatusWritesPerSecond; }
+
+  absl::Status PublishStatus(const ProcessSnapshot& snapshot, const ProcessFacts& facts) noexcept override {
+    try {
+      // The document without its time says whether anything changed since the last one written.
+      absl::StatusOr<std::string> shape = FormatStatus(WithTime(snapshot, 1), facts);
+      if (!shape.ok()) return shape.status();
+      const std::int64_t now = snapshot.time_ns != 0 ? snapshot.time_ns : WallNowNs();
+      const std::string name = StatusName(facts);
+      std::vector<Command> commands;
+      MutexLock lock(status_mutex_);
+      const bool changed = *shape != last_shape_;
+      if (changed) {
+        absl::StatusOr<std::string> content = FormatStatus(WithTime(snapshot, now), facts);
+        if (!content.ok()) return content.status();
+        commands.push_back({"HSET", Key("status"), name, *content});
+      }
+      commands.push_back({"HSET", Key("heartbeat"), name, absl::StrCat(now)});
+      // The keys' lifetime is days: renewed at the first status and every kRenewEvery after.
+      if (statuses_published_++ % kRenewEvery == 0) {
+        commands.push_back({"EXPIRE", Key("status"), Lifetime()});
+        commands.push_back({"EXPIRE", Key("heartbeat"), Lifetime()});
+      }
+      absl::StatusOr<std::vector<Reply>> replies = connection_.Run(commands);
+      if (!replies.ok()) {
+        // Redis may come back without the status (restarted, or failed over): written whole, and
+        // the keys' lifetime set, at the first status after.
+        last_shape_.clear();
+        statuses_published_ = 0;
+        return replies.status();
+      }
+      for (const Reply& reply : *replies) {
+        if (absl::Status checked = Checked(reply, "HSET status"); !checked.ok()) return checked;
+      }
+      last_shape_ = *std::move(shape);
+      // A heartbeat that was not there says the status is not either (Redis lost its data, or the
+      // keys expired): written again at once.
+      const Reply& heartbeat = (*replies)[changed ? 1 : 0];
+      if (!changed && heartbeat.integer == 1) {
+        absl::StatusOr<std::string> content = FormatStatus(WithTime(snapshot, now), facts);
+        if (!content.ok()) return content.status();
+        absl::StatusOr<std::vector<Reply>> rewritten =
+            connection_.Run({{"HSET", Key("status"), name, *content}, {"EXPIRE", Key("status"), Lifetime()}});
+        if (!rewritten.ok()) last_shape_.clear();
+        statuses_published_ = 0;  // the keys were made anew: their lifetime too
+        return rewritten.status();
+      }
+      return absl::OkStatus();
+    } catch (...) {
+      return absl::ResourceExhaustedError("cannot publish the status (out of memory)");
+    }
+  }
+
+  bool StatusesAreFiles() const override { return false; }
+  absl::StatusOr<StatusRecords> FetchStatuses(
+      std::chrono::steady_clock::time_point deadline) noexcept override {
+    try {
+      return FetchStatusesNow(deadline);
+    } catch (...) {
+      return absl::ResourceExhaustedError("cannot fetch the statuses (out of memory)");
+    }
+  }
+
+  absl::StatusOr<std::string> RequestDumps(const std::string& requester) noexcept override {
+    try {
+      absl::StatusOr<FormattedDumpRequest> request = FormatDumpRequest(requester);
+      if (!request.ok()) return request.status();
+      absl::StatusOr<std::vector<Reply>> replies = connection_.Run(
+          {{"RPUSH", Key("dump-requests"), absl::StrCat(request->name, "\n", request->content)},
+           {"EXPIRE", Key("dump-requests"), absl::StrCat(kRecordLifetimeSeconds)}});
+      if (!replies.ok()) return replies.status();
+      if (absl::Status checked = Checked(replies->front(), "RPUSH dump-requests"); !checked.ok())
+        return checked;
+      return request->name;
+    } catch (...) {
+      return absl::ResourceExhaustedError("cannot request dumps (out of memory)");
+    }
+  }
+
+  absl::StatusOr<std::vector<DumpRequest>> PollDumpRequests() noexcept override {
+    try {
+      MutexLock lock(requests_mutex_);
+      absl::StatusOr<std::vector<Reply>> length = connection_.Run({{"LLEN", Key("dump-requests")}});
+      if (!length.ok()) return length.status();
+      const long long requests = length->front().integer;
+      if (requests <= requests_seen_ && listed_once_) return std::vector<DumpRequest>();
+      // Only the requests not seen yet (a list shorter than seen was expired and begun again).
+      const long long first = requests < requests_seen_ ? 0 : requests_seen_;
+      absl::StatusOr<std::vector<Reply>> listed =
+          connection_.Run({{"LRANGE", Key("dump-requests"), absl::StrCat(first), "-1"}});
+      if (!listed.ok()) return listed.status();
+      std::vector<DumpRequest> fresh;
+      std::string newest;
+      for (const Reply& element : listed->front().elements) {
+        const std::size_t newline = element.text.find('\n');
+        newest = element.text.substr(0, newline);
+        fresh.push_back(ParseDumpRequest(
+            newest, newline == std::string::npos ? std::string() : element.text.substr(newline + 1)));
+      }
+      requests_seen_ = first + static_cast<long long>(listed->front().elements.size());
+      listed_once_ = true;
+      return sieve_.Sift(std::move(fresh), newest);
+    } catch (...) {
+      return absl::ResourceExhaustedError("cannot look for dump requests (out of memory)");
+    }
+  }
+
+  absl::Status Put(const std::string& folder, const std::string& name, const std::string& content,
+                   bool /*durable: Redis's own persistence decides*/) noexcept override {
+    try {
+      absl::StatusOr<std::vector<Reply>> replies = connection_.Run(
+          {{"HSET", RecordsKey(folder), name, content}, {"EXPIRE", RecordsKey(folder), Lifetime()}});
+      if (!replies.ok()) return replies.status();
+      return Checked(replies->front(), "HSET");
+    } catch (...) {
+      return absl::ResourceExhaustedError("cannot write a record (out of memory)");
+    }
+  }
+
+  absl::Status PutOnce(
+      const std::string& folder, const std::string& name, const std::string& content,
+      std::chrono::milliseconds /*deadline: the command timeout bounds it*/) noexcept override {
+    try {
+      absl::StatusOr<std::vector<Reply>> replies = connection_.Run(
+          {{"HSETNX", RecordsKey(folder), name, content}, {"EXPIRE", RecordsKey(folder), Lifetime()}});
+      if (!replies.ok()) return replies.status();
+      if (absl::Status checked = Checked(replies->front(), "HSETNX"); !checked.ok()) return checked;
+      if (replies->front().integer == 0) return absl::AlreadyExistsError(absl::StrCat(name, " is taken"));
+      return absl::OkStatus();
+    } catch (...) {
+      return absl::ResourceExhaustedError("cannot write a record (out of memory)");
+    }
+  }
+
+  absl::StatusOr<std::string> Get(const std::string& folder, const std::string& name,
+                                  std::size_t max_bytes) noexcept override {
+    try {
+      absl::StatusOr<std::vector<Reply>> replies = connection_.Run({{"HGET", RecordsKey(folder), name}});
+      if (!replies.ok()) return replies.status();
+      const Reply& reply = replies->front();
+      if (absl::Status checked = Checked(reply, "HGET"); !checked.ok()) return checked;
+      if (reply.type == Reply::Type::kNil)
+        return absl::NotFoundError(absl::StrCat(name, " is not on ", where_));
+      if (reply.type != Reply::Type::kString)
+        return absl::InvalidArgumentError(absl::StrCat(name, " is not a record"));
+      if (reply.text.size() > max_bytes) {
+        return absl::OutOfRangeError(absl::StrCat(name, " is larger than ", max_bytes, " bytes"));
+      }
+      return reply.text;
+    } catch (...) {
+      return absl::ResourceExhaustedError("cannot read a record (out of memory)");
+    }
+  }
+
+  absl::StatusOr<std::vector<std::string>> ListNames(const std::string& folder, const std::string& prefix,
+                                                     const std::string& suffix) noexcept override {
+    try {
+      absl::StatusOr<std::vector<Reply>> replies = connection_.Run({{"HKEYS", RecordsKey(folder)}});
+      if (!replies.ok()) return replies.status();
+      if (absl::Status checked = Checked(replies->front(), "HKEYS"); !checked.ok()) return checked;
+      std::vector<std::string> names;
+      for (const Reply& element : replies->front().elements) {
+        if (absl::StartsWith(element.text, prefix) && absl::EndsWith(element.text, suffix) &&
+            element.text.size() >= prefix.size() + suffix.size()) {
+          names.push_back(element.text);
+        }
+      }
+      std::sort(names.begin(), names.end());
+      return names;
+    } catch (...) {
+      return absl::ResourceExhaustedError("cannot list records (out of memory)");
+    }
+  }
+
+ private:
+  std::string Key(const char* kind) const { return absl::StrCat(prefix_, kind); }
+  std::string RecordsKey(const std::string& folder) const {
+    return absl::StrCat(prefix_, "records:", folder);
+  }
+  static std::string Lifetime() { return absl::StrCat(kRecordLifetimeSeconds); }
+
+  // HSCAN by batches, each batch's heartbeats fetched in the same round trip as the next batch.
+  absl::StatusOr<StatusRecords> FetchStatusesNow(std::chrono::steady_clock::time_point deadline) {
+    absl::StatusOr<std::vector<Reply>> count = connection_.Run({{"HLEN", Key("status")}});
+    if (!count.ok()) return count.status();
+    if (absl::Status checked = Checked(count->front(), "HLEN status"); !checked.ok()) return checked;
+    const auto total = static_cast<std::size_t>(std::max(0LL, count->front().integer));
+    StatusRecords fetched;
+    fetched.records.reserve(std::min<std::size_t>(total, std::size_t{1} << 20));
+    std::unordered_set<std::string> names;  // HSCAN may return a field twice
+    std::string cursor = "0";
+    do {
+      if (std::chrono::steady_clock::now() > deadline) {
+        fetched.why_not_fetched = "the deadline passed";
+        break;
+      }
+      absl::StatusOr<std::vector<Reply>> batch =
+          connection_.Run({{"HSCAN", Key("status"), cursor, "COUNT", absl::StrCat(kScanBatch)}});
+      if (!batch.ok()) {
+        if (fetched.records.empty()) return batch.status();
+        fetched.why_not_fetched = std::string(batch.status().message());
+        break;
+      }
+      const Reply& reply = batch->front();
+      if (absl::Status checked = Checked(reply, "HSCAN status"); !checked.ok()) return checked;
+      if (reply.elements.size() != 2) return absl::UnavailableError("HSCAN answered in an unknown shape");
+      cursor = reply.elements[0].text;
+      const std::vector<Reply>& pairs = reply.elements[1].elements;
+      const std::size_t first_new = fetched.records.size();
+      Command heartbeats{"HMGET", Key("heartbeat")};
+      for (std::size_t i = 0; i + 1 < pairs.size(); i += 2) {
+        if (!names.insert(pairs[i].text).second) continue;
+        fetched.records.push_back(StatusRecord{.name = pairs[i].text, .content = pairs[i + 1].text});
+        heartbeats.push_back(pairs[i].text);
+      }
+      if (heartbeats.size() > 2) {
+        absl::StatusOr<std::vector<Reply>> times = connection_.Run({heartbeats});
+        if (times.ok()) {
+          const std::vector<Reply>& values = times->front().elements;
+          for (std::size_t i = 0; i < values.size() && first_new + i < fetched.records.size(); ++i) {
+            std::int64_t heartbeat = 0;
+            if (absl::SimpleAtoi(values[i].text, &heartbeat))
+              fetched.records[first_new + i].heartbeat_ns = heartbeat;
+          }
+        }
+      }
+    } while (cursor != "0");
+    fetched.not_fetched =
+        total > fetched.records.size() && cursor != "0" ? total - fetched.records.size() : 0;
+    return fetched;
+  }
+
+  RedisConnection connection_;
+  const std::string where_;
+  const std::string job_dir_;
+  const std::string job_id_;
+  const std::string prefix_;
+  const BoardIdentity identity_;
+  Mutex status_mutex_;
+  std::string last_shape_ ABSL_GUARDED_BY(status_mutex_);  // the last status written, its time left out
+  std::uint64_t statuses_published_ ABSL_GUARDED_BY(status_mutex_) = 0;
+  Mutex requests_mutex_;
+  RequestSieve sieve_ ABSL_GUARDED_BY(requests_mutex_);
+  long long requests_seen_ ABSL_GUARDED_BY(requests_mutex_) = 0;
+  bool listed_once_ ABSL_GUARDED_BY(requests_mutex_) = false;
+};
+
+}  // namespace
+
+std::shared_ptr<JobBoard> MakeRedisBoard(const RedisAddress& address, const std::string& job_dir,
+                                         const std::string& job_id, const BoardIdentity& identity) {
+  return std::make_shared<RedisBoard>(address, job_dir, job_id, identity);
+}
+
+}  // namespace ncclguard
