@@ -63,6 +63,19 @@ absl::Status WriteOrReuse(const std::shared_ptr<ncclguard::JobBoard>& board, ncc
   return absl::OkStatus();
 }
 
+// On a board that is not the job directory: how long fetching the statuses alone takes, before
+// they are parsed (the analysis fetches them again).
+void PrintFetchTime(const std::shared_ptr<ncclguard::JobBoard>& board) {
+  if (board->StatusesAreFiles()) return;
+  const auto fetch_start = std::chrono::steady_clock::now();
+  const absl::StatusOr<ncclguard::StatusRecords> fetched =
+      board->FetchStatuses(fetch_start + std::chrono::seconds(60));
+  if (!fetched.ok()) return;
+  std::size_t bytes = 0;
+  for (const ncclguard::StatusRecord& record : fetched->records) bytes += record.content.size();
+  std::cout << "fetch_seconds: " << SecondsSince(fetch_start) << "\nstatus_bytes: " << bytes << '\n';
+}
+
 // Prints the figures and the verdict; whether the verdict names the late rank alone.
 bool Report(const ncclguard::JobView& view, const std::vector<ncclguard::Verdict>& verdicts,
             const ncclguard::SyntheticJob& job, double analysis_seconds, double read_seconds) {
@@ -139,6 +152,7 @@ int main(int argc, char** argv) try {
     return 2;
   }
 
+  PrintFetchTime(*board);
   // Read as of the moment the job was written, so that a slow disk cannot age the status files.
   const auto analysis_start = std::chrono::steady_clock::now();
   absl::StatusOr<ncclguard::JobView> view = ncclguard::ReadJob(

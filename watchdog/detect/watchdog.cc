@@ -524,7 +524,12 @@ void Watchdog::ExitForRestart(const std::string& why) {
   effects_.HoldApplicationCalls();
   for (CommState* comm : registry_.All()) {
     const CommLifecycle lifecycle = comm->lifecycle.load(std::memory_order_acquire);
-    if (lifecycle != CommLifecycle::kDestroyed && lifecycle != CommLifecycle::kAborted) effects_.Abort(*comm);
+    if (lifecycle == CommLifecycle::kDestroyed || lifecycle == CommLifecycle::kAborted) continue;
+    // An operation on probation that the abort ends must not open its gate: the application's
+    // stream would go on to its results, which the application could check, and fail on, before
+    // the exit below.
+    KeepGatesClosed(*comm);
+    effects_.Abort(*comm);
   }
   log::Error("{}", why);
   effects_.Exit(kRestartExitCode);

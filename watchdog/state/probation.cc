@@ -192,6 +192,10 @@ ProbationOp* PendingProbationOp(CommState& comm, std::uint64_t seq) noexcept {
   return nullptr;
 }
 
+void KeepGatesClosed(CommState& comm) noexcept {
+  for (ProbationOp& op : comm.TakenProbation()) TakeOverGate(op);
+}
+
 void NoteProbationChange() noexcept {
   g_probation_changes.fetch_add(1, std::memory_order_release);
   syscall(SYS_futex, &g_probation_changes, FUTEX_WAKE_PRIVATE, INT_MAX, nullptr, nullptr, 0);
