@@ -290,7 +290,8 @@ absl::Status Checked(const Reply& reply, const char* what) {
 
 class RedisBoard final : public JobBoard {
  public:
-  RedisBoard(const RedisAddress& address, std::string job_dir, std::string job_id, const BoardIdentity& identity)
+  RedisBoard(const RedisAddress& address, std::string job_dir, std::string job_id,
+             const BoardIdentity& identity)
       : connection_(address),
         where_(absl::StrCat(address.ToString(), "/", job_id)),
         job_dir_(std::move(job_dir)),
