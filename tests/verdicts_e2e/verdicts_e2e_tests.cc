@@ -833,7 +833,7 @@ namespace {
 // after the board's return is reported with its verdict by every rank.
 Job RunThroughBoardFailure(const TemporaryDirectory& dump_dir, const Environment& settings,
                            const std::function<bool()>& statuses_published,
-                           const std::function<void()>& interrupt, const std::function<void()>& restore) {
+                           const std::function<void()>& interrupt, const std::function<bool()>& restore) {
   Environment hang = settings;
   hang["NCCLEMU_FAULTS"] = "hang:rank=1,seq=60";
   hang["NCCLGUARD_TIMEOUT"] = kStallTimeout;
@@ -847,10 +847,12 @@ Job RunThroughBoardFailure(const TemporaryDirectory& dump_dir, const Environment
   while (!statuses_published() && std::chrono::steady_clock::now() < give_up) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
+  // Nothing here may throw while the job's thread runs: the test checks after joining it.
   interrupt();
   std::this_thread::sleep_for(std::chrono::seconds(1));
-  restore();
+  const bool restored = restore();
   running.join();
+  REQUIRE(restored);
   return job;
 }
 
@@ -878,7 +880,7 @@ TEST_CASE("Redis killed and restarted in the middle of a job: no crash, no hang,
   const std::string status_key = std::string("ncclguard:{") + kJobId + "}:status";
   const Job job = RunThroughBoardFailure(
       dump_dir, {{"NCCLGUARD_STORE", redis.Url()}}, [&] { return redis.HashLength(status_key) == 4; },
-      [&] { redis.Kill(); }, [&] { REQUIRE(redis.Start()); });
+      [&] { redis.Kill(); }, [&] { return redis.Start(); });
   CheckStallReportedWithVerdict(job);
   // Each process said once that the board failed, and once that it answers again.
   for (const auto& [rank, pid] : RankPids(job.result.out)) {
@@ -901,9 +903,15 @@ TEST_CASE("the job directory removed in the middle of a job: no crash, no hang, 
     }
     return count == 4;
   };
-  // The processes make it again at their next status (the test makes nothing).
-  const Job job = RunThroughBoardFailure(
-      dump_dir, {}, statuses, [&] { std::filesystem::remove_all(job_dir); }, [] {});
+  // Removed while the processes write into it: removed again until it is gone. They make it again
+  // at their next status (the test makes nothing).
+  auto remove = [&] {
+    std::error_code error;
+    for (int attempt = 0; attempt < 100 && std::filesystem::exists(job_dir, error); ++attempt) {
+      std::filesystem::remove_all(job_dir, error);
+    }
+  };
+  const Job job = RunThroughBoardFailure(dump_dir, {}, statuses, remove, [] { return true; });
   CheckStallReportedWithVerdict(job);
   CHECK(statuses());  // written again into the directory the processes made anew
 }
