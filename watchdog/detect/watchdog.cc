@@ -525,10 +525,12 @@ void Watchdog::ExitForRestart(const std::string& why) {
   for (CommState* comm : registry_.All()) {
     const CommLifecycle lifecycle = comm->lifecycle.load(std::memory_order_acquire);
     if (lifecycle == CommLifecycle::kDestroyed || lifecycle == CommLifecycle::kAborted) continue;
-    // An operation on probation that the abort ends must not open its gate: the application's
-    // stream would go on to its results, which the application could check, and fail on, before
-    // the exit below.
-    KeepGatesClosed(*comm);
+    // An operation on probation must not open its gate now: the application's stream would go on
+    // to its results, which the application could check, and fail on, before the exit below. Such
+    // a communicator is not aborted: on a driver whose frees wait for the device (a real one
+    // does, scripts/gpu-check.sh `parked`), its abort would wait for the stream held at the gate
+    // for ever; the exit ends it.
+    if (KeepGatesClosed(*comm)) continue;
     effects_.Abort(*comm);
   }
   log::Error("{}", why);

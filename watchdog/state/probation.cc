@@ -192,8 +192,10 @@ ProbationOp* PendingProbationOp(CommState& comm, std::uint64_t seq) noexcept {
   return nullptr;
 }
 
-void KeepGatesClosed(CommState& comm) noexcept {
-  for (ProbationOp& op : comm.TakenProbation()) TakeOverGate(op);
+bool KeepGatesClosed(CommState& comm) noexcept {
+  bool kept = false;
+  for (ProbationOp& op : comm.TakenProbation()) kept = TakeOverGate(op) || kept;
+  return kept;
 }
 
 void NoteProbationChange() noexcept {

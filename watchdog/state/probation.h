@@ -45,10 +45,10 @@ bool Unreleased(const ProbationOp& op) noexcept;
 // closed; nullptr otherwise.
 ProbationOp* PendingProbationOp(CommState& comm, std::uint64_t seq) noexcept;
 
-// Takes over every pending operation of `comm` (TakeOverGate): an abort that follows never opens
-// their gates. For a process about to exit: the application's stream must not go on past an
-// operation that did not complete, to results it would take for right ones.
-void KeepGatesClosed(CommState& comm) noexcept;
+// Takes over every pending operation of `comm` (TakeOverGate), so that no gate of it opens again:
+// for a process about to exit, whose application stream must not go on past an operation that did
+// not complete, to results it would take for right ones. Whether it took any over.
+bool KeepGatesClosed(CommState& comm) noexcept;
 
 // A probation operation was released or queued: wakes the thread that issues held operations.
 // Async-signal-safe (a futex), so host functions may call it.
