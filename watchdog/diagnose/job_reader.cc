@@ -547,32 +547,48 @@ JobView ReadOpenJobDirectory(int directory_fd, const std::string& where, const s
   return job;
 }
 
+// Reads the job on a thread of its own within `limits`: the dumps (and, without `board`, the
+// status files) from `directory`, the statuses from `board` when it keeps them elsewhere. A
+// directory that cannot be opened fails the read only when its status files were to be read there.
+absl::StatusOr<JobView> ReadJobWithin(const std::string& where, const std::string& directory,
+                                      const std::shared_ptr<JobBoard>& board, std::int64_t now_ns,
+                                      double status_interval_seconds, JobDirectoryOrigin origin,
+                                      const JobReadLimits& limits) {
+  // The reading thread stops a little before the caller gives up on it, so that what was read in
+  // time is still used.
+  const auto stop_reading = limits.now() + limits.deadline * 4 / 5;
+  absl::StatusOr<JobView> job = RunWithDeadline<JobView>(
+      [=]() -> absl::StatusOr<JobView> {
+        std::optional<StatusRecords> fetched;
+        if (board) {
+          absl::StatusOr<StatusRecords> records = board->FetchStatuses(stop_reading);
+          if (!records.ok()) return records.status();
+          fetched = *std::move(records);
+        }
+        absl::StatusOr<int> directory_fd = OpenJobDirectory(directory, origin);
+        if (!directory_fd.ok() && !fetched) return directory_fd.status();
+        JobView job = ReadOpenJobDirectory(directory_fd.ok() ? *directory_fd : -1, where, directory, limits,
+                                           stop_reading, fetched ? &*fetched : nullptr);
+        if (directory_fd.ok()) close(*directory_fd);
+        job.now_ns = now_ns;
+        job.status_interval_seconds = status_interval_seconds;
+        return job;
+      },
+      limits.deadline);
+  if (absl::IsDeadlineExceeded(job.status())) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("reading ", where, " took longer than ", limits.deadline.count(), " ms; given up"));
+  }
+  return job;
+}
+
 }  // namespace
 
 absl::StatusOr<JobView> ReadJobDirectory(const std::string& directory, std::int64_t now_ns,
                                          double status_interval_seconds, JobDirectoryOrigin origin,
                                          const JobReadLimits& limits) noexcept {
   try {
-    // The reading thread stops a little before the caller gives up on it, so that what was read
-    // in time is still used.
-    const auto stop_reading = limits.now() + limits.deadline * 4 / 5;
-    absl::StatusOr<JobView> job = RunWithDeadline<JobView>(
-        [=]() -> absl::StatusOr<JobView> {
-          absl::StatusOr<int> directory_fd = OpenJobDirectory(directory, origin);
-          if (!directory_fd.ok()) return directory_fd.status();
-          JobView job =
-              ReadOpenJobDirectory(*directory_fd, directory, directory, limits, stop_reading, nullptr);
-          close(*directory_fd);
-          job.now_ns = now_ns;
-          job.status_interval_seconds = status_interval_seconds;
-          return job;
-        },
-        limits.deadline);
-    if (absl::IsDeadlineExceeded(job.status())) {
-      return absl::DeadlineExceededError(absl::StrCat("reading ", directory, " took longer than ",
-                                                      limits.deadline.count(), " ms; given up"));
-    }
-    return job;
+    return ReadJobWithin(directory, directory, nullptr, now_ns, status_interval_seconds, origin, limits);
   } catch (...) {
     return absl::ResourceExhaustedError(absl::StrCat("cannot read ", directory));
   }
@@ -581,31 +597,10 @@ absl::StatusOr<JobView> ReadJobDirectory(const std::string& directory, std::int6
 absl::StatusOr<JobView> ReadJob(const std::shared_ptr<JobBoard>& board, std::int64_t now_ns,
                                 double status_interval_seconds, JobDirectoryOrigin origin,
                                 const JobReadLimits& limits) noexcept {
-  const std::string& directory = board->Directory();
-  if (board->StatusesAreFiles())
-    return ReadJobDirectory(directory, now_ns, status_interval_seconds, origin, limits);
   try {
-    const auto stop_reading = limits.now() + limits.deadline * 4 / 5;
-    absl::StatusOr<JobView> job = RunWithDeadline<JobView>(
-        [=]() -> absl::StatusOr<JobView> {
-          // The statuses, as many as the deadline lets through; then the dumps, files of the
-          // job's directory wherever the board is (none when nobody dumped).
-          absl::StatusOr<StatusRecords> fetched = board->FetchStatuses(stop_reading);
-          if (!fetched.ok()) return fetched.status();
-          absl::StatusOr<int> directory_fd = OpenJobDirectory(directory, origin);
-          JobView job = ReadOpenJobDirectory(directory_fd.ok() ? *directory_fd : -1, board->Where(),
-                                             directory, limits, stop_reading, &*fetched);
-          if (directory_fd.ok()) close(*directory_fd);
-          job.now_ns = now_ns;
-          job.status_interval_seconds = status_interval_seconds;
-          return job;
-        },
-        limits.deadline);
-    if (absl::IsDeadlineExceeded(job.status())) {
-      return absl::DeadlineExceededError(absl::StrCat("reading ", board->Where(), " took longer than ",
-                                                      limits.deadline.count(), " ms; given up"));
-    }
-    return job;
+    const bool files = board->StatusesAreFiles();
+    return ReadJobWithin(files ? board->Directory() : board->Where(), board->Directory(),
+                         files ? nullptr : board, now_ns, status_interval_seconds, origin, limits);
   } catch (...) {
     return absl::ResourceExhaustedError(absl::StrCat("cannot read ", board->Where()));
   }
