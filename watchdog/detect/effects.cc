@@ -231,11 +231,6 @@ void SystemEffects::LeaveComm(CommState& comm) {
   comm.watchdog_in_call.store(false, std::memory_order_seq_cst);
 }
 
-std::string SystemEffects::JobId() {
-  MutexLock lock(job_dir_mutex_);
-  return job_id_;
-}
-
 std::string SystemEffects::JobDir() {
   MutexLock lock(job_dir_mutex_);
   if (!job_dir_.empty()) return job_dir_;

@@ -64,7 +64,6 @@ class SystemEffects final : public WatchdogEffects {
   // it); "" before that, and nothing is written then.
   // A copy: the application's thread (status at communicator creation) may ask too.
   std::string JobDir();
-  std::string JobId();  // "" until JobDir() has named the job directory
   // The job board (NCCLGUARD_STORE), opened once JobDir() has named the job; null before.
   std::shared_ptr<JobBoard> Board();
 
