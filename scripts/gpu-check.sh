@@ -31,8 +31,9 @@
 #              function's write let it go on, and how fast; do ncclCommAbort (of a communicator
 #              whose AllReduce is queued before the gate), cuMemFree and cudaFree return while it
 #              is parked, or only once the gate opens. It passes when it measured every answer,
-#              whichever they are; the rehearsal runs it with the emulator's frees returning at
-#              once and with NCCLEMU_FREES_WAIT=1, and checks each gives its own answer
+#              whichever they are; the rehearsal runs it with the emulator's default (frees wait,
+#              as on the real driver) and with NCCLEMU_FREES_WAIT=0, and checks each gives its own
+#              answer
 #   overhead   the overhead benchmark on this driver: host time per ncclAllReduce, intercepted
 #              and direct, in the same run, and their ratio
 set -uo pipefail
@@ -425,8 +426,8 @@ parked_run() {
 check_parked() {
   echo "== parked"
   if ((emulator)); then
-    parked_run default returns_while_parked
-    parked_run frees-wait waits_for_parked_stream NCCLEMU_FREES_WAIT=1
+    parked_run default waits_for_parked_stream
+    parked_run frees-return returns_while_parked NCCLEMU_FREES_WAIT=0
   else
     parked_run gpu ""
   fi

@@ -16,7 +16,8 @@ constexpr const char* kDefaultGpuName = "NVIDIA H100 80GB HBM3";
 constexpr long long kDefaultGpuMemoryMb = 81559;
 constexpr const char* kDefaultDriverVersion = "580.65.06";
 constexpr int kDefaultCudaDriverVersion = 13000;
-constexpr int kDefaultFreesWait = 0;
+// As the real driver (580, on an H200: scripts/gpu-check.sh, check `parked`).
+constexpr int kDefaultFreesWait = 1;
 
 const char* envValue(const char* name) {
   const char* value = std::getenv(name);
@@ -49,7 +50,8 @@ bool isDriverVersionString(std::string_view text) {
   std::size_t start = 0;
   while (start <= text.size()) {
     std::size_t dot = text.find('.', start);
-    std::string_view part = text.substr(start, dot == std::string_view::npos ? std::string_view::npos : dot - start);
+    std::string_view part =
+        text.substr(start, dot == std::string_view::npos ? std::string_view::npos : dot - start);
     if (part.empty() || part.size() > 4) return false;
     for (char c : part) {
       if (!std::isdigit(static_cast<unsigned char>(c))) return false;
@@ -93,12 +95,11 @@ std::string readDriverVersionString() {
 }
 
 int readCudaDriverVersion() {
-  return static_cast<int>(readIntegerInRange("NCCLEMU_CUDA_DRIVER_VERSION", kDefaultCudaDriverVersion, 1000, 99999));
+  return static_cast<int>(
+      readIntegerInRange("NCCLEMU_CUDA_DRIVER_VERSION", kDefaultCudaDriverVersion, 1000, 99999));
 }
 
-bool readFreesWait() {
-  return readIntegerInRange("NCCLEMU_FREES_WAIT", kDefaultFreesWait, 0, 1) == 1;
-}
+bool readFreesWait() { return readIntegerInRange("NCCLEMU_FREES_WAIT", kDefaultFreesWait, 0, 1) == 1; }
 
 std::vector<std::vector<bool>> readP2pMatrix(int device_count) {
   auto uniform = [device_count](bool access) {
@@ -117,7 +118,8 @@ std::vector<std::vector<bool>> readP2pMatrix(int device_count) {
   std::size_t start = 0;
   while (valid && start <= text.size()) {
     std::size_t comma = text.find(',', start);
-    std::string_view row = text.substr(start, comma == std::string_view::npos ? std::string_view::npos : comma - start);
+    std::string_view row =
+        text.substr(start, comma == std::string_view::npos ? std::string_view::npos : comma - start);
     valid = row.size() == static_cast<std::size_t>(device_count);
     std::vector<bool> access;
     for (char c : row) {
@@ -158,9 +160,9 @@ GpuModel gpuModelForName(const std::string& name) {
     GpuModel model;
   };
   static constexpr Known kKnown[] = {
-      {"H100", {9, 0, 132, 0x2330}},     {"H200", {9, 0, 132, 0x2335}},     {"B200", {10, 0, 148, 0x2901}},
-      {"A100", {8, 0, 108, 0x20b2}},     {"RTX 4090", {8, 9, 128, 0x2684}}, {"RTX 3090", {8, 6, 82, 0x2204}},
-      {"A6000", {8, 6, 84, 0x2230}},     {"L40S", {8, 9, 142, 0x26b9}},     {"V100", {7, 0, 80, 0x1db5}},
+      {"H100", {9, 0, 132, 0x2330}}, {"H200", {9, 0, 132, 0x2335}},     {"B200", {10, 0, 148, 0x2901}},
+      {"A100", {8, 0, 108, 0x20b2}}, {"RTX 4090", {8, 9, 128, 0x2684}}, {"RTX 3090", {8, 6, 82, 0x2204}},
+      {"A6000", {8, 6, 84, 0x2230}}, {"L40S", {8, 9, 142, 0x26b9}},     {"V100", {7, 0, 80, 0x1db5}},
   };
   for (const Known& known : kKnown) {
     if (name.find(known.name_part) != std::string::npos) return known.model;
@@ -169,9 +171,11 @@ GpuModel gpuModelForName(const std::string& name) {
 }
 
 void deviceUuid(int device_index, unsigned char out[16]) {
-  static constexpr unsigned char kPrefix[12] = {0x6e, 0x63, 0x63, 0x6c, 0x65, 0x6d, 0x75, 0x2d, 0x67, 0x70, 0x75, 0x2d};
+  static constexpr unsigned char kPrefix[12] = {0x6e, 0x63, 0x63, 0x6c, 0x65, 0x6d,
+                                                0x75, 0x2d, 0x67, 0x70, 0x75, 0x2d};
   for (int i = 0; i < 12; ++i) out[i] = kPrefix[i];
-  for (int i = 0; i < 4; ++i) out[12 + i] = static_cast<unsigned char>(static_cast<unsigned>(device_index) >> (24 - 8 * i));
+  for (int i = 0; i < 4; ++i)
+    out[12 + i] = static_cast<unsigned char>(static_cast<unsigned>(device_index) >> (24 - 8 * i));
 }
 
 }  // namespace ncclemu

@@ -22,7 +22,7 @@ std::size_t readGpuMemoryBytes();
 std::string readDriverVersionString();
 int readCudaDriverVersion();
 // NCCLEMU_FREES_WAIT: whether cuMemFree and cuMemFreeHost first wait for the device to finish the
-// work queued on its streams, as some drivers do (default off).
+// work queued on its streams, as the real driver does (default on; 0 models a driver that does not).
 bool readFreesWait();
 // Row r, column c: whether device r can access device c. Sized device_count x device_count.
 std::vector<std::vector<bool>> readP2pMatrix(int device_count);

@@ -1,4 +1,4 @@
-// Contexts, memory (frees by default and with NCCLEMU_FREES_WAIT=1), error names and
+// Contexts, memory (frees by default and with NCCLEMU_FREES_WAIT=0), error names and
 // cuGetProcAddress.
 #include <atomic>
 #include <chrono>
@@ -160,7 +160,8 @@ TEST_CASE("memory info reflects allocations and copies move the bytes", "[memory
   CHECK(free_before - free_after >= kCount * sizeof(int));
 
   int ordinal = -1;
-  REQUIRE(cuPointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, device_buffer + 100) == CUDA_SUCCESS);
+  REQUIRE(cuPointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, device_buffer + 100) ==
+          CUDA_SUCCESS);
   CHECK(ordinal == 0);
   CUcontext owner = nullptr;
   REQUIRE(cuPointerGetAttribute(&owner, CU_POINTER_ATTRIBUTE_CONTEXT, device_buffer) == CUDA_SUCCESS);
@@ -203,7 +204,9 @@ TEST_CASE("asynchronous copies wait for earlier work on their stream", "[memory]
   cuStreamDestroy(stream);
 }
 
-TEST_CASE("by default a free returns while a stream of its context is parked", "[memory]") {
+// Run by the ctest entry emulator.cuda.frees_return, with NCCLEMU_FREES_WAIT=0.
+TEST_CASE("with frees that return, a free returns while a stream of its context is parked",
+          "[.frees_return]") {
   PrimaryContext context;
   ParkedStream parked;
   CUdeviceptr device_buffer = 0;
@@ -219,8 +222,7 @@ TEST_CASE("by default a free returns while a stream of its context is parked", "
   CHECK(parked.parked());
 }
 
-// Run by the ctest entry emulator.cuda.frees_wait, with NCCLEMU_FREES_WAIT=1.
-TEST_CASE("with frees that wait, a free waits for the parked stream until its word is written", "[.frees_wait]") {
+TEST_CASE("by default a free waits for the parked stream until its word is written", "[memory]") {
   PrimaryContext context;
   size_t free_before = 0, total = 0;
   REQUIRE(cuMemGetInfo(&free_before, &total) == CUDA_SUCCESS);
@@ -308,7 +310,8 @@ TEST_CASE("every error code has a name and a description", "[errors]") {
 TEST_CASE("cuGetProcAddress returns the revision the requested CUDA version names", "[errors]") {
   void* function = nullptr;
   CUdriverProcAddressQueryResult status = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
-  REQUIRE(cuGetProcAddress("cuEventQuery", &function, 13000, CU_GET_PROC_ADDRESS_DEFAULT, &status) == CUDA_SUCCESS);
+  REQUIRE(cuGetProcAddress("cuEventQuery", &function, 13000, CU_GET_PROC_ADDRESS_DEFAULT, &status) ==
+          CUDA_SUCCESS);
   CHECK(status == CU_GET_PROC_ADDRESS_SUCCESS);
   CHECK(function == reinterpret_cast<void*>(&cuEventQuery));
 

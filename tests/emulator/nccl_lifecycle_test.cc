@@ -1,5 +1,5 @@
 // Communicator lifecycle of the emulated NCCL, ranks as devices of one process: split, shrink,
-// abort, destroy (also with a stream parked at a gate, by default and with NCCLEMU_FREES_WAIT=1),
+// abort, destroy (also with a stream parked at a gate, by default and with NCCLEMU_FREES_WAIT=0),
 // revoke, non-blocking and scalable init, argument checking and the small API functions.
 #include <atomic>
 #include <cstdio>
@@ -26,8 +26,8 @@ std::vector<int32_t> allReduceRanks(LocalRanks& ranks, const std::vector<ncclCom
   }
   REQUIRE(ncclGroupStart() == ncclSuccess);
   for (size_t i = 0; i < local_ranks.size(); ++i) {
-    REQUIRE(ncclAllReduce(buffers[i], buffers[i], 1, ncclInt32, ncclSum, comms[i], ranks.stream(local_ranks[i])) ==
-            ncclSuccess);
+    REQUIRE(ncclAllReduce(buffers[i], buffers[i], 1, ncclInt32, ncclSum, comms[i],
+                          ranks.stream(local_ranks[i])) == ncclSuccess);
   }
   REQUIRE(ncclGroupEnd() == ncclSuccess);
   REQUIRE(ranks.synchronize());
@@ -83,7 +83,8 @@ void countRun(void* counter) { static_cast<std::atomic<int>*>(counter)->fetch_ad
 // Rank 0's AllReduce on its stream: the application's collective, queued before the gate.
 void allReduceOnRank0(LocalRanks& ranks) {
   int32_t* buffer = ranks.allocate<int32_t>(0, 1024);
-  REQUIRE(ncclAllReduce(buffer, buffer, 256, ncclInt32, ncclSum, ranks.comm(0), ranks.stream(0)) == ncclSuccess);
+  REQUIRE(ncclAllReduce(buffer, buffer, 256, ncclInt32, ncclSum, ranks.comm(0), ranks.stream(0)) ==
+          ncclSuccess);
 }
 
 // Aborts or destroys rank 0's communicator from another thread, as ncclguard's recovery does.
@@ -131,7 +132,8 @@ TEST_CASE("emulated NCCL shrink: survivors keep their order without a new unique
   std::vector<ncclComm_t> children(4, nullptr);
   REQUIRE(ncclGroupStart() == ncclSuccess);
   for (int r : {0, 2, 3}) {
-    REQUIRE(ncclCommShrink(ranks.comm(r), excluded, 1, &children[r], nullptr, NCCL_SHRINK_DEFAULT) == ncclSuccess);
+    REQUIRE(ncclCommShrink(ranks.comm(r), excluded, 1, &children[r], nullptr, NCCL_SHRINK_DEFAULT) ==
+            ncclSuccess);
   }
   REQUIRE(ncclGroupEnd() == ncclSuccess);
   int rank = -1, count = 0;
@@ -143,7 +145,8 @@ TEST_CASE("emulated NCCL shrink: survivors keep their order without a new unique
           std::vector<int32_t>{6, 6, 6});
   // An excluded rank must not take part.
   ncclComm_t unused = nullptr;
-  REQUIRE(ncclCommShrink(ranks.comm(1), excluded, 1, &unused, nullptr, NCCL_SHRINK_DEFAULT) == ncclInvalidArgument);
+  REQUIRE(ncclCommShrink(ranks.comm(1), excluded, 1, &unused, nullptr, NCCL_SHRINK_DEFAULT) ==
+          ncclInvalidArgument);
   for (int r : {0, 2, 3}) REQUIRE(ncclCommDestroy(children[r]) == ncclSuccess);
   ranks.destroyAll();
 }
@@ -153,7 +156,8 @@ TEST_CASE("emulated NCCL abort unblocks the local rank's stuck collective only",
   ranks.initAll();
   int32_t* buffer = ranks.allocate<int32_t>(0, 1024);
   // Rank 1 never joins: rank 0's AllReduce waits for it, like a kernel spinning on a dead peer.
-  REQUIRE(ncclAllReduce(buffer, buffer, 256, ncclInt32, ncclSum, ranks.comm(0), ranks.stream(0)) == ncclSuccess);
+  REQUIRE(ncclAllReduce(buffer, buffer, 256, ncclInt32, ncclSum, ranks.comm(0), ranks.stream(0)) ==
+          ncclSuccess);
   REQUIRE_FALSE(nccltest::waitForStream(ranks.stream(0), 300ms));
   REQUIRE(ncclCommAbort(ranks.comm(0)) == ncclSuccess);
   ranks.comm(0) = nullptr;
@@ -185,7 +189,9 @@ TEST_CASE("emulated NCCL destroy waits on a stuck communicator until an abort", 
 // The tests below declare the future of a call that waits for the gate before the gate itself:
 // a failed check then opens the gate before the future waits for the call to end.
 
-TEST_CASE("emulated NCCL abort returns while the stream is parked at a gate behind the operation", "[nccl]") {
+// Run by the ctest entry emulator.nccl.lifecycle_frees_return, with NCCLEMU_FREES_WAIT=0.
+TEST_CASE("with frees that return, abort returns while the stream is parked at a gate behind the operation",
+          "[.frees_return]") {
   LocalRanks ranks(2);
   ranks.initAll();
   std::future<ncclResult_t> aborted;
@@ -200,9 +206,7 @@ TEST_CASE("emulated NCCL abort returns while the stream is parked at a gate behi
   REQUIRE(nccltest::waitForStream(ranks.stream(0), 5s));
 }
 
-// Run by the ctest entry emulator.nccl.lifecycle_frees_wait, with NCCLEMU_FREES_WAIT=1.
-TEST_CASE("with frees that wait, abort first ends the operation, then waits for the parked stream",
-          "[.frees_wait]") {
+TEST_CASE("emulated NCCL abort first ends the operation, then waits for the parked stream", "[nccl]") {
   LocalRanks ranks(2);
   ranks.initAll();
   std::future<ncclResult_t> aborted;
@@ -228,7 +232,7 @@ TEST_CASE("with frees that wait, abort first ends the operation, then waits for 
   ranks.comm(1) = nullptr;
 }
 
-TEST_CASE("with frees that wait, destroy waits for a stream of its device parked at a gate", "[.frees_wait]") {
+TEST_CASE("emulated NCCL destroy waits for a stream of its device parked at a gate", "[nccl]") {
   LocalRanks ranks(1);
   ranks.initAll();
   std::future<ncclResult_t> destroyed;
@@ -287,8 +291,9 @@ TEST_CASE("emulated NCCL group init: one thread initialises every rank, complete
   REQUIRE(state == ncclInProgress);
   int count = 0;
   REQUIRE(ncclCommCount(ranks.comm(0), &count) == ncclInvalidArgument);
-  REQUIRE(lastError().find("Attempt to use communicator before the previous operation returned ncclSuccess") !=
-          std::string::npos);
+  REQUIRE(
+      lastError().find("Attempt to use communicator before the previous operation returned ncclSuccess") !=
+      std::string::npos);
   REQUIRE(ncclGroupEnd() == ncclSuccess);
   REQUIRE(ncclCommCount(ranks.comm(0), &count) == ncclSuccess);
   REQUIRE(count == 4);
@@ -311,7 +316,8 @@ TEST_CASE("emulated NCCL revoke: later collectives are a usage error", "[nccl]")
   int32_t* buffer = ranks.allocate<int32_t>(0, 64);
   REQUIRE(ncclCommRevoke(ranks.comm(0), 1) == ncclInvalidArgument);
   REQUIRE(ncclCommRevoke(ranks.comm(0), NCCL_REVOKE_DEFAULT) == ncclSuccess);
-  REQUIRE(ncclAllReduce(buffer, buffer, 4, ncclInt32, ncclSum, ranks.comm(0), ranks.stream(0)) == ncclInvalidUsage);
+  REQUIRE(ncclAllReduce(buffer, buffer, 4, ncclInt32, ncclSum, ranks.comm(0), ranks.stream(0)) ==
+          ncclInvalidUsage);
   REQUIRE(lastError().find("revoked") != std::string::npos);
   ranks.destroyAll();
 }
@@ -352,8 +358,10 @@ TEST_CASE("emulated NCCL argument checking and error texts", "[nccl]") {
           "internal error - please report this issue to the NCCL developers");
   REQUIRE(std::string(ncclGetErrorString(ncclInvalidArgument)) ==
           "invalid argument (run with NCCL_DEBUG=WARN for details)");
-  REQUIRE(std::string(ncclGetErrorString(ncclInvalidUsage)) == "invalid usage (run with NCCL_DEBUG=WARN for details)");
-  REQUIRE(std::string(ncclGetErrorString(ncclRemoteError)) == "remote process exited or there was a network error");
+  REQUIRE(std::string(ncclGetErrorString(ncclInvalidUsage)) ==
+          "invalid usage (run with NCCL_DEBUG=WARN for details)");
+  REQUIRE(std::string(ncclGetErrorString(ncclRemoteError)) ==
+          "remote process exited or there was a network error");
   REQUIRE(std::string(ncclGetErrorString(ncclInProgress)) == "NCCL operation in progress");
   REQUIRE(std::string(ncclGetErrorString(static_cast<ncclResult_t>(99))) == "unknown result code");
   int version = 0;
@@ -384,7 +392,8 @@ TEST_CASE("emulated NCCL memory, registration and simulated groups", "[nccl]") {
   void* handle = nullptr;
   REQUIRE(ncclCommRegister(ranks.comm(0), memory, 1 << 20, &handle) == ncclSuccess);
   ncclWindow_t window = nullptr;
-  REQUIRE(ncclCommWindowRegister(ranks.comm(0), memory, 1 << 20, &window, NCCL_WIN_COLL_SYMMETRIC) == ncclSuccess);
+  REQUIRE(ncclCommWindowRegister(ranks.comm(0), memory, 1 << 20, &window, NCCL_WIN_COLL_SYMMETRIC) ==
+          ncclSuccess);
   REQUIRE(ncclCommWindowDeregister(ranks.comm(0), window) == ncclSuccess);
   REQUIRE(ncclCommDeregister(ranks.comm(0), handle) == ncclSuccess);
   REQUIRE(ncclCommDeregister(ranks.comm(0), handle) == ncclInvalidArgument);
@@ -393,7 +402,8 @@ TEST_CASE("emulated NCCL memory, registration and simulated groups", "[nccl]") {
   ncclSimInfo_t info = NCCL_SIM_INFO_INITIALIZER;
   int32_t* buffer = ranks.allocate<int32_t>(0, 4096);
   REQUIRE(ncclGroupStart() == ncclSuccess);
-  REQUIRE(ncclAllReduce(buffer, buffer, 1024, ncclInt32, ncclSum, ranks.comm(0), ranks.stream(0)) == ncclSuccess);
+  REQUIRE(ncclAllReduce(buffer, buffer, 1024, ncclInt32, ncclSum, ranks.comm(0), ranks.stream(0)) ==
+          ncclSuccess);
   REQUIRE(ncclGroupSimulateEnd(&info) == ncclSuccess);
   REQUIRE(info.estimatedTime > 0);
   // Nothing was launched: rank 0 is not waiting for rank 1.
@@ -449,7 +459,8 @@ TEST_CASE("emulated NCCL shrink with NCCL_SHRINK_ABORT ends the parent's stuck c
   REQUIRE(ncclGroupStart() == ncclSuccess);
   for (int r : {0, 2, 3}) {
     buffers[r] = ranks.allocate<int32_t>(r, 64 * sizeof(int32_t));
-    REQUIRE(ncclAllReduce(buffers[r], buffers[r], 64, ncclInt32, ncclSum, ranks.comm(r), ranks.stream(r)) == ncclSuccess);
+    REQUIRE(ncclAllReduce(buffers[r], buffers[r], 64, ncclInt32, ncclSum, ranks.comm(r), ranks.stream(r)) ==
+            ncclSuccess);
   }
   REQUIRE(ncclGroupEnd() == ncclSuccess);
   REQUIRE_FALSE(nccltest::waitForStream(ranks.stream(0), 200ms));
@@ -458,7 +469,8 @@ TEST_CASE("emulated NCCL shrink with NCCL_SHRINK_ABORT ends the parent's stuck c
   std::vector<ncclComm_t> children(4, nullptr);
   REQUIRE(ncclGroupStart() == ncclSuccess);
   for (int r : {0, 2, 3}) {
-    REQUIRE(ncclCommShrink(ranks.comm(r), excluded, 1, &children[r], nullptr, NCCL_SHRINK_ABORT) == ncclSuccess);
+    REQUIRE(ncclCommShrink(ranks.comm(r), excluded, 1, &children[r], nullptr, NCCL_SHRINK_ABORT) ==
+            ncclSuccess);
   }
   REQUIRE(ncclGroupEnd() == ncclSuccess);
   // The stuck collectives returned, so the survivors' streams run again, and the child works.

@@ -1,5 +1,5 @@
 // What scripts/gpu-check.sh's check `parked` runs on one GPU, with the real driver and NCCL (and,
-// to rehearse, on the emulator, with and without NCCLEMU_FREES_WAIT=1): how the driver and NCCL
+// to rehearse, on the emulator, by default and with NCCLEMU_FREES_WAIT=0): how the driver and NCCL
 // treat a stream parked at a cuStreamWaitValue32 gate on a page-locked word, the gate ncclguard's
 // in-process recovery holds an application stream at while it aborts a communicator.
 //
