@@ -1,9 +1,13 @@
 // ncclguard run [--max-restarts N] [--library PATH] -- CMD ARGS...
 //
+// ncclguard run --redis [--redis-server PATH] ... -- CMD ARGS...
+//
 // Runs CMD with libncclguard.so preloaded and runs it again each time it exits with
 // kRestartExitCode, which NCCLGUARD_ACTION=reinit uses after recording a P2P verdict in the job
 // directory: the next attempt reads that record before its first communicator and starts with P2P
 // disabled. For jobs whose launcher does not restart failed workers itself (docs/recovery.md).
+// With --redis, a redis-server started beside the job is its job board (NCCLGUARD_STORE) for every
+// attempt, and is stopped when run ends.
 //
 // Signals: SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 are forwarded to CMD's process,
 // not to its process group. A launcher such as torchrun or mpirun tells its own workers, and
@@ -11,15 +15,21 @@
 // so a terminal still reaches it directly: a signal the kernel sent (Ctrl-C, Ctrl-\, a hang-up)
 // went to the whole foreground group already and is not forwarded a second time.
 #include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/poll.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -31,6 +41,7 @@
 #include <stdexcept>
 #include <string>
 #include <system_error>
+#include <thread>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -61,6 +72,8 @@ constexpr int kExitSignalBase = 128;
 struct RunOptions {
   int max_restarts = kDefaultMaxRestarts;
   std::string library;
+  bool redis = false;
+  std::string redis_server = "redis-server";
   std::vector<std::string> command;
 };
 
@@ -184,6 +197,110 @@ int ExitCode(int wait_status) {
   return WIFSIGNALED(wait_status) ? kExitSignalBase + WTERMSIG(wait_status) : WEXITSTATUS(wait_status);
 }
 
+// A port of this host that nothing listens on now, 0 if none could be had. Another process may take
+// it before the server does: the server then fails to start, and run says so.
+int FreePort() {
+  const int probe = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (probe < 0) return 0;
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  socklen_t length = sizeof address;
+  int port = 0;
+  if (bind(probe, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0 &&
+      getsockname(probe, reinterpret_cast<sockaddr*>(&address), &length) == 0) {
+    port = ntohs(address.sin_port);
+  }
+  close(probe);
+  return port;
+}
+
+bool Answers(int port) {
+  const int connection = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (connection < 0) return false;
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(static_cast<std::uint16_t>(port));
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  const bool connected = connect(connection, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0;
+  close(connection);
+  return connected;
+}
+
+// The name the other nodes of the job reach this host by: its host name when it resolves, else
+// the loopback address (a job on this host only).
+std::string ReachableHostName() {
+  const std::string host = log::HostName();
+  addrinfo* found = nullptr;
+  if (host.empty() || getaddrinfo(host.c_str(), nullptr, nullptr, &found) != 0) return "127.0.0.1";
+  freeaddrinfo(found);
+  return host;
+}
+
+// A redis-server beside the job (--redis), in a process group of its own: a Ctrl-C meant for the
+// job does not take the job board away while the job still reports its end. No password and no
+// persistence: the board of one job, for as long as run runs.
+class BesideRedis {
+ public:
+  static std::unique_ptr<BesideRedis> Start(const std::string& server) {
+    const int port = FreePort();
+    if (port == 0) Fail("no free port for redis-server");
+    const std::string port_text = std::to_string(port);
+    std::vector<std::string> command = {server,    "--port",           port_text, "--bind",
+                                        "0.0.0.0", "--save",           "",        "--appendonly",
+                                        "no",      "--protected-mode", "no",      "--daemonize",
+                                        "no",      "--loglevel",       "warning"};
+    std::vector<char*> argv;
+    for (std::string& argument : command) argv.push_back(argument.data());
+    argv.push_back(nullptr);
+    const pid_t pid = fork();
+    if (pid < 0) Fail("fork");
+    if (pid == 0) {
+      setpgid(0, 0);
+      prctl(PR_SET_PDEATHSIG, SIGTERM);  // run killed outright: the board goes with it
+      const int null = open("/dev/null", O_RDWR);
+      if (null >= 0) {
+        dup2(null, STDIN_FILENO);
+        dup2(null, STDOUT_FILENO);
+      }
+      execvp(argv[0], argv.data());
+      std::fprintf(stderr, "ncclguard run: cannot run %s: %s\n", argv[0], std::strerror(errno));
+      _exit(kExitCommandNotFound);
+    }
+    auto redis = std::unique_ptr<BesideRedis>(new BesideRedis(pid, port));
+    constexpr auto kStartLimit = std::chrono::seconds(10);
+    const auto give_up = std::chrono::steady_clock::now() + kStartLimit;
+    while (!Answers(port)) {
+      int status = 0;
+      if (waitpid(pid, &status, WNOHANG) == pid) {
+        redis->pid_ = -1;
+        throw std::runtime_error(
+            absl::StrCat(server, " exited with code ", ExitCode(status), " before answering"));
+      }
+      if (std::chrono::steady_clock::now() > give_up)
+        throw std::runtime_error(absl::StrCat(server, " did not answer within 10 s"));
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return redis;
+  }
+
+  BesideRedis(const BesideRedis&) = delete;
+  BesideRedis& operator=(const BesideRedis&) = delete;
+  ~BesideRedis() {
+    if (pid_ <= 0) return;
+    kill(pid_, SIGTERM);
+    int status = 0;
+    while (waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
+    }
+  }
+
+  std::string Url() const { return absl::StrCat("redis://", ReachableHostName(), ":", port_, "/0"); }
+
+ private:
+  BesideRedis(pid_t pid, int port) : pid_(pid), port_(port) {}
+  pid_t pid_;
+  int port_;
+};
+
 std::filesystem::path DefaultLibrary() {
   // The real location of this program, symbolic links resolved: the library is installed
   // relative to it (and the build tree has the same layout).
@@ -241,6 +358,22 @@ int Run(const RunOptions& options) {
   const std::string preload = PreloadList(library, std::getenv("LD_PRELOAD"));
   if (setenv("LD_PRELOAD", preload.c_str(), 1) != 0) Fail("setenv");
   const std::string job_id = PinJobId();
+  std::unique_ptr<BesideRedis> redis;
+  if (options.redis) {
+    if (const char* store = std::getenv("NCCLGUARD_STORE"); store != nullptr && *store != '\0') {
+      std::cerr << "ncclguard run: --redis and NCCLGUARD_STORE=" << EscapeControlCharacters(store)
+                << " name two job boards; keep one\n";
+      return kExitUsage;
+    }
+    try {
+      redis = BesideRedis::Start(options.redis_server);
+    } catch (const std::exception& error) {
+      std::cerr << "ncclguard run: cannot start the job board (--redis): "
+                << EscapeControlCharacters(error.what()) << "; not running the command without it\n";
+      return kExitUsage;
+    }
+    if (setenv("NCCLGUARD_STORE", redis->Url().c_str(), 1) != 0) Fail("setenv");
+  }
 
   Supervisor supervisor;
   const long attempts = long{options.max_restarts} + 1;  // --max-restarts may be INT_MAX
@@ -250,7 +383,7 @@ int Run(const RunOptions& options) {
       std::cerr << "ncclguard run: attempt 1 of " << attempts << ": "
                 << EscapeControlCharacters(absl::StrJoin(options.command, " ")) << " (job id "
                 << EscapeControlCharacters(job_id) << ", LD_PRELOAD=" << EscapeControlCharacters(preload)
-                << ")\n";
+                << (redis ? absl::StrCat(", NCCLGUARD_STORE=", redis->Url()) : "") << ")\n";
     } else {
       std::cerr << "ncclguard run: attempt " << attempt << " of " << attempts << " after exit code "
                 << kRestartExitCode << " (ncclguard restart)\n";
@@ -283,6 +416,13 @@ void AddRunCommand(CLI::App& app, std::function<int()>& run) {
   command
       ->add_option("--library", options->library,
                    "libncclguard.so to preload (default: the one installed with this command)")
+      ->type_name("PATH");
+  command->add_flag(
+      "--redis", options->redis,
+      "Start a redis-server beside the job as its job board (NCCLGUARD_STORE) for every attempt, "
+      "stopped when run ends");
+  command
+      ->add_option("--redis-server", options->redis_server, "The redis-server to start (default: from PATH)")
       ->type_name("PATH");
   command->add_option("COMMAND", options->command, "The command and its arguments, after --")->required();
   command->callback([options, &run] { run = [options] { return Run(*options); }; });

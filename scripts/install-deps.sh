@@ -6,7 +6,7 @@ set -euo pipefail
 
 packages=(
   build-essential cmake binutils python3
-  libspdlog-dev libfmt-dev libabsl-dev catch2 nlohmann-json3-dev libcli11-dev
+  libspdlog-dev libfmt-dev libabsl-dev catch2 nlohmann-json3-dev libsimdjson-dev libcli11-dev
   libbenchmark-dev
   libunwind-dev libdw-dev
   libhiredis-dev redis-server

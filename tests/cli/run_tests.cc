@@ -2,8 +2,6 @@
 // restart code a given number of times, report the environment they were given, trap signals or
 // die of one. Each test runs under `env -i`, so that a launcher's job id in the environment of the
 // test run cannot change what the command does.
-#include <catch2/catch.hpp>
-
 #include <signal.h>
 #include <sys/types.h>
 
@@ -15,6 +13,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <catch2/catch.hpp>
 
 #include "tests/support/process.h"
 
@@ -89,7 +89,8 @@ ProcessResult NcclguardRun(const std::vector<std::string>& arguments,
 }
 
 std::string Transcript(const ProcessResult& result) {
-  return "exit " + std::to_string(result.exit_code) + "\n--- stdout\n" + result.out + "--- stderr\n" + result.err;
+  return "exit " + std::to_string(result.exit_code) + "\n--- stdout\n" + result.out + "--- stderr\n" +
+         result.err;
 }
 
 // The value of `name` in a log line "attempt=N LD_PRELOAD=... NCCLGUARD_JOB_ID=...".
@@ -132,22 +133,26 @@ TEST_CASE("the command is restarted while it exits with the restart code") {
   CHECK(result.exit_code == 0);
   CHECK(scripts.Attempts() == 3);
   CHECK(CountOccurrences(result.err, "ncclguard run: attempt 1 of 4: ") == 1);
-  CHECK(CountOccurrences(result.err, "ncclguard run: attempt 2 of 4 after exit code 75 (ncclguard restart)") == 1);
-  CHECK(CountOccurrences(result.err, "ncclguard run: attempt 3 of 4 after exit code 75 (ncclguard restart)") == 1);
+  CHECK(CountOccurrences(result.err,
+                         "ncclguard run: attempt 2 of 4 after exit code 75 (ncclguard restart)") == 1);
+  CHECK(CountOccurrences(result.err,
+                         "ncclguard run: attempt 3 of 4 after exit code 75 (ncclguard restart)") == 1);
   CHECK(CountOccurrences(result.err, "attempt 4") == 0);
 }
 
 TEST_CASE("the restarts are bounded by --max-restarts, and the last restart code is returned") {
   Scripts scripts;
   SECTION("--max-restarts 0 never restarts") {
-    const ProcessResult result = NcclguardRun({"--max-restarts", "0", "--", scripts.Path("restarting.sh"), "5", "0"});
+    const ProcessResult result =
+        NcclguardRun({"--max-restarts", "0", "--", scripts.Path("restarting.sh"), "5", "0"});
     INFO(Transcript(result));
     CHECK(result.exit_code == kRestartCode);
     CHECK(scripts.Attempts() == 1);
     CHECK(CountOccurrences(result.err, "giving up") == 1);
   }
   SECTION("--max-restarts 2 runs three attempts") {
-    const ProcessResult result = NcclguardRun({"--max-restarts", "2", "--", scripts.Path("restarting.sh"), "5", "0"});
+    const ProcessResult result =
+        NcclguardRun({"--max-restarts", "2", "--", scripts.Path("restarting.sh"), "5", "0"});
     INFO(Transcript(result));
     CHECK(result.exit_code == kRestartCode);
     CHECK(scripts.Attempts() == 3);
@@ -155,7 +160,8 @@ TEST_CASE("the restarts are bounded by --max-restarts, and the last restart code
     CHECK(CountOccurrences(result.err, "giving up: exit code 75 after 2 restarts") == 1);
   }
   SECTION("a negative count is a usage error") {
-    const ProcessResult result = NcclguardRun({"--max-restarts", "-1", "--", scripts.Path("restarting.sh"), "0", "0"});
+    const ProcessResult result =
+        NcclguardRun({"--max-restarts", "-1", "--", scripts.Path("restarting.sh"), "0", "0"});
     INFO(Transcript(result));
     CHECK(result.exit_code == kUsageError);
     CHECK(scripts.Attempts() == 0);
@@ -166,7 +172,8 @@ TEST_CASE("any other exit code is returned at once, without a restart") {
   Scripts scripts;
   for (const int code : {0, 1, 3, 74, 76}) {
     std::filesystem::remove(scripts.Path("count"));
-    const ProcessResult result = NcclguardRun({"--", scripts.Path("restarting.sh"), "0", std::to_string(code)});
+    const ProcessResult result =
+        NcclguardRun({"--", scripts.Path("restarting.sh"), "0", std::to_string(code)});
     INFO(Transcript(result));
     CHECK(result.exit_code == code);
     CHECK(scripts.Attempts() == 1);
@@ -204,7 +211,8 @@ TEST_CASE("the library can be chosen, and one that does not exist is an error, n
   SECTION("an existing library") {
     const std::string copy = scripts.Path("libcopy.so");
     std::filesystem::copy_file(NCCLGUARD_LIBRARY, copy);
-    const ProcessResult result = NcclguardRun({"--library", copy, "--", scripts.Path("restarting.sh"), "0", "0"});
+    const ProcessResult result =
+        NcclguardRun({"--library", copy, "--", scripts.Path("restarting.sh"), "0", "0"});
     INFO(Transcript(result));
     CHECK(result.exit_code == 0);
     REQUIRE(scripts.Log().size() == 1);
@@ -212,7 +220,8 @@ TEST_CASE("the library can be chosen, and one that does not exist is an error, n
   }
   SECTION("a missing library") {
     const std::string missing = scripts.Path("no-such-libncclguard.so");
-    const ProcessResult result = NcclguardRun({"--library", missing, "--", scripts.Path("restarting.sh"), "0", "0"});
+    const ProcessResult result =
+        NcclguardRun({"--library", missing, "--", scripts.Path("restarting.sh"), "0", "0"});
     INFO(Transcript(result));
     CHECK(result.exit_code == kUsageError);
     CHECK(scripts.Attempts() == 0);
@@ -221,9 +230,11 @@ TEST_CASE("the library can be chosen, and one that does not exist is an error, n
   SECTION("a file that is not a shared object, or one without NCCL's functions") {
     const std::string not_elf = scripts.Path("passwd");
     std::filesystem::copy_file("/etc/passwd", not_elf);
-    for (const auto& [library, why] : {std::pair{not_elf, std::string("is not a 64-bit ELF file")},
-                                       std::pair{std::string(NCCLGUARD_COMMAND), std::string("does not export ncclGetVersion")}}) {
-      const ProcessResult result = NcclguardRun({"--library", library, "--", scripts.Path("restarting.sh"), "0", "0"});
+    for (const auto& [library, why] :
+         {std::pair{not_elf, std::string("is not a 64-bit ELF file")},
+          std::pair{std::string(NCCLGUARD_COMMAND), std::string("does not export ncclGetVersion")}}) {
+      const ProcessResult result =
+          NcclguardRun({"--library", library, "--", scripts.Path("restarting.sh"), "0", "0"});
       INFO(Transcript(result));
       CHECK(result.exit_code == kUsageError);
       CHECK(scripts.Attempts() == 0);
@@ -259,6 +270,45 @@ TEST_CASE("every attempt belongs to the same job") {
     for (const std::string& line : log) CHECK(Field(line, "NCCLGUARD_JOB_ID") == "slurm-4242");
     CHECK(CountOccurrences(result.err, "(job id slurm-4242,") == 1);
   }
+}
+
+TEST_CASE("with --redis, every attempt has the same Redis job board, and it ends with run") {
+  Scripts scripts;
+  // Each attempt counts itself on the board it was given.
+  scripts.Write("counting.sh", R"sh(#!/bin/sh
+port=${NCCLGUARD_STORE##*:}; port=${port%/0}
+echo "$NCCLGUARD_STORE $(redis-cli -p "$port" INCR attempts)" >> "$(dirname "$0")/log"
+[ "$(redis-cli -p "$port" GET attempts)" -lt 3 ] && exit 75
+exit 0
+)sh");
+  const ProcessResult result = NcclguardRun({"--redis", "--", scripts.Path("counting.sh")});
+  INFO(Transcript(result));
+  CHECK(result.exit_code == 0);
+  const std::vector<std::string> log = scripts.Log();
+  REQUIRE(log.size() == 3);
+  const std::string store = log[0].substr(0, log[0].find(' '));
+  CHECK(store.rfind("redis://", 0) == 0);
+  for (int attempt = 1; attempt <= 3; ++attempt)
+    CHECK(log[attempt - 1] == store + " " + std::to_string(attempt));
+  CHECK(CountOccurrences(result.err, ", NCCLGUARD_STORE=" + store + ")") == 1);
+  // Stopped with run: nothing answers on its port any more.
+  const std::string port = store.substr(store.rfind(':') + 1, store.size() - store.rfind(':') - 3);
+  const ProcessResult ping = RunProcess({"redis-cli", "-p", port, "PING"}, {});
+  CHECK(ping.out.find("PONG") == std::string::npos);
+}
+
+TEST_CASE(
+    "run refuses --redis beside a second board, or a server that cannot start, before running anything") {
+  Scripts scripts;
+  const ProcessResult both = NcclguardRun({"--redis", "--", scripts.Path("restarting.sh"), "0", "0"},
+                                          {{"NCCLGUARD_STORE", "redis://elsewhere:6379/0"}});
+  CHECK(both.exit_code == kUsageError);
+  CHECK(both.err.find("name two job boards") != std::string::npos);
+  const ProcessResult missing = NcclguardRun({"--redis", "--redis-server", "/nonexistent/redis-server", "--",
+                                              scripts.Path("restarting.sh"), "0", "0"});
+  CHECK(missing.exit_code == kUsageError);
+  CHECK(missing.err.find("cannot start the job board (--redis)") != std::string::npos);
+  CHECK(scripts.Attempts() == 0);
 }
 
 TEST_CASE("SIGTERM sent to run reaches the command, whose status run returns") {
@@ -298,6 +348,7 @@ TEST_CASE("a command that cannot be found exits 127 with a message") {
     const ProcessResult result = NcclguardRun({"--", command, "argument"});
     INFO(Transcript(result));
     CHECK(result.exit_code == 127);
-    CHECK(CountOccurrences(result.err, "ncclguard run: cannot run " + command + ": No such file or directory") == 1);
+    CHECK(CountOccurrences(result.err,
+                           "ncclguard run: cannot run " + command + ": No such file or directory") == 1);
   }
 }

@@ -158,6 +158,30 @@ TEST_CASE(
   CHECK(CountOccurrences(SplitAttempts(job.result.out).second, "2 data loader workers finished") == 2);
 }
 
+TEST_CASE("S2 under `ncclguard run --redis`: the board run starts carries the P2P verdict to the restart",
+          "[reinit][p2p_suspect][one-board]") {
+  const std::vector<std::string> arguments = {"--ranks", "4", "--steps", "20", "--timeout", "15"};
+  const std::map<int, std::string> healthy = HealthyChecksums(arguments);
+  REQUIRE(healthy.size() == 4);
+  TemporaryDirectory dump_dir;
+  std::vector<std::string> command = UnderNcclguardRun(arguments);
+  command.insert(command.begin() + 2, "--redis");
+  const Job job = RunJob(dump_dir, command,
+                         {{"NCCLEMU_FAULTS", "p2p_stall:after=0"}, {"NCCLEMU_DRIVER_VERSION", "545.23.08"}});
+  INFO(job.transcript);
+  REQUIRE_FALSE(job.result.timed_out);
+  CHECK(job.result.exit_code == 0);
+  CHECK(Contains(job.result.err, ", NCCLGUARD_STORE=redis://"));
+  const auto [first, second] = SplitAttempts(job.result.out);
+  CHECK(Contains(first, " via P2P/"));
+  // The verdict went on the Redis board, not into the job directory, and the restart read it there.
+  CHECK(Contains(job.result.err, "recorded p2p_suspect in redis://"));
+  CHECK_FALSE(std::filesystem::exists(job.job_dir + "/" + kRecordFile));
+  CHECK(Contains(second, " via SHM/"));
+  CHECK(CountOccurrences(job.result.err, "an earlier attempt of job recovery found P2P at fault") == 4);
+  CHECK(Checksums(second) == healthy);
+}
+
 TEST_CASE("a stall that is not P2P exits with the restart code and records no P2P verdict", "[reinit]") {
   TemporaryDirectory dump_dir;
   const Job job = RunJob(dump_dir, TrainLoop({"--ranks", "4", "--steps", "20", "--timeout", "15"}),

@@ -16,11 +16,12 @@
 
 #include "tests/support/process.h"
 #include "watchdog/common/config.h"
-#include "watchdog/report/dump.h"
-#include "watchdog/report/dump_reader.h"
-#include "watchdog/report/snapshot_json.h"
 #include "watchdog/common/log.h"
 #include "watchdog/common/version.h"
+#include "watchdog/report/dump.h"
+#include "watchdog/report/dump_reader.h"
+#include "watchdog/report/job_dir.h"
+#include "watchdog/report/snapshot_json.h"
 
 namespace ncclguard {
 namespace {
@@ -143,9 +144,9 @@ TEST_CASE("the dump parses back, format and version first", "[dump]") {
   const Json document = Json::parse(text);
   std::vector<std::string> keys;
   for (const auto& item : document.items()) keys.push_back(item.key());
-  const std::vector<std::string> first_keys{"format", "format_version", "ncclguard_version",
-                                            "nccl_version", "host", "pid", "rank", "reason",
-                                            "time", "time_ns"};
+  const std::vector<std::string> first_keys{
+      "format", "format_version", "ncclguard_version", "nccl_version", "host", "pid", "rank", "reason",
+      "time",   "time_ns"};
   REQUIRE(keys.size() > first_keys.size());
   CHECK(std::vector<std::string>(keys.begin(), keys.begin() + first_keys.size()) == first_keys);
   CHECK(document["format"] == "ncclguard-dump");
@@ -237,15 +238,22 @@ TEST_CASE("each snapshot type has one JSON form; a status file carries a part of
   CHECK(Json(op_back) == op_json);
 
   const Json status = CommJson(comm, SnapshotDocument::kStatus);
-  CHECK(Keys(status) == std::vector<std::string>{"id", "rank", "nranks", "state", "last_enqueued", "last_started",
-                                                 "last_completed", "async_error", "last_completed_op",
-                                                 "oldest_outstanding", "signatures"});
+  CHECK(Keys(status) == std::vector<std::string>{"id", "rank", "nranks", "state", "last_enqueued",
+                                                 "last_started", "last_completed", "async_error",
+                                                 "last_completed_op", "oldest_outstanding", "signatures"});
   CHECK(Keys(status["last_completed_op"]) ==
         std::vector<std::string>{"seq", "op", "dtype", "count", "bytes", "root", "peer", "reduction"});
-  CHECK(Keys(status["oldest_outstanding"]) ==
-        std::vector<std::string>{"seq", "op", "state", "bytes", "dtype", "count", "root", "peer", "reduction",
-                                 "enqueue_ns", "start_ns"});
-  const CommSnapshot status_back = ReadComm(nlohmann::json::parse(status.dump()), SnapshotDocument::kStatus);
+  CHECK(Keys(status["oldest_outstanding"]) == std::vector<std::string>{"seq", "op", "state", "bytes", "dtype",
+                                                                       "count", "root", "peer", "reduction",
+                                                                       "enqueue_ns", "start_ns"});
+  ProcessSnapshot process;
+  process.comms = {comm};
+  const absl::StatusOr<std::string> status_text = FormatStatus(process, ProcessFacts{});
+  REQUIRE(status_text.ok());
+  const absl::StatusOr<PeerStatus> read_back = ParseStatusRecord("status-x.json", *status_text);
+  REQUIRE(read_back.ok());
+  REQUIRE(read_back->snapshot.comms.size() == 1);
+  const CommSnapshot& status_back = read_back->snapshot.comms[0];
   REQUIRE(status_back.ring.size() == 2);
   CHECK(status_back.ring[0].seq == 6);
   CHECK(status_back.ring[0].state == "completed");
@@ -256,13 +264,13 @@ TEST_CASE("each snapshot type has one JSON form; a status file carries a part of
   // What a file gets wrong is an exception for the reader to report, never a crash.
   nlohmann::json wrong = nlohmann::json::parse(CommJson(comm, SnapshotDocument::kDump).dump());
   wrong["ops"] = nlohmann::json::object();
-  CHECK_THROWS(ReadComm(wrong, SnapshotDocument::kDump));
+  CHECK_THROWS(ReadComm(wrong));
   wrong["ops"] = nlohmann::json::array({{{"seq", "seven"}}});
-  CHECK_THROWS(ReadComm(wrong, SnapshotDocument::kDump));
+  CHECK_THROWS(ReadComm(wrong));
   wrong["ops"] = nlohmann::json::array();
   wrong["nranks"] = 100'000'000;
-  CHECK_THROWS(ReadComm(wrong, SnapshotDocument::kDump));
-  CHECK_THROWS(ReadStall(nlohmann::json::array(), SnapshotDocument::kStatus));
+  CHECK_THROWS(ReadComm(wrong));
+  CHECK_THROWS(ReadStall(nlohmann::json::array()));
 }
 
 TEST_CASE("a dump without communicators, stall or rank is still complete", "[dump]") {
@@ -300,8 +308,8 @@ TEST_CASE("a dump is written atomically, 0600, in 0700 directories created as ne
   CHECK(DumpNumber(second_name) == DumpNumber(first_name) + 1);
   CHECK(fs::path(*first).parent_path() == job_dir);
 
-  CHECK(Names(job_dir) == std::vector<std::string>{std::min(first_name, second_name),
-                                                   std::max(first_name, second_name)});
+  CHECK(Names(job_dir) ==
+        std::vector<std::string>{std::min(first_name, second_name), std::max(first_name, second_name)});
   CHECK(Mode(*first) == 0600);
   CHECK(Mode(job_dir) == 0700);
   CHECK(Mode(temporary.path() + "/dumps") == 0700);
@@ -467,7 +475,8 @@ TEST_CASE("failures are logged once per process", "[own-process]") {
   CHECK(testing::CountOccurrences(logged, "NCCLGUARD_DUMP_DIR") == 1);
 }
 
-TEST_CASE("every thread's stack goes into the dump and reads back; version 1 dumps are still read", "[dump]") {
+TEST_CASE("every thread's stack goes into the dump and reads back; version 1 dumps are still read",
+          "[dump]") {
   ProcessSnapshot snapshot = StalledSnapshot();
   ThreadsSnapshot threads;
   threads.time_ns = 1'700'000'000'000'000'000;

@@ -19,6 +19,7 @@
 #include "tests/support/process.h"
 #include "tests/support/redis_server.h"
 #include "watchdog/diagnose/job_view.h"
+#include "watchdog/report/dump.h"
 #include "watchdog/report/job_board.h"
 #include "watchdog/report/job_dir.h"
 #include "watchdog/report/snapshot.h"
@@ -209,6 +210,40 @@ TEST_CASE("on Redis, a status that has not changed is not written again: a heart
   const JobView job = Read(board);
   REQUIRE(job.processes[0].snapshot.comms[0].ring.size() == 1);
   CHECK(job.processes[0].snapshot.comms[0].ring[0].op == "Broadcast");
+}
+
+TEST_CASE("on Redis, a sample of the dumps of processes like the rest is read, and every dump of the others",
+          "[job_board][redis]") {
+  Boards boards;
+  REQUIRE(boards.redis->started());
+  const std::string hosts[] = {"node-a", "node-b", "node-c", "node-d", "node-e"};
+  for (int rank = 0; rank < 5; ++rank) {
+    const std::string& host = hosts[rank];
+    // Rank 3 is out of NCCL while the others wait in it: the process unlike the rest.
+    ProcessSnapshot snapshot = Snapshot(rank, 1'000, "AllReduce");
+    snapshot.in_nccl_call = rank == 3 ? "" : "ncclAllReduce";
+    snapshot.comms[0].nranks = 5;
+    REQUIRE(boards.Open(boards.redis->Url(), host, 100 + rank)
+                ->PublishStatus(snapshot, Facts(host, 100 + rank))
+                .ok());
+    snapshot.reason = "peer_request";
+    REQUIRE(WriteDump(boards.job_dir, snapshot, Facts(host, 100 + rank)).ok());
+  }
+  JobReadLimits limits;
+  limits.sampled_dumps = 2;
+  const absl::StatusOr<JobView> job = ReadJob(boards.Open(boards.redis->Url(), "analyst", 1),
+                                              2'000'000'000'000'000'000, 2, JobDirectoryOrigin::kOwn, limits);
+  REQUIRE(job.ok());
+  REQUIRE(job->processes.size() == 5);
+  CHECK_FALSE(job->processes[3].dump_file.empty());
+  int dumps_read = 0;
+  for (const ProcessView& process : job->processes) dumps_read += process.dump_file.empty() ? 0 : 1;
+  CHECK(dumps_read == 3);
+  CHECK(job->not_read.files == 2);
+  CHECK_THAT(job->not_read.why, Catch::Contains("like most of the job's, and 2 of their dumps were read"));
+  // Every process is known from its status: nobody is missing for a dump left unread.
+  CHECK(job->not_read.processes == 0);
+  CHECK_FALSE(job->not_read.SomeProcessMissing());
 }
 
 TEST_CASE("Redis killed and restarted in the middle of a job: no hang, then statuses and requests again",

@@ -10,22 +10,21 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include <catch2/catch.hpp>
-
-#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_join.h"
 #include "tests/support/process.h"
 #include "watchdog/common/files.h"
+#include "watchdog/diagnose/verdicts.h"
 #include "watchdog/report/dump.h"
 #include "watchdog/report/job_dir.h"
-#include "watchdog/diagnose/verdicts.h"
 
 namespace ncclguard {
 namespace {
@@ -56,11 +55,11 @@ std::string OwnHost() {
 
 TEST_CASE("the job id: NCCLGUARD_JOB_ID, then the launcher's, then the communicator's", "[job_dir]") {
   const std::map<std::string, std::string> everything{
-      {"NCCLGUARD_JOB_ID", "my-run"},   {"SLURM_JOB_ID", "4242"},
-      {"SLURM_STEP_ID", "3"},           {"TORCHELASTIC_RUN_ID", "abc"},
-      {"PADDLE_JOB_ID", "p1"},          {"OMPI_MCA_ess_base_jobid", "77"},
-      {"PMIX_NAMESPACE", "prterun-x"},  {"LSB_JOBID", "5"},
-      {"PBS_JOBID", "6.server"},        {"FLUX_JOB_ID", "f7"}};
+      {"NCCLGUARD_JOB_ID", "my-run"},  {"SLURM_JOB_ID", "4242"},
+      {"SLURM_STEP_ID", "3"},          {"TORCHELASTIC_RUN_ID", "abc"},
+      {"PADDLE_JOB_ID", "p1"},         {"OMPI_MCA_ess_base_jobid", "77"},
+      {"PMIX_NAMESPACE", "prterun-x"}, {"LSB_JOBID", "5"},
+      {"PBS_JOBID", "6.server"},       {"FLUX_JOB_ID", "f7"}};
   // {the id expected, the variable then removed}: each time the next launcher decides.
   const std::vector<std::pair<std::string, std::string>> expected_in_order{
       {"my-run", "NCCLGUARD_JOB_ID"},
@@ -83,7 +82,8 @@ TEST_CASE("the job id: NCCLGUARD_JOB_ID, then the launcher's, then the communica
   CHECK(JobId(FakeEnvironment({{"TORCHELASTIC_RUN_ID", "none"}}), "ff") == "nccl-ff");
   CHECK(JobId(FakeEnvironment({{"PADDLE_JOB_ID", "default"}}), "ff") == "nccl-ff");
   // Only the first communicator could name these jobs: there is no name before it exists.
-  CHECK(NamedJobId(FakeEnvironment({{"TORCHELASTIC_RUN_ID", "none"}, {"PADDLE_JOB_ID", "default"}})) == std::nullopt);
+  CHECK(NamedJobId(FakeEnvironment({{"TORCHELASTIC_RUN_ID", "none"}, {"PADDLE_JOB_ID", "default"}})) ==
+        std::nullopt);
   CHECK(NamedJobId(FakeEnvironment({{"PBS_JOBID", "6.server"}})) == "pbs-6.server");
   CHECK(JobId(FakeEnvironment({}), "") == "nccl-unknown");
   CHECK(JobId(nullptr, "ee") == "nccl-ee");
@@ -221,7 +221,8 @@ TEST_CASE("status files are small, and read back", "[job_dir]") {
 // rewrite is half done must read it again, not report the process's status as unreadable (a live
 // rank would look absent). Rewritten here every 200 microseconds, ten thousand times as often as
 // at the defaults, with contents of two sizes.
-TEST_CASE("a status file rewritten while it is being read is read and not reported as a problem", "[job_dir]") {
+TEST_CASE("a status file rewritten while it is being read is read and not reported as a problem",
+          "[job_dir]") {
   TemporaryDirectory temporary;
   const std::string job_dir = temporary.path() + "/job";
   REQUIRE(WriteStatus(job_dir, BusySnapshot(2), Identity("gpu-node-1", 100)).ok());
@@ -260,7 +261,8 @@ ino_t InodeOf(const std::string& path) {
   return file.st_ino;
 }
 
-TEST_CASE("a status file is rewritten in place, and created anew only when it outgrows its size", "[job_dir]") {
+TEST_CASE("a status file is rewritten in place, and created anew only when it outgrows its size",
+          "[job_dir]") {
   TemporaryDirectory temporary;
   const std::string job_dir = temporary.path() + "/job";
   const absl::StatusOr<std::string> path = WriteStatus(job_dir, BusySnapshot(1), Identity("node-a", 7));
@@ -305,7 +307,8 @@ TEST_CASE("a status file that a crash cut off in a rewrite is not read as a stat
   CHECK_THAT(scan->problems[0], Catch::Contains("status-node-a-7.json") && Catch::Contains("checksum"));
 }
 
-TEST_CASE("a status file of this build read by itself: a checksum, then spaces to the file's size", "[job_dir]") {
+TEST_CASE("a status file of this build read by itself: a checksum, then spaces to the file's size",
+          "[job_dir]") {
   TemporaryDirectory temporary;
   const std::string job_dir = temporary.path() + "/job";
   const absl::StatusOr<std::string> path = WriteStatus(job_dir, BusySnapshot(1), Identity("node-a", 7));
@@ -326,7 +329,8 @@ TEST_CASE("temporary files a killed writer of this host left are removed at the 
   REQUIRE(ended > 0);
   REQUIRE(waitpid(ended, nullptr, 0) == ended);
   const std::string host = SafeFileName(OwnHost());
-  const std::string dead = ".tmp-status-" + host + "-" + std::to_string(ended) + ".json." + std::to_string(ended) + ".3";
+  const std::string dead =
+      ".tmp-status-" + host + "-" + std::to_string(ended) + ".json." + std::to_string(ended) + ".3";
   const std::string alive =
       ".tmp-status-" + host + "-" + std::to_string(getpid()) + ".json." + std::to_string(getpid()) + ".9";
   const std::string elsewhere = ".tmp-status-another-host-5.json." + std::to_string(ended) + ".1";
@@ -340,6 +344,21 @@ TEST_CASE("temporary files a killed writer of this host left are removed at the 
   REQUIRE(scan.ok());
   CHECK(scan->statuses.size() == 1);
   CHECK(scan->problems.empty());
+}
+
+// A process writes one status file; a tool writing a synthetic job of 100,000 writes as many, and
+// the table of files kept open for rewriting drops the old ones: their descriptors go with them.
+TEST_CASE("status files dropped from the table of open files are closed", "[job_dir]") {
+  TemporaryDirectory temporary;
+  const std::string job_dir = temporary.path() + "/job";
+  auto open_descriptors = [] {
+    return std::distance(fs::directory_iterator("/proc/self/fd"), fs::directory_iterator());
+  };
+  REQUIRE(WriteStatus(job_dir, ProcessSnapshot{}, Identity("warm-up", 1)).ok());
+  const auto before = open_descriptors();
+  for (int pid = 2; pid < 200; ++pid)
+    REQUIRE(WriteStatus(job_dir, ProcessSnapshot{}, Identity("node", pid)).ok());
+  CHECK(open_descriptors() < before + 20);
 }
 
 TEST_CASE("a status file whose directory was removed under the job is written again", "[job_dir]") {
@@ -460,6 +479,54 @@ TEST_CASE("unreadable status files are reported and skipped", "[job_dir]") {
   CHECK_FALSE(ReadStatuses(temporary.path() + "/missing").ok());
 }
 
+// What a board holds may have been written by anyone: every change of type, range or shape of a
+// good status is refused with a message, and never crashes or allocates by a number it claims.
+TEST_CASE("a status of the wrong shape, type or range is refused, never a crash", "[job_dir]") {
+  const absl::StatusOr<std::string> good =
+      FormatStatus(BusySnapshot(2), FactsOfAGeForceNode("gpu-node-1", 100));
+  REQUIRE(good.ok());
+  REQUIRE(ParseStatusRecord("status-good", *good).ok());
+  const nlohmann::json document = nlohmann::json::parse(*good);
+  const std::vector<std::pair<std::string, nlohmann::json>> changes = {
+      {"/format", "ncclguard-dump"},
+      {"/format_version", "1"},
+      {"/pid", "100"},
+      {"/pid", 1e300},
+      {"/rank", std::int64_t{1} << 40},
+      {"/time_ns", -1.5},
+      {"/stall", nlohmann::json::array()},
+      {"/stall/seq", -1},
+      {"/communicators", nlohmann::json::object()},
+      {"/communicators/0", 7},
+      {"/communicators/0/nranks", 100'000'000},
+      {"/communicators/0/rank", 20000},
+      {"/communicators/0/last_enqueued", -3},
+      {"/communicators/0/oldest_outstanding/bytes", "huge"},
+      {"/pending_inits", nlohmann::json::array({{{"rank", 0}}})},
+      {"/environment/NCCL_P2P_LEVEL", 3},
+      {"/system/gpus", nullptr},
+      {"/system/peer_access", nlohmann::json::array({"yes"})},
+  };
+  for (const auto& [pointer, value] : changes) {
+    nlohmann::json changed = document;
+    changed[nlohmann::json::json_pointer(pointer)] = value;
+    INFO(pointer << " = " << value.dump());
+    const absl::StatusOr<PeerStatus> status = ParseStatusRecord("status-changed", changed.dump());
+    CHECK_FALSE(status.ok());
+  }
+  for (const std::string& text : {std::string(), std::string("[1,2]"), std::string(100'000, '['),
+                                  good->substr(0, good->size() / 2), std::string("\xff\xfe{}")}) {
+    CHECK_FALSE(ParseStatusRecord("status-garbage", text).ok());
+  }
+  // Signatures only add evidence: unreadable ones are dropped, the status is read.
+  nlohmann::json unsigned_status = document;
+  unsigned_status["communicators"][0]["signatures"] = {{"first_seq", "x"}, {"hashes", 5}};
+  const absl::StatusOr<PeerStatus> read = ParseStatusRecord("status-unsigned", unsigned_status.dump());
+  REQUIRE(read.ok());
+  CHECK(read->snapshot.comms[0].signatures.empty());
+  CHECK(read->snapshot.comms[0].nranks == 10000);
+}
+
 TEST_CASE("a status file is written through no symbolic link", "[job_dir]") {
   TemporaryDirectory temporary;
   const std::string job_dir = temporary.path() + "/job";
@@ -475,8 +542,8 @@ TEST_CASE("a status file is written through no symbolic link", "[job_dir]") {
 // Requests already there at a watcher's first look are all old.
 constexpr std::int64_t kNoFreshRequests = std::numeric_limits<std::int64_t>::max();
 
-void WriteRawRequest(const std::string& job_dir, const std::string& name, const std::string& host,
-                     int pid, std::int64_t time_ns = 1) {
+void WriteRawRequest(const std::string& job_dir, const std::string& name, const std::string& host, int pid,
+                     std::int64_t time_ns = 1) {
   const std::string content =
       nlohmann::json{{"requester", "by hand"}, {"host", host}, {"pid", pid}, {"time_ns", time_ns}}.dump();
   REQUIRE(WriteFileAtomically(job_dir + "/" + kDumpRequestsDirectory, name, content, false).ok());
@@ -574,9 +641,9 @@ TEST_CASE("an unreadable request still asks for a dump", "[job_dir]") {
   const std::string job_dir = temporary.path() + "/job";
   DumpRequestWatcher watcher(job_dir, "me", 1, kNoFreshRequests);
   REQUIRE(watcher.Poll()->empty());
-  REQUIRE(WriteFileAtomically(job_dir + "/" + kDumpRequestsDirectory, "dump-request-odd-1-1",
-                              "not json", false)
-              .ok());
+  REQUIRE(
+      WriteFileAtomically(job_dir + "/" + kDumpRequestsDirectory, "dump-request-odd-1-1", "not json", false)
+          .ok());
   SetGeneration(job_dir, "dump-request-odd-1-1");
   const absl::StatusOr<std::vector<DumpRequest>> seen = watcher.Poll();
   REQUIRE(seen.ok());
@@ -592,8 +659,8 @@ TEST_CASE("the coordination files are private", "[job_dir]") {
   for (const auto& entry : fs::recursive_directory_iterator(temporary.path())) {
     INFO(entry.path());
     const fs::perms permissions = fs::symlink_status(entry.path()).permissions();
-    const fs::perms expected = entry.is_directory() ? fs::perms::owner_all
-                                                    : fs::perms::owner_read | fs::perms::owner_write;
+    const fs::perms expected =
+        entry.is_directory() ? fs::perms::owner_all : fs::perms::owner_read | fs::perms::owner_write;
     CHECK(permissions == expected);
     CHECK(entry.path().filename().string().rfind(".tmp-", 0) == std::string::npos);
   }

@@ -455,6 +455,14 @@ class Backoff {
 }  // namespace
 
 struct InPlaceFile::State {
+  State() = default;
+  State(const State&) = delete;
+  State& operator=(const State&) = delete;
+  // The last owner is the file or a write that outlived it.
+  ~State() {
+    if (fd >= 0) close(fd);
+  }
+
   std::mutex mutex;  // held by the thread writing; a write still hanging holds it
   Backoff backoff;
   int fd = -1;

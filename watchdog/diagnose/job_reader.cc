@@ -26,6 +26,8 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
@@ -186,6 +188,7 @@ struct JobFile {
 // What became of each file.
 enum class Outcome : std::uint8_t {
   kNotRead,     // a bound stopped the reading before it (the deadline, the count of files)
+  kSampledOut,  // a dump of a process like the rest, past JobReadLimits::sampled_dumps of them
   kRead,        // in the view (or an older dump of a process whose newer dump is)
   kCapped,      // refused by a cap on bytes or ranks: not read either, and said among the problems
   kUnreadable,  // not a readable file of ours: a problem
@@ -213,7 +216,7 @@ class Merger {
   // `dump_directory`: where the dumps are files (the job's directory, also when the statuses come
   // from another board).
   Merger(JobView& job, std::string dump_directory, std::size_t expected_processes,
-         std::unordered_set<std::string_view> several_dumps)
+         absl::flat_hash_set<std::string_view> several_dumps)
       : job_(job), dump_directory_(std::move(dump_directory)), several_dumps_(std::move(several_dumps)) {
     job_.processes.reserve(expected_processes);
     by_process_.reserve(expected_processes);
@@ -314,8 +317,8 @@ class Merger {
   std::mutex mutex_;
   JobView& job_;
   const std::string dump_directory_;
-  const std::unordered_set<std::string_view> several_dumps_;
-  std::unordered_map<std::string, std::size_t> by_process_;
+  const absl::flat_hash_set<std::string_view> several_dumps_;
+  absl::flat_hash_map<std::string, std::size_t> by_process_;
   std::vector<bool> status_only_;  // by process: its snapshot is its status file's, no dump yet
   // The status snapshots of processes with several dumps, merged once the newest dump is known.
   std::unordered_map<std::size_t, ProcessSnapshot> waiting_statuses_;
@@ -394,17 +397,17 @@ void ReadFiles(int directory_fd, const std::vector<JobFile>& files, const std::v
 // Counts what the bounds left unread, and says so among the problems: one line per kind of file
 // and bound (a file refused by a cap on bytes or ranks has a line of its own already).
 void NoteUnread(const std::vector<JobFile>& files, const std::vector<Outcome>& outcomes,
-                std::size_t max_files, JobView& job) {
+                const JobReadLimits& limits, JobView& job) {
   constexpr std::size_t kNamedUnreadFiles = 5;
   struct Unread {
     std::size_t files = 0;
     const std::string* first = nullptr;
   };
-  // By kind of file, then stopped by the deadline or by the count of files.
-  std::array<std::array<Unread, 2>, 2> unread{};
+  // By kind of file, then stopped by the deadline, by the count of files or by the sample.
+  std::array<std::array<Unread, 3>, 2> unread{};
   bool capped = false;
-  std::unordered_set<std::string_view> read_writers;
-  std::unordered_set<std::string_view> unread_writers;
+  absl::flat_hash_set<std::string_view> read_writers;
+  absl::flat_hash_set<std::string_view> unread_writers;
   for (std::size_t index = 0; index < files.size(); ++index) {
     const Outcome outcome = outcomes[index];
     if (outcome == Outcome::kUnreadable) continue;
@@ -420,18 +423,22 @@ void NoteUnread(const std::vector<JobFile>& files, const std::vector<Outcome>& o
       capped = true;
       continue;
     }
-    Unread& stopped = unread[static_cast<std::size_t>(files[index].kind)][index >= max_files ? 1 : 0];
+    const std::size_t bound = outcome == Outcome::kSampledOut ? 2 : index >= limits.max_files ? 1 : 0;
+    Unread& stopped = unread[static_cast<std::size_t>(files[index].kind)][bound];
     if (stopped.files++ == 0) stopped.first = &files[index].name;
   }
   for (const std::string_view writer : unread_writers)
     job.not_read.processes += read_writers.contains(writer) ? 0 : 1;
 
   std::vector<std::string> reasons;
-  const std::string over_count = absl::StrCat("more than ", max_files, " files");
-  for (const std::size_t by_count : {0, 1}) {
-    const std::string why = by_count == 0 ? std::string("the deadline passed") : over_count;
+  const std::array<std::string, 3> bounds = {
+      "the deadline passed", absl::StrCat("more than ", limits.max_files, " files"),
+      absl::StrCat("their processes' statuses are like most of the job's, and ", limits.sampled_dumps,
+                   " of their dumps were read")};
+  for (std::size_t bound = 0; bound < bounds.size(); ++bound) {
+    const std::string& why = bounds[bound];
     for (const JobFile::Kind kind : {JobFile::Kind::kStatus, JobFile::Kind::kDump}) {
-      const Unread& stopped = unread[static_cast<std::size_t>(kind)][by_count];
+      const Unread& stopped = unread[static_cast<std::size_t>(kind)][bound];
       if (stopped.files == 0) continue;
       job.problems.push_back(absl::StrCat(stopped.files,
                                           kind == JobFile::Kind::kStatus ? " status files" : " dumps",
@@ -446,9 +453,9 @@ void NoteUnread(const std::vector<JobFile>& files, const std::vector<Outcome>& o
 
 // Reorders `dumps` (indices into `files`) so that the dumps of the processes whose status differs
 // from most of the job's come first: in or out of an NCCL call, stalled or not, exiting or not
-// (`job` holds the statuses read so far).
-void PutOddProcessesFirst(const std::vector<JobFile>& files, const JobView& job,
-                          std::vector<std::size_t>& dumps) {
+// (`job` holds the statuses read so far). Returns how many they are.
+std::size_t PutOddProcessesFirst(const std::vector<JobFile>& files, const JobView& job,
+                                 std::vector<std::size_t>& dumps) {
   auto kind = [](const ProcessSnapshot& status) {
     return (status.in_nccl_call.empty() ? 1 : 0) | (status.stall ? 2 : 0) | (status.exiting ? 4 : 0);
   };
@@ -462,9 +469,39 @@ void PutOddProcessesFirst(const std::vector<JobFile>& files, const JobView& job,
     if (kind(process.snapshot) != most)
       odd.insert(absl::StrCat(SafeFileName(process.host), "-", process.pid));
   }
-  if (odd.empty()) return;
-  std::stable_partition(dumps.begin(), dumps.end(),
-                        [&](std::size_t index) { return odd.contains(std::string(WriterOf(files[index]))); });
+  if (odd.empty()) return 0;
+  const auto others = std::stable_partition(dumps.begin(), dumps.end(), [&](std::size_t index) {
+    return odd.contains(std::string(WriterOf(files[index])));
+  });
+  return static_cast<std::size_t>(others - dumps.begin());
+}
+
+// By rank, then host and pid. A view is kilobytes: the ranks are sorted apart from the views, then
+// each view is moved once, in place (at 100,000 views, sorting the views takes a tenth of a second).
+void SortByRank(std::vector<ProcessView>& processes) {
+  std::vector<std::pair<int, std::size_t>> order;  // rank, index
+  order.reserve(processes.size());
+  for (std::size_t index = 0; index < processes.size(); ++index)
+    order.emplace_back(processes[index].snapshot.rank, index);
+  std::sort(order.begin(), order.end(), [&](const auto& a, const auto& b) {
+    if (a.first != b.first) return a.first < b.first;
+    return std::tie(processes[a.second].host, processes[a.second].pid) <
+           std::tie(processes[b.second].host, processes[b.second].pid);
+  });
+  // In place, cycle by cycle: position i takes the view at order[i].second.
+  std::vector<bool> placed(processes.size(), false);
+  for (std::size_t start = 0; start < processes.size(); ++start) {
+    if (placed[start]) continue;
+    ProcessView first = std::move(processes[start]);
+    std::size_t position = start;
+    for (std::size_t from = order[position].second; from != start; from = order[position].second) {
+      processes[position] = std::move(processes[from]);
+      placed[position] = true;
+      position = from;
+    }
+    processes[position] = std::move(first);
+    placed[position] = true;
+  }
 }
 
 // Every dump and status file of the directory `directory`, open as `directory_fd` (-1: none), that
@@ -507,8 +544,8 @@ JobView ReadOpenJobDirectory(int directory_fd, const std::string& where, const s
     for (std::string& name : *names) files.push_back(JobFile{.name = std::move(name), .kind = kind});
   }
 
-  std::unordered_set<std::string_view> writers;
-  std::unordered_set<std::string_view> several_dumps;
+  absl::flat_hash_set<std::string_view> writers;
+  absl::flat_hash_set<std::string_view> several_dumps;
   std::size_t statuses = 0;
   for (const JobFile& file : files) {
     const bool status = file.kind == JobFile::Kind::kStatus;
@@ -525,25 +562,34 @@ JobView ReadOpenJobDirectory(int directory_fd, const std::string& where, const s
   const std::size_t statuses_to_read = std::min(statuses, to_read);
   std::vector<std::size_t> order(statuses_to_read);
   std::iota(order.begin(), order.end(), 0);
-  ReadFiles(directory_fd, files, order, outcomes, merger, threads, limits, stop_reading);
+  // Statuses fetched from a board are in memory: parsing them wants a thread per core, no more.
+  const int status_threads =
+      fetched_statuses != nullptr
+          ? std::clamp(static_cast<int>(std::thread::hardware_concurrency()), 1, threads)
+          : threads;
+  ReadFiles(directory_fd, files, order, outcomes, merger, status_threads, limits, stop_reading);
   order.resize(to_read - statuses_to_read);
   std::iota(order.begin(), order.end(), statuses_to_read);
   std::chrono::steady_clock::time_point stop_dumps = stop_reading;
   if (fetched_statuses != nullptr && fetched_statuses->not_fetched == 0) {
     // Every process is known from the board: dumps only add evidence. The dumps of the processes
-    // unlike most of the job come first (the one rank not waiting where the others wait), and
-    // the dumps get a fifth of the deadline, so that a job of 100,000 ranks is judged in seconds.
-    PutOddProcessesFirst(files, job, order);
+    // unlike most of the job come first (the one rank not waiting where the others wait), then a
+    // sample of the others', which show the same; the dumps get a fifth of the deadline, so that
+    // a job of 100,000 ranks is judged in seconds.
+    const std::size_t sampled = PutOddProcessesFirst(files, job, order) + limits.sampled_dumps;
+    if (order.size() > sampled) {
+      for (std::size_t position = sampled; position < order.size(); ++position)
+        outcomes[order[position]] = Outcome::kSampledOut;
+      order.resize(sampled);
+    }
     stop_dumps = std::min(stop_reading, limits.now() + limits.deadline / 5);
   }
   ReadFiles(directory_fd, files, order, outcomes, merger, threads, limits, stop_dumps);
-  NoteUnread(files, outcomes, limits.max_files, job);
+  NoteUnread(files, outcomes, limits, job);
   merger.Finish();
   // In the order of the files' names, whichever thread read them.
   std::sort(job.problems.begin(), job.problems.end());
-  std::sort(job.processes.begin(), job.processes.end(), [](const ProcessView& a, const ProcessView& b) {
-    return std::tie(a.snapshot.rank, a.host, a.pid) < std::tie(b.snapshot.rank, b.host, b.pid);
-  });
+  SortByRank(job.processes);
   return job;
 }
 

@@ -82,6 +82,9 @@ struct JobReadLimits {
   std::chrono::milliseconds deadline = kReadDeadline;
   // Status files and dumps read at most, status files first; the rest is not read.
   std::size_t max_files = std::size_t{1} << 19;
+  // On a board that holds every status, the dumps of processes whose status is like most of the
+  // job's are read up to this many (they show the same); those of the others are all read.
+  std::size_t sampled_dumps = 1024;
   // Threads reading files side by side; 0: eight.
   int threads = 0;
   // The clock the reading stops by (a test's clock moves on with each look).

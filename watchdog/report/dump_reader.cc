@@ -56,10 +56,9 @@ ProcessSnapshot ReadSnapshot(const Json& document) {
   document.at("reason").get_to(snapshot.reason);
   document.at("time_ns").get_to(snapshot.time_ns);
   document.at("rank").get_to(snapshot.rank);
-  snapshot.comms = ReadArray(document.at("communicators"),
-                             [](const Json& comm) { return ReadComm(comm, SnapshotDocument::kDump); });
+  snapshot.comms = ReadArray(document.at("communicators"), [](const Json& comm) { return ReadComm(comm); });
   if (const Json& stall = document.at("stall"); !stall.is_null()) {
-    snapshot.stall = ReadStall(stall, SnapshotDocument::kDump);
+    snapshot.stall = ReadStall(stall);
   }
   const Json& watchdog = document.at("watchdog");
   watchdog.at("in_nccl_call").get_to(snapshot.in_nccl_call);

@@ -22,6 +22,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <unordered_set>
@@ -60,8 +61,9 @@ constexpr std::chrono::milliseconds kCommandTimeout{2000};
 constexpr double kStatusWritesPerSecond = 10'000;
 // Statuses published between two renewals of the status keys' lifetime.
 constexpr std::uint64_t kRenewEvery = 15;
-// Statuses fetched per HSCAN round trip.
-constexpr int kScanBatch = 1000;
+// Statuses fetched per HMGET, and HMGETs per round trip: a few MB in flight.
+constexpr std::size_t kFetchBatch = 1000;
+constexpr int kBatchesPerRoundTrip = 8;
 // The wait before trying a Redis that failed again doubles from the first to the last.
 constexpr std::chrono::milliseconds kFirstRetry{500};
 constexpr std::chrono::milliseconds kLastRetry{30'000};
@@ -484,54 +486,55 @@ class RedisBoard final : public JobBoard {
   }
   static std::string Lifetime() { return absl::StrCat(kRecordLifetimeSeconds); }
 
-  // HSCAN by batches, each batch's heartbeats fetched in the same round trip as the next batch.
+  // The statuses' names in one HKEYS, then their documents and heartbeats by HMGET, a batch of
+  // names at a time and several batches per round trip: Redis answers the next batch while this
+  // process copies the one before.
   absl::StatusOr<StatusRecords> FetchStatusesNow(std::chrono::steady_clock::time_point deadline) {
-    absl::StatusOr<std::vector<Reply>> count = connection_.Run({{"HLEN", Key("status")}});
-    if (!count.ok()) return count.status();
-    if (absl::Status checked = Checked(count->front(), "HLEN status"); !checked.ok()) return checked;
-    const auto total = static_cast<std::size_t>(std::max(0LL, count->front().integer));
+    absl::StatusOr<std::vector<Reply>> listed = connection_.Run({{"HKEYS", Key("status")}});
+    if (!listed.ok()) return listed.status();
+    if (absl::Status checked = Checked(listed->front(), "HKEYS status"); !checked.ok()) return checked;
+    std::vector<Reply>& names = listed->front().elements;
     StatusRecords fetched;
-    fetched.records.reserve(std::min<std::size_t>(total, std::size_t{1} << 20));
-    std::unordered_set<std::string> names;  // HSCAN may return a field twice
-    std::string cursor = "0";
-    do {
+    fetched.records.reserve(names.size());
+    std::size_t next = 0;
+    while (next < names.size()) {
       if (std::chrono::steady_clock::now() > deadline) {
         fetched.why_not_fetched = "the deadline passed";
         break;
       }
-      absl::StatusOr<std::vector<Reply>> batch =
-          connection_.Run({{"HSCAN", Key("status"), cursor, "COUNT", absl::StrCat(kScanBatch)}});
-      if (!batch.ok()) {
-        if (fetched.records.empty()) return batch.status();
-        fetched.why_not_fetched = std::string(batch.status().message());
+      const std::size_t first = next;
+      std::vector<Command> commands;
+      for (int batch = 0; batch < kBatchesPerRoundTrip && next < names.size(); ++batch) {
+        Command statuses{"HMGET", Key("status")};
+        Command heartbeats{"HMGET", Key("heartbeat")};
+        for (const std::size_t end = std::min(names.size(), next + kFetchBatch); next < end; ++next) {
+          statuses.push_back(names[next].text);
+          heartbeats.push_back(names[next].text);
+        }
+        commands.push_back(std::move(statuses));
+        commands.push_back(std::move(heartbeats));
+      }
+      absl::StatusOr<std::vector<Reply>> replies = connection_.Run(commands);
+      if (!replies.ok()) {
+        if (fetched.records.empty()) return replies.status();
+        fetched.why_not_fetched = std::string(replies.status().message());
+        next = first;
         break;
       }
-      const Reply& reply = batch->front();
-      if (absl::Status checked = Checked(reply, "HSCAN status"); !checked.ok()) return checked;
-      if (reply.elements.size() != 2) return absl::UnavailableError("HSCAN answered in an unknown shape");
-      cursor = reply.elements[0].text;
-      const std::vector<Reply>& pairs = reply.elements[1].elements;
-      const std::size_t first_new = fetched.records.size();
-      Command heartbeats{"HMGET", Key("heartbeat")};
-      for (std::size_t i = 0; i + 1 < pairs.size(); i += 2) {
-        if (!names.insert(pairs[i].text).second) continue;
-        fetched.records.push_back(StatusRecord{.name = pairs[i].text, .content = pairs[i + 1].text});
-        heartbeats.push_back(pairs[i].text);
-      }
-      if (heartbeats.size() > 2) {
-        absl::StatusOr<std::vector<Reply>> times = connection_.Run({heartbeats});
-        if (times.ok()) {
-          const std::vector<Reply>& values = times->front().elements;
-          for (std::size_t i = 0; i < values.size() && first_new + i < fetched.records.size(); ++i) {
-            std::int64_t heartbeat = 0;
-            if (absl::SimpleAtoi(values[i].text, &heartbeat))
-              fetched.records[first_new + i].heartbeat_ns = heartbeat;
-          }
+      std::size_t name = first;
+      for (std::size_t reply = 0; reply + 1 < replies->size(); reply += 2) {
+        std::vector<Reply>& documents = (*replies)[reply].elements;
+        const std::vector<Reply>& times = (*replies)[reply + 1].elements;
+        for (std::size_t i = 0; i < documents.size(); ++i, ++name) {
+          // Removed since HKEYS (a process's status is deleted when it ends well): not a status.
+          if (documents[i].type != Reply::Type::kString) continue;
+          StatusRecord& record = fetched.records.emplace_back(
+              StatusRecord{.name = std::move(names[name].text), .content = std::move(documents[i].text)});
+          if (i < times.size()) absl::SimpleAtoi(times[i].text, &record.heartbeat_ns);
         }
       }
-    } while (cursor != "0");
-    fetched.not_fetched =
-        total > fetched.records.size() && cursor != "0" ? total - fetched.records.size() : 0;
+    }
+    fetched.not_fetched = names.size() - next;
     return fetched;
   }
 

@@ -47,6 +47,7 @@
 #include "watchdog/report/op_signature.h"
 #include "watchdog/report/snapshot.h"
 #include "watchdog/report/snapshot_json.h"
+#include "watchdog/report/status_reader.h"
 
 namespace ncclguard {
 namespace {
@@ -80,15 +81,6 @@ class ScopedFd {
   int fd_;
 };
 
-// What a process that has not dumped shows of itself: the facts that the classifier's P2P
-// evidence and the known-bad entries match on (memory figures are not collected for it).
-void ParseFacts(const nlohmann::json& document, ProcessFacts& facts) {
-  if (const auto environment = document.find("environment"); environment != document.end()) {
-    facts.environment = ParseVariables(*environment);
-  }
-  if (const auto system = document.find("system"); system != document.end()) ParseSystemFacts(*system, facts);
-}
-
 Json StatusJson(const ProcessSnapshot& snapshot, const ProcessFacts& facts) {
   Json communicators = Json::array();
   for (const CommSnapshot& comm : snapshot.comms) {
@@ -112,16 +104,6 @@ Json StatusJson(const ProcessSnapshot& snapshot, const ProcessFacts& facts) {
       {"exiting", snapshot.exiting},
       {"environment", VariablesJson(facts.environment)},
       {"system", SystemFactsJson(facts, /*with_memory=*/false)}};
-}
-
-void CheckStatusFormat(const nlohmann::json& document) {
-  if (document.at("format").get<std::string>() != "ncclguard-status") {
-    throw std::runtime_error("not an ncclguard status file");
-  }
-  if (const int version = document.at("format_version").get<int>(); version != kStatusFormatVersion) {
-    throw std::runtime_error(
-        absl::StrCat("status format version ", version, " is not ", kStatusFormatVersion));
-  }
 }
 
 // A status file is rewritten in place (InPlaceFile): a reader may find a rewrite half done, or cut
@@ -164,38 +146,12 @@ bool ChecksumMatches(absl::string_view content) {
          absl::SimpleHexAtoi(hex.substr(0, 16), &checksum) && checksum == Fnv1a(content.substr(0, member));
 }
 
-// Throws nlohmann::json's exceptions on a document of the wrong shape.
+// Throws on a document of the wrong shape (status_reader.h).
 PeerStatus ParseStatus(const std::string& file, const std::string& content) {
   if (!ChecksumMatches(content)) {
     throw std::runtime_error("being rewritten, or cut off by a crash (its checksum does not match)");
   }
-  const nlohmann::json document = ParseBoundedJson(content);
-  CheckStatusFormat(document);
-  PeerStatus status;
-  status.file = file;
-  document.at("host").get_to(status.host);
-  document.at("pid").get_to(status.pid);
-  status.facts.host = status.host;
-  status.facts.pid = status.pid;
-  // Added to format version 1 later: files written before lack them.
-  ParseFacts(document, status.facts);
-  ProcessSnapshot& snapshot = status.snapshot;
-  document.at("rank").get_to(snapshot.rank);
-  document.at("time_ns").get_to(snapshot.time_ns);
-  snapshot.in_nccl_call = document.value("in_nccl_call", "");
-  if (const nlohmann::json& stall = document.at("stall"); !stall.is_null()) {
-    snapshot.stall = ReadStall(stall, SnapshotDocument::kStatus);
-  }
-  snapshot.comms = ReadArray(document.at("communicators"), [](const nlohmann::json& comm) {
-    return ReadComm(comm, SnapshotDocument::kStatus);
-  });
-  // Added to format version 1 later: files written before may lack them.
-  if (const auto inits = document.find("pending_inits"); inits != document.end()) {
-    snapshot.pending_inits =
-        ReadArray(*inits, [](const nlohmann::json& init) { return init.get<PendingInitSnapshot>(); });
-  }
-  snapshot.exiting = document.value("exiting", false);
-  return status;
+  return ReadStatusDocument(file, content);
 }
 
 // One status file. A rewrite seen half done is read again: it takes microseconds, and a live rank
@@ -405,7 +361,7 @@ absl::StatusOr<std::string> FormatStatus(const ProcessSnapshot& snapshot,
 
 absl::StatusOr<PeerStatus> ParseStatusRecord(const std::string& name, const std::string& content) noexcept {
   try {
-    return ParseStatus(name, content);
+    return ReadStatusDocument(name, content);
   } catch (const std::exception& error) {
     return absl::InvalidArgumentError(error.what());
   } catch (...) {

@@ -84,8 +84,9 @@ struct StatusScan {
 // process that analyses a stall, not for every process at every interval.
 absl::StatusOr<StatusScan> ReadStatuses(const std::string& job_dir) noexcept;
 
-// One status document, as read from wherever it was kept (`name` says where, in messages). A
-// document whose checksum does not match is refused: it was being rewritten, or a crash cut it off.
+// One status document as a board that does not keep statuses as files holds it (`name` says
+// where, in messages). Such a board sets a status whole, in one command: its checksum, there for
+// files rewritten in place, is not checked.
 absl::StatusOr<PeerStatus> ParseStatusRecord(const std::string& name, const std::string& content) noexcept;
 
 // The same in the directory open as `directory_fd`, with ReadFileAt's rules; the files not read

@@ -61,27 +61,6 @@ void ReadRanks(const Json& json, int& rank, int& nranks) {
   CheckRanks(rank, nranks);
 }
 
-// Signatures that cannot be read, or that do not end at #last_enqueued as written, are left out:
-// they only add evidence. Call after reading last_enqueued.
-void ReadSignatures(const Json& entry, CommSnapshot& comm) {
-  const auto signatures = entry.find("signatures");
-  if (signatures == entry.end() || !signatures->is_object()) return;
-  const auto first_seq = signatures->find("first_seq");
-  const auto hashes = signatures->find("hashes");
-  if (first_seq == signatures->end() || !first_seq->is_number_unsigned() || hashes == signatures->end() ||
-      !hashes->is_string()) {
-    return;
-  }
-  const std::uint64_t first = first_seq->get<std::uint64_t>();
-  const bool parsed = SignaturesFromHex(hashes->get<std::string>(), comm.signatures);
-  const std::uint64_t count = comm.signatures.size();
-  if (!parsed || count == 0 || count > comm.last_enqueued || first != comm.last_enqueued - count + 1) {
-    comm.signatures.clear();
-    return;
-  }
-  comm.signatures_first_seq = first;
-}
-
 OrderedJson SignaturesJson(const CommSnapshot& comm) {
   if (comm.signatures.empty()) return nullptr;
   return OrderedJson{{"first_seq", comm.signatures_first_seq}, {"hashes", SignaturesToHex(comm.signatures)}};
@@ -102,18 +81,6 @@ OrderedJson OldestOutstandingJson(const CommSnapshot& comm) {
     if (op.state == "enqueued" || op.state == "started") return OpJson(op, OpFields::kOutstanding);
   }
   return nullptr;
-}
-
-void ReadStatusOps(const Json& entry, CommSnapshot& comm) {
-  // Added to format version 1 later: the last completed operation, for naming it.
-  if (const auto last = entry.find("last_completed_op"); last != entry.end() && !last->is_null()) {
-    OpSnapshot op = ReadOp(*last, OpFields::kDescription);
-    op.state = "completed";
-    comm.ring.push_back(std::move(op));
-  }
-  if (const Json& oldest = entry.at("oldest_outstanding"); !oldest.is_null()) {
-    comm.ring.push_back(ReadOp(oldest, OpFields::kOutstanding));
-  }
 }
 
 }  // namespace
@@ -234,20 +201,11 @@ OrderedJson CommJson(const CommSnapshot& comm, SnapshotDocument document) {
   return json;
 }
 
-CommSnapshot ReadComm(const Json& json, SnapshotDocument document) {
+CommSnapshot ReadComm(const Json& json) {
   CommSnapshot comm;
   json.at("id").get_to(comm.id);
   ReadRanks(json, comm.rank, comm.nranks);
   json.at("state").get_to(comm.state);
-  if (document == SnapshotDocument::kStatus) {
-    json.at("last_enqueued").get_to(comm.last_enqueued);
-    json.at("last_started").get_to(comm.last_started);
-    json.at("last_completed").get_to(comm.last_completed);
-    ReadIfPresent(json, "async_error", comm.async_error);
-    ReadSignatures(json, comm);  // added to format version 1 later
-    ReadStatusOps(json, comm);
-    return comm;
-  }
   comm.handle = ParseHex(json.at("handle"));
   json.at("device").get_to(comm.device);
   json.at("created_by").get_to(comm.created_by);
@@ -264,7 +222,7 @@ CommSnapshot ReadComm(const Json& json, SnapshotDocument document) {
 
 void to_json(OrderedJson& json, const CommSnapshot& comm) { json = CommJson(comm, SnapshotDocument::kDump); }
 
-void from_json(const Json& json, CommSnapshot& comm) { comm = ReadComm(json, SnapshotDocument::kDump); }
+void from_json(const Json& json, CommSnapshot& comm) { comm = ReadComm(json); }
 
 OrderedJson ProgressJson(const CommSnapshot& comm) {
   return OrderedJson{{"comm_id", comm.id},
@@ -291,9 +249,8 @@ OrderedJson StallJson(const StallSnapshot& stall, SnapshotDocument document) {
   return Pick(all, {"kind", "comm_id", "seq", "seconds", "verdict"});
 }
 
-StallSnapshot ReadStall(const Json& json, SnapshotDocument document) {
-  Require(json, {"kind", "comm_id", "seq", "seconds"});
-  if (document == SnapshotDocument::kDump) Require(json, {"message"});
+StallSnapshot ReadStall(const Json& json) {
+  Require(json, {"kind", "comm_id", "seq", "seconds", "message"});
   // The verdict was added to format version 1 later.
   return json.get<StallSnapshot>();
 }

@@ -1,6 +1,7 @@
 // The JSON form of each snapshot type (snapshot.h), written into dumps and status files and read
-// back from them (docs/dump-format.md). Each type is mapped once; a status file carries less than
-// a dump, which the writers and readers say with a SnapshotDocument or an OpFields.
+// back from dumps (docs/dump-format.md; statuses are read by status_reader.h). Each type is mapped once; a
+// status file carries less than a dump, which the writers and readers say with a SnapshotDocument or an
+// OpFields.
 //
 // Reading is for files ncclguard did not necessarily write: from_json checks the type of every
 // field it reads, sizes nothing by a number read from the file, and throws nlohmann::json's
@@ -38,9 +39,9 @@ OpSnapshot ReadOp(const nlohmann::json& json, OpFields fields);
 
 // A communicator as a dump writes it (its progress then lives in the watchdog's section, below),
 // or as a status file does: progress, last completed and oldest outstanding operations (taken from
-// the ring) and operation signatures.
+// the ring) and operation signatures. Statuses are read by status_reader.h.
 nlohmann::ordered_json CommJson(const CommSnapshot& comm, SnapshotDocument document);
-CommSnapshot ReadComm(const nlohmann::json& json, SnapshotDocument document);
+CommSnapshot ReadComm(const nlohmann::json& json);                     // as in a dump
 void to_json(nlohmann::ordered_json& json, const CommSnapshot& comm);  // as in a dump
 void from_json(const nlohmann::json& json, CommSnapshot& comm);        // as in a dump
 
@@ -51,7 +52,7 @@ void ReadProgress(const nlohmann::json& json, std::vector<CommSnapshot>& comms);
 
 // A status file's stall leaves out the message and the verdict's sentence.
 nlohmann::ordered_json StallJson(const StallSnapshot& stall, SnapshotDocument document);
-StallSnapshot ReadStall(const nlohmann::json& json, SnapshotDocument document);
+StallSnapshot ReadStall(const nlohmann::json& json);                     // as in a dump
 void to_json(nlohmann::ordered_json& json, const StallSnapshot& stall);  // as in a dump
 void from_json(const nlohmann::json& json, StallSnapshot& stall);        // as in a dump
 

@@ -1,0 +1,252 @@
+#include "watchdog/report/status_reader.h"
+
+#include <simdjson.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <initializer_list>
+#include <limits>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "watchdog/report/dump_reader.h"
+#include "watchdog/report/facts.h"
+#include "watchdog/report/op_signature.h"
+#include "watchdog/report/snapshot.h"
+
+namespace ncclguard {
+namespace {
+
+using simdjson::dom::element;
+using simdjson::dom::object;
+
+std::optional<element> Find(object json, std::string_view key) {
+  element value;
+  if (json.at_key(key).get(value) != simdjson::SUCCESS) return std::nullopt;
+  return value;
+}
+
+element At(object json, std::string_view key) {
+  const std::optional<element> value = Find(json, key);
+  if (!value)
+    throw std::runtime_error(absl::StrCat("key '", absl::string_view(key.data(), key.size()), "' not found"));
+  return *value;
+}
+
+// Throws unless every key is present.
+void Require(object json, std::initializer_list<std::string_view> keys) {
+  for (const std::string_view key : keys) At(json, key);
+}
+
+// `value` as a T; simdjson's exception when of another JSON type, ours when out of T's range.
+template <typename T>
+T Read(element value) {
+  if constexpr (std::is_same_v<T, std::string>) {
+    return std::string(value.get_string().value());
+  } else if constexpr (std::is_same_v<T, bool>) {
+    return value.get_bool().value();
+  } else if constexpr (std::is_floating_point_v<T>) {
+    return value.get_double().value();
+  } else if constexpr (std::is_signed_v<T>) {
+    const std::int64_t number = value.get_int64().value();
+    if (number < std::numeric_limits<T>::min() || number > std::numeric_limits<T>::max())
+      throw std::runtime_error(absl::StrCat(number, " is out of range"));
+    return static_cast<T>(number);
+  } else {
+    const std::uint64_t number = value.get_uint64().value();
+    if (number > std::numeric_limits<T>::max())
+      throw std::runtime_error(absl::StrCat(number, " is out of range"));
+    return static_cast<T>(number);
+  }
+}
+
+template <typename T>
+T ReadMember(object json, std::string_view key) {
+  return Read<T>(At(json, key));
+}
+
+// `field` = json[key] when present; else unchanged.
+template <typename T>
+void ReadIfPresent(object json, std::string_view key, T& field) {
+  if (const std::optional<element> value = Find(json, key)) field = Read<T>(*value);
+}
+
+template <typename Read>
+auto ReadArray(element json, Read read) {
+  std::vector<decltype(read(json))> elements;
+  const simdjson::dom::array items = json.get_array().value();
+  for (const element item : items) elements.push_back(read(item));
+  return elements;
+}
+
+// The members a status shows of an operation: its description, and for one outstanding, its
+// state and times.
+OpSnapshot ReadOp(object json) {
+  OpSnapshot op;
+  ReadIfPresent(json, "seq", op.seq);
+  ReadIfPresent(json, "op", op.op);
+  ReadIfPresent(json, "dtype", op.dtype);
+  ReadIfPresent(json, "count", op.count);
+  ReadIfPresent(json, "bytes", op.bytes);
+  ReadIfPresent(json, "root", op.root);
+  ReadIfPresent(json, "peer", op.peer);
+  ReadIfPresent(json, "reduction", op.reduction);
+  ReadIfPresent(json, "enqueue_ns", op.enqueue_ns);
+  ReadIfPresent(json, "start_ns", op.start_ns);
+  ReadIfPresent(json, "state", op.state);
+  return op;
+}
+
+// Signatures that cannot be read, or that do not end at #last_enqueued as written, are left out:
+// they only add evidence. Call after reading last_enqueued.
+void ReadSignatures(object entry, CommSnapshot& comm) {
+  const std::optional<element> signatures = Find(entry, "signatures");
+  if (!signatures || !signatures->is_object()) return;
+  const std::optional<element> first_seq = Find(*signatures, "first_seq");
+  const std::optional<element> hashes = Find(*signatures, "hashes");
+  std::uint64_t first = 0;
+  std::string_view hex;
+  if (!first_seq || first_seq->get_uint64().get(first) != simdjson::SUCCESS || !hashes ||
+      hashes->get_string().get(hex) != simdjson::SUCCESS) {
+    return;
+  }
+  const bool parsed = SignaturesFromHex(std::string(hex), comm.signatures);
+  const std::uint64_t count = comm.signatures.size();
+  if (!parsed || count == 0 || count > comm.last_enqueued || first != comm.last_enqueued - count + 1) {
+    comm.signatures.clear();
+    return;
+  }
+  comm.signatures_first_seq = first;
+}
+
+// The ring of a communicator in a status: its last completed operation and its oldest outstanding.
+void ReadStatusOps(object entry, CommSnapshot& comm) {
+  // Added to format version 1 later: the last completed operation, for naming it.
+  if (const std::optional<element> last = Find(entry, "last_completed_op"); last && !last->is_null()) {
+    Require(*last, {"seq", "op"});  // the rest was added to format version 1 later
+    OpSnapshot op = ReadOp(*last);
+    op.state = "completed";
+    comm.ring.push_back(std::move(op));
+  }
+  if (const element oldest = At(entry, "oldest_outstanding"); !oldest.is_null()) {
+    Require(oldest, {"seq", "op", "state", "bytes", "enqueue_ns", "start_ns"});
+    comm.ring.push_back(ReadOp(oldest));
+  }
+}
+
+CommSnapshot ReadComm(object json) {
+  CommSnapshot comm;
+  comm.id = ReadMember<std::string>(json, "id");
+  comm.rank = ReadMember<int>(json, "rank");
+  comm.nranks = ReadMember<int>(json, "nranks");
+  CheckRanks(comm.rank, comm.nranks);
+  comm.state = ReadMember<std::string>(json, "state");
+  comm.last_enqueued = ReadMember<std::uint64_t>(json, "last_enqueued");
+  comm.last_started = ReadMember<std::uint64_t>(json, "last_started");
+  comm.last_completed = ReadMember<std::uint64_t>(json, "last_completed");
+  ReadIfPresent(json, "async_error", comm.async_error);
+  ReadSignatures(json, comm);  // added to format version 1 later
+  ReadStatusOps(json, comm);
+  return comm;
+}
+
+StallSnapshot ReadStall(object json) {
+  Require(json, {"kind", "comm_id", "seq", "seconds"});  // the verdict was added later
+  StallSnapshot stall;
+  ReadIfPresent(json, "kind", stall.kind);
+  ReadIfPresent(json, "comm_id", stall.comm_id);
+  ReadIfPresent(json, "seq", stall.seq);
+  ReadIfPresent(json, "seconds", stall.seconds);
+  ReadIfPresent(json, "message", stall.message);
+  ReadIfPresent(json, "verdict", stall.verdict);
+  ReadIfPresent(json, "verdict_message", stall.verdict_message);
+  return stall;
+}
+
+PendingInitSnapshot ReadPendingInit(object json) {
+  PendingInitSnapshot init;
+  init.rank = ReadMember<int>(json, "rank");
+  init.nranks = ReadMember<int>(json, "nranks");
+  CheckRanks(init.rank, init.nranks);
+  init.comm_id = ReadMember<std::string>(json, "comm_id");
+  init.api = ReadMember<std::string>(json, "api");
+  init.start_ns = ReadMember<std::int64_t>(json, "start_ns");
+  ReadIfPresent(json, "result", init.result);  // added to format version 2 later
+  return init;
+}
+
+// The system facts a status shows: those of a dump without its memory figures (dump_reader.h's
+// ParseSystemFacts reads a dump's).
+void ReadSystemFacts(object system, ProcessFacts& facts) {
+  facts.kernel_release = ReadMember<std::string>(system, "kernel_release");
+  facts.driver_version = ReadMember<std::string>(system, "driver_version");
+  facts.cuda.driver_version = ReadMember<int>(system, "cuda_driver_version");
+  ReadIfPresent(system, "gpu_count", facts.cuda.device_count);
+  if (const std::optional<element> names = Find(system, "host_gpus")) {
+    facts.host_gpu_names = ReadArray(*names, Read<std::string>);
+  }
+  if (const std::optional<element> access = Find(system, "peer_access")) {
+    facts.cuda.peer_access = ReadArray(*access, [](element row) { return ReadArray(row, Read<int>); });
+  }
+  facts.cuda.gpus = ReadArray(At(system, "gpus"), [](element gpu) {
+    return GpuFacts{.device = ReadMember<int>(gpu, "device"),
+                    .name = ReadMember<std::string>(gpu, "name"),
+                    .pci_bus_id = ReadMember<std::string>(gpu, "pci_bus_id")};
+  });
+}
+
+// What a process that has not dumped shows of itself: the facts that the classifier's P2P
+// evidence and the known-bad entries match on. Added to format version 1 later: statuses written
+// before lack them.
+void ReadFacts(object document, ProcessFacts& facts) {
+  if (const std::optional<element> environment = Find(document, "environment")) {
+    const object variables = environment->get_object().value();
+    for (const auto [name, value] : variables)
+      facts.environment.emplace_back(std::string(name), Read<std::string>(value));
+    std::sort(facts.environment.begin(), facts.environment.end());  // by name, as a dump's are read
+  }
+  if (const std::optional<element> system = Find(document, "system")) ReadSystemFacts(*system, facts);
+}
+
+}  // namespace
+
+PeerStatus ReadStatusDocument(const std::string& file, const std::string& content) {
+  // One parser per reading thread: it keeps its buffers from one status to the next.
+  thread_local simdjson::dom::parser parser;
+  const object document = parser.parse(content).get_object().value();
+  if (ReadMember<std::string>(document, "format") != "ncclguard-status") {
+    throw std::runtime_error("not an ncclguard status file");
+  }
+  if (const int version = ReadMember<int>(document, "format_version"); version != kStatusFormatVersion) {
+    throw std::runtime_error(
+        absl::StrCat("status format version ", version, " is not ", kStatusFormatVersion));
+  }
+  PeerStatus status;
+  status.file = file;
+  status.host = ReadMember<std::string>(document, "host");
+  status.pid = ReadMember<int>(document, "pid");
+  status.facts.host = status.host;
+  status.facts.pid = status.pid;
+  ReadFacts(document, status.facts);
+  ProcessSnapshot& snapshot = status.snapshot;
+  snapshot.rank = ReadMember<int>(document, "rank");
+  snapshot.time_ns = ReadMember<std::int64_t>(document, "time_ns");
+  ReadIfPresent(document, "in_nccl_call", snapshot.in_nccl_call);
+  if (const element stall = At(document, "stall"); !stall.is_null()) snapshot.stall = ReadStall(stall);
+  snapshot.comms = ReadArray(At(document, "communicators"), [](element comm) { return ReadComm(comm); });
+  // Added to format version 1 later: statuses written before may lack them.
+  if (const std::optional<element> inits = Find(document, "pending_inits")) {
+    snapshot.pending_inits = ReadArray(*inits, [](element init) { return ReadPendingInit(init); });
+  }
+  ReadIfPresent(document, "exiting", snapshot.exiting);
+  return status;
+}
+
+}  // namespace ncclguard
