@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "datatypes.h"
+#include "profiler.h"
 #include "shm.h"
 
 namespace ncclemu {
@@ -25,6 +26,8 @@ constexpr int kMaxRanks = 1024;
 constexpr size_t kStagingSlotBytes = size_t{2} << 20;
 // Send/Recv stream bytes through one ring per ordered pair of ranks.
 constexpr size_t kRingBytes = size_t{256} << 10;
+// What a collective's kernel uses (its data is split between them); a Send/Recv uses one.
+constexpr int kCollectiveChannels = 2;
 
 struct RankInfo {
   int32_t pid;
@@ -70,7 +73,9 @@ class CommShared {
   char* staging(int rank, uint32_t parity) const {
     return at<char>(staging_offset_) + (size_t(rank) * 2 + parity) * kStagingSlotBytes;
   }
-  char* ring(int from, int to) const { return at<char>(ring_offset_) + (size_t(from) * nranks_ + to) * kRingBytes; }
+  char* ring(int from, int to) const {
+    return at<char>(ring_offset_) + (size_t(from) * nranks_ + to) * kRingBytes;
+  }
 
  private:
   template <class T>
@@ -82,7 +87,9 @@ class CommShared {
          ring_offset_ = 0;
 };
 
-enum class Transport { None, P2P, SHM };
+// NET: ranks talk through the network proxy (NCCL's socket transport), here when P2P and SHM are
+// both disabled; only then does NCCL's proxy run, and the profiler see ProxyOp/ProxyStep events.
+enum class Transport { None, P2P, SHM, NET };
 
 struct UserReduction {
   ncclDataType_t datatype;
@@ -99,6 +106,8 @@ struct CommCore {
   bool blocking = true;
   CUcontext context = nullptr;  // retained primary context of cuda_dev
   int comm_index = 0;           // for the faults' comm= filter, set at init
+  std::string comm_name;        // ncclConfig_t's commName, when `named`
+  bool named = false;
   // Page-locked memory of `context`, freed when the handle is released (see allocateCommMemory).
   std::atomic<void*> host_memory{nullptr};
 
@@ -126,6 +135,7 @@ struct CommCore {
   std::map<int, UserReduction> user_reductions;
   int next_user_reduction = ncclNumOps;
   std::set<void*> registrations;
+  CommProfiler profiler;
 
   void interrupt();
   // Waits (sleeping) until interrupted; what a stuck kernel looks like from the host.
@@ -133,7 +143,18 @@ struct CommCore {
   void setAsyncResult(ncclResult_t result);
 };
 
-enum class OpKind { AllReduce, Broadcast, Reduce, AllGather, ReduceScatter, AlltoAll, Gather, Scatter, Send, Recv };
+enum class OpKind {
+  AllReduce,
+  Broadcast,
+  Reduce,
+  AllGather,
+  ReduceScatter,
+  AlltoAll,
+  Gather,
+  Scatter,
+  Send,
+  Recv
+};
 
 struct Operation {
   OpKind kind;
@@ -145,6 +166,7 @@ struct Operation {
   int root_or_peer;
   CUstream stream;
   uint64_t seq = 0;
+  std::vector<ProfiledTask> profiled;  // empty without a profiler plugin
 };
 
 const char* opName(OpKind kind);
@@ -168,6 +190,9 @@ struct Task {
   std::vector<Operation> operations;
   uint64_t ticket = 0;
   bool waits_only = false;  // joins a second stream to a task running on another one
+  // Set (under the core's mutex) once the launching thread has handed the task's operations over
+  // to the profiler: their events are the parents of what the task's kernel reports.
+  bool handed_over = false;
 };
 // Runs a task launched outside a capture, once, and frees it.
 void CUDA_CB runTask(void* task);

@@ -1,6 +1,7 @@
 #include "debug.h"
 
 #include <cuda.h>
+#include <strings.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -11,7 +12,6 @@
 #include <ctime>
 #include <mutex>
 #include <string>
-#include <strings.h>
 
 namespace ncclemu {
 namespace {
@@ -70,10 +70,14 @@ void initLocked(DebugState& s) {
   s.output = stdout;
   s.level = Level::None;
   if (const char* env = getenv("NCCL_DEBUG")) {
-    if (strcasecmp(env, "VERSION") == 0) s.level = Level::Version;
-    else if (strcasecmp(env, "WARN") == 0 || strcasecmp(env, "ABORT") == 0) s.level = Level::Warn;
-    else if (strcasecmp(env, "INFO") == 0) s.level = Level::Info;
-    else if (strcasecmp(env, "TRACE") == 0) s.level = Level::Trace;
+    if (strcasecmp(env, "VERSION") == 0)
+      s.level = Level::Version;
+    else if (strcasecmp(env, "WARN") == 0 || strcasecmp(env, "ABORT") == 0)
+      s.level = Level::Warn;
+    else if (strcasecmp(env, "INFO") == 0)
+      s.level = Level::Info;
+    else if (strcasecmp(env, "TRACE") == 0)
+      s.level = Level::Trace;
   }
   // Like NCCL, the file is only created when there is more than the version line to write.
   const char* file = getenv("NCCL_DEBUG_FILE");
@@ -102,45 +106,68 @@ std::string warnTimestamp() {
 void emit(DebugState& s, const char* prefix_format, const std::string& timestamp, const char* file, int line,
           const char* format, va_list args) {
   char text[1024];
-  int length = snprintf(text, sizeof(text), prefix_format, timestamp.c_str(), shortHostName().c_str(), getpid(),
-                        static_cast<int>(syscall(SYS_gettid)), currentLogDevice(), file, line);
+  int length = snprintf(text, sizeof(text), prefix_format, timestamp.c_str(), shortHostName().c_str(),
+                        getpid(), static_cast<int>(syscall(SYS_gettid)), currentLogDevice(), file, line);
   if (length < 0 || static_cast<size_t>(length) >= sizeof(text)) length = 0;
   vsnprintf(text + length, sizeof(text) - length, format, args);
   fprintf(s.output, "%s\n", text);
   fflush(s.output);
 }
 
-}  // namespace
-
-void logWarn(const char* file, int line, const char* format, ...) {
+void vlogWarn(const char* file, int line, const char* format, va_list args) {
   DebugState& s = state();
   std::lock_guard<std::mutex> lock(s.mutex);
   initLocked(s);
-  va_list args;
-  va_start(args, format);
-  vsnprintf(s.last_error, sizeof(s.last_error), format, args);
-  va_end(args);
+  va_list copy;
+  va_copy(copy, args);
+  vsnprintf(s.last_error, sizeof(s.last_error), format, copy);
+  va_end(copy);
   if (s.level < Level::Warn) return;
   // NCCL names its source files relative to src/ (e.g. transport/p2p.cc); ours by base name,
   // whether the compiler saw them by absolute path or, through a compiler cache with a base
   // directory, relative to the build directory (../../emulator/nccl/init.cc).
   const bool own_source = file[0] == '/' || file[0] == '.';
-  const char* base = own_source ? strrchr(file, '/') + 1 : file;
-  va_start(args, format);
+  const char* slash = strrchr(file, '/');
+  const char* base = own_source && slash ? slash + 1 : file;
   // The leading newline is NCCL's own: WARN lines stand out in a stream of INFO lines.
   emit(s, "\n%s%s:%d:%d [%d] %s:%d NCCL WARN ", warnTimestamp(), base, line, format, args);
+}
+
+// INFO lines, and TRACE lines (same layout, "NCCL TRACE") when NCCL_DEBUG=TRACE.
+void vlogInfo(Level level, const char* format, va_list args) {
+  DebugState& s = state();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  initLocked(s);
+  if (s.level < level) return;
+  emit(s, level == Level::Trace ? "%s%s:%d:%d [%d] NCCL TRACE " : "%s%s:%d:%d [%d] NCCL INFO ", "", "", 0,
+       format, args);
+}
+
+}  // namespace
+
+void logWarn(const char* file, int line, const char* format, ...) {
+  va_list args;
+  va_start(args, format);
+  vlogWarn(file, line, format, args);
   va_end(args);
 }
 
 void logInfo(const char* format, ...) {
-  DebugState& s = state();
-  std::lock_guard<std::mutex> lock(s.mutex);
-  initLocked(s);
-  if (s.level < Level::Info) return;
   va_list args;
   va_start(args, format);
-  emit(s, "%s%s:%d:%d [%d] NCCL INFO ", "", "", 0, format, args);
+  vlogInfo(Level::Info, format, args);
   va_end(args);
+}
+
+void logAtLevel(int level, const char* file, int line, const char* format, va_list args) {
+  if (format == nullptr) return;
+  // NCCL's levels: 1 VERSION, 2 WARN, 3 INFO, 4 ABORT (printed as a WARN), 5 TRACE.
+  if (level == 2 || level == 4)
+    vlogWarn(file && *file ? file : "?", line, format, args);
+  else if (level == 3)
+    vlogInfo(Level::Info, format, args);
+  else if (level == 5)
+    vlogInfo(Level::Trace, format, args);
 }
 
 bool infoEnabled() {

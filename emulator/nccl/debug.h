@@ -2,12 +2,17 @@
 // the process-wide "last error" buffer behind ncclGetLastError.
 #pragma once
 
+#include <cstdarg>
+
 namespace ncclemu {
 
 // Every WARN lands in the last-error buffer, whatever NCCL_DEBUG says; printing depends on it.
 void logWarn(const char* file, int line, const char* format, ...) __attribute__((format(printf, 3, 4)));
 void logInfo(const char* format, ...) __attribute__((format(printf, 1, 2)));
 bool infoEnabled();
+// What NCCL hands a plugin as its logger (ncclDebugLog): a line at NCCL's level number (1 VERSION,
+// 2 WARN, 3 INFO, 4 ABORT, 5 TRACE), filtered and formatted like the library's own lines.
+void logAtLevel(int level, const char* file, int line, const char* format, va_list args);
 const char* lastErrorText();
 // Makes the next log line re-read NCCL_DEBUG and NCCL_DEBUG_FILE.
 void resetDebugInit();

@@ -17,7 +17,7 @@ struct KindSyntax {
 
 const std::map<std::string_view, KindSyntax>& kindTable() {
   static const auto* table = new std::map<std::string_view, KindSyntax>{
-      {"hang", {FaultKind::Hang, {"rank", "seq"}, {"comm"}}},
+      {"hang", {FaultKind::Hang, {"rank", "seq"}, {"comm", "peer"}}},
       {"p2p_stall", {FaultKind::P2pStall, {"after"}, {"comm"}}},
       {"slow", {FaultKind::Slow, {"ms"}, {"rank", "comm"}}},
       {"async_error", {FaultKind::AsyncError, {"rank", "seq", "code"}, {"comm"}}},
@@ -41,16 +41,20 @@ bool parseUnsigned(std::string_view text, uint64_t* value) {
 
 bool parseResultCode(std::string_view text, ncclResult_t* code) {
   static const std::map<std::string_view, ncclResult_t> names = {
-      {"ncclUnhandledCudaError", ncclUnhandledCudaError}, {"ncclSystemError", ncclSystemError},
-      {"ncclInternalError", ncclInternalError},           {"ncclInvalidArgument", ncclInvalidArgument},
-      {"ncclInvalidUsage", ncclInvalidUsage},             {"ncclRemoteError", ncclRemoteError},
+      {"ncclUnhandledCudaError", ncclUnhandledCudaError},
+      {"ncclSystemError", ncclSystemError},
+      {"ncclInternalError", ncclInternalError},
+      {"ncclInvalidArgument", ncclInvalidArgument},
+      {"ncclInvalidUsage", ncclInvalidUsage},
+      {"ncclRemoteError", ncclRemoteError},
   };
   if (auto it = names.find(text); it != names.end()) {
     *code = it->second;
     return true;
   }
   uint64_t number = 0;
-  if (!parseUnsigned(text, &number) || number < ncclUnhandledCudaError || number > ncclRemoteError) return false;
+  if (!parseUnsigned(text, &number) || number < ncclUnhandledCudaError || number > ncclRemoteError)
+    return false;
   *code = static_cast<ncclResult_t>(number);
   return true;
 }
@@ -62,8 +66,8 @@ std::string parseEntry(std::string_view entry, Fault* fault) {
   const std::string_view kind_name = trim(entry.substr(0, colon));
   auto kind = kindTable().find(kind_name);
   if (kind == kindTable().end()) {
-    return "unknown fault kind '" + std::string(kind_name) +
-           "' in " + quoted + " (kinds: hang, p2p_stall, slow, async_error, init_hang, crash)";
+    return "unknown fault kind '" + std::string(kind_name) + "' in " + quoted +
+           " (kinds: hang, p2p_stall, slow, async_error, init_hang, crash)";
   }
   fault->kind = kind->second.kind;
   std::set<std::string_view> seen;
@@ -73,7 +77,8 @@ std::string parseEntry(std::string_view entry, Fault* fault) {
     const std::string_view pair = trim(rest.substr(0, comma));
     rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
     const size_t equals = pair.find('=');
-    if (equals == std::string_view::npos) return "expected key=value, got '" + std::string(pair) + "' in " + quoted;
+    if (equals == std::string_view::npos)
+      return "expected key=value, got '" + std::string(pair) + "' in " + quoted;
     const std::string_view key = trim(pair.substr(0, equals));
     const std::string_view value = trim(pair.substr(equals + 1));
     if (!kind->second.required.count(key) && !kind->second.optional.count(key)) {
@@ -83,7 +88,8 @@ std::string parseEntry(std::string_view entry, Fault* fault) {
     uint64_t number = 0;
     if (key == "code") {
       if (!parseResultCode(value, &fault->code)) {
-        return "bad code '" + std::string(value) + "' in " + quoted + " (1-6 or a name such as ncclRemoteError)";
+        return "bad code '" + std::string(value) + "' in " + quoted +
+               " (1-6 or a name such as ncclRemoteError)";
       }
       continue;
     }
@@ -91,11 +97,18 @@ std::string parseEntry(std::string_view entry, Fault* fault) {
       return "bad value '" + std::string(value) + "' for " + std::string(key) + " in " + quoted +
              " (expected a non-negative integer)";
     }
-    if (key == "rank") fault->rank = static_cast<int>(number);
-    else if (key == "seq") fault->seq = number;
-    else if (key == "after") fault->after = number;
-    else if (key == "ms") fault->delay_ms = static_cast<int>(number);
-    else if (key == "comm") fault->comm_index = static_cast<int>(number);
+    if (key == "rank")
+      fault->rank = static_cast<int>(number);
+    else if (key == "peer")
+      fault->peer = static_cast<int>(number);
+    else if (key == "seq")
+      fault->seq = number;
+    else if (key == "after")
+      fault->after = number;
+    else if (key == "ms")
+      fault->delay_ms = static_cast<int>(number);
+    else if (key == "comm")
+      fault->comm_index = static_cast<int>(number);
     if ((key == "seq" || key == "comm") && number == 0) {
       return std::string(key) + " counts from 1, got 0 in " + quoted;
     }
@@ -103,6 +116,8 @@ std::string parseEntry(std::string_view entry, Fault* fault) {
   for (std::string_view key : kind->second.required) {
     if (!seen.count(key)) return "missing key '" + std::string(key) + "' in " + quoted;
   }
+  // A link joins two ranks: a rank's link to itself does not exist.
+  if (fault->peer >= 0 && fault->peer == fault->rank) return "peer must differ from rank in " + quoted;
   return "";
 }
 
@@ -118,6 +133,7 @@ FaultPlan parseFaultSpec(const std::string& spec) {
     if (entry.empty()) continue;
     Fault fault{};
     fault.rank = -1;
+    fault.peer = -1;
     if (std::string error = parseEntry(entry, &fault); !error.empty()) {
       plan.error = error;
       plan.faults.clear();

@@ -14,12 +14,13 @@ enum class FaultKind { Hang, P2pStall, Slow, AsyncError, InitHang, Crash };
 
 struct Fault {
   FaultKind kind;
-  int rank = -1;           // -1: every rank
-  uint64_t seq = 0;        // 1-based operation number on the communicator
-  uint64_t after = 0;      // p2p_stall: operations that still complete
-  int delay_ms = 0;        // slow
+  int rank = -1;       // -1: every rank
+  int peer = -1;       // hang: the link from `rank` to `peer` stops instead of the whole rank; -1: none
+  uint64_t seq = 0;    // 1-based operation number on the communicator
+  uint64_t after = 0;  // p2p_stall: operations that still complete
+  int delay_ms = 0;    // slow
   ncclResult_t code = ncclSuccess;  // async_error
-  int comm_index = 0;      // 0: every communicator; else the K-th one this process joined
+  int comm_index = 0;               // 0: every communicator; else the K-th one this process joined
 };
 
 struct FaultPlan {

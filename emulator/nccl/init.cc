@@ -2,6 +2,7 @@
 // abort, revoke.
 #include <fcntl.h>
 #include <signal.h>
+#include <strings.h>
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <unistd.h>
@@ -15,7 +16,6 @@
 #include <mutex>
 #include <numeric>
 #include <string>
-#include <strings.h>
 #include <thread>
 #include <vector>
 
@@ -77,10 +77,12 @@ uint64_t hostHash() {
   return hashString(host);
 }
 
-// NCCL reads NCCL_P2P_DISABLE / NCCL_P2P_LEVEL once, at the first communicator's topology setup,
-// into a static. Each loaded copy of this library has its own, as with real NCCL.
+// NCCL reads NCCL_P2P_DISABLE / NCCL_P2P_LEVEL (and NCCL_SHM_DISABLE) once, at the first
+// communicator's topology setup, into a static. Each loaded copy of this library has its own, as
+// with real NCCL.
 struct P2pPolicy {
   bool allowed = true;
+  bool shm_allowed = true;  // without P2P and SHM, ranks on one host talk through the network
 };
 
 // Emulated topology: every pair of GPUs shares a PCIe switch (path type PXB), where NCCL's
@@ -108,12 +110,18 @@ const P2pPolicy& p2pPolicy() {
     if (const char* level = getenv("NCCL_P2P_LEVEL")) {
       EMU_INFO("NCCL_P2P_LEVEL set by environment to %s", level);
       const int parsed = parseP2pLevel(level);
-      if (parsed < 0) EMU_WARN("Invalid NCCL_P2P_LEVEL value '%s', using the default", level);
-      else p->allowed = parsed >= kGpuPathLevel;
+      if (parsed < 0)
+        EMU_WARN("Invalid NCCL_P2P_LEVEL value '%s', using the default", level);
+      else
+        p->allowed = parsed >= kGpuPathLevel;
     }
     if (const char* disable = getenv("NCCL_P2P_DISABLE")) {
       EMU_INFO("NCCL_P2P_DISABLE set by environment to %s", disable);
       if (atoi(disable) != 0) p->allowed = false;
+    }
+    if (const char* disable = getenv("NCCL_SHM_DISABLE")) {
+      EMU_INFO("NCCL_SHM_DISABLE set by environment to %s", disable);
+      if (atoi(disable) != 0) p->shm_allowed = false;
     }
     return p;
   }();
@@ -168,9 +176,10 @@ ncclResult_t openRendezvous(CommCore& core, const InitRequest& request, SharedSe
     case RendezvousKind::OneShot: {
       const int error = segment->map(name, size, SharedSegment::Open::Existing);
       if (error == 0) return ncclSuccess;
-      EMU_WARN("%s: no bootstrap root serves unique id 0x%lx (%s). A unique id from ncclGetUniqueId "
-               "serves exactly one communicator init: make a new one, or set NCCL_COMM_ID",
-               request.caller, static_cast<unsigned long>(request.magic), strerror(error));
+      EMU_WARN(
+          "%s: no bootstrap root serves unique id 0x%lx (%s). A unique id from ncclGetUniqueId "
+          "serves exactly one communicator init: make a new one, or set NCCL_COMM_ID",
+          request.caller, static_cast<unsigned long>(request.magic), strerror(error));
       return ncclSystemError;
     }
     case RendezvousKind::Derived: {
@@ -218,7 +227,8 @@ ncclResult_t openRendezvous(CommCore& core, const InitRequest& request, SharedSe
 
 template <class Predicate>
 bool waitShared(CommCore& core, std::atomic<uint32_t>& word, Predicate done) {
-  for (uint32_t value = word.load(std::memory_order_acquire); !done(value); value = word.load(std::memory_order_acquire)) {
+  for (uint32_t value = word.load(std::memory_order_acquire); !done(value);
+       value = word.load(std::memory_order_acquire)) {
     if (core.interrupted.load()) return false;
     futexWait(&word, value, 100);
   }
@@ -233,21 +243,30 @@ void logTransport(const CommCore& core) {
   if (core.transport == Transport::P2P) {
     EMU_INFO("Channel 00/0 : %d[%d] -> %d[%d] via P2P/%s", core.rank, mine.cuda_dev, next, peer.cuda_dev,
              mine.pid == peer.pid ? "direct pointer" : "CUMEM");
+  } else if (core.transport == Transport::NET) {
+    // NCCL's socket transport, which it uses between ranks of one host without P2P and SHM.
+    const int prev = (core.rank - 1 + core.nranks) % core.nranks;
+    EMU_INFO("Channel 00/0 : %d[%d] -> %d[%d] [receive] via NET/Socket/0", prev,
+             core.shared.rankInfo(prev).cuda_dev, core.rank, mine.cuda_dev);
+    EMU_INFO("Channel 00/0 : %d[%d] -> %d[%d] [send] via NET/Socket/0", core.rank, mine.cuda_dev, next,
+             peer.cuda_dev);
   } else {
-    EMU_INFO("Channel 00 : %d[%d] -> %d[%d] via SHM/direct/direct", core.rank, mine.cuda_dev, next, peer.cuda_dev);
+    EMU_INFO("Channel 00 : %d[%d] -> %d[%d] via SHM/direct/direct", core.rank, mine.cuda_dev, next,
+             peer.cuda_dev);
   }
   EMU_INFO("Connected all rings, use ring PXN 0 GDR 0");
 }
 
 Transport chooseTransport(const CommCore& core) {
   if (core.nranks < 2) return Transport::None;
-  if (!p2pPolicy().allowed) return Transport::SHM;
+  const Transport fallback = p2pPolicy().shm_allowed ? Transport::SHM : Transport::NET;
+  if (!p2pPolicy().allowed) return fallback;
   for (int peer = 0; peer < core.nranks; ++peer) {
     if (peer == core.rank) continue;
     int can_access = 0;
     const int peer_dev = core.shared.rankInfo(peer).cuda_dev;
     if (cuDeviceCanAccessPeer(&can_access, core.cuda_dev, peer_dev) != CUDA_SUCCESS || !can_access) {
-      return Transport::SHM;
+      return fallback;
     }
   }
   return Transport::P2P;
@@ -296,11 +315,13 @@ ncclResult_t rendezvous(CommCore& core, const InitRequest& request) {
     static std::atomic<uint32_t> created{0};
     static const uint32_t instance_tag = [] {
       uint32_t tag = 0;
-      if (getrandom(&tag, sizeof(tag), 0) != sizeof(tag)) tag = static_cast<uint32_t>(mixBits(reinterpret_cast<uintptr_t>(&created)));
+      if (getrandom(&tag, sizeof(tag), 0) != sizeof(tag))
+        tag = static_cast<uint32_t>(mixBits(reinterpret_cast<uintptr_t>(&created)));
       return tag;
     }();
-    snprintf(rendezvous->comm_segment_name, sizeof(rendezvous->comm_segment_name), "/ncclemu-comm-%016lx-%d-%08x-%u",
-             static_cast<unsigned long>(request.magic), getpid(), instance_tag, created.fetch_add(1));
+    snprintf(rendezvous->comm_segment_name, sizeof(rendezvous->comm_segment_name),
+             "/ncclemu-comm-%016lx-%d-%08x-%u", static_cast<unsigned long>(request.magic), getpid(),
+             instance_tag, created.fetch_add(1));
     if (int error = core.shared.segment.map(rendezvous->comm_segment_name, comm_bytes,
                                             SharedSegment::Open::CreateExclusive)) {
       EMU_WARN("%s: cannot create communicator segment %s: %s", request.caller, rendezvous->comm_segment_name,
@@ -318,14 +339,16 @@ ncclResult_t rendezvous(CommCore& core, const InitRequest& request) {
     if (!waitShared(core, rendezvous->comm_ready, [](uint32_t ready) { return ready != 0; })) {
       return ncclSystemError;
     }
-    if (int error = core.shared.segment.map(rendezvous->comm_segment_name, comm_bytes, SharedSegment::Open::Existing)) {
+    if (int error = core.shared.segment.map(rendezvous->comm_segment_name, comm_bytes,
+                                            SharedSegment::Open::Existing)) {
       EMU_WARN("%s: cannot map communicator segment %s: %s", request.caller, rendezvous->comm_segment_name,
                strerror(error));
       return ncclSystemError;
     }
     core.shared.attach(core.nranks);
   }
-  const bool last = rendezvous->mapped.fetch_add(1, std::memory_order_acq_rel) + 1 == static_cast<uint32_t>(core.nranks);
+  const bool last =
+      rendezvous->mapped.fetch_add(1, std::memory_order_acq_rel) + 1 == static_cast<uint32_t>(core.nranks);
   futexWakeAll(&rendezvous->mapped);
   if (last) shm_unlink(rendezvous->comm_segment_name);
   if (request.kind != RendezvousKind::CommIdRoot) {
@@ -335,7 +358,8 @@ ncclResult_t rendezvous(CommCore& core, const InitRequest& request) {
   // With NCCL_COMM_ID the next init reuses the name, and only rank 0 may retire it: a slow rank
   // removing it by name could remove the next init's root.
   if (core.rank == 0) {
-    if (!waitShared(core, rendezvous->mapped, [&](uint32_t mapped) { return mapped == static_cast<uint32_t>(core.nranks); })) {
+    if (!waitShared(core, rendezvous->mapped,
+                    [&](uint32_t mapped) { return mapped == static_cast<uint32_t>(core.nranks); })) {
       return ncclSystemError;
     }
     shm_unlink(rendezvousName(request.magic).c_str());
@@ -369,6 +393,8 @@ ncclResult_t initCommunicatorSteps(CommCore& core, const InitRequest& request) {
     std::call_once(version_shown, [] { EMU_INFO("NCCL version 2.28.9+cuda13.0 (ncclemu)"); });
   }
   logTransport(core);
+  // As in NCCL, after the transports are set up and before the proxy would start.
+  profilerInitComm(core);
   const RankInfo& mine = core.shared.rankInfo(core.rank);
   EMU_INFO("%s comm %p rank %d nranks %d cudaDev %d nvmlDev %d busId %lx commId 0x%lx - Init COMPLETE",
            request.caller, static_cast<void*>(&core), core.rank, core.nranks, core.cuda_dev, core.cuda_dev,
@@ -416,6 +442,22 @@ ncclResult_t configBlocking(const ncclConfig_t* config, bool inherited, const ch
     return ncclInvalidArgument;
   }
   return ncclSuccess;
+}
+
+// ncclConfig_t's commName, which the profiler plugin's init receives. As in NCCL, a split or a
+// shrink without a config copies its parent's.
+void nameCommunicator(CommCore& core, const ncclConfig_t* config, const CommCore* parent) {
+  if (config == nullptr) {
+    core.named = parent != nullptr && parent->named;
+    if (core.named) core.comm_name = parent->comm_name;
+    return;
+  }
+  // A config from an older nccl.h may end before commName.
+  if (config->size >= offsetof(ncclConfig_t, commName) + sizeof(config->commName) &&
+      config->commName != nullptr) {
+    core.named = true;
+    core.comm_name = config->commName;
+  }
 }
 
 // NCCL's own allocations and frees leave a graph that another thread captures meanwhile alone.
@@ -474,8 +516,10 @@ RendezvousKind rendezvousKindForInit(const char* caller, ncclResult_t* error) {
   const char* comm_id = getenv("NCCL_COMM_ID");
   if (comm_id == nullptr) return RendezvousKind::OneShot;
   if (!validCommIdAddress(comm_id)) {
-    EMU_WARN("%s: Invalid NCCL_COMM_ID [%s], please use format: <ipv4>:<port> or [<ipv6>]:<port> or "
-             "<hostname>:<port>", caller, comm_id);
+    EMU_WARN(
+        "%s: Invalid NCCL_COMM_ID [%s], please use format: <ipv4>:<port> or [<ipv6>]:<port> or "
+        "<hostname>:<port>",
+        caller, comm_id);
     *error = ncclInvalidArgument;
   }
   return RendezvousKind::CommIdRoot;
@@ -497,7 +541,8 @@ ncclResult_t initRankWithId(ncclComm_t* comm, int nranks, const ncclUniqueId& id
     return ncclInvalidArgument;
   }
   bool blocking = true;
-  if (ncclResult_t result = configBlocking(config, true, caller, &blocking); result != ncclSuccess) return result;
+  if (ncclResult_t result = configBlocking(config, true, caller, &blocking); result != ncclSuccess)
+    return result;
   ncclResult_t result = ncclSuccess;
   const RendezvousKind kind = rendezvousKindForInit(caller, &result);
   if (result != ncclSuccess) return result;
@@ -509,6 +554,7 @@ ncclResult_t initRankWithId(ncclComm_t* comm, int nranks, const ncclUniqueId& id
   }
   if (cuda_dev < 0 && (result = currentDevice(&cuda_dev)) != ncclSuccess) return result;
   auto core = makeCore(rank, nranks, cuda_dev, blocking);
+  nameCommunicator(*core, config, nullptr);
   *comm = makeHandle(core);
   const InitRequest request{kind, contents.magic, caller};
   result = launchJob(Job{core, [core, request] { return initCommunicator(core, request); }});
@@ -520,7 +566,8 @@ ncclResult_t initRankWithId(ncclComm_t* comm, int nranks, const ncclUniqueId& id
 }
 
 // Either communicator's abort ends the exchange: the parent's, or the child's being made.
-bool bootstrapAllGather(CommCore& parent, CommCore& child, const int64_t (&mine)[4], std::vector<BootSlot>* all) {
+bool bootstrapAllGather(CommCore& parent, CommCore& child, const int64_t (&mine)[4],
+                        std::vector<BootSlot>* all) {
   BootSlot& slot = parent.shared.boot(parent.rank);
   std::copy(std::begin(mine), std::end(mine), slot.values);
   SharedBarrier& barrier = parent.shared.header().bootstrap;
@@ -531,8 +578,8 @@ bool bootstrapAllGather(CommCore& parent, CommCore& child, const int64_t (&mine)
   return barrierWait(barrier, parent.nranks, interrupted);
 }
 
-ncclResult_t launchDerived(ncclComm_t* newcomm, std::shared_ptr<CommCore> child, std::shared_ptr<CommCore> reporter,
-                           std::function<ncclResult_t()> run) {
+ncclResult_t launchDerived(ncclComm_t* newcomm, std::shared_ptr<CommCore> child,
+                           std::shared_ptr<CommCore> reporter, std::function<ncclResult_t()> run) {
   if (child) *newcomm = makeHandle(child);
   const ncclResult_t result = launchJob(Job{std::move(reporter), std::move(run)});
   if (result != ncclSuccess && result != ncclInProgress && *newcomm) {
@@ -623,6 +670,8 @@ void releaseHandle(ncclComm_t comm) {
   // interrupted the communicator's operations by now, so their streams move on up to whatever
   // else holds them.
   if (core) freeCommMemory(*core);
+  // NCCL's commFree: the plugin hears nothing more of this communicator after finalize.
+  if (core) profilerFinalizeComm(*core);
   std::lock_guard<std::mutex> lock(comm->mutex);
   comm->core.reset();
 }
@@ -641,8 +690,10 @@ ncclResult_t ncclGetUniqueId(ncclUniqueId* uniqueId) {
   if (const char* comm_id = getenv("NCCL_COMM_ID")) {
     // Every process derives the same id from the same address, as real NCCL does.
     if (!validCommIdAddress(comm_id)) {
-      EMU_WARN("Invalid NCCL_COMM_ID [%s], please use format: <ipv4>:<port> or [<ipv6>]:<port> or <hostname>:<port>",
-               comm_id);
+      EMU_WARN(
+          "Invalid NCCL_COMM_ID [%s], please use format: <ipv4>:<port> or [<ipv6>]:<port> or "
+          "<hostname>:<port>",
+          comm_id);
       return ncclInvalidArgument;
     }
     contents.magic = mixBits(hashString(comm_id)) | 1;
@@ -668,7 +719,8 @@ ncclResult_t ncclGetUniqueId(ncclUniqueId* uniqueId) {
 
 NCCL_EXPORT(ncclResult_t, ncclCommInitRankConfig, ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank,
             ncclConfig_t* config);
-ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank, ncclConfig_t* config) {
+ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank,
+                                    ncclConfig_t* config) {
   return initRankWithId(comm, nranks, commId, rank, config, -1, "ncclCommInitRankConfig");
 }
 
@@ -679,8 +731,8 @@ ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId commId,
 
 NCCL_EXPORT(ncclResult_t, ncclCommInitRankScalable, ncclComm_t* newcomm, int nranks, int myrank, int nId,
             ncclUniqueId* commIds, ncclConfig_t* config);
-ncclResult_t ncclCommInitRankScalable(ncclComm_t* newcomm, int nranks, int myrank, int nId, ncclUniqueId* commIds,
-                                      ncclConfig_t* config) {
+ncclResult_t ncclCommInitRankScalable(ncclComm_t* newcomm, int nranks, int myrank, int nId,
+                                      ncclUniqueId* commIds, ncclConfig_t* config) {
   if (nId < 1 || nId > nranks) {
     EMU_WARN("improper usage of ncclCommInitRank: nId = %d, nranks=%d", nId, nranks);
     return ncclInvalidArgument;
@@ -691,7 +743,8 @@ ncclResult_t ncclCommInitRankScalable(ncclComm_t* newcomm, int nranks, int myran
   }
   // The first id carries the rendezvous; the others only retire their roots, since one
   // emulated root can serve any number of ranks.
-  const ncclResult_t result = initRankWithId(newcomm, nranks, commIds[0], myrank, config, -1, "ncclCommInitRankScalable");
+  const ncclResult_t result =
+      initRankWithId(newcomm, nranks, commIds[0], myrank, config, -1, "ncclCommInitRankScalable");
   if (getenv("NCCL_COMM_ID") == nullptr && (result == ncclSuccess || result == ncclInProgress)) {
     for (int i = 1; i < nId; ++i) {
       UniqueIdContents contents;
@@ -732,14 +785,16 @@ ncclResult_t ncclCommInitAll(ncclComm_t* comms, int ndev, const int* devlist) {
   groupStartInternal();
   ncclResult_t first_error = ncclSuccess;
   for (int i = 0; i < ndev; ++i) {
-    const ncclResult_t result = initRankWithId(&comms[i], ndev, id, i, nullptr, devlist ? devlist[i] : i, "ncclCommInitAll");
+    const ncclResult_t result =
+        initRankWithId(&comms[i], ndev, id, i, nullptr, devlist ? devlist[i] : i, "ncclCommInitAll");
     if (first_error == ncclSuccess) first_error = result;
   }
   const ncclResult_t group_result = groupEndInternal();
   return first_error != ncclSuccess ? first_error : group_result;
 }
 
-NCCL_EXPORT(ncclResult_t, ncclCommSplit, ncclComm_t comm, int color, int key, ncclComm_t* newcomm, ncclConfig_t* config);
+NCCL_EXPORT(ncclResult_t, ncclCommSplit, ncclComm_t comm, int color, int key, ncclComm_t* newcomm,
+            ncclConfig_t* config);
 ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm, ncclConfig_t* config) {
   ncclResult_t result = ncclSuccess;
   auto parent = liveCore(comm, "ncclCommSplit", &result);
@@ -751,14 +806,18 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newc
   }
   *newcomm = nullptr;
   bool blocking = parent->blocking;
-  if ((result = configBlocking(config, parent->blocking, "ncclCommSplit", &blocking)) != ncclSuccess) return result;
+  if ((result = configBlocking(config, parent->blocking, "ncclCommSplit", &blocking)) != ncclSuccess)
+    return result;
   uint64_t split_number;
   {
     std::lock_guard<std::mutex> lock(parent->mutex);
     split_number = parent->derived_communicators++;
   }
   std::shared_ptr<CommCore> child;
-  if (color != NCCL_SPLIT_NOCOLOR) child = makeCore(0, 0, parent->cuda_dev, blocking);
+  if (color != NCCL_SPLIT_NOCOLOR) {
+    child = makeCore(0, 0, parent->cuda_dev, blocking);
+    nameCommunicator(*child, config, parent.get());
+  }
   // A rank that leaves with NOCOLOR still takes part in the exchange; its progress is reported
   // nowhere, like in NCCL.
   auto reporter = child ? child : makeCore(parent->rank, parent->nranks, parent->cuda_dev, blocking);
@@ -773,10 +832,12 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newc
     for (int r = 0; r < parent->nranks; ++r) {
       if (all[r].values[0] == color) members.push_back(r);
     }
-    std::stable_sort(members.begin(), members.end(), [&](int a, int b) { return all[a].values[1] < all[b].values[1]; });
+    std::stable_sort(members.begin(), members.end(),
+                     [&](int a, int b) { return all[a].values[1] < all[b].values[1]; });
     child->nranks = static_cast<int>(members.size());
     child->rank = static_cast<int>(std::find(members.begin(), members.end(), parent->rank) - members.begin());
-    const uint64_t magic = mixBits(parent->magic ^ mixBits(2 * split_number + 1) ^ mixBits(static_cast<uint64_t>(color) << 1));
+    const uint64_t magic =
+        mixBits(parent->magic ^ mixBits(2 * split_number + 1) ^ mixBits(static_cast<uint64_t>(color) << 1));
     return initCommunicator(child, InitRequest{RendezvousKind::Derived, magic, "ncclCommSplit"});
   };
   return launchDerived(newcomm, child, reporter, run);
@@ -784,8 +845,8 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newc
 
 NCCL_EXPORT(ncclResult_t, ncclCommShrink, ncclComm_t comm, int* excludeRanksList, int excludeRanksCount,
             ncclComm_t* newcomm, ncclConfig_t* config, int shrinkFlags);
-ncclResult_t ncclCommShrink(ncclComm_t comm, int* excludeRanksList, int excludeRanksCount, ncclComm_t* newcomm,
-                            ncclConfig_t* config, int shrinkFlags) {
+ncclResult_t ncclCommShrink(ncclComm_t comm, int* excludeRanksList, int excludeRanksCount,
+                            ncclComm_t* newcomm, ncclConfig_t* config, int shrinkFlags) {
   ncclResult_t result = ncclSuccess;
   auto parent = liveCore(comm, "ncclCommShrink", &result);
   if (!parent) return result;
@@ -806,7 +867,8 @@ ncclResult_t ncclCommShrink(ncclComm_t comm, int* excludeRanksList, int excludeR
     excluded[r] = true;
   }
   if (excluded[parent->rank]) {
-    EMU_WARN("ncclCommShrink : rank %d is in the exclude list; excluded ranks must not call ncclCommShrink", parent->rank);
+    EMU_WARN("ncclCommShrink : rank %d is in the exclude list; excluded ranks must not call ncclCommShrink",
+             parent->rank);
     return ncclInvalidArgument;
   }
   if (shrinkFlags == NCCL_SHRINK_ABORT) {
@@ -816,7 +878,8 @@ ncclResult_t ncclCommShrink(ncclComm_t comm, int* excludeRanksList, int excludeR
     return result;
   }
   bool blocking = parent->blocking;
-  if ((result = configBlocking(config, parent->blocking, "ncclCommShrink", &blocking)) != ncclSuccess) return result;
+  if ((result = configBlocking(config, parent->blocking, "ncclCommShrink", &blocking)) != ncclSuccess)
+    return result;
   uint64_t shrink_number;
   {
     std::lock_guard<std::mutex> lock(parent->mutex);
@@ -833,9 +896,12 @@ ncclResult_t ncclCommShrink(ncclComm_t comm, int* excludeRanksList, int excludeR
     ++child_nranks;
   }
   auto child = makeCore(child_rank, child_nranks, parent->cuda_dev, blocking);
+  nameCommunicator(*child, config, parent.get());
   // Over the parent's bootstrap: the survivors derive the same rendezvous without a new unique id.
   const uint64_t magic = mixBits(parent->magic ^ mixBits(2 * shrink_number + 2) ^ excluded_hash);
-  auto run = [child, magic] { return initCommunicator(child, InitRequest{RendezvousKind::Derived, magic, "ncclCommShrink"}); };
+  auto run = [child, magic] {
+    return initCommunicator(child, InitRequest{RendezvousKind::Derived, magic, "ncclCommShrink"});
+  };
   return launchDerived(newcomm, child, child, run);
 }
 
@@ -873,7 +939,8 @@ ncclResult_t ncclCommDestroy(ncclComm_t comm) {
   {
     // Like NCCL, wait for the communicator's work to finish: a stuck collective hangs here.
     std::unique_lock<std::mutex> lock(core->mutex);
-    core->changed.wait(lock, [&] { return core->outstanding_tasks == 0 && core->async_result.load() != ncclInProgress; });
+    core->changed.wait(
+        lock, [&] { return core->outstanding_tasks == 0 && core->async_result.load() != ncclInProgress; });
   }
   releaseHandle(comm);
   return ncclSuccess;
@@ -892,7 +959,8 @@ ncclResult_t ncclCommAbort(ncclComm_t comm) {
     // An init still running is interrupted too; like NCCL, wait until it has given up, so that it
     // has cleaned up before the process moves on (or exits).
     std::unique_lock<std::mutex> lock(core->mutex);
-    core->changed.wait(lock, [&] { return core->async_result.load() != ncclInProgress || core->finalized.load(); });
+    core->changed.wait(lock,
+                       [&] { return core->async_result.load() != ncclInProgress || core->finalized.load(); });
   }
   releaseHandle(comm);
   return ncclSuccess;
