@@ -7,8 +7,8 @@
 #include <atomic>
 #include <chrono>
 #include <fstream>
-#include <iterator>
 #include <functional>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <optional>
@@ -22,11 +22,11 @@
 #include "absl/strings/str_cat.h"
 #include "tests/support/process.h"
 #include "watchdog/common/clock.h"
+#include "watchdog/diagnose/verdicts.h"
 #include "watchdog/report/dump.h"
 #include "watchdog/report/dump_reader.h"
 #include "watchdog/report/job_dir.h"
 #include "watchdog/report/op_signature.h"
-#include "watchdog/diagnose/verdicts.h"
 
 namespace ncclguard {
 namespace {
@@ -88,7 +88,9 @@ JobView Job(std::vector<ProcessView> processes) {
 
 // The classifier with the shipped known-bad entries (the test's NCCLGUARD_KNOWN_BAD_FILE), as the
 // watchdog and `ncclguard analyze` run it.
-std::vector<Verdict> Classify(const JobView& job) { return ncclguard::Classify(job, ProcessKnownBad().entries); }
+std::vector<Verdict> Classify(const JobView& job) {
+  return ncclguard::Classify(job, ProcessKnownBad().entries);
+}
 
 std::vector<std::string> Kinds(const std::vector<Verdict>& verdicts) {
   std::vector<std::string> kinds;
@@ -120,9 +122,10 @@ TEST_CASE("a rank that destroyed the communicator its peers wait in is named wit
   const std::vector<Verdict> verdicts = Classify(job);
   REQUIRE(Kinds(verdicts) == std::vector<std::string>{"rank_not_joined"});
   CHECK(verdicts[0].ranks == std::vector<int>{1});
-  CHECK(verdicts[0].message.starts_with(
-      "rank 1 completed AllReduce #30 and issued nothing after; its communicator is destroyed (the application "
-      "closed it); it is alive"));
+  CHECK(
+      verdicts[0].message.starts_with("rank 1 completed AllReduce #30 and issued nothing after; its "
+                                      "communicator is destroyed (the application "
+                                      "closed it); it is alive"));
 }
 
 TEST_CASE("S5: a rank busy outside NCCL (a slow save) delays the action to the hard timeout", "[verdicts]") {
@@ -194,9 +197,10 @@ TEST_CASE("a desync: the same seq with different counts shows both sides", "[ver
   REQUIRE(Kinds(verdicts) == std::vector<std::string>{"mismatch"});
   CHECK(verdicts[0].seq == 26);
   CHECK(verdicts[0].ranks == std::vector<int>{2});
-  CHECK(verdicts[0].message ==
-        "rank 2 issued AllReduce #26 with 1049600 float32 elements while ranks 0,1,3 issued 1024 — the ranks' "
-        "calls are out of step (a desync in the application), not a network fault");
+  CHECK(
+      verdicts[0].message ==
+      "rank 2 issued AllReduce #26 with 1049600 float32 elements while ranks 0,1,3 issued 1024 — the ranks' "
+      "calls are out of step (a desync in the application), not a network fault");
   CHECK(verdicts[0].evidence["sides"].size() == 2);
 
   SECTION("a different operation is described in full") {
@@ -241,7 +245,8 @@ TEST_CASE("S3: a broadcast that some ranks finished and one did not", "[verdicts
   CHECK(verdicts[0].seq == 1);
   CHECK(verdicts[0].ranks == std::vector<int>{2});
   CHECK(verdicts[0].message ==
-        "Broadcast #1 (float32 × 253440000, root 0) — ranks 0,1 completed it and went on to AllReduce #2, rank 2 has "
+        "Broadcast #1 (float32 × 253440000, root 0) — ranks 0,1 completed it and went on to AllReduce #2, "
+        "rank 2 has "
         "not (waiting 60.0 s): "
         "stuck inside NCCL, a transport fault (network, P2P or driver), not the application");
   CHECK(ActOnTimeout(verdicts));
@@ -261,9 +266,85 @@ TEST_CASE("every rank entered and none completed: stuck inside NCCL", "[verdicts
   CHECK(ActOnTimeout(verdicts));
 }
 
+// Each rank's profile of the stuck AllReduce over a ring of 4, as NCCL's profiler leaves it when
+// the link from `from` to `from`+1 stopped on channel 0: that send posted and not completed, its
+// peer waiting for it, every other send of channel 0 waiting for its own GPU; channel 1 done.
+void GiveRingProfiles(JobView& job, int from, bool over_network) {
+  for (ProcessView& process : job.processes) {
+    const int rank = process.snapshot.rank;
+    OpProfileSnapshot op;
+    op.func = "AllReduce";
+    op.nccl_seq = 11;
+    op.algo = "RING";
+    op.proto = "SIMPLE";
+    op.channels = 2;
+    op.kernel_channels = {ChannelSnapshot{.channel = 0}, ChannelSnapshot{.channel = 1, .stopped = true}};
+    if (over_network) {
+      const int next = (rank + 1) % 4;
+      const int previous = (rank + 3) % 4;
+      op.proxy_ops.push_back(
+          ProxyOpSnapshot{.channel = 0,
+                          .peer = next,
+                          .send = true,
+                          .steps = 4,
+                          .waiting_step = 0,
+                          .waiting = rank == from ? StepWait::kSendNet : StepWait::kSendGpu});
+      op.proxy_ops.push_back(ProxyOpSnapshot{
+          .channel = 0, .peer = previous, .steps = 4, .waiting_step = 0, .waiting = StepWait::kRecvNet});
+      op.proxy_ops.push_back(ProxyOpSnapshot{
+          .channel = 1, .peer = next, .send = true, .steps = 4, .steps_done = 4, .stopped = true});
+    }
+    process.snapshot.comms[0].profile = {op};
+  }
+}
+
+TEST_CASE("NCCL's profiler shows a send posted and never received: link_stalled names that link",
+          "[verdicts]") {
+  JobView job = EveryRankInside();
+  GiveRingProfiles(job, 2, true);
+  const std::vector<Verdict> verdicts = Classify(job);
+  REQUIRE(Kinds(verdicts) == std::vector<std::string>{"link_stalled"});
+  CHECK(verdicts[0].ranks == std::vector<int>{2, 3});
+  CHECK(verdicts[0].seq == 12);
+  CHECK(verdicts[0].message.starts_with(
+      "AllReduce #12 (float32 × 1024, sum) stopped on the link from rank 2 (host node-1) to rank 3 (host "
+      "node-1) on "
+      "channel 0: rank 2 sent step 0 of 4 and it was never received; ranks 0-3 wait behind it (RING/SIMPLE, "
+      "from NCCL's profiler)"));
+  const nlohmann::json& link = verdicts[0].evidence.at("links").at(0);
+  CHECK(link.at("sender_waits") == "send_net_wait");
+  CHECK(link.at("receiver_waits") == "recv_net_wait");
+  CHECK(ActOnTimeout(verdicts));
+
+  SECTION("a receiver that got the data is no stopped link") {
+    job.processes[3].snapshot.comms[0].profile[0].proxy_ops[1].waiting = StepWait::kRecvGpu;
+    CHECK(Kinds(Classify(job)) == std::vector<std::string>{"stuck_inside_nccl"});
+  }
+  SECTION("profiles of different operations say nothing together") {
+    for (ProcessView& process : job.processes)
+      process.snapshot.comms[0].profile[0].nccl_seq = process.snapshot.rank;
+    CHECK(Kinds(Classify(job)) == std::vector<std::string>{"stuck_inside_nccl"});
+  }
+}
+
+TEST_CASE("without proxy steps (P2P, NVLink) stuck_inside_nccl says which kernel channels never stopped",
+          "[verdicts]") {
+  JobView job = EveryRankInside();
+  GiveRingProfiles(job, 2, false);
+  const std::vector<Verdict> verdicts = Classify(job);
+  REQUIRE(Kinds(verdicts) == std::vector<std::string>{"stuck_inside_nccl"});
+  CHECK(
+      verdicts[0].message.ends_with("; NCCL's profiler: channel 0 never stopped on ranks 0-3 (no proxy "
+                                    "operation is waiting on the network: a "
+                                    "transfer inside the kernel, P2P, NVLink or shared memory, which NCCL "
+                                    "does not report step by step, so which "
+                                    "link is not known)"));
+}
+
 TEST_CASE("an operation in flight for a moment is not stuck", "[verdicts]") {
   JobView job = EveryRankInside();
-  for (ProcessView& process : job.processes) process.snapshot.comms[0].ring.back().enqueue_ns = kNow - kSecond;
+  for (ProcessView& process : job.processes)
+    process.snapshot.comms[0].ring.back().enqueue_ns = kNow - kSecond;
   CHECK(Kinds(Classify(job)) == std::vector<std::string>{"healthy"});
   SECTION("unless a watchdog reported it stalled") {
     job.processes[0].snapshot.stall = StallSnapshot{};
@@ -275,8 +356,11 @@ TEST_CASE("an operation in flight for a moment is not stuck", "[verdicts]") {
 void GiveFacts(JobView& job, const std::string& gpu, const std::string& driver) {
   for (ProcessView& process : job.processes) {
     process.facts.driver_version = driver;
-    process.facts.cuda.gpus.push_back(GpuFacts{.device = 0, .name = gpu, .pci_bus_id = "0000:01:00.0",
-                                               .memory_free_bytes = -1, .memory_total_bytes = -1});
+    process.facts.cuda.gpus.push_back(GpuFacts{.device = 0,
+                                               .name = gpu,
+                                               .pci_bus_id = "0000:01:00.0",
+                                               .memory_free_bytes = -1,
+                                               .memory_total_bytes = -1});
   }
 }
 
@@ -287,7 +371,8 @@ TEST_CASE("S1/S2: stuck inside NCCL on GeForce GPUs with a known-bad driver is P
   REQUIRE(Kinds(verdicts) == std::vector<std::string>{"p2p_suspect", "stuck_inside_nccl"});
   CHECK(verdicts[0].seq == 12);
   CHECK(verdicts[0].message ==
-        "stuck inside NCCL with P2P in use on NVIDIA GeForce RTX 4090 GPUs with driver 545.23.08: P2P transfers "
+        "stuck inside NCCL with P2P in use on NVIDIA GeForce RTX 4090 GPUs with driver 545.23.08: P2P "
+        "transfers "
         "are the likely cause; NCCL_P2P_DISABLE=1 avoids them");
   CHECK(ActOnTimeout(verdicts));
 
@@ -336,9 +421,10 @@ TEST_CASE("an asynchronous error names the rank and NCCL's warning", "[verdicts]
   const std::vector<Verdict> verdicts = Classify(job);
   REQUIRE(Kinds(verdicts) == std::vector<std::string>{"async_error"});
   CHECK(verdicts[0].ranks == std::vector<int>{1});
-  CHECK(verdicts[0].message ==
-        "rank 1 reported an asynchronous NCCL error on communicator 00000000000000aa: ncclRemoteError; NCCL's "
-        "last warning: \"NET/IB : Got completion from peer 10.0.0.2 with status=12\"");
+  CHECK(
+      verdicts[0].message ==
+      "rank 1 reported an asynchronous NCCL error on communicator 00000000000000aa: ncclRemoteError; NCCL's "
+      "last warning: \"NET/IB : Got completion from peer 10.0.0.2 with status=12\"");
   CHECK(verdicts[0].evidence["ranks"][0]["last_nccl_warning"] ==
         "NET/IB : Got completion from peer 10.0.0.2 with status=12");
   CHECK(ActOnTimeout(verdicts));
@@ -347,8 +433,12 @@ TEST_CASE("an asynchronous error names the rank and NCCL's warning", "[verdicts]
 ProcessView Initialising(int rank, std::int64_t since_ns) {
   ProcessView process = Rank(rank, 0, 0);
   process.snapshot.comms.clear();
-  process.snapshot.pending_inits.push_back(PendingInitSnapshot{
-      .comm_id = "00000000000000bb", .api = "ncclCommInitRank", .rank = rank, .nranks = 4, .start_ns = since_ns, .result = ""});
+  process.snapshot.pending_inits.push_back(PendingInitSnapshot{.comm_id = "00000000000000bb",
+                                                               .api = "ncclCommInitRank",
+                                                               .rank = rank,
+                                                               .nranks = 4,
+                                                               .start_ns = since_ns,
+                                                               .result = ""});
   return process;
 }
 
@@ -378,10 +468,11 @@ TEST_CASE("an initialisation that some ranks never joined", "[verdicts]") {
     verdicts = Classify(job);
     REQUIRE(Kinds(verdicts) == std::vector<std::string>{"stuck_in_init"});
     CHECK(verdicts[0].ranks == std::vector<int>{0, 1, 2, 3});
-    CHECK(verdicts[0].message ==
-          "the initialisation of communicator 00000000000000bb (ncclCommInitRank, 4 ranks) has waited 30.0 s "
-          "although all 4 ranks arrived: stuck inside NCCL's bootstrap or transport setup (network interfaces, "
-          "firewall, NCCL_SOCKET_IFNAME)");
+    CHECK(
+        verdicts[0].message ==
+        "the initialisation of communicator 00000000000000bb (ncclCommInitRank, 4 ranks) has waited 30.0 s "
+        "although all 4 ranks arrived: stuck inside NCCL's bootstrap or transport setup (network interfaces, "
+        "firewall, NCCL_SOCKET_IFNAME)");
   }
 }
 
@@ -469,7 +560,8 @@ TEST_CASE("the JSON of the verdicts carries every field", "[verdicts]") {
 
 // Ranks `stalled` of a 4-rank job report a stall in #12 (they completed #11); the others are
 // built by `peer`, or left out when it returns nothing.
-JobView StalledJob(const std::vector<int>& stalled, const std::function<std::optional<ProcessView>(int)>& peer) {
+JobView StalledJob(const std::vector<int>& stalled,
+                   const std::function<std::optional<ProcessView>(int)>& peer) {
   std::vector<ProcessView> processes;
   for (int rank = 0; rank < 4; ++rank) {
     if (std::find(stalled.begin(), stalled.end(), rank) == stalled.end()) {
@@ -479,8 +571,13 @@ JobView StalledJob(const std::vector<int>& stalled, const std::function<std::opt
     ProcessView process = Rank(rank, 11, 12);
     // Enqueued a moment ago: only the watchdog's report makes it stuck.
     process.snapshot.comms[0].ring.back().enqueue_ns = kNow - kSecond;
-    process.snapshot.stall = StallSnapshot{.kind = "not_completed", .comm_id = kComm, .seq = 12, .seconds = 5,
-                                           .message = "", .verdict = "", .verdict_message = ""};
+    process.snapshot.stall = StallSnapshot{.kind = "not_completed",
+                                           .comm_id = kComm,
+                                           .seq = 12,
+                                           .seconds = 5,
+                                           .message = "",
+                                           .verdict = "",
+                                           .verdict_message = ""};
     processes.push_back(std::move(process));
   }
   return Job(std::move(processes));
@@ -494,13 +591,14 @@ TEST_CASE("a stall is never healthy: the stalled ranks and what their peers did"
   const std::vector<int> peers = stalled.size() == 1 ? std::vector<int>{0, 1, 3} : std::vector<int>{0, 3};
 
   SECTION("peers completed the operation and went on") {
-    const std::vector<Verdict> verdicts = Classify(StalledJob(stalled, [](int rank) { return Rank(rank, 12, 13); }));
+    const std::vector<Verdict> verdicts =
+        Classify(StalledJob(stalled, [](int rank) { return Rank(rank, 12, 13); }));
     REQUIRE(Kinds(verdicts) == std::vector<std::string>{"stuck_inside_nccl"});
     CHECK(verdicts[0].seq == 12);
     CHECK(verdicts[0].ranks == stalled);
     CHECK(verdicts[0].message.starts_with(fmt::format(
-        "AllReduce #12 (float32 × 1024, sum) — {} completed it and went on to AllReduce #13, {} {} not", peers_text,
-        stalled_text, waits)));
+        "AllReduce #12 (float32 × 1024, sum) — {} completed it and went on to AllReduce #13, {} {} not",
+        peers_text, stalled_text, waits)));
     CHECK(verdicts[0].message.ends_with(
         "unless the ranks' calls went out of step (a desync) before the oldest operation recorded: AllReduce "
         "cannot complete on some ranks only"));
@@ -514,9 +612,10 @@ TEST_CASE("a stall is never healthy: the stalled ranks and what their peers did"
     }));
     REQUIRE(Kinds(verdicts) == std::vector<std::string>{"stuck_inside_nccl"});
     CHECK(verdicts[0].ranks == stalled);
-    CHECK(verdicts[0].message.starts_with(fmt::format("AllReduce #12 (float32 × 1024, sum) — {} completed it and "
-                                                      "exited, {} {} not",
-                                                      peers_text, stalled_text, waits)));
+    CHECK(verdicts[0].message.starts_with(
+        fmt::format("AllReduce #12 (float32 × 1024, sum) — {} completed it and "
+                    "exited, {} {} not",
+                    peers_text, stalled_text, waits)));
   }
   SECTION("peers are alive elsewhere and never issued it") {
     const std::vector<Verdict> verdicts = Classify(StalledJob(stalled, [](int rank) {
@@ -526,11 +625,13 @@ TEST_CASE("a stall is never healthy: the stalled ranks and what their peers did"
     }));
     REQUIRE(Kinds(verdicts) == std::vector<std::string>{"rank_not_joined"});
     CHECK(verdicts[0].ranks == peers);
+    CHECK(absl::StrContains(
+        verdicts[0].message,
+        "rank 0 completed AllReduce #11 and issued nothing after; it is inside ncclAllGather"));
     CHECK(absl::StrContains(verdicts[0].message,
-                            "rank 0 completed AllReduce #11 and issued nothing after; it is inside ncclAllGather"));
-    CHECK(absl::StrContains(verdicts[0].message, fmt::format("; rank {} completed AllReduce #11 and issued nothing "
-                                                             "after; it is alive and busy outside NCCL",
-                                                             peers.back())));
+                            fmt::format("; rank {} completed AllReduce #11 and issued nothing "
+                                        "after; it is alive and busy outside NCCL",
+                                        peers.back())));
     CHECK(absl::StrContains(verdicts[0].message, fmt::format("while {} {} in AllReduce #12", stalled_text,
                                                              stalled.size() == 1 ? "waits" : "wait")));
   }
@@ -559,8 +660,10 @@ TEST_CASE("a stall with a desync earlier names the desync and where the ranks ar
   REQUIRE(Kinds(verdicts) == std::vector<std::string>{"mismatch"});
   CHECK(verdicts[0].seq == 5);
   CHECK(verdicts[0].message ==
-        "rank 2 issued AllReduce #5 with 2048 float32 elements while ranks 0,1,3 issued 1024 — the ranks' calls are "
-        "out of step (a desync in the application), not a network fault; since then rank 2 waits in AllReduce #12 "
+        "rank 2 issued AllReduce #5 with 2048 float32 elements while ranks 0,1,3 issued 1024 — the ranks' "
+        "calls are "
+        "out of step (a desync in the application), not a network fault; since then rank 2 waits in "
+        "AllReduce #12 "
         "(float32 × 1024, sum): ranks 0,1,3 completed it and exited");
   CHECK(verdicts[0].evidence["stalled_ranks"] == nlohmann::json({2}));
 }
@@ -596,11 +699,11 @@ TEST_CASE("a desync is found from the status files' operation signatures alone",
     CHECK(verdicts[0].kind == VerdictKind::kMismatch);
     CHECK(verdicts[0].seq == 26);
     CHECK(verdicts[0].ranks == std::vector<int>{2});
-    CHECK(verdicts[0].message.starts_with(
-        fmt::format("rank 2 issued #26 with signature {:08x} while ranks 0,1,3 issued #26 with signature {:08x} "
-                    "(operation signatures from status files: no record of the call itself) — the ranks' calls are "
-                    "out of step",
-                    odd, usual)));
+    CHECK(verdicts[0].message.starts_with(fmt::format(
+        "rank 2 issued #26 with signature {:08x} while ranks 0,1,3 issued #26 with signature {:08x} "
+        "(operation signatures from status files: no record of the call itself) — the ranks' calls are "
+        "out of step",
+        odd, usual)));
     CHECK(verdicts[0].evidence["sides"][1]["signature"] == fmt::format("{:08x}", odd));
   }
   SECTION("the stalled rank's dump describes its side") {
@@ -610,21 +713,25 @@ TEST_CASE("a desync is found from the status files' operation signatures alone",
     const std::vector<Verdict> verdicts = Classify(job);
     REQUIRE_FALSE(verdicts.empty());
     CHECK(verdicts[0].kind == VerdictKind::kMismatch);
-    CHECK(verdicts[0].message.starts_with(fmt::format(
-        "rank 2 issued AllReduce #26 (float32 × 1049600, sum) while ranks 0,1,3 issued #26 with signature {:08x} "
-        "(operation signatures",
-        usual)));
+    CHECK(
+        verdicts[0].message.starts_with(fmt::format("rank 2 issued AllReduce #26 (float32 × 1049600, sum) "
+                                                    "while ranks 0,1,3 issued #26 with signature {:08x} "
+                                                    "(operation signatures",
+                                                    usual)));
   }
   SECTION("a status file that carries the operation itself says what differs") {
     for (ProcessView& process : job.processes) KeepOnlyStatus(process);
     OpSnapshot described = Op(26, "completed");
-    job.processes[0].snapshot.comms[0].ring.insert(job.processes[0].snapshot.comms[0].ring.begin(), described);
+    job.processes[0].snapshot.comms[0].ring.insert(job.processes[0].snapshot.comms[0].ring.begin(),
+                                                   described);
     described.count = 1049600;
-    job.processes[2].snapshot.comms[0].ring.insert(job.processes[2].snapshot.comms[0].ring.begin(), described);
+    job.processes[2].snapshot.comms[0].ring.insert(job.processes[2].snapshot.comms[0].ring.begin(),
+                                                   described);
     const std::vector<Verdict> verdicts = Classify(job);
     REQUIRE_FALSE(verdicts.empty());
-    CHECK(verdicts[0].message.starts_with("rank 2 issued AllReduce #26 with 1049600 float32 elements while ranks "
-                                          "0,1,3 issued 1024 — the ranks' calls are out of step"));
+    CHECK(verdicts[0].message.starts_with(
+        "rank 2 issued AllReduce #26 with 1049600 float32 elements while ranks "
+        "0,1,3 issued 1024 — the ranks' calls are out of step"));
   }
   SECTION("the same signatures everywhere are no mismatch") {
     job.processes[2].snapshot.comms[0].ring[25].count = 1024;
@@ -644,7 +751,8 @@ TEST_CASE("status files carry the signatures of the latest operations, within a 
     comm.id = fmt::format("{:016x}", i);
     comm.ring.clear();
     comm.signatures_first_seq = 37;
-    for (std::uint64_t seq = 37; seq <= 100; ++seq) comm.signatures.push_back(OperationSignature(Op(seq, "completed")));
+    for (std::uint64_t seq = 37; seq <= 100; ++seq)
+      comm.signatures.push_back(OperationSignature(Op(seq, "completed")));
     comm.signatures[3] = kNoSignature;
     snapshot.comms.push_back(std::move(comm));
   }
@@ -667,7 +775,8 @@ TEST_CASE("status files carry the signatures of the latest operations, within a 
   CHECK(comms[kMaxSignedCommunicators].signatures.empty());
 }
 
-TEST_CASE("signatures: stable, blind to point-to-point, and read back only when well formed", "[verdicts][signatures]") {
+TEST_CASE("signatures: stable, blind to point-to-point, and read back only when well formed",
+          "[verdicts][signatures]") {
   OpSnapshot op = Op(1, "completed");
   const std::uint32_t signature = OperationSignature(op);
   // FNV-1a of "AllReduce/float32/1024/-1/sum", as docs/dump-format.md says: every build agrees.
@@ -693,7 +802,8 @@ TEST_CASE("an empty or unreadable job directory is unknown, not healthy", "[verd
   std::vector<Verdict> verdicts = Classify(job);
   REQUIRE(Kinds(verdicts) == std::vector<std::string>{"unknown"});
   CHECK(verdicts[0].message ==
-        "the job directory holds no readable status file or dump: no process of the job wrote there, or its files "
+        "the job directory holds no readable status file or dump: no process of the job wrote there, or its "
+        "files "
         "could not be written");
   job.problems = {"status-a-1.json: not JSON", "dump-b.json: too big"};
   verdicts = Classify(job);
@@ -716,7 +826,8 @@ TEST_CASE("a call that returned an error is named", "[verdicts]") {
   CHECK(verdicts[0].seq == 5);
   CHECK(verdicts[0].ranks == std::vector<int>{1});
   CHECK(verdicts[0].message ==
-        "rank 1's AllReduce #5 (float32 × 1024, sum) returned ncclInvalidArgument on communicator 00000000000000aa: "
+        "rank 1's AllReduce #5 (float32 × 1024, sum) returned ncclInvalidArgument on communicator "
+        "00000000000000aa: "
         "NCCL refused or failed the call, and the application got the error");
 }
 
@@ -726,15 +837,25 @@ TEST_CASE("a recorded stall or error that no rule explains is still named", "[ve
   REQUIRE(Kinds(Classify(job)) == std::vector<std::string>{"healthy"});
 
   SECTION("a stalled initialisation younger than the rules' status interval") {
-    job.processes[1].snapshot.stall = StallSnapshot{.kind = "init", .comm_id = "00000000000000bb", .seq = 0,
-                                                    .seconds = 30, .message = "", .verdict = "", .verdict_message = ""};
-    job.processes[1].snapshot.pending_inits.push_back(PendingInitSnapshot{
-        .comm_id = "00000000000000bb", .api = "ncclCommInitRank", .rank = 1, .nranks = 2, .start_ns = kNow - kSecond, .result = ""});
+    job.processes[1].snapshot.stall = StallSnapshot{.kind = "init",
+                                                    .comm_id = "00000000000000bb",
+                                                    .seq = 0,
+                                                    .seconds = 30,
+                                                    .message = "",
+                                                    .verdict = "",
+                                                    .verdict_message = ""};
+    job.processes[1].snapshot.pending_inits.push_back(PendingInitSnapshot{.comm_id = "00000000000000bb",
+                                                                          .api = "ncclCommInitRank",
+                                                                          .rank = 1,
+                                                                          .nranks = 2,
+                                                                          .start_ns = kNow - kSecond,
+                                                                          .result = ""});
     const std::vector<Verdict> verdicts = Classify(job);
     REQUIRE(Kinds(verdicts) == std::vector<std::string>{"unexplained"});
     CHECK(verdicts[0].ranks == std::vector<int>{1});
     CHECK(verdicts[0].message ==
-          "rank 1 (pid 1001 on host node-1) reported a stall of an initialisation of communicator 00000000000000bb, "
+          "rank 1 (pid 1001 on host node-1) reported a stall of an initialisation of communicator "
+          "00000000000000bb, "
           "and the records in the job directory do not show why");
   }
   SECTION("a dump taken for an error") {
@@ -743,7 +864,8 @@ TEST_CASE("a recorded stall or error that no rule explains is still named", "[ve
     const std::vector<Verdict> verdicts = Classify(job);
     REQUIRE(Kinds(verdicts) == std::vector<std::string>{"unexplained"});
     CHECK(verdicts[0].message ==
-          "rank 0 (pid 1000 on host node-1) dumped after an NCCL call returned an error, and the records in the job "
+          "rank 0 (pid 1000 on host node-1) dumped after an NCCL call returned an error, and the records in "
+          "the job "
           "directory do not show why (its dump: /jobs/test/dump-node-1-1000-0-1.json)");
   }
 }
@@ -764,8 +886,10 @@ TEST_CASE("a rank killed inside ncclCommInitRank is dead, not missing", "[verdic
     CHECK(verdicts[0].kind == VerdictKind::kRankDead);
     CHECK(verdicts[0].ranks == std::vector<int>{1});
     CHECK(verdicts[0].message ==
-          "rank 1 (pid 1001 on host node-1) is gone: it was still in ncclCommInitRank for this communicator and never "
-          "entered #1; the others wait in AllReduce #1 (float32 × 1024, sum) — it was killed or crashed (e.g. out of "
+          "rank 1 (pid 1001 on host node-1) is gone: it was still in ncclCommInitRank for this communicator "
+          "and never "
+          "entered #1; the others wait in AllReduce #1 (float32 × 1024, sum) — it was killed or crashed "
+          "(e.g. out of "
           "memory), not a network fault");
     CHECK(verdicts[0].evidence["dead_ranks"][0]["in_init"] == "ncclCommInitRank");
   }
@@ -777,16 +901,23 @@ TEST_CASE("a rank killed inside ncclCommInitRank is dead, not missing", "[verdic
     REQUIRE(Kinds(verdicts) == std::vector<std::string>{"rank_dead"});
     CHECK(verdicts[0].ranks == std::vector<int>{1});
     CHECK(verdicts[0].message ==
-          "rank 1 (pid 1001 on host node-1) is gone: it died in ncclCommInitRank for communicator 00000000000000aa (4 "
-          "ranks); ranks 0,2,3 wait for it — it was killed or crashed (e.g. out of memory), not a network fault");
+          "rank 1 (pid 1001 on host node-1) is gone: it died in ncclCommInitRank for communicator "
+          "00000000000000aa (4 "
+          "ranks); ranks 0,2,3 wait for it — it was killed or crashed (e.g. out of memory), not a network "
+          "fault");
     CHECK(ActOnTimeout(verdicts));
 
     // A launcher that ends the hung job stops every rank at once: no rank died on its own.
     for (ProcessView& process : job.processes) {
       process.liveness = ProcessView::Liveness::kGone;
       process.snapshot.time_ns = process.last_seen_ns = kNow - 10 * kSecond;
-      process.snapshot.stall = StallSnapshot{.kind = "init", .comm_id = kComm, .seq = 0, .seconds = 30,
-                                             .message = "", .verdict = "", .verdict_message = ""};
+      process.snapshot.stall = StallSnapshot{.kind = "init",
+                                             .comm_id = kComm,
+                                             .seq = 0,
+                                             .seconds = 30,
+                                             .message = "",
+                                             .verdict = "",
+                                             .verdict_message = ""};
     }
     CHECK(Kinds(Classify(job)) == std::vector<std::string>{"stuck_in_init"});
   }
@@ -947,8 +1078,11 @@ ProcessFacts Facts(const std::string& host, int pid) {
   facts.host = host;
   facts.pid = pid;
   facts.driver_version = "545.23.08";
-  facts.cuda.gpus.push_back(GpuFacts{.device = 0, .name = "NVIDIA GeForce RTX 4090", .pci_bus_id = "0000:01:00.0",
-                                     .memory_free_bytes = 1 << 30, .memory_total_bytes = 2 << 30});
+  facts.cuda.gpus.push_back(GpuFacts{.device = 0,
+                                     .name = "NVIDIA GeForce RTX 4090",
+                                     .pci_bus_id = "0000:01:00.0",
+                                     .memory_free_bytes = 1 << 30,
+                                     .memory_total_bytes = 2 << 30});
   facts.environment = {{"NCCL_DEBUG", "INFO"}};
   return facts;
 }
@@ -964,8 +1098,12 @@ TEST_CASE("a dump reads back as the snapshot and facts it was written from", "[v
   snapshot.stall->comm_id = kComm;
   snapshot.stall->seq = 5;
   snapshot.stall->message = "stalled";
-  snapshot.pending_inits.push_back(PendingInitSnapshot{
-      .comm_id = "00000000000000bb", .api = "ncclCommSplit", .rank = 1, .nranks = 2, .start_ns = kNow - kSecond, .result = ""});
+  snapshot.pending_inits.push_back(PendingInitSnapshot{.comm_id = "00000000000000bb",
+                                                       .api = "ncclCommSplit",
+                                                       .rank = 1,
+                                                       .nranks = 2,
+                                                       .start_ns = kNow - kSecond,
+                                                       .result = ""});
   snapshot.exiting = true;
   snapshot.last_nccl_warning = "warned";
   const absl::StatusOr<ParsedDump> parsed = ParseDump(FormatDump(snapshot, Facts("node-7", 77)));
@@ -1005,8 +1143,12 @@ TEST_CASE("status files carry pending initialisations and the exit mark", "[verd
   TemporaryDirectory temporary;
   ProcessSnapshot snapshot;
   snapshot.time_ns = kNow;
-  snapshot.pending_inits.push_back(PendingInitSnapshot{
-      .comm_id = "00000000000000bb", .api = "ncclCommInitRank", .rank = 3, .nranks = 4, .start_ns = kNow - kSecond, .result = ""});
+  snapshot.pending_inits.push_back(PendingInitSnapshot{.comm_id = "00000000000000bb",
+                                                       .api = "ncclCommInitRank",
+                                                       .rank = 3,
+                                                       .nranks = 4,
+                                                       .start_ns = kNow - kSecond,
+                                                       .result = ""});
   snapshot.exiting = true;
   REQUIRE(WriteStatus(temporary.path(), snapshot, Facts("node-1", 5)).ok());
   const absl::StatusOr<StatusScan> scan = ReadStatuses(temporary.path());
@@ -1020,7 +1162,8 @@ TEST_CASE("status files carry pending initialisations and the exit mark", "[verd
   CHECK(read.exiting);
 }
 
-TEST_CASE("reading a job directory merges each process's newest dump with its newer status", "[verdicts][job_dir]") {
+TEST_CASE("reading a job directory merges each process's newest dump with its newer status",
+          "[verdicts][job_dir]") {
   TemporaryDirectory temporary;
   const std::string host = OwnHost();
   const int own_pid = static_cast<int>(getpid());
@@ -1047,7 +1190,8 @@ TEST_CASE("reading a job directory merges each process's newest dump with its ne
   CHECK(process.pid == own_pid);
   CHECK(process.dump_reason == "peer_request");
   CHECK(process.dump_file.find(temporary.path() + "/dump-") == 0);
-  CHECK(process.status_file == temporary.path() + "/status-" + SafeFileName(host) + "-" + std::to_string(own_pid) + ".json");
+  CHECK(process.status_file ==
+        temporary.path() + "/status-" + SafeFileName(host) + "-" + std::to_string(own_pid) + ".json");
   CHECK(process.last_seen_ns == kNow);
   CHECK(process.liveness == ProcessView::Liveness::kAlive);
   CHECK_FALSE(process.exited);
@@ -1163,8 +1307,10 @@ TEST_CASE("every rank's failed initialisation is one failed_call with NCCL's war
   CHECK(verdicts[0].comm == kComm);
   CHECK(verdicts[0].ranks == std::vector<int>{0, 1, 2});
   CHECK(verdicts[0].message ==
-        "every rank's ncclCommInitRank for communicator 00000000000000aa (3 ranks) failed (ranks 0,1,2); NCCL's "
-        "warning: \"" + warning + "\" — NCCL refused the initialisation and the application got ncclInvalidArgument");
+        "every rank's ncclCommInitRank for communicator 00000000000000aa (3 ranks) failed (ranks 0,1,2); "
+        "NCCL's "
+        "warning: \"" +
+            warning + "\" — NCCL refused the initialisation and the application got ncclInvalidArgument");
   CHECK(verdicts[0].evidence["results"] == nlohmann::json::array({"ncclInvalidArgument"}));
   CHECK(verdicts[0].evidence["api"] == "ncclCommInitRank");
   CHECK(verdicts[0].evidence["every_rank"] == true);
@@ -1177,9 +1323,11 @@ TEST_CASE("every rank's failed initialisation is one failed_call with NCCL's war
     some.processes[1].snapshot.last_nccl_warning = "";
     const std::vector<Verdict> partial = Classify(some);
     REQUIRE(Kinds(partial) == std::vector<std::string>{"failed_call"});
-    CHECK(partial[0].message.starts_with(
-        "ncclCommInitRank for communicator 00000000000000aa (3 ranks) failed on ranks 0,1; NCCL's warnings: rank 0: "
-        "\"" + warning + "\"; rank 1: no warning text — "));
+    CHECK(
+        partial[0].message.starts_with("ncclCommInitRank for communicator 00000000000000aa (3 ranks) failed "
+                                       "on ranks 0,1; NCCL's warnings: rank 0: "
+                                       "\"" +
+                                       warning + "\"; rank 1: no warning text — "));
     CHECK(partial[0].evidence["every_rank"] == false);
   }
   SECTION("dumps of earlier builds do not name the error: the log lines do") {
@@ -1187,12 +1335,14 @@ TEST_CASE("every rank's failed initialisation is one failed_call with NCCL's war
     for (ProcessView& process : older.processes) process.failed_inits[0].result.clear();
     const std::vector<Verdict> unnamed = Classify(older);
     REQUIRE(Kinds(unnamed) == std::vector<std::string>{"failed_call"});
-    CHECK(absl::StrContains(unnamed[0].message, "the application got the error (its name is in each rank's log line"));
+    CHECK(absl::StrContains(unnamed[0].message,
+                            "the application got the error (its name is in each rank's log line"));
   }
 }
 
-TEST_CASE("a dump for a failed call before any communicator, from a build that did not name the initialisation",
-          "[verdicts][failed_init]") {
+TEST_CASE(
+    "a dump for a failed call before any communicator, from a build that did not name the initialisation",
+    "[verdicts][failed_init]") {
   JobView job = Job({Rank(0, 0, 0), Rank(1, 0, 0)});
   for (ProcessView& process : job.processes) {
     process.snapshot.comms.clear();
@@ -1202,15 +1352,17 @@ TEST_CASE("a dump for a failed call before any communicator, from a build that d
   const std::vector<Verdict> verdicts = Classify(job);
   REQUIRE(Kinds(verdicts) == std::vector<std::string>{"failed_call"});
   CHECK(verdicts[0].comm.empty());
-  CHECK(verdicts[0].message.starts_with(
-      "every rank's initialisation failed (ranks 0,1): an NCCL call returned an error before any of them had a "
-      "communicator; NCCL's warning: \"bad config\" — "));
+  CHECK(
+      verdicts[0].message.starts_with("every rank's initialisation failed (ranks 0,1): an NCCL call returned "
+                                      "an error before any of them had a "
+                                      "communicator; NCCL's warning: \"bad config\" — "));
 }
 
-TEST_CASE("every verdict kind is named as docs/verdicts.md names it, and read back from its name", "[verdicts]") {
-  const std::vector<std::string> names{"async_error",       "p2p_suspect", "stuck_in_init", "rank_dead",
-                                       "mismatch",          "rank_not_joined", "stuck_inside_nccl",
-                                       "failed_call",       "unexplained", "straggler",     "healthy",
+TEST_CASE("every verdict kind is named as docs/verdicts.md names it, and read back from its name",
+          "[verdicts]") {
+  const std::vector<std::string> names{"async_error", "p2p_suspect",     "stuck_in_init", "rank_dead",
+                                       "mismatch",    "rank_not_joined", "link_stalled",  "stuck_inside_nccl",
+                                       "failed_call", "unexplained",     "straggler",     "healthy",
                                        "unknown"};
   for (int kind = 0; kind <= static_cast<int>(VerdictKind::kUnknown); ++kind) {
     const std::string name(VerdictKindName(static_cast<VerdictKind>(kind)));
@@ -1309,11 +1461,13 @@ TEST_CASE("an initialisation that a rank never joined says where that rank is", 
                      Initialising(2, kNow - 29 * kSecond), busy});
   const std::vector<Verdict> verdicts = Classify(job);
   REQUIRE(!verdicts.empty());
-  const auto init = std::find_if(verdicts.begin(), verdicts.end(),
-                                 [](const Verdict& verdict) { return verdict.kind == VerdictKind::kStuckInInit; });
+  const auto init = std::find_if(verdicts.begin(), verdicts.end(), [](const Verdict& verdict) {
+    return verdict.kind == VerdictKind::kStuckInInit;
+  });
   REQUIRE(init != verdicts.end());
   CHECK(init->ranks == std::vector<int>{3});
-  CHECK(absl::StrContains(init->message, "; rank 3 (pid 1003) is in `save_checkpoint` (train.py:88), sleeping for 41 s"));
+  CHECK(absl::StrContains(init->message,
+                          "; rank 3 (pid 1003) is in `save_checkpoint` (train.py:88), sleeping for 41 s"));
   CHECK(init->evidence["missing_whereabouts"][0]["rank"] == 3);
 
   SECTION("stacks older than the initialisation say nothing") {

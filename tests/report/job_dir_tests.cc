@@ -506,6 +506,8 @@ TEST_CASE("a status of the wrong shape, type or range is refused, never a crash"
       {"/environment/NCCL_P2P_LEVEL", 3},
       {"/system/gpus", nullptr},
       {"/system/peer_access", nlohmann::json::array({"yes"})},
+      {"/communicators/0/profile", nlohmann::json::array({{{"func", 3}}})},
+      {"/communicators/0/profile", nlohmann::json::object()},
   };
   for (const auto& [pointer, value] : changes) {
     nlohmann::json changed = document;

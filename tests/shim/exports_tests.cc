@@ -1,12 +1,12 @@
 // The dynamic symbols of libncclguard.so are exactly the table's NCCL functions plus dlsym, and
 // every row of the table is a function the real NCCL of this machine exports.
-#include <catch2/catch.hpp>
-
 #include <set>
 #include <sstream>
 
-#include "watchdog/common/nccl_api.h"
+#include <catch2/catch.hpp>
+
 #include "tests/support/process.h"
+#include "watchdog/common/nccl_api.h"
 
 namespace {
 
@@ -25,8 +25,10 @@ std::set<std::string> DefinedDynamicSymbols(const std::string& library) {
 
 }  // namespace
 
-TEST_CASE("libncclguard.so exports the table's NCCL functions and dlsym, nothing else", "[exports]") {
-  std::set<std::string> expected = {"dlsym"};
+TEST_CASE(
+    "libncclguard.so exports the table's NCCL functions, NCCL's profiler plugin and dlsym, nothing else",
+    "[exports]") {
+  std::set<std::string> expected = {"dlsym", "ncclProfiler_v5", "ncclProfiler_v6"};
   for (const ncclguard::ApiInfo& api : ncclguard::kApis) expected.insert(std::string(api.name));
   CHECK(DefinedDynamicSymbols(PRELOAD_LIBRARY) == expected);
 }

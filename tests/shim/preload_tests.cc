@@ -1,13 +1,13 @@
 // libncclguard.so under LD_PRELOAD, in front of the real libnccl.so.2 (no GPU here: NCCL loads,
 // answers ncclGetVersion and ncclGetUniqueId, and fails ncclCommInitRank with
 // ncclUnhandledCudaError). Every run is compared with the same run without ncclguard.
-#include <catch2/catch.hpp>
-
 #include <dirent.h>
 #include <unistd.h>
 
 #include <fstream>
 #include <regex>
+
+#include <catch2/catch.hpp>
 
 #include "tests/support/process.h"
 
@@ -35,7 +35,8 @@ ProcessResult Run(const std::vector<std::string>& argv,
   }
   ProcessResult result = RunProcess(argv, options);
   INFO("command: " << argv[0] << (preload ? " (preloaded)" : "") << "\nstdout:\n"
-                   << result.out << "\nstderr:\n" << result.err);
+                   << result.out << "\nstderr:\n"
+                   << result.err);
   REQUIRE_FALSE(result.timed_out);
   return result;
 }
@@ -44,7 +45,8 @@ ProcessResult Run(const std::vector<std::string>& argv,
 std::vector<std::string> Facts(const std::string& out) {
   std::vector<std::string> facts;
   for (const std::string& line : SplitLines(out)) {
-    if (line.rfind("get_version_from ", 0) != 0) facts.push_back(line);
+    if (line.rfind("get_version_from ", 0) != 0 && line.rfind("profiler_lookup ", 0) != 0)
+      facts.push_back(line);
   }
   return facts;
 }
@@ -107,8 +109,7 @@ TEST_CASE("every loading path reaches the real NCCL through ncclguard", "[preloa
       CHECK(guarded.err.find("ncclguard DEBUG ncclGetUniqueId -> ncclSuccess") != std::string::npos);
       CHECK(guarded.err.find("ncclguard DEBUG ncclCommInitRank -> ncclUnhandledCudaError") !=
             std::string::npos);
-      CHECK(guarded.err.find("ncclguard DEBUG ncclGetLastError -> \"Cuda failure") !=
-            std::string::npos);
+      CHECK(guarded.err.find("ncclguard DEBUG ncclGetLastError -> \"Cuda failure") != std::string::npos);
     }
   }
   SECTION("python ctypes") {
@@ -125,8 +126,41 @@ TEST_CASE("every loading path reaches the real NCCL through ncclguard", "[preloa
   }
 }
 
-TEST_CASE("NCCL's calls to its own exported functions are passed through, not counted",
-          "[preload]") {
+std::string ProfilerLookup(const std::string& out) {
+  for (const std::string& line : SplitLines(out)) {
+    if (line.rfind("profiler_lookup ", 0) == 0) return line.substr(16);
+  }
+  return "";
+}
+
+TEST_CASE("on every loading path NCCL is pointed at ncclguard's profiler plugin, and finds it there",
+          "[preload][profiler]") {
+  for (const LoadingPath& path : LoadingPaths()) {
+    SECTION(path.name) {
+      CHECK(ProfilerLookup(Run(path.argv, {}, false).out) == "unset");
+      const ProcessResult guarded = Run(path.argv, {{"NCCLGUARD_LOG_LEVEL", "info"}}, true);
+      CHECK(ProfilerLookup(guarded.out) == std::string(PRELOAD_LIBRARY) + " ncclguard ncclguard");
+      CHECK(CountOccurrences(guarded.err, "NCCL's profiler plugin is ncclguard's (NCCL_PROFILER_PLUGIN=") ==
+            1);
+      // The user's own plugin is kept behind ncclguard's.
+      const ProcessResult theirs =
+          Run(path.argv, {{"NCCLGUARD_LOG_LEVEL", "info"}, {"NCCL_PROFILER_PLUGIN", "inspector"}}, true);
+      CHECK(ProfilerLookup(theirs.out) == std::string(PRELOAD_LIBRARY) + " ncclguard ncclguard");
+      CHECK(CountOccurrences(theirs.err, "which forwards every event to the user's inspector") == 1);
+    }
+  }
+  SECTION("STATIC_PLUGIN finds ncclguard's structures in the process") {
+    const ProcessResult result =
+        Run({PROBE_LINKED}, {{"NCCLGUARD_PROFILER", "0"}, {"NCCL_PROFILER_PLUGIN", "STATIC_PLUGIN"}}, true);
+    CHECK(ProfilerLookup(result.out) == "STATIC_PLUGIN ncclguard ncclguard");
+  }
+  SECTION("NCCLGUARD_PROFILER=0 and NCCL_PROFILER_PLUGIN=none leave NCCL's setting alone") {
+    CHECK(ProfilerLookup(Run({PROBE_LINKED}, {{"NCCLGUARD_PROFILER", "0"}}, true).out) == "unset");
+    CHECK(ProfilerLookup(Run({PROBE_LINKED}, {{"NCCL_PROFILER_PLUGIN", "none"}}, true).out) == "none - -");
+  }
+}
+
+TEST_CASE("NCCL's calls to its own exported functions are passed through, not counted", "[preload]") {
   for (const LoadingPath& path : LoadingPaths()) {
     SECTION(path.name) {
       const ProcessResult guarded = Run(path.argv, {{"NCCLGUARD_LOG_LEVEL", "trace"}}, true);
@@ -146,11 +180,10 @@ TEST_CASE("NCCLGUARD_DISABLE=1 makes ncclguard a pure pass-through", "[preload]"
   for (const LoadingPath& path : LoadingPaths()) {
     SECTION(path.name) {
       const ProcessResult plain = Run(path.argv, {}, false);
-      const ProcessResult disabled = Run(path.argv,
-                                         {{"NCCLGUARD_DISABLE", "1"},
-                                          {"NCCLGUARD_LOG_LEVEL", "trace"},
-                                          {"NCCLGUARD_LOG_FILE", log_file}},
-                                         true);
+      const ProcessResult disabled = Run(
+          path.argv,
+          {{"NCCLGUARD_DISABLE", "1"}, {"NCCLGUARD_LOG_LEVEL", "trace"}, {"NCCLGUARD_LOG_FILE", log_file}},
+          true);
       CHECK(disabled.exit_code == plain.exit_code);
       CHECK(disabled.err == plain.err);
       CHECK(Facts(disabled.out) == Facts(plain.out));
@@ -203,8 +236,8 @@ TEST_CASE("dlsym(RTLD_NEXT) keeps meaning the next definition after the caller",
 }
 
 TEST_CASE("an older libnccl that lacks newer functions is tolerated", "[preload]") {
-  const std::map<std::string, std::optional<std::string>> old_library = {
-      {"LD_LIBRARY_PATH", OLD_NCCL_DIR}, {"NCCLGUARD_LOG_LEVEL", "debug"}};
+  const std::map<std::string, std::optional<std::string>> old_library = {{"LD_LIBRARY_PATH", OLD_NCCL_DIR},
+                                                                         {"NCCLGUARD_LOG_LEVEL", "debug"}};
   const ProcessResult plain = Run({PROBE_DLOPEN}, old_library, false);
   const ProcessResult guarded = Run({PROBE_DLOPEN}, old_library, true);
   REQUIRE(plain.exit_code == 0);
@@ -242,8 +275,8 @@ TEST_CASE("NCCLGUARD_NCCL_LIBRARY names the NCCL to use when the process has non
   CHECK(named.out == "0 22809\n");
   CHECK(named.err.empty());
 
-  const ProcessResult wrong = Run({PYTHON_EXECUTABLE, "-c", script},
-                                  {{"NCCLGUARD_NCCL_LIBRARY", "/nonexistent/libnccl.so.2"}}, true);
+  const ProcessResult wrong =
+      Run({PYTHON_EXECUTABLE, "-c", script}, {{"NCCLGUARD_NCCL_LIBRARY", "/nonexistent/libnccl.so.2"}}, true);
   CHECK(wrong.out == "3 0\n");
   CHECK(wrong.err.find("NCCLGUARD_NCCL_LIBRARY='/nonexistent/libnccl.so.2' cannot be loaded") !=
         std::string::npos);
@@ -252,7 +285,7 @@ TEST_CASE("NCCLGUARD_NCCL_LIBRARY names the NCCL to use when the process has non
 TEST_CASE("NCCLGUARD_NCCL_LIBRARY naming a library that is not NCCL falls back to the process's NCCL",
           "[preload]") {
   const ProcessResult plain = Run({PROBE_LINKED}, {}, false);
-  for (const std::string not_nccl : {std::string("libm.so.6"), std::string(PRELOAD_LIBRARY)}) {
+  for (const std::string& not_nccl : {std::string("libm.so.6"), std::string(PRELOAD_LIBRARY)}) {
     const ProcessResult guarded = Run({PROBE_LINKED}, {{"NCCLGUARD_NCCL_LIBRARY", not_nccl}}, true);
     INFO(not_nccl);
     CHECK(guarded.exit_code == 0);
@@ -269,14 +302,15 @@ TEST_CASE("control characters in settings never reach the log raw", "[preload]")
   CHECK(guarded.exit_code == 0);
   CHECK(guarded.err.find('\x1b') == std::string::npos);
   CHECK(guarded.err.find("\n0:0:0 ncclguard") == std::string::npos);
-  CHECK(CountOccurrences(guarded.err, "NCCLGUARD_LOG_LEVEL='loud\\n0:0:0 ncclguard ERROR forged\\x1b[2J' is not one") ==
+  CHECK(CountOccurrences(guarded.err,
+                         "NCCLGUARD_LOG_LEVEL='loud\\n0:0:0 ncclguard ERROR forged\\x1b[2J' is not one") ==
         1);
 }
 
 TEST_CASE("bad settings are reported once and the defaults used", "[preload]") {
   const ProcessResult plain = Run({PROBE_LINKED}, {}, false);
-  const ProcessResult guarded = Run(
-      {PROBE_LINKED}, {{"NCCLGUARD_LOG_LEVEL", "loud"}, {"NCCLGUARD_DISABLE", "maybe"}}, true);
+  const ProcessResult guarded =
+      Run({PROBE_LINKED}, {{"NCCLGUARD_LOG_LEVEL", "loud"}, {"NCCLGUARD_DISABLE", "maybe"}}, true);
   CHECK(guarded.exit_code == 0);
   CHECK(Facts(guarded.out) == Facts(plain.out));
   CHECK(CountOccurrences(guarded.err,
@@ -289,8 +323,7 @@ TEST_CASE("the log goes to NCCLGUARD_LOG_FILE with %h and %p expanded", "[preloa
   TemporaryDirectory directory;
   const ProcessResult guarded =
       Run({PROBE_LINKED},
-          {{"NCCLGUARD_LOG_LEVEL", "debug"},
-           {"NCCLGUARD_LOG_FILE", directory.path() + "/guard-%h-%p.log"}},
+          {{"NCCLGUARD_LOG_LEVEL", "debug"}, {"NCCLGUARD_LOG_FILE", directory.path() + "/guard-%h-%p.log"}},
           true);
   REQUIRE(guarded.exit_code == 0);
   CHECK(guarded.err.empty());
@@ -313,9 +346,8 @@ TEST_CASE("the log goes to NCCLGUARD_LOG_FILE with %h and %p expanded", "[preloa
     // A path below a regular file can be neither created nor opened.
     const std::string blocker = directory.path() + "/not-a-directory";
     { std::ofstream(blocker) << "x"; }
-    const ProcessResult fallback =
-        Run({PROBE_LINKED},
-            {{"NCCLGUARD_LOG_LEVEL", "debug"}, {"NCCLGUARD_LOG_FILE", blocker + "/x.log"}}, true);
+    const ProcessResult fallback = Run(
+        {PROBE_LINKED}, {{"NCCLGUARD_LOG_LEVEL", "debug"}, {"NCCLGUARD_LOG_FILE", blocker + "/x.log"}}, true);
     CHECK(fallback.exit_code == 0);
     CHECK(fallback.err.find("cannot write the log file") != std::string::npos);
     CHECK(fallback.err.find("ncclGetVersion -> ncclSuccess") != std::string::npos);

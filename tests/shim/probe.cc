@@ -6,8 +6,10 @@
 // Prints what NCCL answered, one fact per line, so runs with and without ncclguard compare.
 #include <dlfcn.h>
 #include <nccl.h>
+#include <strings.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 namespace {
@@ -26,6 +28,27 @@ const char* ObjectOf(void* function) {
   return dladdr(function, &info) != 0 && info.dli_fname != nullptr ? info.dli_fname : "?";
 }
 
+// Where NCCL 2.28 looks for its profiler plugin at its first communicator, which fails before it
+// gets there without a GPU: the library NCCL_PROFILER_PLUGIN names (STATIC_PLUGIN: the process
+// itself), and the names of the plugin structures it finds there ("-" for none).
+void PrintProfilerLookup() {
+  const char* value = std::getenv("NCCL_PROFILER_PLUGIN");
+  if (value == nullptr) {
+    std::printf("profiler_lookup unset\n");
+    return;
+  }
+  void* handle = strncasecmp(value, "STATIC_PLUGIN", std::strlen(value)) == 0
+                     ? dlopen(nullptr, RTLD_NOW)
+                     : dlopen(value, RTLD_NOW | RTLD_LOCAL);
+  auto name_of = [&](const char* symbol) {
+    // The structure's first member is the plugin's name.
+    auto* const* plugin =
+        handle != nullptr ? static_cast<const char* const*>(dlsym(handle, symbol)) : nullptr;
+    return plugin != nullptr ? *plugin : "-";
+  };
+  std::printf("profiler_lookup %s %s %s\n", value, name_of("ncclProfiler_v5"), name_of("ncclProfiler_v6"));
+}
+
 [[maybe_unused]] int RunProbe(const NcclFunctions& nccl) {
   int version = 0;
   const ncclResult_t version_result = nccl.get_version(&version);
@@ -39,12 +62,13 @@ const char* ObjectOf(void* function) {
   std::printf("last_error %s\n", nccl.get_last_error(nullptr));
   // NCCL's ncclBcast calls ncclBroadcast through its PLT: one call, re-entering an interposer.
   std::printf("bcast %d\n", static_cast<int>(nccl.bcast(nullptr, 1, ncclFloat, 0, nullptr, nullptr)));
+  PrintProfilerLookup();
   return 0;
 }
 
 #if defined(PROBE_LINKED) || defined(PROBE_BRIDGE)
 NcclFunctions LinkedFunctions() {
-  return {&ncclGetVersion, &ncclGetUniqueId, &ncclCommInitRank,
+  return {&ncclGetVersion,   &ncclGetUniqueId,    &ncclCommInitRank,
           &ncclGetLastError, &ncclGetErrorString, &ncclBcast};
 }
 #endif

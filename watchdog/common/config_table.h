@@ -84,6 +84,11 @@
     "off). Left alone when the application handles it. Threads in `sleep()`, `poll()` and the like " \
     "are not sent it (it would cut their wait short): they are described from `/proc`.")             \
   X(DUMP_ON_EXIT, dump_on_exit, bool, false, "`1`: every process dumps its state when it exits.")    \
+  X(PROFILER, profiler, bool, true,                                                                  \
+    "`0`: ncclguard leaves `NCCL_PROFILER_PLUGIN` alone. Otherwise it points NCCL at the profiler "  \
+    "plugin that `libncclguard.so` serves, before the first communicator, and forwards every event " \
+    "to the plugin the user named there, if any, so that both work (`none` keeps NCCL's profiler "   \
+    "off).")                                                                                         \
   X(POLL_INTERVAL, poll_interval, Seconds, Seconds{0.1},                                             \
     "How often the watchdog looks at outstanding operations, in seconds.")                           \
   X(STATUS_INTERVAL, status_interval, Seconds, Seconds{2},                                           \

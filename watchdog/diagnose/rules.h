@@ -5,6 +5,7 @@
 //   rules_p2p.cc       p2p_suspect (evidence against P2P, from facts and known-bad entries)
 //   rules_mismatch.cc  mismatch
 //   rules_stuck.cc     rank_dead, rank_not_joined, stuck_inside_nccl (the oldest unfinished operation)
+//   rules_link.cc      link_stalled (which link inside it, from NCCL's profiler)
 //   rules_init.cc      stuck_in_init, rank_dead in an initialisation
 //   rules_straggler.cc straggler
 #pragma once
@@ -128,6 +129,14 @@ std::optional<std::uint64_t> ClassifyMismatch(const Communicator& communicator, 
 void ClassifyStuckOperation(const Communicator& communicator, const JobView& job,
                             const std::vector<KnownBadEntry>& known_bad,
                             std::optional<std::uint64_t> mismatch_seq, Buckets& buckets);
+
+// Every rank inside `stuck_seq`: a link_stalled verdict when NCCL's profiler shows the link that
+// stopped (true), else nothing. `evidence` is the stuck operation's.
+bool ClassifyStoppedLink(Buckets& buckets, const Communicator& communicator, std::uint64_t stuck_seq,
+                         const OpSnapshot* stuck_op, const std::vector<int>& waiting_ranks, Json evidence);
+// What NCCL's profiler shows without a link to name: the kernel channels that never stopped, as
+// a clause for stuck_inside_nccl's message ("" when it shows nothing).
+std::string KernelChannelsNote(const Communicator& communicator);
 
 void ClassifyStuckInits(const JobView& job, const std::vector<Communicator>& communicators, Buckets& buckets);
 

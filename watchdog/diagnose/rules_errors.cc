@@ -239,7 +239,7 @@ void ClassifyUnexplained(const JobView& job, Buckets& buckets) {
   std::set<std::string> explained_comms;
   // An unknown verdict on a communicator describes its stall: what it lacks is in files not read.
   for (const VerdictKind kind : {kAsyncError, kP2pSuspect, kStuckInInit, kRankDead, kMismatch, kRankNotJoined,
-                                 kStuckInsideNccl, kFailedCall, kUnknown}) {
+                                 kLinkStalled, kStuckInsideNccl, kFailedCall, kUnknown}) {
     for (const Verdict& verdict : buckets[kind]) explained_comms.insert(verdict.comm);
   }
   const bool errors_explained = !buckets[kAsyncError].empty() || !buckets[kFailedCall].empty();

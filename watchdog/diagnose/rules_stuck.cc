@@ -340,7 +340,13 @@ void AddStuckInsideNccl(Buckets& buckets, const Communicator& communicator,
                         const std::vector<KnownBadEntry>& known_bad, std::uint64_t stuck_seq,
                         const OpSnapshot* stuck_op, const std::vector<int>& waiting_ranks,
                         bool some_completed, std::string where, Json evidence) {
+  if (!some_completed &&
+      ClassifyStoppedLink(buckets, communicator, stuck_seq, stuck_op, waiting_ranks, evidence)) {
+    AddP2pSuspectIfAny(buckets, communicator, known_bad, stuck_seq, waiting_ranks, "stuck inside NCCL");
+    return;
+  }
   where += ": stuck inside NCCL, a transport fault (network, P2P or driver), not the application";
+  where += KernelChannelsNote(communicator);
   // A collective that needs every rank's data completed on some ranks only: their transport
   // failed the others, or the ranks' calls went out of step before anything recorded shows.
   if (some_completed && Symmetric(stuck_op)) {

@@ -25,6 +25,7 @@ enum class VerdictKind {
   kRankDead,
   kMismatch,
   kRankNotJoined,
+  kLinkStalled,
   kStuckInsideNccl,
   kFailedCall,
   kUnexplained,

@@ -27,6 +27,7 @@
 #include "watchdog/common/nccl_api.h"
 #include "watchdog/common/version.h"
 #include "watchdog/detect/runtime.h"
+#include "watchdog/record/profiler_plugin.h"
 #include "watchdog/recover/p2p_policy.h"
 #include "watchdog/state/handles.h"
 #include "watchdog/state/registry.h"
@@ -80,6 +81,7 @@ bool Start(RealLibraries& libraries) noexcept {
     for (const std::string& problem : config.problems) log::Warn("{}", problem);
     // Before the first communicator: the only moment NCCL still reads NCCL_P2P_DISABLE.
     ApplyP2pPolicy(config);
+    PointNcclAtOwnProfiler(config);
     g_state.store(State::kActive, std::memory_order_release);
     return true;
   } catch (const std::exception& error) {

@@ -13,6 +13,7 @@
 
 #include "watchdog/common/comm_handle.h"
 #include "watchdog/common/nccl_api.h"
+#include "watchdog/common/profile_events.h"
 
 namespace ncclguard {
 
@@ -98,6 +99,32 @@ bool Active(RealLibraries& libraries) noexcept;
 // A call made by NCCL itself while serving `outer` on this thread: forwarded, not reported as a
 // call of its own (ncclBcast calling ncclBroadcast is one operation). Visible at trace level.
 void NestedCall(Api api, Api outer) noexcept;
+
+// The profiler plugin the user named in NCCL_PROFILER_PLUGIN before ncclguard pointed NCCL at its
+// own (profiler_plugin.cc); "" when none. The shim loads it and forwards NCCL's events to it.
+std::string ProfilerPluginOfUser() noexcept;
+// What became of loading it: `opened` the library, `plugin_name` its plugin's name (nullptr when
+// it has no ncclProfiler_v5 or _v6), `error` dlerror()'s text. Logged once.
+void ReportProfilerPluginOfUser(const std::string& name, const char* plugin_name, bool opened,
+                                const char* error) noexcept;
+
+// NCCL's profiler events, as shim/profiler.cc passes them on: what ncclguard records of them
+// (state/profiles.h). All noexcept, on NCCL's threads; a reference that a newer operation made stale
+// is ignored.
+namespace profiler {
+// NCCL initialised its profiler for a communicator being created, rank `rank` of `nranks`: its
+// profile, or nullptr when none is kept.
+CommProfile* Open(int rank, int nranks) noexcept;
+void Close(CommProfile* profile) noexcept;  // NCCL finalized it
+ProfileRef StartOp(CommProfile* profile, const ProfiledOpStart& start) noexcept;
+ProfileRef StartChannel(const ProfileRef& op, int channel, std::int64_t gpu_ns) noexcept;
+void StopChannel(const ProfileRef& channel, std::int64_t gpu_ns) noexcept;
+ProfileRef StartProxyOp(const ProfileRef& op, int channel, int peer, bool send, int steps) noexcept;
+void StopProxyOp(const ProfileRef& proxy) noexcept;
+ProfileRef StartStep(const ProfileRef& proxy, int step) noexcept;
+void SetStepWait(const ProfileRef& step, StepWait wait) noexcept;
+void StopStep(const ProfileRef& step) noexcept;
+}  // namespace profiler
 
 // Logs, once per function, that the library in slot `library` lacks it.
 void ReportMissingFunction(Api api, int library) noexcept;

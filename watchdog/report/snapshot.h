@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "watchdog/common/profile_events.h"
+
 namespace ncclguard {
 
 // One collective or point-to-point operation, as recorded in a communicator's ring.
@@ -55,6 +57,9 @@ struct CommSnapshot {
   // for #signatures_first_seq, kNoSignature where nothing can be compared.
   std::uint64_t signatures_first_seq = 0;
   std::vector<std::uint32_t> signatures;
+  // Dumps only: what NCCL's profiler told of its latest operations (shim/profiler.cc), oldest first;
+  // empty when NCCL did not load ncclguard's profiler plugin.
+  std::vector<OpProfileSnapshot> profile;
 };
 
 // What the watchdog found wrong.

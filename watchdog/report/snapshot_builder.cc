@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -16,6 +17,7 @@
 #include "watchdog/common/nccl_api.h"
 #include "watchdog/report/op_signature.h"
 #include "watchdog/report/snapshot.h"
+#include "watchdog/state/profiles.h"
 #include "watchdog/state/records.h"
 #include "watchdog/state/registry.h"
 
@@ -115,6 +117,13 @@ CommSnapshot SnapshotOfCommunicator(const CommState& comm, bool with_rings, bool
   }
   copy.dropped = comm.dropped.load(std::memory_order_relaxed);
   CopyOperations(comm, with_rings, sign, to_wall, copy);
+  // A dump has every operation NCCL's profiler told of; a status, which every peer reads at a
+  // stall, those still running.
+  if (std::optional<CommProfileSnapshot> profile = GetProfileTable().Find(copy.id, copy.rank)) {
+    for (OpProfileSnapshot& op : profile->ops) {
+      if (with_rings || StillRunning(op)) copy.profile.push_back(std::move(op));
+    }
+  }
   return copy;
 }
 

@@ -61,6 +61,81 @@ void ReadRanks(const Json& json, int& rank, int& nranks) {
   CheckRanks(rank, nranks);
 }
 
+OrderedJson ProfileJson(const std::vector<OpProfileSnapshot>& profile) {
+  OrderedJson ops = OrderedJson::array();
+  for (const OpProfileSnapshot& op : profile) {
+    OrderedJson channels = OrderedJson::array();
+    for (const ChannelSnapshot& channel : op.kernel_channels) {
+      channels.push_back(OrderedJson{{"channel", channel.channel},
+                                     {"stopped", channel.stopped},
+                                     {"gpu_start_ns", channel.gpu_start_ns},
+                                     {"gpu_stop_ns", channel.gpu_stop_ns}});
+    }
+    OrderedJson proxies = OrderedJson::array();
+    for (const ProxyOpSnapshot& proxy : op.proxy_ops) {
+      proxies.push_back(OrderedJson{{"channel", proxy.channel},
+                                    {"peer", proxy.peer},
+                                    {"direction", proxy.send ? "send" : "recv"},
+                                    {"steps", proxy.steps},
+                                    {"steps_done", proxy.steps_done},
+                                    {"stopped", proxy.stopped},
+                                    {"waiting_step", proxy.waiting_step},
+                                    {"waiting", StepWaitName(proxy.waiting)},
+                                    {"waiting_since_ns", proxy.waiting_since_ns}});
+    }
+    ops.push_back(OrderedJson{{"func", op.func},
+                              {"nccl_seq", op.nccl_seq},
+                              {"seq", op.seq},
+                              {"algo", op.algo},
+                              {"proto", op.proto},
+                              {"channels", op.channels},
+                              {"peer", op.peer},
+                              {"start_ns", op.start_ns},
+                              {"kernel_channels", std::move(channels)},
+                              {"proxy_ops", std::move(proxies)}});
+  }
+  return ops;
+}
+
+StepWait StepWaitNamed(const std::string& name) {
+  for (const StepWait wait : kStepWaits) {
+    if (name == StepWaitName(wait)) return wait;
+  }
+  throw std::runtime_error(absl::StrCat("unknown step wait '", name, "'"));
+}
+
+std::vector<OpProfileSnapshot> ReadProfile(const Json& json) {
+  return ReadArray(json, [](const Json& entry) {
+    OpProfileSnapshot op;
+    entry.at("func").get_to(op.func);
+    entry.at("nccl_seq").get_to(op.nccl_seq);
+    entry.at("seq").get_to(op.seq);
+    entry.at("algo").get_to(op.algo);
+    entry.at("proto").get_to(op.proto);
+    entry.at("channels").get_to(op.channels);
+    entry.at("peer").get_to(op.peer);
+    entry.at("start_ns").get_to(op.start_ns);
+    op.kernel_channels = ReadArray(entry.at("kernel_channels"), [](const Json& channel) {
+      return ChannelSnapshot{.channel = channel.at("channel").get<int>(),
+                             .stopped = channel.at("stopped").get<bool>(),
+                             .gpu_start_ns = channel.at("gpu_start_ns").get<std::int64_t>(),
+                             .gpu_stop_ns = channel.at("gpu_stop_ns").get<std::int64_t>()};
+    });
+    op.proxy_ops = ReadArray(entry.at("proxy_ops"), [](const Json& proxy) {
+      return ProxyOpSnapshot{.channel = proxy.at("channel").get<int>(),
+                             .peer = proxy.at("peer").get<int>(),
+                             .send = proxy.at("direction").get<std::string>() == "send",
+                             .steps = proxy.at("steps").get<int>(),
+                             .steps_done = proxy.at("steps_done").get<int>(),
+                             .stopped = proxy.at("stopped").get<bool>(),
+                             .waiting_step = proxy.at("waiting_step").get<int>(),
+                             .waiting = StepWaitNamed(proxy.at("waiting").get<std::string>()),
+                             .waiting_since_ns = proxy.at("waiting_since_ns").get<std::int64_t>()};
+    });
+    return op;
+  });
+}
+
 OrderedJson SignaturesJson(const CommSnapshot& comm) {
   if (comm.signatures.empty()) return nullptr;
   return OrderedJson{{"first_seq", comm.signatures_first_seq}, {"hashes", SignaturesToHex(comm.signatures)}};
@@ -193,10 +268,12 @@ OrderedJson CommJson(const CommSnapshot& comm, SnapshotDocument document) {
     OrderedJson ops = OrderedJson::array();
     for (const OpSnapshot& op : comm.ring) ops.push_back(op);
     json["ops"] = std::move(ops);
+    json["profile"] = ProfileJson(comm.profile);
   } else {
     json["last_completed_op"] = LastCompletedJson(comm);
     json["oldest_outstanding"] = OldestOutstandingJson(comm);
     json["signatures"] = SignaturesJson(comm);
+    if (!comm.profile.empty()) json["profile"] = ProfileJson(comm.profile);
   }
   return json;
 }
@@ -217,6 +294,8 @@ CommSnapshot ReadComm(const Json& json) {
   json.at("async_error").get_to(comm.async_error);
   json.at("dropped").get_to(comm.dropped);
   comm.ring = ReadArray(json.at("ops"), [](const Json& op) { return ReadOp(op, OpFields::kAll); });
+  // Added to format version 2 later.
+  if (const auto profile = json.find("profile"); profile != json.end()) comm.profile = ReadProfile(*profile);
   return comm;
 }
 

@@ -141,6 +141,48 @@ void ReadStatusOps(object entry, CommSnapshot& comm) {
   }
 }
 
+StepWait StepWaitNamed(std::string_view name) {
+  for (const StepWait wait : kStepWaits) {
+    if (name == StepWaitName(wait)) return wait;
+  }
+  throw std::runtime_error("unknown step wait");
+}
+
+ProxyOpSnapshot ReadProxyOp(object json) {
+  return ProxyOpSnapshot{.channel = ReadMember<int>(json, "channel"),
+                         .peer = ReadMember<int>(json, "peer"),
+                         .send = ReadMember<std::string>(json, "direction") == "send",
+                         .steps = ReadMember<int>(json, "steps"),
+                         .steps_done = ReadMember<int>(json, "steps_done"),
+                         .stopped = ReadMember<bool>(json, "stopped"),
+                         .waiting_step = ReadMember<int>(json, "waiting_step"),
+                         .waiting = StepWaitNamed(At(json, "waiting").get_string().value()),
+                         .waiting_since_ns = ReadMember<std::int64_t>(json, "waiting_since_ns")};
+}
+
+// What NCCL's profiler told of the communicator's operations still running (added to format
+// version 1 later).
+OpProfileSnapshot ReadOpProfile(object json) {
+  OpProfileSnapshot op;
+  op.func = ReadMember<std::string>(json, "func");
+  op.nccl_seq = ReadMember<std::uint64_t>(json, "nccl_seq");
+  op.seq = ReadMember<std::uint64_t>(json, "seq");
+  op.algo = ReadMember<std::string>(json, "algo");
+  op.proto = ReadMember<std::string>(json, "proto");
+  op.channels = ReadMember<int>(json, "channels");
+  op.peer = ReadMember<int>(json, "peer");
+  op.start_ns = ReadMember<std::int64_t>(json, "start_ns");
+  op.kernel_channels = ReadArray(At(json, "kernel_channels"), [](element entry) {
+    const object channel = entry;
+    return ChannelSnapshot{.channel = ReadMember<int>(channel, "channel"),
+                           .stopped = ReadMember<bool>(channel, "stopped"),
+                           .gpu_start_ns = ReadMember<std::int64_t>(channel, "gpu_start_ns"),
+                           .gpu_stop_ns = ReadMember<std::int64_t>(channel, "gpu_stop_ns")};
+  });
+  op.proxy_ops = ReadArray(At(json, "proxy_ops"), [](element proxy) { return ReadProxyOp(proxy); });
+  return op;
+}
+
 CommSnapshot ReadComm(object json) {
   CommSnapshot comm;
   comm.id = ReadMember<std::string>(json, "id");
@@ -154,6 +196,9 @@ CommSnapshot ReadComm(object json) {
   ReadIfPresent(json, "async_error", comm.async_error);
   ReadSignatures(json, comm);  // added to format version 1 later
   ReadStatusOps(json, comm);
+  if (const std::optional<element> profile = Find(json, "profile")) {
+    comm.profile = ReadArray(*profile, [](element op) { return ReadOpProfile(op); });
+  }
   return comm;
 }
 

@@ -1,0 +1,102 @@
+// What serving NCCL's profiler plugin API costs NCCL per collective: the calls NCCL 2.28 makes into
+// ncclguard's plugin (shim/profiler.cc) for one AllReduce, in NCCL's order, with what ncclguard
+// records of them. Per variant: the API and hand-over events only (the mask without ncclguard's
+// bits), with the kernel's channels, and with the proxy's operations and steps over the network.
+#include <unistd.h>
+
+#include <array>
+#include <cstdint>
+
+#include <benchmark/benchmark.h>
+
+#include "shim/nccl_profiler.h"
+
+extern "C" const ncclProfiler_t ncclProfiler_v5;
+
+namespace {
+
+constexpr int kChannels = 2;
+constexpr int kSteps = 8;  // per proxy operation: a 1 MiB AllReduce in 128 KiB steps
+constexpr std::array kSendStates = {ncclProfilerProxyStepSendGPUWait, ncclProfilerProxyStepSendPeerWait,
+                                    ncclProfilerProxyStepSendWait};
+constexpr std::array kRecvStates = {ncclProfilerProxyStepRecvWait, ncclProfilerProxyStepRecvFlushWait,
+                                    ncclProfilerProxyStepRecvGPUWait};
+
+ncclProfilerEventDescr_t Descriptor(std::uint64_t type, void* parent) {
+  ncclProfilerEventDescr_t descriptor{};
+  descriptor.type = type;
+  descriptor.parentObj = parent;
+  return descriptor;
+}
+
+void* Start(void* context, ncclProfilerEventDescr_t descriptor) {
+  void* handle = nullptr;
+  ncclProfiler_v5.startEvent(context, &handle, &descriptor);
+  return handle;
+}
+
+// One AllReduce as NCCL reports it: API, launch and hand-over events, then per channel the kernel
+// channel and, with `proxy`, a send and a receive of kSteps steps each.
+void OneAllReduce(void* context, std::uint64_t seq, bool kernel, bool proxy) {
+  const ncclProfiler_t& plugin = ncclProfiler_v5;
+  void* group_api = Start(context, Descriptor(ncclProfileGroupApi, nullptr));
+  void* coll_api = Start(context, Descriptor(ncclProfileCollApi, group_api));
+  plugin.stopEvent(coll_api);
+  void* group = Start(context, Descriptor(ncclProfileGroup, nullptr));
+  ncclProfilerEventDescr_t coll = Descriptor(ncclProfileColl, coll_api);
+  coll.coll.func = "AllReduce";
+  coll.coll.seqNumber = seq;
+  coll.coll.algo = "RING";
+  coll.coll.proto = "SIMPLE";
+  coll.coll.nChannels = kChannels;
+  void* task = Start(context, coll);
+  plugin.stopEvent(task);
+  plugin.stopEvent(group);
+  plugin.stopEvent(group_api);
+  for (int channel = 0; channel < kChannels; ++channel) {
+    if (kernel) {
+      ncclProfilerEventDescr_t start = Descriptor(ncclProfileKernelCh, task);
+      start.kernelCh.channelId = static_cast<std::uint8_t>(channel);
+      void* handle = Start(context, start);
+      ncclProfilerEventStateArgs_t stop{};
+      plugin.recordEventState(handle, ncclProfilerKernelChStop, &stop);
+      plugin.stopEvent(handle);
+    }
+    for (int send = 0; proxy && send < 2; ++send) {
+      ncclProfilerEventDescr_t start = Descriptor(ncclProfileProxyOp, task);
+      start.proxyOp.pid = getpid();
+      start.proxyOp.channelId = static_cast<std::uint8_t>(channel);
+      start.proxyOp.peer = 1;
+      start.proxyOp.nSteps = kSteps;
+      start.proxyOp.isSend = send;
+      void* op = Start(context, start);
+      for (int step = 0; step < kSteps; ++step) {
+        ncclProfilerEventDescr_t step_start = Descriptor(ncclProfileProxyStep, op);
+        step_start.proxyStep.step = step;
+        void* handle = Start(context, step_start);
+        ncclProfilerEventStateArgs_t arguments{};
+        for (const ncclProfilerEventState_t state : send != 0 ? kSendStates : kRecvStates)
+          plugin.recordEventState(handle, state, &arguments);
+        plugin.stopEvent(handle);
+      }
+      plugin.stopEvent(op);
+    }
+  }
+}
+
+void BM_AllReduceEvents(benchmark::State& state) {
+  void* context = nullptr;
+  int mask = 0;
+  ncclProfiler_v5.init(&context, 1, &mask, nullptr, 1, 2, 0, nullptr);
+  std::uint64_t seq = 0;
+  for (auto _ : state) OneAllReduce(context, seq++, state.range(0) >= 1, state.range(0) >= 2);
+  ncclProfiler_v5.finalize(context);
+  state.SetLabel(state.range(0) == 0   ? "api and hand-over events"
+                 : state.range(0) == 1 ? "+ kernel channels"
+                                       : "+ proxy steps");
+}
+BENCHMARK(BM_AllReduceEvents)->Arg(0)->Arg(1)->Arg(2);
+
+}  // namespace
+
+BENCHMARK_MAIN();

@@ -1,0 +1,262 @@
+// NCCL's profiler plugin API, served by libncclguard.so (shim/nccl_profiler.h). The core points
+// NCCL at this library before the first communicator (record/profiler_plugin.cc) and records what
+// the events say (hooks::profiler). A plugin the user named in NCCL_PROFILER_PLUGIN is loaded here
+// the way NCCL would load it, and gets the events NCCL would have given it under its own mask, with
+// its own contexts and handles, so that both work.
+#include <dlfcn.h>
+#include <strings.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <mutex>
+#include <new>
+#include <string>
+
+#include "shim/libraries.h"
+#include "shim/nccl_profiler.h"
+#include "watchdog/record/hooks.h"
+
+// What NCCL looks up by name (defined below): version 6 (2.29) and 5 (2.28), one set of functions.
+extern "C" {
+__attribute__((visibility("default"))) extern const ncclProfiler_t ncclProfiler_v6;
+__attribute__((visibility("default"))) extern const ncclProfiler_t ncclProfiler_v5;
+}
+
+namespace ncclguard::shim {
+namespace {
+
+// The user's plugin, loaded at the first communicator's init and kept for the process: NCCL
+// unloads a plugin when its last communicator goes, but a later communicator would only load it
+// again.
+struct UserPlugin {
+  std::once_flag loaded;
+  const ncclProfiler_t* plugin = nullptr;
+};
+UserPlugin g_user;
+
+// NCCL's rules (2.28): STATIC_PLUGIN (or a prefix of it, in any case) is the process's own symbols;
+// a name is opened as given, then as libnccl-profiler-<name>.so unless it is a path or a lib*.so.
+void* OpenLikeNccl(const std::string& name) {
+  if (strncasecmp(name.c_str(), "STATIC_PLUGIN", name.size()) == 0) return dlopen(nullptr, RTLD_NOW);
+  if (void* handle = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL)) return handle;
+  const bool path = name.find('/') != std::string::npos;
+  const bool library =
+      name.rfind("lib", 0) == 0 && name.size() > 3 && name.compare(name.size() - 3, 3, ".so") == 0;
+  if (path || library) return nullptr;
+  return dlopen(("libnccl-profiler-" + name + ".so").c_str(), RTLD_NOW | RTLD_LOCAL);
+}
+
+const ncclProfiler_t* UserPluginLoaded() {
+  std::call_once(g_user.loaded, [] {
+    const std::string name = hooks::ProfilerPluginOfUser();
+    if (name.empty()) return;
+    void* handle = OpenLikeNccl(name);
+    const ncclProfiler_t* plugin = nullptr;
+    // Version 6 has version 5's layout, and NCCL prefers it. Never ourselves: STATIC_PLUGIN searches
+    // the whole process, this library included.
+    for (const char* symbol : {"ncclProfiler_v6", "ncclProfiler_v5"}) {
+      if (handle == nullptr || plugin != nullptr) break;
+      const auto* found = static_cast<const ncclProfiler_t*>(RealDlsym()(handle, symbol));
+      if (found != &ncclProfiler_v6 && found != &ncclProfiler_v5) plugin = found;
+    }
+    g_user.plugin = plugin;
+    hooks::ReportProfilerPluginOfUser(name, plugin != nullptr ? plugin->name : nullptr, handle != nullptr,
+                                      handle == nullptr ? dlerror() : nullptr);
+  });
+  return g_user.plugin;
+}
+
+// What ncclguard records (hooks::profiler): the operations, their kernel channels and, over the
+// network, their proxy operations and steps. NCCL starts the parents of these (Group, API events)
+// too; the activation mask is one int for the process, which ncclguard ORs these into.
+constexpr int kRecorded =
+    ncclProfileColl | ncclProfileP2p | ncclProfileKernelCh | ncclProfileProxyOp | ncclProfileProxyStep;
+
+// The types whose events NCCL starts when the mask has one of them: an event and its descendants.
+int StartedFor(std::uint64_t type) {
+  constexpr int kBelowProxyOp = ncclProfileProxyOp | ncclProfileProxyStep | ncclProfileNetPlugin;
+  constexpr int kBelowTask = kBelowProxyOp | ncclProfileKernelCh;
+  switch (type) {
+    case ncclProfileGroupApi:
+      return ncclProfileGroupApi | ncclProfileCollApi | ncclProfileP2pApi | ncclProfileKernelLaunch |
+             ncclProfileGroup | ncclProfileColl | ncclProfileP2p | kBelowTask;
+    case ncclProfileCollApi:
+      return ncclProfileCollApi | ncclProfileColl | kBelowTask;
+    case ncclProfileP2pApi:
+      return ncclProfileP2pApi | ncclProfileP2p | kBelowTask;
+    case ncclProfileGroup:
+      return ncclProfileGroup | ncclProfileColl | ncclProfileP2p | kBelowTask;
+    case ncclProfileColl:
+      return ncclProfileColl | kBelowTask;
+    case ncclProfileP2p:
+      return ncclProfileP2p | kBelowTask;
+    case ncclProfileProxyOp:
+      return kBelowProxyOp;
+    case ncclProfileProxyStep:
+      return ncclProfileProxyStep | ncclProfileNetPlugin;
+    default:
+      return static_cast<int>(type);
+  }
+}
+
+// The mask as the user's plugin last set it: its events are those NCCL would start for it.
+std::atomic<int> g_user_mask{0};
+
+struct Context {
+  CommProfile* profile = nullptr;
+  void* user = nullptr;
+};
+
+// An event as NCCL knows it. NCCL names an event as the parent of others after its stop, and may
+// stop one twice: handles are never freed, but taken in turn from a ring of 65,536 (2.5 MiB), so
+// that one comes back only after as many newer events. A stop or state NCCL sends for an event
+// older than that lands on a newer event's handle: its record is then off by one state, never
+// outside ncclguard's own memory.
+struct Handle {
+  std::uint64_t type = 0;
+  ProfileRef recorded;
+  void* user = nullptr;
+};
+constexpr std::size_t kHandles = std::size_t{1} << 16;
+std::atomic<std::size_t> g_next_handle{0};
+Handle* g_handles = nullptr;  // allocated at the first init
+
+Handle* NewHandle(std::uint64_t type) {
+  Handle& handle = g_handles[g_next_handle.fetch_add(1, std::memory_order_relaxed) % kHandles];
+  handle = Handle{};
+  handle.type = type;
+  return &handle;
+}
+
+ncclResult_t Init(void** context, uint64_t comm_id, int* mask, const char* comm_name, int nodes, int ranks,
+                  int rank, ncclProfilerLogger_t log) {
+  static std::once_flag handles;
+  std::call_once(handles, [] { g_handles = new (std::nothrow) Handle[kHandles]; });
+  *context = nullptr;
+  if (g_handles == nullptr) return ncclSuccess;
+  auto* ours = new (std::nothrow) Context{.profile = hooks::profiler::Open(rank, ranks)};
+  if (ours == nullptr) return ncclSuccess;
+  // A failed init of theirs leaves them no context: nothing of theirs is called for it.
+  const ncclProfiler_t* user = UserPluginLoaded();
+  if (user != nullptr &&
+      user->init(&ours->user, comm_id, mask, comm_name, nodes, ranks, rank, log) != ncclSuccess) {
+    ours->user = nullptr;
+  }
+  if (user != nullptr) g_user_mask.store(*mask, std::memory_order_relaxed);
+  if (ours->profile != nullptr) __atomic_fetch_or(mask, kRecorded, __ATOMIC_RELAXED);
+  *context = ours;
+  return ncclSuccess;
+}
+
+ProfileRef Record(const Context& context, const Handle* parent, const ncclProfilerEventDescr_t& event) {
+  const ProfileRef parent_ref = parent != nullptr ? parent->recorded : ProfileRef{};
+  switch (event.type) {
+    case ncclProfileColl:
+      return hooks::profiler::StartOp(context.profile, {.func = event.coll.func,
+                                                        .nccl_seq = event.coll.seqNumber,
+                                                        .algo = event.coll.algo,
+                                                        .proto = event.coll.proto,
+                                                        .channels = event.coll.nChannels});
+    case ncclProfileP2p:
+      return hooks::profiler::StartOp(
+          context.profile, {.func = event.p2p.func, .channels = event.p2p.nChannels, .peer = event.p2p.peer});
+    case ncclProfileKernelCh:
+      return hooks::profiler::StartChannel(parent_ref, event.kernelCh.channelId,
+                                           static_cast<std::int64_t>(event.kernelCh.pTimer));
+    case ncclProfileProxyOp:
+      // Another process's operation (PXN): its parent is that process's, not ours to look at.
+      if (event.proxyOp.pid != getpid()) return {};
+      return hooks::profiler::StartProxyOp(parent_ref, event.proxyOp.channelId, event.proxyOp.peer,
+                                           event.proxyOp.isSend != 0, event.proxyOp.nSteps);
+    case ncclProfileProxyStep:
+      return hooks::profiler::StartStep(parent_ref, event.proxyStep.step);
+    default:
+      return {};
+  }
+}
+
+ncclResult_t StartEvent(void* context, void** handle, ncclProfilerEventDescr_t* descriptor) {
+  *handle = nullptr;
+  const auto* ours = static_cast<const Context*>(context);
+  if (ours == nullptr || descriptor == nullptr) return ncclSuccess;
+  auto* parent = static_cast<Handle*>(descriptor->parentObj);
+  Handle* event = NewHandle(descriptor->type);
+  event->recorded = Record(*ours, parent, *descriptor);
+  const ncclProfiler_t* user = g_user.plugin;
+  if (user != nullptr && ours->user != nullptr &&
+      (StartedFor(descriptor->type) & g_user_mask.load(std::memory_order_relaxed)) != 0) {
+    ncclProfilerEventDescr_t theirs = *descriptor;
+    theirs.parentObj = parent != nullptr ? parent->user : nullptr;
+    if (descriptor->type == ncclProfileColl || descriptor->type == ncclProfileP2p) {
+      void*& group = descriptor->type == ncclProfileColl ? theirs.coll.parentGroup : theirs.p2p.parentGroup;
+      group = group != nullptr ? static_cast<Handle*>(group)->user : nullptr;
+    }
+    user->startEvent(ours->user, &event->user, &theirs);
+  }
+  *handle = event;
+  return ncclSuccess;
+}
+
+StepWait WaitOf(ncclProfilerEventState_t state) {
+  switch (state) {
+    case ncclProfilerProxyStepSendGPUWait:
+      return StepWait::kSendGpu;
+    case ncclProfilerProxyStepSendPeerWait:
+      return StepWait::kSendPeer;
+    case ncclProfilerProxyStepSendWait:
+      return StepWait::kSendNet;
+    case ncclProfilerProxyStepRecvWait:
+      return StepWait::kRecvNet;
+    case ncclProfilerProxyStepRecvFlushWait:
+      return StepWait::kRecvFlush;
+    case ncclProfilerProxyStepRecvGPUWait:
+      return StepWait::kRecvGpu;
+    default:
+      return StepWait::kNone;
+  }
+}
+
+ncclResult_t RecordEventState(void* handle, ncclProfilerEventState_t state,
+                              ncclProfilerEventStateArgs_t* arguments) {
+  auto* event = static_cast<Handle*>(handle);
+  if (event == nullptr) return ncclSuccess;
+  if (event->type == ncclProfileProxyStep) {
+    hooks::profiler::SetStepWait(event->recorded, WaitOf(state));
+  } else if (event->type == ncclProfileKernelCh && state == ncclProfilerKernelChStop &&
+             arguments != nullptr) {
+    hooks::profiler::StopChannel(event->recorded, static_cast<std::int64_t>(arguments->kernelCh.pTimer));
+  }
+  const ncclProfiler_t* user = g_user.plugin;
+  return user != nullptr && event->user != nullptr ? user->recordEventState(event->user, state, arguments)
+                                                   : ncclSuccess;
+}
+
+ncclResult_t StopEvent(void* handle) {
+  auto* event = static_cast<Handle*>(handle);
+  if (event == nullptr) return ncclSuccess;
+  if (event->type == ncclProfileProxyStep) hooks::profiler::StopStep(event->recorded);
+  if (event->type == ncclProfileProxyOp) hooks::profiler::StopProxyOp(event->recorded);
+  const ncclProfiler_t* user = g_user.plugin;
+  return user != nullptr && event->user != nullptr ? user->stopEvent(event->user) : ncclSuccess;
+}
+
+ncclResult_t Finalize(void* context) {
+  auto* ours = static_cast<Context*>(context);
+  if (ours == nullptr) return ncclSuccess;
+  const ncclProfiler_t* user = g_user.plugin;
+  if (user != nullptr && ours->user != nullptr) user->finalize(ours->user);
+  hooks::profiler::Close(ours->profile);
+  delete ours;
+  return ncclSuccess;
+}
+
+constexpr ncclProfiler_t kProfiler = {"ncclguard", Init, StartEvent, StopEvent, RecordEventState, Finalize};
+
+}  // namespace
+}  // namespace ncclguard::shim
+
+const ncclProfiler_t ncclProfiler_v6 = ncclguard::shim::kProfiler;
+const ncclProfiler_t ncclProfiler_v5 = ncclguard::shim::kProfiler;

@@ -1,0 +1,137 @@
+// Which profiler plugin NCCL loads: ncclguard's own (shim/profiler.cc), with the user's behind it.
+#include "watchdog/record/profiler_plugin.h"
+
+#include <dlfcn.h>
+#include <stdlib.h>
+#include <strings.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <mutex>
+#include <string>
+
+#include "absl/strings/match.h"
+#include "watchdog/common/config.h"
+#include "watchdog/common/log.h"
+#include "watchdog/record/hooks.h"
+#include "watchdog/state/profiles.h"
+#include "watchdog/state/registry.h"
+
+namespace ncclguard {
+namespace {
+
+constexpr char kPluginVariable[] = "NCCL_PROFILER_PLUGIN";
+// NCCL's name for "look in the process itself", where a preloaded library is.
+constexpr char kStaticPlugin[] = "STATIC_PLUGIN";
+
+std::mutex g_mutex;
+std::string g_user_plugin;  // what NCCL_PROFILER_PLUGIN named before we pointed it at ourselves
+std::string g_own_plugin;   // what we pointed it at
+
+// The shared object this code is part of, as NCCL can dlopen() it: libncclguard.so's path, or
+// STATIC_PLUGIN where the core is linked into a program.
+std::string OwnPlugin() {
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<void*>(&PointNcclAtOwnProfiler), &info) != 0 && info.dli_fname != nullptr &&
+      absl::EndsWith(info.dli_fname, ".so")) {
+    return info.dli_fname;
+  }
+  return kStaticPlugin;
+}
+
+}  // namespace
+
+void PointNcclAtOwnProfiler(const Config& config) {
+  const char* set = getenv(kPluginVariable);
+  const std::string user = set != nullptr ? set : "";
+  if (!config.profiler) {
+    log::Info("NCCLGUARD_PROFILER=0: NCCL's profiler plugin left as it is ({}={})", kPluginVariable,
+              user.empty() ? "unset" : user);
+    return;
+  }
+  if (strcasecmp(user.c_str(), "none") == 0) {
+    log::Info("{}=none: NCCL's profiler stays off, and ncclguard goes without it", kPluginVariable);
+    return;
+  }
+  const std::string own = OwnPlugin();
+  std::lock_guard<std::mutex> lock(g_mutex);
+  // A process started by one of ours inherits our setting: the user's plugin is not ours.
+  g_user_plugin = user == own ? "" : user;
+  g_own_plugin = own;
+  // Before the first communicator: NCCL reads the variable when it loads its plugin, at the first
+  // init. Set while this process makes its first NCCL call, before any of NCCL's own threads run.
+  if (setenv(kPluginVariable, own.c_str(), 1) != 0) {
+    log::Warn("cannot set {}: NCCL's profiler plugin left as it is", kPluginVariable);
+    return;
+  }
+  log::Info("NCCL's profiler plugin is ncclguard's ({}={}){}", kPluginVariable, own,
+            g_user_plugin.empty() ? "" : ", which forwards every event to the user's " + g_user_plugin);
+}
+
+namespace hooks {
+
+std::string ProfilerPluginOfUser() noexcept {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  return g_user_plugin;
+}
+
+void ReportProfilerPluginOfUser(const std::string& name, const char* plugin_name, bool opened,
+                                const char* error) noexcept {
+  if (plugin_name != nullptr) {
+    log::Info("NCCL's profiler events go to the user's plugin {} ({}={}) too", plugin_name, kPluginVariable,
+              name);
+  } else if (opened) {
+    log::Warn("the user's profiler plugin {}={} has no ncclProfiler_v6 or ncclProfiler_v5: it gets no events",
+              kPluginVariable, name);
+  } else {
+    log::Warn("the user's profiler plugin {}={} cannot be loaded ({}): it gets no events", kPluginVariable,
+              name, error != nullptr ? error : "unknown error");
+  }
+}
+
+namespace profiler {
+
+CommProfile* Open(int rank, int nranks) noexcept {
+  try {
+    // The communicator being created: on this thread (a blocking init), else the newest of that
+    // rank and size (NCCL's own thread initialises a non-blocking one).
+    std::string comm_id;
+    const std::int64_t thread = syscall(SYS_gettid);
+    for (const PendingInit& init : GetRegistry().PendingInits()) {
+      if (init.rank != rank || init.nranks != nranks) continue;
+      comm_id = init.comm_id;
+      if (init.thread == thread) break;
+    }
+    return GetProfileTable().Open(comm_id, rank);
+  } catch (...) {
+    return nullptr;
+  }
+}
+
+void Close(CommProfile* profile) noexcept {
+  if (profile != nullptr) GetProfileTable().Close(profile);
+}
+
+ProfileRef StartOp(CommProfile* profile, const ProfiledOpStart& start) noexcept {
+  return profile != nullptr ? profile->StartOp(start, 0) : ProfileRef{};
+}
+ProfileRef StartChannel(const ProfileRef& op, int channel, std::int64_t gpu_ns) noexcept {
+  return CommProfile::StartChannel(op, channel, gpu_ns);
+}
+void StopChannel(const ProfileRef& channel, std::int64_t gpu_ns) noexcept {
+  CommProfile::StopChannel(channel, gpu_ns);
+}
+ProfileRef StartProxyOp(const ProfileRef& op, int channel, int peer, bool send, int steps) noexcept {
+  return CommProfile::StartProxyOp(op, channel, peer, send, steps);
+}
+void StopProxyOp(const ProfileRef& proxy) noexcept { CommProfile::StopProxyOp(proxy); }
+ProfileRef StartStep(const ProfileRef& proxy, int step) noexcept {
+  return CommProfile::StartStep(proxy, step);
+}
+void SetStepWait(const ProfileRef& step, StepWait wait) noexcept { CommProfile::SetStepWait(step, wait); }
+void StopStep(const ProfileRef& step) noexcept { CommProfile::StopStep(step); }
+
+}  // namespace profiler
+}  // namespace hooks
+}  // namespace ncclguard

@@ -1,0 +1,113 @@
+// What NCCL's profiler plugin API tells of each communicator's latest operations, inside the
+// collective: which kernel channels started and which stopped, and, for transfers a proxy thread
+// moves (the network), each proxy operation's peer, direction, steps done and where the step in
+// flight waits, since when. NCCL calls ncclguard's plugin (shim/profiler.cc) on its own threads;
+// this keeps the last kProfiledOps operations of each communicator, in fixed arrays.
+//
+// Events refer to what they belong to by a ProfileRef, which a newer operation reusing the slot
+// makes stale: an event for a stale reference is dropped, never applied to the newer one.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "watchdog/common/mutex.h"
+#include "watchdog/common/profile_events.h"
+
+namespace ncclguard {
+
+class CommProfile {
+ public:
+  CommProfile(std::string comm_id, int rank) : comm_id_(std::move(comm_id)), rank_(rank) {}
+  CommProfile(const CommProfile&) = delete;
+  CommProfile& operator=(const CommProfile&) = delete;
+
+  const std::string& comm_id() const { return comm_id_; }
+  int rank() const { return rank_; }
+
+  ProfileRef StartOp(const ProfiledOpStart& start, std::uint64_t seq) noexcept;
+  static ProfileRef StartChannel(const ProfileRef& op, int channel, std::int64_t gpu_ns) noexcept;
+  static void StopChannel(const ProfileRef& channel, std::int64_t gpu_ns) noexcept;
+  static ProfileRef StartProxyOp(const ProfileRef& op, int channel, int peer, bool send, int steps) noexcept;
+  static void StopProxyOp(const ProfileRef& proxy) noexcept;
+  static ProfileRef StartStep(const ProfileRef& proxy, int step) noexcept;
+  static void SetStepWait(const ProfileRef& step, StepWait wait) noexcept;
+  static void StopStep(const ProfileRef& step) noexcept;
+
+  CommProfileSnapshot Snapshot() const;
+
+ private:
+  struct Step {
+    int step = -1;  // -1: the slot is free
+    StepWait wait = StepWait::kNone;
+    std::int64_t since_ns = 0;
+  };
+  struct ProxyOp {
+    int channel = 0;
+    int peer = -1;
+    bool send = false;
+    int steps = 0;
+    int steps_done = 0;
+    bool stopped = false;
+    std::array<Step, kStepsInFlight> in_flight{};
+  };
+  struct Op {
+    std::uint32_t generation = 0;
+    bool used = false;
+    const char* func = "";  // NCCL's literals, valid for the process's life
+    const char* algo = "";
+    const char* proto = "";
+    std::uint64_t nccl_seq = 0;
+    std::uint64_t seq = 0;
+    int channels = 0;
+    int peer = -1;
+    std::int64_t start_ns = 0;
+    std::uint32_t kernel_started = 0;  // by channel, a bit each
+    std::array<ChannelSnapshot, kProfiledChannels> kernel{};
+    int proxy_count = 0;
+    std::array<ProxyOp, kProfiledProxyOps> proxies{};
+  };
+
+  // The operation `ref` names, when it is still that one's; the caller holds ref.comm->mutex_.
+  static Op* Find(const ProfileRef& ref) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ref.comm->mutex_);
+  static ProxyOp* FindProxy(const ProfileRef& ref) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ref.comm->mutex_);
+  // Step `step` of `proxy` while it is in flight; the caller holds the profile's mutex.
+  static Step* FindStep(ProxyOp* proxy, int step);
+
+  const std::string comm_id_;
+  const int rank_;
+  mutable Mutex mutex_;
+  std::array<Op, kProfiledOps> ops_ ABSL_GUARDED_BY(mutex_){};
+  std::uint64_t started_ ABSL_GUARDED_BY(mutex_) = 0;
+};
+
+// Every communicator's profile. One NCCL finalized stays for the dumps up to kMaxProfiles in all;
+// the oldest finalized go first (NCCL sends no event for a finalized one).
+class ProfileTable {
+ public:
+  static constexpr std::size_t kMaxProfiles = 256;
+  // nullptr when the table holds kMaxProfiles profiles that NCCL has not finalized.
+  CommProfile* Open(std::string comm_id, int rank);
+  void Close(CommProfile* profile);
+  // The newest profile of rank `rank` of communicator `comm_id`.
+  std::optional<CommProfileSnapshot> Find(const std::string& comm_id, int rank) const;
+
+ private:
+  struct Entry {
+    std::unique_ptr<CommProfile> profile;
+    bool closed = false;
+  };
+  mutable Mutex mutex_;
+  std::vector<Entry> profiles_ ABSL_GUARDED_BY(mutex_);
+};
+
+ProfileTable& GetProfileTable();
+
+}  // namespace ncclguard
