@@ -15,6 +15,7 @@
 // so a terminal still reaches it directly: a signal the kernel sent (Ctrl-C, Ctrl-\, a hang-up)
 // went to the whole foreground group already and is not forwarded a second time.
 #include <fcntl.h>
+#include <linux/prctl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -24,6 +25,7 @@
 #include <sys/poll.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -34,6 +36,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <exception>
 #include <filesystem>
 #include <functional>
 #include <iostream>
@@ -229,7 +232,7 @@ bool Answers(int port) {
 // The name the other nodes of the job reach this host by: its host name when it resolves, else
 // the loopback address (a job on this host only).
 std::string ReachableHostName() {
-  const std::string host = log::HostName();
+  std::string host = log::HostName();
   addrinfo* found = nullptr;
   if (host.empty() || getaddrinfo(host.c_str(), nullptr, nullptr, &found) != 0) return "127.0.0.1";
   freeaddrinfo(found);
@@ -250,6 +253,7 @@ class BesideRedis {
                                         "no",      "--protected-mode", "no",      "--daemonize",
                                         "no",      "--loglevel",       "warning"};
     std::vector<char*> argv;
+    argv.reserve(command.size() + 1);
     for (std::string& argument : command) argv.push_back(argument.data());
     argv.push_back(nullptr);
     const pid_t pid = fork();

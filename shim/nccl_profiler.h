@@ -11,6 +11,8 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+// NCCL's names, kept so that the structures read as NCCL's documentation does.
+// NOLINTBEGIN(readability-identifier-naming)
 extern "C" {
 
 // The logger NCCL passes to init: ncclDebugLogger_t of nccl_net.h, repeated so that this header
@@ -177,6 +179,7 @@ typedef struct {
 } ncclProfiler_t;
 
 }  // extern "C"
+// NOLINTEND(readability-identifier-naming)
 
 static_assert(sizeof(ncclProfilerEventDescr_t) == 112, "NCCL's profiler event descriptor is 112 bytes");
 static_assert(offsetof(ncclProfilerEventDescr_t, coll.nChannels) == 80, "coll.nChannels at 80");

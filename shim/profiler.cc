@@ -4,6 +4,7 @@
 // the way NCCL would load it, and gets the events NCCL would have given it under its own mask, with
 // its own contexts and handles, so that both work.
 #include <dlfcn.h>
+#include <nccl.h>
 #include <strings.h>
 #include <unistd.h>
 
@@ -17,13 +18,16 @@
 
 #include "shim/libraries.h"
 #include "shim/nccl_profiler.h"
+#include "watchdog/common/profile_events.h"
 #include "watchdog/record/hooks.h"
 
 // What NCCL looks up by name (defined below): version 6 (2.29) and 5 (2.28), one set of functions.
+// NOLINTBEGIN(readability-identifier-naming): the names NCCL looks up.
 extern "C" {
 __attribute__((visibility("default"))) extern const ncclProfiler_t ncclProfiler_v6;
 __attribute__((visibility("default"))) extern const ncclProfiler_t ncclProfiler_v5;
 }
+// NOLINTEND(readability-identifier-naming)
 
 namespace ncclguard::shim {
 namespace {
@@ -258,5 +262,5 @@ constexpr ncclProfiler_t kProfiler = {"ncclguard", Init, StartEvent, StopEvent, 
 }  // namespace
 }  // namespace ncclguard::shim
 
-const ncclProfiler_t ncclProfiler_v6 = ncclguard::shim::kProfiler;
-const ncclProfiler_t ncclProfiler_v5 = ncclguard::shim::kProfiler;
+const ncclProfiler_t ncclProfiler_v6 = ncclguard::shim::kProfiler;  // NOLINT(readability-identifier-naming)
+const ncclProfiler_t ncclProfiler_v5 = ncclguard::shim::kProfiler;  // NOLINT(readability-identifier-naming)

@@ -476,6 +476,25 @@ std::size_t PutOddProcessesFirst(const std::vector<JobFile>& files, const JobVie
   return static_cast<std::size_t>(others - dumps.begin());
 }
 
+// On a board that holds every status, every process is known before the first dump: dumps only add
+// evidence. Puts the dumps of the processes unlike most of the job first (the one rank not waiting
+// where the others wait), then a sample of the others', which show the same; the rest are
+// kSampledOut. Returns when to stop reading them: after a fifth of the deadline, so that a job of
+// 100,000 ranks is judged in seconds.
+std::chrono::steady_clock::time_point SampleDumps(const std::vector<JobFile>& files, const JobView& job,
+                                                  const JobReadLimits& limits,
+                                                  std::vector<std::size_t>& order,
+                                                  std::vector<Outcome>& outcomes,
+                                                  std::chrono::steady_clock::time_point stop_reading) {
+  const std::size_t sampled = PutOddProcessesFirst(files, job, order) + limits.sampled_dumps;
+  if (order.size() > sampled) {
+    for (std::size_t position = sampled; position < order.size(); ++position)
+      outcomes[order[position]] = Outcome::kSampledOut;
+    order.resize(sampled);
+  }
+  return std::min(stop_reading, limits.now() + limits.deadline / 5);
+}
+
 // By rank, then host and pid. A view is kilobytes: the ranks are sorted apart from the views, then
 // each view is moved once, in place (at 100,000 views, sorting the views takes a tenth of a second).
 void SortByRank(std::vector<ProcessView>& processes) {
@@ -570,20 +589,10 @@ JobView ReadOpenJobDirectory(int directory_fd, const std::string& where, const s
   ReadFiles(directory_fd, files, order, outcomes, merger, status_threads, limits, stop_reading);
   order.resize(to_read - statuses_to_read);
   std::iota(order.begin(), order.end(), statuses_to_read);
-  std::chrono::steady_clock::time_point stop_dumps = stop_reading;
-  if (fetched_statuses != nullptr && fetched_statuses->not_fetched == 0) {
-    // Every process is known from the board: dumps only add evidence. The dumps of the processes
-    // unlike most of the job come first (the one rank not waiting where the others wait), then a
-    // sample of the others', which show the same; the dumps get a fifth of the deadline, so that
-    // a job of 100,000 ranks is judged in seconds.
-    const std::size_t sampled = PutOddProcessesFirst(files, job, order) + limits.sampled_dumps;
-    if (order.size() > sampled) {
-      for (std::size_t position = sampled; position < order.size(); ++position)
-        outcomes[order[position]] = Outcome::kSampledOut;
-      order.resize(sampled);
-    }
-    stop_dumps = std::min(stop_reading, limits.now() + limits.deadline / 5);
-  }
+  const std::chrono::steady_clock::time_point stop_dumps =
+      fetched_statuses != nullptr && fetched_statuses->not_fetched == 0
+          ? SampleDumps(files, job, limits, order, outcomes, stop_reading)
+          : stop_reading;
   ReadFiles(directory_fd, files, order, outcomes, merger, threads, limits, stop_dumps);
   NoteUnread(files, outcomes, limits, job);
   merger.Finish();

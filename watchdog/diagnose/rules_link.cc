@@ -4,16 +4,19 @@
 // kernel (P2P, NVLink, shared memory) have no proxy events: then only the kernel channels that
 // never stopped are known, and said.
 #include <algorithm>
+#include <cstdint>
 #include <map>
-#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include <fmt/format.h>
 
-#include "watchdog/common/clock.h"
+#include "watchdog/common/profile_events.h"
+#include "watchdog/diagnose/job_view.h"
 #include "watchdog/diagnose/rules.h"
+#include "watchdog/report/facts.h"
+#include "watchdog/report/snapshot.h"
 
 namespace ncclguard::classifier {
 namespace {

@@ -14,6 +14,7 @@
 #include "absl/strings/match.h"
 #include "watchdog/common/config.h"
 #include "watchdog/common/log.h"
+#include "watchdog/common/profile_events.h"
 #include "watchdog/record/hooks.h"
 #include "watchdog/state/profiles.h"
 #include "watchdog/state/registry.h"

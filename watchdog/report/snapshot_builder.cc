@@ -15,6 +15,7 @@
 #include "watchdog/common/describe.h"
 #include "watchdog/common/libraries.h"
 #include "watchdog/common/nccl_api.h"
+#include "watchdog/common/profile_events.h"
 #include "watchdog/report/op_signature.h"
 #include "watchdog/report/snapshot.h"
 #include "watchdog/state/profiles.h"

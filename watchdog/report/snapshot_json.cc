@@ -13,6 +13,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "watchdog/common/profile_events.h"
 #include "watchdog/report/dump_reader.h"
 #include "watchdog/report/facts.h"
 #include "watchdog/report/op_signature.h"

@@ -16,8 +16,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "watchdog/common/profile_events.h"
 #include "watchdog/report/dump_reader.h"
 #include "watchdog/report/facts.h"
+#include "watchdog/report/job_dir.h"
 #include "watchdog/report/op_signature.h"
 #include "watchdog/report/snapshot.h"
 

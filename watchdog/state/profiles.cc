@@ -1,6 +1,7 @@
 #include "watchdog/state/profiles.h"
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -8,6 +9,8 @@
 #include <utility>
 
 #include "watchdog/common/clock.h"
+#include "watchdog/common/mutex.h"
+#include "watchdog/common/profile_events.h"
 
 namespace ncclguard {
 
