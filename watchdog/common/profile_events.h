@@ -4,7 +4,9 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace ncclguard {
@@ -43,9 +45,14 @@ inline const char* StepWaitName(StepWait wait) {
   }
   return "none";
 }
-inline constexpr StepWait kStepWaits[] = {StepWait::kNone,    StepWait::kSendGpu, StepWait::kSendPeer,
-                                          StepWait::kSendNet, StepWait::kRecvNet, StepWait::kRecvFlush,
-                                          StepWait::kRecvGpu};
+// The wait StepWaitName names `name`; nothing for a name that is none (a file's mistake).
+inline std::optional<StepWait> StepWaitNamed(std::string_view name) {
+  for (const StepWait wait : {StepWait::kNone, StepWait::kSendGpu, StepWait::kSendPeer, StepWait::kSendNet,
+                              StepWait::kRecvNet, StepWait::kRecvFlush, StepWait::kRecvGpu}) {
+    if (name == StepWaitName(wait)) return wait;
+  }
+  return std::nullopt;
+}
 
 class CommProfile;  // state/profiles.h
 

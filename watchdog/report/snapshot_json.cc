@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -98,11 +99,10 @@ OrderedJson ProfileJson(const std::vector<OpProfileSnapshot>& profile) {
   return ops;
 }
 
-StepWait StepWaitNamed(const std::string& name) {
-  for (const StepWait wait : kStepWaits) {
-    if (name == StepWaitName(wait)) return wait;
-  }
-  throw std::runtime_error(absl::StrCat("unknown step wait '", name, "'"));
+StepWait ReadStepWait(const std::string& name) {
+  const std::optional<StepWait> wait = StepWaitNamed(name);
+  if (!wait) throw std::runtime_error(absl::StrCat("unknown step wait '", name, "'"));
+  return *wait;
 }
 
 std::vector<OpProfileSnapshot> ReadProfile(const Json& json) {
@@ -130,7 +130,7 @@ std::vector<OpProfileSnapshot> ReadProfile(const Json& json) {
                              .steps_done = proxy.at("steps_done").get<int>(),
                              .stopped = proxy.at("stopped").get<bool>(),
                              .waiting_step = proxy.at("waiting_step").get<int>(),
-                             .waiting = StepWaitNamed(proxy.at("waiting").get<std::string>()),
+                             .waiting = ReadStepWait(proxy.at("waiting").get<std::string>()),
                              .waiting_since_ns = proxy.at("waiting_since_ns").get<std::int64_t>()};
     });
     return op;

@@ -143,11 +143,10 @@ void ReadStatusOps(object entry, CommSnapshot& comm) {
   }
 }
 
-StepWait StepWaitNamed(std::string_view name) {
-  for (const StepWait wait : kStepWaits) {
-    if (name == StepWaitName(wait)) return wait;
-  }
-  throw std::runtime_error("unknown step wait");
+StepWait ReadStepWait(std::string_view name) {
+  const std::optional<StepWait> wait = StepWaitNamed(name);
+  if (!wait) throw std::runtime_error("unknown step wait");
+  return *wait;
 }
 
 ProxyOpSnapshot ReadProxyOp(object json) {
@@ -158,7 +157,7 @@ ProxyOpSnapshot ReadProxyOp(object json) {
                          .steps_done = ReadMember<int>(json, "steps_done"),
                          .stopped = ReadMember<bool>(json, "stopped"),
                          .waiting_step = ReadMember<int>(json, "waiting_step"),
-                         .waiting = StepWaitNamed(At(json, "waiting").get_string().value()),
+                         .waiting = ReadStepWait(At(json, "waiting").get_string().value()),
                          .waiting_since_ns = ReadMember<std::int64_t>(json, "waiting_since_ns")};
 }
 
