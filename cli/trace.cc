@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <fstream>
@@ -10,12 +11,14 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "watchdog/common/clock.h"
+#include "watchdog/common/profile_events.h"
 #include "watchdog/diagnose/job_view.h"
 #include "watchdog/diagnose/verdicts.h"
 #include "watchdog/report/snapshot.h"
@@ -71,6 +74,7 @@ class TraceBuilder {
     for (const Verdict& verdict : verdicts) {
       if (!verdict.comm.empty() && verdict.seq != 0)
         verdict_of_[{verdict.comm, verdict.seq}] = VerdictKindName(verdict.kind);
+      if (verdict.kind == VerdictKind::kLinkStalled) RememberLinks(verdict);
     }
   }
 
@@ -82,12 +86,16 @@ class TraceBuilder {
              {{"name", absl::StrCat("rank ", snapshot.rank, " (", process.host, ":", process.pid, ")")}});
     Metadata("process_sort_index", trace_pid, 0, {{"sort_index", trace_pid}});
 
+    // A track per communicator, each followed by its channels' tracks (AddChannelTracks).
     std::map<std::string, int> thread_of_comm;
+    int next_tid = 1;
     auto thread_for = [&](const std::string& comm_id, const std::string& label) {
-      auto [it, inserted] = thread_of_comm.try_emplace(comm_id, static_cast<int>(thread_of_comm.size()) + 1);
+      auto [it, inserted] = thread_of_comm.try_emplace(comm_id, next_tid);
       if (inserted) {
+        ++next_tid;
         Metadata("thread_name", trace_pid, it->second, {{"name", label}});
-        Metadata("thread_sort_index", trace_pid, it->second, {{"sort_index", it->second}});
+        Metadata("thread_sort_index", trace_pid, it->second,
+                 {{"sort_index", SortIndex(thread_of_comm.size())}});
       }
       return it->second;
     };
@@ -95,6 +103,7 @@ class TraceBuilder {
     for (const CommSnapshot& comm : snapshot.comms) {
       const int tid =
           thread_for(comm.id, absl::StrCat("comm ", comm.id, " (rank ", comm.rank, " of ", comm.nranks, ")"));
+      next_tid = AddChannelTracks(trace_pid, next_tid, thread_of_comm.size(), comm);
       if (comm.init_start_ns > 0) {
         const bool finished = comm.init_end_ns > 0;
         Slice(trace_pid, tid,
@@ -123,9 +132,7 @@ class TraceBuilder {
               absl::StrCat("stall: ", stall.kind, stall.seq != 0 ? absl::StrCat(" #", stall.seq) : ""),
               snapshot.time_ns, {{"seconds", stall.seconds}, {"message", stall.message}});
     }
-    if (snapshot.threads) {
-      AddWhereabouts(trace_pid, static_cast<int>(thread_of_comm.size()) + 1, process, *snapshot.threads);
-    }
+    if (snapshot.threads) AddWhereabouts(trace_pid, next_tid, process, *snapshot.threads);
     if ((process.exited || process.liveness == ProcessView::Liveness::kGone) && process.last_seen_ns > 0) {
       Instant(trace_pid, 0, process.exited ? "exited" : "last seen (gone)", process.last_seen_ns,
               Json::object());
@@ -173,6 +180,117 @@ class TraceBuilder {
           std::move(args));
   }
 
+  // Track order inside a process: communicator k (from 1) at k * kSortStride, its channels just
+  // below it, where the process is last.
+  static constexpr std::int64_t kSortStride = 1000;
+  static constexpr std::int64_t kWhereaboutsSortIndex = std::int64_t{1} << 40;
+  static std::int64_t SortIndex(std::size_t comm_track, int channel = -1) {
+    return static_cast<std::int64_t>(comm_track) * kSortStride + 1 +
+           std::clamp<std::int64_t>(channel, -1, kSortStride - 2);
+  }
+
+  void RememberLinks(const Verdict& verdict) {
+    const auto links = verdict.evidence.find("links");
+    if (links == verdict.evidence.end() || !links->is_array()) return;
+    for (const Json& link : *links) {
+      const int channel = link.value("channel", -1);
+      for (const char* end : {"from_rank", "to_rank"}) {
+        stalled_link_of_[{verdict.comm, link.value(end, -1), channel}] =
+            absl::StrCat("rank ", link.value("from_rank", -1), " to rank ", link.value("to_rank", -1));
+      }
+    }
+  }
+
+  // NCCL's profiler (the communicator's `profile`): a track for each channel its operations used,
+  // just below the communicator's. On it, each operation's work on that channel, from its kernel's
+  // start to its stop, and nested in it each proxy operation's step still in flight, from when it
+  // began to wait. Returns the next free track number.
+  int AddChannelTracks(TracePid trace_pid, int next_tid, std::size_t comm_track, const CommSnapshot& comm) {
+    std::map<int, int> thread_of_channel;
+    for (const OpProfileSnapshot& op : comm.profile) {
+      std::set<int> channels;
+      for (const ChannelSnapshot& kernel : op.kernel_channels) channels.insert(kernel.channel);
+      for (const ProxyOpSnapshot& proxy : op.proxy_ops) channels.insert(proxy.channel);
+      for (const int channel : channels) {
+        auto [it, inserted] = thread_of_channel.try_emplace(channel, next_tid);
+        if (inserted) {
+          ++next_tid;
+          Metadata("thread_name", trace_pid, it->second,
+                   {{"name", absl::StrCat("comm ", comm.id, " channel ", channel)}});
+          Metadata("thread_sort_index", trace_pid, it->second,
+                   {{"sort_index", SortIndex(comm_track, channel)}});
+        }
+        AddChannelWork(trace_pid, it->second, comm, op, channel);
+      }
+    }
+    return next_tid;
+  }
+
+  void AddChannelWork(TracePid trace_pid, int tid, const CommSnapshot& comm, const OpProfileSnapshot& op,
+                      int channel) {
+    const ChannelSnapshot* kernel = nullptr;
+    std::int64_t first_gpu_ns = 0;  // the GPU's timer when the operation's first kernel channel started
+    for (const ChannelSnapshot& candidate : op.kernel_channels) {
+      if (candidate.channel == channel) kernel = &candidate;
+      if (candidate.gpu_start_ns > 0 && (first_gpu_ns == 0 || candidate.gpu_start_ns < first_gpu_ns))
+        first_gpu_ns = candidate.gpu_start_ns;
+    }
+    bool running = kernel != nullptr && !kernel->stopped;
+    Json proxies = Json::array();
+    for (const ProxyOpSnapshot& proxy : op.proxy_ops) {
+      if (proxy.channel != channel) continue;
+      running = running || !proxy.stopped;
+      proxies.push_back(ProxyJson(proxy));
+    }
+    // The GPU's timer has its own origin: the channel is placed by its offset from the first.
+    std::int64_t begin_ns = op.start_ns;
+    const bool gpu_timed = kernel != nullptr && kernel->gpu_start_ns > 0 && first_gpu_ns > 0;
+    if (gpu_timed) begin_ns += kernel->gpu_start_ns - first_gpu_ns;
+    if (begin_ns <= 0) return;
+    std::int64_t end_ns = begin_ns;
+    if (running) {
+      end_ns = std::max(job_.now_ns, begin_ns);
+    } else if (gpu_timed && kernel->gpu_stop_ns > kernel->gpu_start_ns) {
+      end_ns = begin_ns + (kernel->gpu_stop_ns - kernel->gpu_start_ns);
+    }
+    Json args{{"func", op.func},
+              {"nccl_seq", op.nccl_seq},
+              {"algo", op.algo},
+              {"proto", op.proto},
+              {"channel", channel},
+              {"kernel", kernel == nullptr ? "not started" : (kernel->stopped ? "stopped" : "running")},
+              {"proxy_ops", std::move(proxies)}};
+    const auto link = stalled_link_of_.find({comm.id, comm.rank, channel});
+    const bool on_stalled_link = link != stalled_link_of_.end() && running;
+    if (on_stalled_link) args["verdict"] = absl::StrCat("link_stalled: ", link->second);
+    Slice(trace_pid, tid, absl::StrCat(op.func, " (NCCL's #", op.nccl_seq, ")", running ? " (stuck)" : ""),
+          begin_ns, end_ns, running ? kStuckColour : "", std::move(args));
+    if (!running) return;
+    for (const ProxyOpSnapshot& proxy : op.proxy_ops) {
+      if (proxy.channel != channel || proxy.stopped || proxy.waiting_step < 0 || proxy.waiting_since_ns <= 0)
+        continue;
+      const bool stalled_peer = on_stalled_link && proxy.peer >= 0;
+      Slice(trace_pid, tid,
+            absl::StrCat(proxy.send ? "send to rank " : "receive from rank ", proxy.peer, ": step ",
+                         proxy.waiting_step, " ", StepWaitName(proxy.waiting)),
+            std::clamp(proxy.waiting_since_ns, begin_ns, end_ns), end_ns,
+            stalled_peer ? kStuckColour : kWaitingColour, ProxyJson(proxy));
+    }
+  }
+
+  static Json ProxyJson(const ProxyOpSnapshot& proxy) {
+    Json json{{"peer", proxy.peer},
+              {"direction", proxy.send ? "send" : "receive"},
+              {"steps", proxy.steps},
+              {"steps_done", proxy.steps_done},
+              {"stopped", proxy.stopped}};
+    if (!proxy.stopped && proxy.waiting_step >= 0) {
+      json["waiting_step"] = proxy.waiting_step;
+      json["waiting"] = StepWaitName(proxy.waiting);
+    }
+    return json;
+  }
+
   // Where the process was when its stacks were taken: a track of its own with the thread that
   // issued its NCCL operations, as a slice over the time it had been blocked, and its stack.
   void AddWhereabouts(TracePid trace_pid, int tid, const ProcessView& process,
@@ -185,7 +303,7 @@ class TraceBuilder {
     if (!location || threads.time_ns <= 0) return;
     Metadata("thread_name", trace_pid, tid,
              {{"name", absl::StrCat("where it is (thread ", location->thread->tid, ")")}});
-    Metadata("thread_sort_index", trace_pid, tid, {{"sort_index", tid}});
+    Metadata("thread_sort_index", trace_pid, tid, {{"sort_index", kWhereaboutsSortIndex}});
     Json stack = Json::array();
     for (const FrameSnapshot& frame : location->thread->python)
       stack.push_back("py " + FrameText(frame, true));
@@ -229,6 +347,8 @@ class TraceBuilder {
   const JobView& job_;
   std::int64_t origin_ns_;
   std::map<std::pair<std::string, std::uint64_t>, std::string> verdict_of_;
+  // link_stalled: (communicator, rank at either end, channel) -> "rank F to rank T"
+  std::map<std::tuple<std::string, int, int>, std::string> stalled_link_of_;
   Json events_ = Json::array();
 };
 

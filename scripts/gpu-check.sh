@@ -34,6 +34,12 @@
 #              whichever they are; the rehearsal runs it with the emulator's default (frees wait,
 #              as on the real driver) and with NCCLEMU_FREES_WAIT=0, and checks each gives its own
 #              answer
+#   profiler   NCCL's profiler plugin API: NCCL_DEBUG=INFO says NCCL loaded ncclguard's profiler
+#              (which ncclguard points NCCL_PROFILER_PLUGIN at), and the exit dump holds what it
+#              reported of a one-rank communicator's AllReduces and Send/Recv to itself: per
+#              operation algorithm, protocol, channels, kernel channels with the GPU's timer
+#              (figures for each); then the host and wall time per Send+Recv group (what NCCL
+#              profiles on one rank) with NCCLGUARD_PROFILER=0 and with the profiler on
 #   overhead   the overhead benchmark on this driver: host time per ncclAllReduce, intercepted
 #              and direct, in the same run, and their ratio
 set -uo pipefail
@@ -433,6 +439,98 @@ check_parked() {
   fi
 }
 
+# --- profiler -----------------------------------------------------------------------------------
+
+# What the exit dump's profiles hold, per NCCL function: "key=value" lines for the figures, and a
+# last line "ops=N timed=T" (operations reported; of them, every kernel channel stopped with GPU
+# timer readings).
+profile_summary() {
+  python3 - "$1" <<'PYTHON'
+import collections, json, sys
+try:
+    dump = json.load(open(sys.argv[1]))
+except (OSError, ValueError) as error:
+    print(f"unreadable={error}")
+    print("ops=0 timed=0")
+    sys.exit()
+by_func = collections.defaultdict(list)
+for comm in dump.get("communicators", []):
+    for op in comm.get("profile", []):
+        by_func[op.get("func", "?")].append(op)
+ops = timed = 0
+for func, reported in sorted(by_func.items()):
+    kernels = [k for op in reported for k in op.get("kernel_channels", [])]
+    proxies = [p for op in reported for p in op.get("proxy_ops", [])]
+    good = [op for op in reported if op.get("kernel_channels") and all(
+        k.get("stopped") and 0 < k.get("gpu_start_ns", 0) <= k.get("gpu_stop_ns", 0) for k in op["kernel_channels"])]
+    ops += len(reported)
+    timed += len(good)
+    spans = [k["gpu_stop_ns"] - k["gpu_start_ns"] for k in kernels if k.get("gpu_stop_ns", 0) > k.get("gpu_start_ns", 0) > 0]
+    print(f"{func}=ops {len(reported)}, algo/proto {sorted({op.get('algo', '') + '/' + op.get('proto', '') for op in reported})}, "
+          f"channels {sorted({op.get('channels', 0) for op in reported})}, kernel channels {len(kernels)} "
+          f"({sum(1 for k in kernels if k.get('stopped'))} stopped), proxy operations {len(proxies)}, "
+          f"kernel channel time {min(spans) / 1000 if spans else 0:.1f}-{max(spans) / 1000 if spans else 0:.1f} us")
+if not any(func not in ("Send", "Recv") for func in by_func):
+    print("collectives=none reported (expected: NCCL runs a one-rank collective as a local copy, outside its planner)")
+print(f"ops={ops} timed={timed}")
+PYTHON
+}
+
+check_profiler() {
+  echo "== profiler"
+  local count=$((16 << 20)) out=$work/profiler.out
+  ((emulator)) && count=$((1 << 16))
+  NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,ENV NCCLGUARD_DUMP_ON_EXIT=1 NCCLGUARD_POLL_INTERVAL=0.05 \
+    run profiler guarded "$probe" profiler "$count" 5 >"$out" 2>&1
+  local status=$?
+  grep -i 'PROFILER/Plugin\|profiler plugin\|NCCL_PROFILER_PLUGIN' "$out" | head -n 6 | while read -r line; do figure "NCCL" "$line"; done
+  local loaded dump summary
+  loaded=$(grep -ci 'PROFILER/Plugin: loaded ncclguard' "$out")
+  dump=$(exit_dump profiler)
+  summary=$(profile_summary "${dump:-/nonexistent}")
+  grep -v '^ops=' <<<"$summary" | while read -r line; do figure "${line%%=*}" "${line#*=}"; done
+  local ops timed
+  ops=$(sed -n 's/^ops=\([0-9]*\) .*/\1/p' <<<"$summary")
+  timed=$(sed -n 's/.* timed=\([0-9]*\)$/\1/p' <<<"$summary")
+  figure "operations reported" "${ops:-0}, ${timed:-0} with every kernel channel stopped and timed by the GPU"
+  if ((status != 0)) || ! grep -q '^profiler done' "$out"; then
+    fail profiler/events "the probe failed: $(tail -n 3 "$out" | tr '\n' ' ')"
+  elif ((loaded == 0)); then
+    fail profiler/events "NCCL_DEBUG=INFO does not say NCCL loaded ncclguard's profiler"
+  elif [[ -z $dump ]]; then
+    fail profiler/events "no exit dump"
+  elif ((${ops:-0} == 0 || ${timed:-0} == 0)); then
+    fail profiler/events "NCCL loaded ncclguard's profiler but reported no timed operation of a one-rank communicator"
+  else
+    pass profiler/events "NCCL loaded ncclguard's profiler and reported $ops operations, $timed timed"
+  fi
+  profiler_overhead
+}
+
+# The probe's cost figures without ncclguard's profiler and with it: host time per group of a Send
+# and Recv to itself, and wall time per group with the GPU.
+profiler_overhead() {
+  local setting host=() wall=()
+  for setting in 0 1; do
+    local out=$work/profiler-overhead-$setting.out
+    if ! NCCLGUARD_PROFILER=$setting run profiler-overhead-$setting guarded "$probe" profiler 256 1 >"$out" 2>&1; then
+      fail profiler/overhead "the probe failed with NCCLGUARD_PROFILER=$setting: $(tail -n 3 "$out" | tr '\n' ' ')"
+      return
+    fi
+    host+=("$(sed -n 's/^p2p_group_host_ns=\([0-9.]*\) .*/\1/p' "$out")")
+    wall+=("$(sed -n 's/.* p2p_group_wall_ns=\([0-9.]*\)$/\1/p' "$out")")
+  done
+  if [[ -z ${host[0]} || -z ${host[1]} || -z ${wall[0]} || -z ${wall[1]} ]]; then
+    fail profiler/overhead "the probe printed no p2p_group figures"
+    return
+  fi
+  figure "host ns per Send+Recv group, profiler off / on" "${host[0]} / ${host[1]}"
+  figure "wall ns per Send+Recv group with the GPU, profiler off / on" "${wall[0]} / ${wall[1]}"
+  figure "profiler's host cost per group (ns)" \
+    "$(awk -v on="${host[1]}" -v off="${host[0]}" 'BEGIN {printf "%.0f", on - off}')"
+  pass profiler/overhead "measured with the profiler off and on, on this driver"
+}
+
 # --- overhead -----------------------------------------------------------------------------------
 
 check_overhead() {
@@ -464,6 +562,7 @@ check_graph
 check_cudart
 check_abort
 check_parked
+check_profiler
 check_overhead
 
 echo "== $((checks - failures)) of $checks checks passed"

@@ -7,6 +7,9 @@
 //   gpu_check_probe stall SECONDS          the stream is held by a host function for SECONDS
 //                                          before an AllReduce: the collective waits, not started
 //   gpu_check_probe abort SECONDS          the same, and the communicator is aborted meanwhile
+//   gpu_check_probe profiler COUNT REPEATS AllReduces of COUNT floats, then the rank's Send and
+//                                          Recv to itself in a group, each REPEATS times: what
+//                                          NCCL's profiler reports of them is in the exit dump
 //
 // Lines are "key=value" pairs; the last line is "<mode> done". Exit 1 on a failed call.
 #include <time.h>
@@ -123,6 +126,47 @@ int Abort(double seconds) {
   return aborted == ncclSuccess ? 0 : 1;
 }
 
+// What NCCL's profiler plugin API reports of a one-rank communicator's work: the collectives and
+// a point-to-point transfer of the rank to itself (a group of a Send and a Recv, as PyTorch's
+// send/recv pairs do).
+void SendRecvToSelf(const e2e::Gpu& gpu, const Buffers& buffers) {
+  e2e::CheckNccl(ncclGroupStart(), "ncclGroupStart");
+  e2e::CheckNccl(
+      ncclSend(reinterpret_cast<void*>(buffers.send), buffers.count, ncclFloat, 0, gpu.comm, gpu.stream),
+      "ncclSend");
+  e2e::CheckNccl(
+      ncclRecv(reinterpret_cast<void*>(buffers.receive), buffers.count, ncclFloat, 0, gpu.comm, gpu.stream),
+      "ncclRecv");
+  e2e::CheckNccl(ncclGroupEnd(), "ncclGroupEnd");
+}
+
+// Then the cost: host time per group of a small Send and Recv to itself (what NCCL profiles on
+// one rank), and wall time per group with the GPU, over many groups.
+int Profiler(size_t count, int repeats) {
+  const e2e::Gpu gpu = e2e::StartOneRank();
+  const Buffers buffers = Allocate(count);
+  for (int i = 0; i < repeats; ++i) AllReduce(gpu, buffers);
+  e2e::CheckCuda(cuStreamSynchronize(gpu.stream), "cuStreamSynchronize");
+  for (int i = 0; i < repeats; ++i) SendRecvToSelf(gpu, buffers);
+  e2e::CheckCuda(cuStreamSynchronize(gpu.stream), "cuStreamSynchronize");
+
+  constexpr int kTimedGroups = 2000;
+  const Buffers small = Allocate(256);
+  long long host_ns = 0;
+  const long long wall_start = WallNs();
+  for (int i = 0; i < kTimedGroups; ++i) {
+    const long long start = WallNs();
+    SendRecvToSelf(gpu, small);
+    host_ns += WallNs() - start;
+  }
+  e2e::CheckCuda(cuStreamSynchronize(gpu.stream), "cuStreamSynchronize");
+  std::printf("p2p_group_host_ns=%.1f p2p_group_wall_ns=%.1f\n", static_cast<double>(host_ns) / kTimedGroups,
+              static_cast<double>(WallNs() - wall_start) / kTimedGroups);
+  LeaveForTheExitDump();
+  std::printf("profiler done\n");
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -130,6 +174,8 @@ int main(int argc, char** argv) {
   if (mode == "timing" && argc == 4) return Timing(std::strtoull(argv[2], nullptr, 10), std::atoi(argv[3]));
   if (mode == "stall" && argc == 3) return Stall(std::strtod(argv[2], nullptr));
   if (mode == "abort" && argc == 3) return Abort(std::strtod(argv[2], nullptr));
-  std::fprintf(stderr, "usage: %s timing COUNT REPEATS | stall SECONDS | abort SECONDS\n", argv[0]);
+  if (mode == "profiler" && argc == 4) return Profiler(std::strtoull(argv[2], nullptr, 10), std::atoi(argv[3]));
+  std::fprintf(stderr, "usage: %s timing COUNT REPEATS | stall SECONDS | abort SECONDS | profiler COUNT REPEATS\n",
+               argv[0]);
   return 2;
 }

@@ -3,6 +3,7 @@
 // directory they left. Each test checks what a user reads: the verdicts, the analyzer's exit
 // status, and the verdict the watchdog logged at the moment of the stall.
 #include <chrono>
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -12,6 +13,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <catch2/catch.hpp>
@@ -595,6 +597,44 @@ TEST_CASE("a hang inside NCCL with every rank joined is stuck_inside_nccl", "[st
   }
 }
 
+// The trace of a stopped link: every rank has a track for channel 0 of its communicator, where the
+// stuck operation runs to the end; on the two ranks of the link it carries the verdict, and the
+// sender's track shows its step waiting for the network, nested in it.
+void CheckStoppedLinkTrace(const Json& trace, int ranks, int from, int to, std::uint64_t nccl_seq) {
+  std::map<std::pair<int, int>, std::string> track_names;  // (trace pid, tid) -> name
+  for (const Json& event : trace.at("traceEvents")) {
+    if (event.at("ph") == "M" && event.at("name") == "thread_name")
+      track_names[{event.at("pid").get<int>(), event.at("tid").get<int>()}] = event.at("args").at("name");
+  }
+  std::set<int> stuck_on_channel;  // ranks
+  std::set<int> marked_with_link;
+  bool sender_step_waits = false;
+  for (const Json& event : trace.at("traceEvents")) {
+    if (event.at("ph") != "X") continue;
+    const auto track = track_names.find({event.at("pid").get<int>(), event.at("tid").get<int>()});
+    if (track == track_names.end() || !track->second.ends_with(" channel 0")) continue;
+    INFO(event.dump());
+    const int rank = event.at("pid").get<int>() - 1;
+    const std::string name = event.at("name");
+    if (name == "AllReduce (NCCL's #" + std::to_string(nccl_seq) + ") (stuck)") {
+      stuck_on_channel.insert(rank);
+      CHECK(event.at("args").at("channel") == 0);
+      if (event.at("args").contains("verdict")) {
+        CHECK(event.at("args").at("verdict") ==
+              "link_stalled: rank " + std::to_string(from) + " to rank " + std::to_string(to));
+        marked_with_link.insert(rank);
+      }
+    }
+    if (rank == from && name == "send to rank " + std::to_string(to) + ": step 0 send_net_wait") {
+      sender_step_waits = true;
+      CHECK(event.at("dur").get<double>() > 0);
+    }
+  }
+  CHECK(stuck_on_channel.size() == static_cast<size_t>(ranks));
+  CHECK(marked_with_link == std::set<int>{from, to});
+  CHECK(sender_step_waits);
+}
+
 // One link of the ring stops (NCCLEMU_FAULTS hang with peer=) over the network (P2P and shared
 // memory off): NCCL's profiler, which ncclguard serves, shows the sender's step posted and never
 // received. Every rank's stall line names the two ranks and the channel, and so does analyze.
@@ -623,7 +663,9 @@ void CheckStoppedLink(int ranks, int from, int to) {
     CHECK(Contains(online, sent));
     CHECK(Contains(online, step));
   }
-  const Analysis analysis = Analyze(job.job_dir);
+  TemporaryDirectory trace_dir;
+  const std::string trace_path = trace_dir.path() + "/trace.json";
+  const Analysis analysis = Analyze(job.job_dir, {"--trace", trace_path});
   INFO(analysis.result.out);
   CHECK(analysis.result.exit_code == kAnalyzeUnhealthy);
   const Json& verdict = analysis.document.at("verdicts").at(0);
@@ -640,6 +682,8 @@ void CheckStoppedLink(int ranks, int from, int to) {
   // The dump knows the GPUs at both ends.
   CHECK(Contains(links[0].at("from").get<std::string>(), ", GPU " + std::to_string(from) + " ("));
   CHECK(verdict.at("evidence").at("nccl_op").at("algo") == "RING");
+  CheckStoppedLinkTrace(Json::parse(ReadFile(trace_path)), ranks, from, to,
+                        verdict.at("evidence").at("nccl_op").at("nccl_seq").get<std::uint64_t>());
 }
 
 // Files the reader refuses are said at each stall, but a job directory full of junk must not flood
