@@ -1,10 +1,12 @@
 #include "debug.h"
 
 #include <cuda.h>
+#include <pwd.h>
 #include <strings.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
@@ -33,6 +35,37 @@ DebugState& state() {
 }
 
 thread_local int t_log_device = -1;
+
+// NAME=VALUE lines, as NCCL's setEnvFile reads them: '#' lines and lines without '=' skipped,
+// name and value cut at 1023 characters, what the environment has kept.
+void loadConfigFile(const std::string& path) {
+  FILE* file = fopen(path.c_str(), "r");
+  if (file == nullptr) return;
+  char* line = nullptr;
+  size_t capacity = 0;
+  ssize_t length = 0;
+  while ((length = getline(&line, &capacity, file)) != -1) {
+    std::string text(line, static_cast<size_t>(length));
+    while (!text.empty() && (text.back() == '\n' || text.back() == '\r')) text.pop_back();
+    const size_t equals = text.find('=');
+    if (text.empty() || text[0] == '#' || equals == std::string::npos) continue;
+    const std::string name = text.substr(0, std::min<size_t>(equals, 1023));
+    const std::string value = text.substr(equals + 1, 1023);
+    setenv(name.c_str(), value.c_str(), 0);
+  }
+  free(line);
+  fclose(file);
+}
+
+void loadConfigFiles() {
+  const char* user_file = getenv("NCCL_CONF_FILE");
+  if (user_file != nullptr && *user_file != '\0') {
+    loadConfigFile(user_file);
+  } else if (const passwd* user = getpwuid(getuid()); user != nullptr && user->pw_dir != nullptr) {
+    loadConfigFile(std::string(user->pw_dir) + "/.nccl.conf");
+  }
+  loadConfigFile("/etc/nccl.conf");
+}
 
 std::string shortHostName() {
   char host[256] = "";
@@ -69,7 +102,7 @@ void initLocked(DebugState& s) {
   if (s.output != stdout) fclose(s.output);
   s.output = stdout;
   s.level = Level::None;
-  if (const char* env = getenv("NCCL_DEBUG")) {
+  if (const char* env = getNcclEnv("NCCL_DEBUG")) {
     if (strcasecmp(env, "VERSION") == 0)
       s.level = Level::Version;
     else if (strcasecmp(env, "WARN") == 0 || strcasecmp(env, "ABORT") == 0)
@@ -80,11 +113,21 @@ void initLocked(DebugState& s) {
       s.level = Level::Trace;
   }
   // Like NCCL, the file is only created when there is more than the version line to write.
-  const char* file = getenv("NCCL_DEBUG_FILE");
+  const char* file = getNcclEnv("NCCL_DEBUG_FILE");
   if (s.level > Level::Version && file && *file) {
     if (FILE* opened = fopen(expandDebugFileName(file).c_str(), "w")) s.output = opened;
   }
 }
+
+}  // namespace
+
+const char* getNcclEnv(const char* name) {
+  static std::once_flag loaded;
+  std::call_once(loaded, loadConfigFiles);
+  return getenv(name);
+}
+
+namespace {
 
 int currentLogDevice() {
   if (t_log_device >= 0) return t_log_device;

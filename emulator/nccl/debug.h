@@ -14,6 +14,10 @@ bool infoEnabled();
 // 2 WARN, 3 INFO, 4 ABORT, 5 TRACE), filtered and formatted like the library's own lines.
 void logAtLevel(int level, const char* file, int line, const char* format, va_list args);
 const char* lastErrorText();
+// An NCCL variable as NCCL reads it (its ncclGetEnv): the first read in the process loads the
+// config files into the environment, never overriding what is set there: $NCCL_CONF_FILE, else
+// ~/.nccl.conf; then /etc/nccl.conf.
+const char* getNcclEnv(const char* name);
 // Makes the next log line re-read NCCL_DEBUG and NCCL_DEBUG_FILE.
 void resetDebugInit();
 

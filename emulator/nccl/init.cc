@@ -107,7 +107,7 @@ int parseP2pLevel(const char* text) {
 const P2pPolicy& p2pPolicy() {
   static const P2pPolicy* policy = [] {
     auto* p = new P2pPolicy;
-    if (const char* level = getenv("NCCL_P2P_LEVEL")) {
+    if (const char* level = getNcclEnv("NCCL_P2P_LEVEL")) {
       EMU_INFO("NCCL_P2P_LEVEL set by environment to %s", level);
       const int parsed = parseP2pLevel(level);
       if (parsed < 0)
@@ -115,11 +115,11 @@ const P2pPolicy& p2pPolicy() {
       else
         p->allowed = parsed >= kGpuPathLevel;
     }
-    if (const char* disable = getenv("NCCL_P2P_DISABLE")) {
+    if (const char* disable = getNcclEnv("NCCL_P2P_DISABLE")) {
       EMU_INFO("NCCL_P2P_DISABLE set by environment to %s", disable);
       if (atoi(disable) != 0) p->allowed = false;
     }
-    if (const char* disable = getenv("NCCL_SHM_DISABLE")) {
+    if (const char* disable = getNcclEnv("NCCL_SHM_DISABLE")) {
       EMU_INFO("NCCL_SHM_DISABLE set by environment to %s", disable);
       if (atoi(disable) != 0) p->shm_allowed = false;
     }
@@ -424,7 +424,7 @@ ncclResult_t currentDevice(int* device) {
 
 ncclResult_t configBlocking(const ncclConfig_t* config, bool inherited, const char* caller, bool* blocking) {
   static const bool env_blocking = [] {
-    const char* env = getenv("NCCL_COMM_BLOCKING");
+    const char* env = getNcclEnv("NCCL_COMM_BLOCKING");
     return env == nullptr || atoi(env) != 0;
   }();
   *blocking = inherited;
@@ -513,7 +513,7 @@ ncclComm_t makeHandle(std::shared_ptr<CommCore> core) {
 }
 
 RendezvousKind rendezvousKindForInit(const char* caller, ncclResult_t* error) {
-  const char* comm_id = getenv("NCCL_COMM_ID");
+  const char* comm_id = getNcclEnv("NCCL_COMM_ID");
   if (comm_id == nullptr) return RendezvousKind::OneShot;
   if (!validCommIdAddress(comm_id)) {
     EMU_WARN(
@@ -687,7 +687,7 @@ ncclResult_t ncclGetUniqueId(ncclUniqueId* uniqueId) {
     return ncclInvalidArgument;
   }
   UniqueIdContents contents{};
-  if (const char* comm_id = getenv("NCCL_COMM_ID")) {
+  if (const char* comm_id = getNcclEnv("NCCL_COMM_ID")) {
     // Every process derives the same id from the same address, as real NCCL does.
     if (!validCommIdAddress(comm_id)) {
       EMU_WARN(
@@ -745,7 +745,7 @@ ncclResult_t ncclCommInitRankScalable(ncclComm_t* newcomm, int nranks, int myran
   // emulated root can serve any number of ranks.
   const ncclResult_t result =
       initRankWithId(newcomm, nranks, commIds[0], myrank, config, -1, "ncclCommInitRankScalable");
-  if (getenv("NCCL_COMM_ID") == nullptr && (result == ncclSuccess || result == ncclInProgress)) {
+  if (getNcclEnv("NCCL_COMM_ID") == nullptr && (result == ncclSuccess || result == ncclInProgress)) {
     for (int i = 1; i < nId; ++i) {
       UniqueIdContents contents;
       memcpy(&contents, &commIds[i], sizeof(contents));

@@ -114,7 +114,7 @@ const ncclProfiler_t* acquirePlugin() {
     ++lib.references;
     return lib.plugin;
   }
-  const char* value = getenv("NCCL_PROFILER_PLUGIN");
+  const char* value = getNcclEnv("NCCL_PROFILER_PLUGIN");
   if (value != nullptr) EMU_INFO("NCCL_PROFILER_PLUGIN set by environment to %s", value);
   std::string name;
   // NCCL would next look in an external network plugin's library; the emulator loads none.

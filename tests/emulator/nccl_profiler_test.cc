@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <fstream>
 #include <condition_variable>
 #include <cstdlib>
 #include <map>
@@ -970,4 +971,32 @@ TEST_CASE("hang with peer= on a Send: only that Send stops; the rank's other tra
   }
   REQUIRE(ranks.synchronize(5s));
   CHECK(EventLog(recordedCalls()).callsOf(CallKind::Finalize).size() == 3);
+}
+
+// NCCL reads its config files into the environment at its first call, without overriding it: a
+// plugin named in $NCCL_CONF_FILE is loaded like one named in the environment, and a setting in the
+// environment wins over the file's.
+TEST_CASE("NCCL_PROFILER_PLUGIN in the file NCCL_CONF_FILE names is loaded, the environment winning over it",
+          "[conf_file]") {
+  InfoLog log;
+  ncclguard::testing::TemporaryDirectory directory;
+  const std::string conf = directory.path() + "/nccl.conf";
+  {
+    std::ofstream out(conf);
+    out << "# a comment\nNCCL_PROFILER_PLUGIN=" << recorderPath() << "\r\nNCCL_EMU_UNUSED=1\nno equals sign\n";
+  }
+  setenv("NCCL_CONF_FILE", conf.c_str(), 1);
+  setenv("NCCL_EMU_UNUSED", "from the environment", 1);
+  REQUIRE(getenv("NCCL_PROFILER_PLUGIN") == nullptr);
+  LocalRanks ranks(2);
+  initWithMask(ranks, kAllV5Events);
+  CHECK(std::string(text(getenv("NCCL_EMU_UNUSED"))) == "from the environment");
+  REQUIRE(loaded(recorderPath()));
+  // emu-recorder, or ncclguard with emu-recorder behind it when preloaded.
+  CHECK(log.contains("NCCL INFO PROFILER/Plugin: Loaded "));
+  CHECK(EventLog(recordedCalls()).callsOf(CallKind::Init).size() == 2);
+  const std::vector<float*> buffers = allReduce(ranks, 1024);
+  REQUIRE(ranks.synchronize());
+  checkAllReduceResult(ranks, buffers, 1024);
+  CHECK(waitForCalls([](const EventLog& events) { return stoppedKernelChannels(events) == 4; }));
 }

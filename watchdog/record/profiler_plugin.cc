@@ -12,10 +12,12 @@
 #include <string>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "watchdog/common/config.h"
 #include "watchdog/common/log.h"
 #include "watchdog/common/profile_events.h"
 #include "watchdog/record/hooks.h"
+#include "watchdog/recover/p2p_policy.h"
 #include "watchdog/state/profiles.h"
 #include "watchdog/state/registry.h"
 
@@ -41,18 +43,36 @@ std::string OwnPlugin() {
   return kStaticPlugin;
 }
 
+// The plugin the user named, and where: the environment, else the first NCCL config file that
+// names one (NCCL loads them into the environment without overriding it, at its first call; once
+// ncclguard has set the variable, theirs would be lost).
+struct UserPlugin {
+  std::string name;
+  std::string where = "the environment";
+};
+UserPlugin UserPluginSetting() {
+  if (const char* set = getenv(kPluginVariable); set != nullptr) return {set};
+  for (const NcclConfigFile& file : ReadNcclConfigFiles(ReadProcessEnvironment)) {
+    for (const auto& [name, value] : ParseNcclConfigFile(file.content)) {
+      if (name == kPluginVariable) return {value, file.path};
+    }
+  }
+  return {};
+}
+
 }  // namespace
 
 void PointNcclAtOwnProfiler(const Config& config) {
-  const char* set = getenv(kPluginVariable);
-  const std::string user = set != nullptr ? set : "";
+  const UserPlugin setting = UserPluginSetting();
+  const std::string& user = setting.name;
   if (!config.profiler) {
     log::Info("NCCLGUARD_PROFILER=0: NCCL's profiler plugin left as it is ({}={})", kPluginVariable,
               user.empty() ? "unset" : user);
     return;
   }
   if (strcasecmp(user.c_str(), "none") == 0) {
-    log::Info("{}=none: NCCL's profiler stays off, and ncclguard goes without it", kPluginVariable);
+    log::Info("{}=none in {}: NCCL's profiler stays off, and ncclguard goes without it", kPluginVariable,
+              setting.where);
     return;
   }
   const std::string own = OwnPlugin();
@@ -67,7 +87,9 @@ void PointNcclAtOwnProfiler(const Config& config) {
     return;
   }
   log::Info("NCCL's profiler plugin is ncclguard's ({}={}){}", kPluginVariable, own,
-            g_user_plugin.empty() ? "" : ", which forwards every event to the user's " + g_user_plugin);
+            g_user_plugin.empty() ? ""
+                                  : absl::StrCat(", which forwards every event to the user's ", g_user_plugin,
+                                                 " (named in ", setting.where, ")"));
 }
 
 namespace hooks {
