@@ -69,7 +69,7 @@ void PrintFetchTime(const std::shared_ptr<ncclguard::JobBoard>& board) {
   if (board->StatusesAreFiles()) return;
   const auto fetch_start = std::chrono::steady_clock::now();
   const absl::StatusOr<ncclguard::StatusRecords> fetched =
-      board->FetchStatuses(fetch_start + std::chrono::seconds(60));
+      board->FetchStatuses(fetch_start + std::chrono::seconds(60), nullptr);
   if (!fetched.ok()) return;
   std::size_t bytes = 0;
   for (const ncclguard::StatusRecord& record : fetched->records) bytes += record.content.size();

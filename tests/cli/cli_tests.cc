@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>
@@ -15,8 +16,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "cli/synthetic_job.h"
 #include "tests/support/process.h"
+#include "tests/support/redis_server.h"
+#include "watchdog/report/job_board.h"
 
 using ncclguard::SyntheticJob;
 using ncclguard::testing::ProcessResult;
@@ -119,6 +124,47 @@ TEST_CASE("a rank that never joined the collective exits 1, named with the colle
   // The per-rank table: the late rank completed #7, the others wait in #8 having completed #7 too.
   CHECK(result.out.find("RANK   PROCESS") != std::string::npos);
   CHECK(result.out.find("node0:20002") != std::string::npos);
+}
+
+// More statuses than one round trip to Redis brings (8 batches of 1,000): each batch is parsed
+// while the next is fetched, and every status is read once, whichever thread parsed it.
+TEST_CASE("a job of 20000 ranks on Redis: every status read, batch by batch, and the late rank named") {
+  ncclguard::testing::RedisServer redis;
+  REQUIRE(redis.started());
+  TemporaryDirectory directory;
+  const std::string job_dir = directory.path() + "/job-20k";
+  SyntheticJob options = Scenario(SyntheticJob::Scenario::kRankNotJoined, /*late_rank=*/13'777);
+  options.ranks = 20'000;
+  absl::StatusOr<std::shared_ptr<ncclguard::JobBoard>> board =
+      ncclguard::OpenJobBoard(redis.Url(), job_dir, "job-20k", ncclguard::BoardIdentity{});
+  REQUIRE(board.ok());
+  const absl::Status written = ncclguard::WriteSyntheticJob(*board, options);
+  INFO(written.ToString());
+  REQUIRE(written.ok());
+
+  const ProcessResult result =
+      Ncclguard({"analyze", "--json", redis.Url() + "/job-20k", "--dump-dir", job_dir});
+  INFO(Transcript(result).substr(0, 4000));
+  CHECK(result.exit_code == kProblemFound);
+  const Json document = ParseJson(result.out);
+  const Json& first = document.at("verdicts").at(0);
+  CHECK(first.at("kind") == "rank_not_joined");
+  CHECK(first.at("ranks") == Json::array({13'777}));
+  CHECK(document.at("not_read").at("processes") == 0);
+  const Json& processes = document.at("processes");
+  REQUIRE(processes.size() == 20'000);
+  std::vector<bool> ranks_seen(20'000, false);
+  for (const Json& process : processes) {
+    const int rank = process.at("rank").get<int>();
+    REQUIRE((rank >= 0 && rank < 20'000));
+    CHECK_FALSE(ranks_seen[rank]);
+    ranks_seen[rank] = true;
+  }
+  // The one thing left out: most dumps, sampled, nobody blamed for them.
+  REQUIRE(document.at("problems").size() == 1);
+  CHECK(document["problems"][0].get<std::string>().find(
+            "dumps: not read, their processes' statuses are like most of the job's, and 1024 of their dumps were "
+            "read") != std::string::npos);
 }
 
 TEST_CASE("analyze --json prints only the verdicts document") {

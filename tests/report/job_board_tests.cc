@@ -193,7 +193,7 @@ TEST_CASE("on Redis, a status that has not changed is not written again: a heart
   REQUIRE(board->PublishStatus(Snapshot(0, 1'000), Facts("node-a", 100)).ok());
   REQUIRE(board->PublishStatus(Snapshot(0, 9'000), Facts("node-a", 100)).ok());
   absl::StatusOr<StatusRecords> fetched =
-      board->FetchStatuses(std::chrono::steady_clock::now() + std::chrono::seconds(5));
+      board->FetchStatuses(std::chrono::steady_clock::now() + std::chrono::seconds(5), nullptr);
   REQUIRE(fetched.ok());
   REQUIRE(fetched->records.size() == 1);
   // The document is the first one (time 1000); the heartbeat says the process is alive at 9000.
@@ -210,6 +210,33 @@ TEST_CASE("on Redis, a status that has not changed is not written again: a heart
   const JobView job = Read(board);
   REQUIRE(job.processes[0].snapshot.comms[0].ring.size() == 1);
   CHECK(job.processes[0].snapshot.comms[0].ring[0].op == "Broadcast");
+}
+
+// 9,000 statuses take two round trips (8 batches of 1,000 each): the first round trip's batches
+// are parsed while the second is fetched, and every status is read once, by one thread or another.
+TEST_CASE("on Redis, statuses of several round trips are each read once, parsed while the rest is fetched",
+          "[job_board][redis]") {
+  Boards boards;
+  REQUIRE(boards.redis->started());
+  constexpr int kRanks = 9'000;
+  std::shared_ptr<JobBoard> writer = boards.Open(boards.redis->Url(), "writer", 1);
+  for (int rank = 0; rank < kRanks; ++rank) {
+    ProcessSnapshot snapshot = Snapshot(rank, 1'000);
+    snapshot.comms[0].nranks = kRanks;
+    const std::string host = "node-" + std::to_string(rank / 8);
+    REQUIRE(writer->PublishStatus(snapshot, Facts(host, 1'000 + rank)).ok());
+  }
+  const JobView job = Read(boards.Open(boards.redis->Url(), "analyst", 1));
+  CHECK(job.problems.empty());
+  CHECK_FALSE(job.not_read.SomeProcessMissing());
+  REQUIRE(job.processes.size() == kRanks);
+  for (int rank = 0; rank < kRanks; ++rank) {  // in rank order, each once, each its own
+    const ProcessView& process = job.processes[rank];
+    REQUIRE(process.snapshot.rank == rank);
+    REQUIRE(process.pid == 1'000 + rank);
+    REQUIRE(process.snapshot.comms.size() == 1);
+    REQUIRE(process.snapshot.comms[0].nranks == kRanks);
+  }
 }
 
 TEST_CASE("on Redis, a sample of the dumps of processes like the rest is read, and every dump of the others",

@@ -9,8 +9,10 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <cstring>
+#include <deque>
 #include <fstream>
 #include <memory>
 #include <mutex>
@@ -183,6 +185,112 @@ struct JobFile {
   Kind kind;
   // A status the board fetched (Redis), parsed instead of a file read; null for a file.
   const StatusRecord* record = nullptr;
+  std::size_t record_index = 0;  // its position among the fetched records
+};
+
+// Parses the statuses a board fetches while the next batch is being fetched: one thread takes each
+// batch as the fetch hands it over. The reading threads later take what it parsed and parse what
+// it has not reached themselves; a record is parsed once, by whoever claims it first.
+class StatusPreParser final : public StatusBatchSink {
+ public:
+  StatusPreParser() = default;
+  StatusPreParser(const StatusPreParser&) = delete;
+  StatusPreParser& operator=(const StatusPreParser&) = delete;
+  ~StatusPreParser() override { Finish(); }
+
+  void Fetched(StatusRecord* records, std::size_t first, std::size_t count,
+               std::size_t expected) noexcept override {
+    try {
+      const std::lock_guard<std::mutex> lock(mutex_);
+      if (claims_ == nullptr) {
+        claims_ = std::make_unique<std::atomic<std::uint8_t>[]>(expected);
+        results_.resize(expected);
+        expected_ = expected;
+        records_ = records;
+        thread_ = std::thread([this] { Run(); });
+      }
+      batches_.push_back({first, std::min(first + count, expected_)});
+      ready_.notify_one();
+    } catch (...) {
+      // No memory or no thread: the reading threads parse everything themselves.
+    }
+  }
+
+  // The parsed status of fetched record `index`, `record`: parsed here unless already claimed.
+  // Called once the fetch has returned: claims_ and expected_, set at its first batch, stay.
+  absl::StatusOr<PeerStatus> Take(std::size_t index, const StatusRecord& record) {
+    if (claims_ == nullptr || index >= expected_) return ParseStatusRecord(record.name, record.content);
+    std::uint8_t unclaimed = kUnclaimed;
+    if (claims_[index].compare_exchange_strong(unclaimed, kClaimed)) return Parse(index);
+    // The thread is parsing it: one status, a few microseconds.
+    while (claims_[index].load(std::memory_order_acquire) != kParsed) std::this_thread::yield();
+    absl::StatusOr<PeerStatus> result = std::move(*results_[index]);
+    results_[index].reset();
+    return result;
+  }
+
+  // No more batches: the thread ends once it has gone through what it was given.
+  void Finish() noexcept {
+    {
+      const std::lock_guard<std::mutex> lock(mutex_);
+      finished_ = true;
+      ready_.notify_one();
+    }
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  static constexpr std::uint8_t kUnclaimed = 0;
+  static constexpr std::uint8_t kClaimed = 1;
+  static constexpr std::uint8_t kParsed = 2;
+  struct Batch {
+    std::size_t first;
+    std::size_t end;
+  };
+
+  void Run() noexcept {
+    for (;;) {
+      Batch batch{};
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        ready_.wait(lock, [&] { return finished_ || !batches_.empty(); });
+        if (batches_.empty()) return;
+        batch = batches_.front();
+        batches_.pop_front();
+      }
+      for (std::size_t index = batch.first; index < batch.end; ++index) {
+        std::uint8_t unclaimed = kUnclaimed;
+        if (!claims_[index].compare_exchange_strong(unclaimed, kClaimed)) continue;
+        try {
+          results_[index] = std::make_unique<absl::StatusOr<PeerStatus>>(Parse(index));
+        } catch (...) {
+          results_[index] = std::make_unique<absl::StatusOr<PeerStatus>>(
+              absl::ResourceExhaustedError("cannot be parsed (out of memory)"));
+        }
+        claims_[index].store(kParsed, std::memory_order_release);
+      }
+    }
+  }
+
+  // Record `index`, claimed by the caller; its content is given back once parsed, so that the
+  // statuses parsed next take that memory rather than new pages.
+  absl::StatusOr<PeerStatus> Parse(std::size_t index) {
+    StatusRecord& record = records_[index];
+    absl::StatusOr<PeerStatus> status = ParseStatusRecord(record.name, record.content);
+    std::string().swap(record.content);
+    return status;
+  }
+
+  std::mutex mutex_;
+  std::condition_variable ready_;
+  std::deque<Batch> batches_;
+  bool finished_ = false;
+  std::size_t expected_ = 0;
+  StatusRecord* records_ = nullptr;  // the fetch's, which stay where they are
+  // Per record: who parses it, and the result the thread left.
+  std::unique_ptr<std::atomic<std::uint8_t>[]> claims_;
+  std::vector<std::unique_ptr<absl::StatusOr<PeerStatus>>> results_;
+  std::thread thread_;
 };
 
 // What became of each file.
@@ -339,7 +447,7 @@ int ReadingThreads(const JobReadLimits& limits, std::size_t files) {
 // each file once, until they run out or `stop_reading` passes; `outcomes` says what became of each.
 void ReadFiles(int directory_fd, const std::vector<JobFile>& files, const std::vector<std::size_t>& order,
                std::vector<Outcome>& outcomes, Merger& merger, int threads, const JobReadLimits& limits,
-               std::chrono::steady_clock::time_point stop_reading) {
+               std::chrono::steady_clock::time_point stop_reading, StatusPreParser* parsed) {
   // Dumps written with the default ring are read in full whatever this process's ring.
   const std::size_t max_dump_bytes =
       MaxDumpBytes(std::max(GetConfig().ring_size.value, Config{}.ring_size.value));
@@ -350,9 +458,10 @@ void ReadFiles(int directory_fd, const std::vector<JobFile>& files, const std::v
       return absl::IsOutOfRange(status) ? Outcome::kCapped : Outcome::kUnreadable;
     };
     if (file.kind == JobFile::Kind::kStatus) {
-      absl::StatusOr<PeerStatus> status = file.record != nullptr
-                                              ? ParseStatusRecord(file.name, file.record->content)
-                                              : ReadStatusFileAt(directory_fd, file.name);
+      absl::StatusOr<PeerStatus> status = file.record == nullptr ? ReadStatusFileAt(directory_fd, file.name)
+                                          : parsed != nullptr
+                                              ? parsed->Take(file.record_index, *file.record)
+                                              : ParseStatusRecord(file.name, file.record->content);
       if (status.ok() && file.record != nullptr) {
         status->snapshot.time_ns = std::max(status->snapshot.time_ns, file.record->heartbeat_ns);
       }
@@ -529,13 +638,15 @@ void SortByRank(std::vector<ProcessView>& processes) {
 // the board `where`), not the directory's files.
 JobView ReadOpenJobDirectory(int directory_fd, const std::string& where, const std::string& directory,
                              const JobReadLimits& limits, std::chrono::steady_clock::time_point stop_reading,
-                             const StatusRecords* fetched_statuses) {
+                             const StatusRecords* fetched_statuses, StatusPreParser* parsed) {
   JobView job;
   job.directory = where;
   std::vector<JobFile> files;
   if (fetched_statuses != nullptr) {
-    for (const StatusRecord& record : fetched_statuses->records) {
-      files.push_back(JobFile{.name = record.name, .kind = JobFile::Kind::kStatus, .record = &record});
+    for (std::size_t index = 0; index < fetched_statuses->records.size(); ++index) {
+      const StatusRecord& record = fetched_statuses->records[index];
+      files.push_back(JobFile{
+          .name = record.name, .kind = JobFile::Kind::kStatus, .record = &record, .record_index = index});
     }
     if (fetched_statuses->not_fetched > 0) {
       // Whose statuses they are is not known: no rank may be named as missing.
@@ -586,14 +697,15 @@ JobView ReadOpenJobDirectory(int directory_fd, const std::string& where, const s
       fetched_statuses != nullptr
           ? std::clamp(static_cast<int>(std::thread::hardware_concurrency()), 1, threads)
           : threads;
-  ReadFiles(directory_fd, files, order, outcomes, merger, status_threads, limits, stop_reading);
+  ReadFiles(directory_fd, files, order, outcomes, merger, status_threads, limits, stop_reading, parsed);
+  if (parsed != nullptr) parsed->Finish();
   order.resize(to_read - statuses_to_read);
   std::iota(order.begin(), order.end(), statuses_to_read);
   const std::chrono::steady_clock::time_point stop_dumps =
       fetched_statuses != nullptr && fetched_statuses->not_fetched == 0
           ? SampleDumps(files, job, limits, order, outcomes, stop_reading)
           : stop_reading;
-  ReadFiles(directory_fd, files, order, outcomes, merger, threads, limits, stop_dumps);
+  ReadFiles(directory_fd, files, order, outcomes, merger, threads, limits, stop_dumps, nullptr);
   NoteUnread(files, outcomes, limits, job);
   merger.Finish();
   // In the order of the files' names, whichever thread read them.
@@ -615,15 +727,16 @@ absl::StatusOr<JobView> ReadJobWithin(const std::string& where, const std::strin
   absl::StatusOr<JobView> job = RunWithDeadline<JobView>(
       [=]() -> absl::StatusOr<JobView> {
         std::optional<StatusRecords> fetched;
+        StatusPreParser parsed;
         if (board) {
-          absl::StatusOr<StatusRecords> records = board->FetchStatuses(stop_reading);
+          absl::StatusOr<StatusRecords> records = board->FetchStatuses(stop_reading, &parsed);
           if (!records.ok()) return records.status();
           fetched = *std::move(records);
         }
         absl::StatusOr<int> directory_fd = OpenJobDirectory(directory, origin);
         if (!directory_fd.ok() && !fetched) return directory_fd.status();
         JobView job = ReadOpenJobDirectory(directory_fd.ok() ? *directory_fd : -1, where, directory, limits,
-                                           stop_reading, fetched ? &*fetched : nullptr);
+                                           stop_reading, fetched ? &*fetched : nullptr, &parsed);
         if (directory_fd.ok()) close(*directory_fd);
         job.now_ns = now_ns;
         job.status_interval_seconds = status_interval_seconds;

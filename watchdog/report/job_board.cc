@@ -47,8 +47,8 @@ class DirectoryBoard final : public JobBoard {
   }
 
   bool StatusesAreFiles() const override { return true; }
-  absl::StatusOr<StatusRecords> FetchStatuses(
-      std::chrono::steady_clock::time_point /*deadline*/) noexcept override {
+  absl::StatusOr<StatusRecords> FetchStatuses(std::chrono::steady_clock::time_point /*deadline*/,
+                                              StatusBatchSink* /*batches*/) noexcept override {
     return absl::FailedPreconditionError("the statuses are files of the job directory");
   }
 

@@ -42,6 +42,17 @@ struct StatusRecords {
   std::string why_not_fetched;
 };
 
+// What a fetch tells of its batches as they come in: the records at positions [first, first + count)
+// of the StatusRecords::records it returns, which stay where they are; `expected` is how many the
+// fetch can give in all, fixed from the first batch on. Called on the fetching thread; never throws.
+// The sink may take a record's content once it has parsed it (its memory goes back sooner).
+class StatusBatchSink {
+ public:
+  virtual ~StatusBatchSink() = default;
+  virtual void Fetched(StatusRecord* records, std::size_t first, std::size_t count,
+                       std::size_t expected) noexcept = 0;
+};
+
 // Who the process is, for the records it writes and the requests it must not report to itself.
 struct BoardIdentity {
   std::string host;
@@ -70,9 +81,11 @@ class JobBoard {
   // Whether the statuses are files of Directory(): the job reader then reads them there, side by
   // side with the dumps. Otherwise FetchStatuses gives every status on the board, fetched until
   // `deadline`.
+  // `batches`, when not null, is told of each batch as soon as it is in, so that it can be parsed
+  // while the next one is fetched.
   virtual bool StatusesAreFiles() const = 0;
-  virtual absl::StatusOr<StatusRecords> FetchStatuses(
-      std::chrono::steady_clock::time_point deadline) noexcept = 0;
+  virtual absl::StatusOr<StatusRecords> FetchStatuses(std::chrono::steady_clock::time_point deadline,
+                                                      StatusBatchSink* batches) noexcept = 0;
 
   // Asks every process of the job to dump; returns the request's name.
   virtual absl::StatusOr<std::string> RequestDumps(const std::string& requester) noexcept = 0;

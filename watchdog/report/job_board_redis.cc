@@ -357,10 +357,10 @@ class RedisBoard final : public JobBoard {
   }
 
   bool StatusesAreFiles() const override { return false; }
-  absl::StatusOr<StatusRecords> FetchStatuses(
-      std::chrono::steady_clock::time_point deadline) noexcept override {
+  absl::StatusOr<StatusRecords> FetchStatuses(std::chrono::steady_clock::time_point deadline,
+                                              StatusBatchSink* batches) noexcept override {
     try {
-      return FetchStatusesNow(deadline);
+      return FetchStatusesNow(deadline, batches);
     } catch (...) {
       return absl::ResourceExhaustedError("cannot fetch the statuses (out of memory)");
     }
@@ -487,7 +487,8 @@ class RedisBoard final : public JobBoard {
   // The statuses' names in one HKEYS, then their documents and heartbeats by HMGET, a batch of
   // names at a time and several batches per round trip: Redis answers the next batch while this
   // process copies the one before.
-  absl::StatusOr<StatusRecords> FetchStatusesNow(std::chrono::steady_clock::time_point deadline) {
+  absl::StatusOr<StatusRecords> FetchStatusesNow(std::chrono::steady_clock::time_point deadline,
+                                                 StatusBatchSink* batches) {
     absl::StatusOr<std::vector<Reply>> listed = connection_.Run({{"HKEYS", Key("status")}});
     if (!listed.ok()) return listed.status();
     if (absl::Status checked = Checked(listed->front(), "HKEYS status"); !checked.ok()) return checked;
@@ -520,6 +521,7 @@ class RedisBoard final : public JobBoard {
         break;
       }
       std::size_t name = first;
+      const std::size_t batch_start = fetched.records.size();
       for (std::size_t reply = 0; reply + 1 < replies->size(); reply += 2) {
         std::vector<Reply>& documents = (*replies)[reply].elements;
         const std::vector<Reply>& times = (*replies)[reply + 1].elements;
@@ -530,6 +532,11 @@ class RedisBoard final : public JobBoard {
               StatusRecord{.name = std::move(names[name].text), .content = std::move(documents[i].text)});
           if (i < times.size()) absl::SimpleAtoi(times[i].text, &record.heartbeat_ns);
         }
+      }
+      // Reserved for every name: the records never move.
+      if (batches != nullptr) {
+        batches->Fetched(fetched.records.data(), batch_start, fetched.records.size() - batch_start,
+                         names.size());
       }
     }
     fetched.not_fetched = names.size() - next;
