@@ -1,9 +1,10 @@
-// NCCL's profiler plugin interface, versions 5 (NCCL 2.28) and 6 (2.29), as a plugin sees it: the
-// structure NCCL looks up by name (ncclProfiler_v5, ncclProfiler_v6) in the library that
-// NCCL_PROFILER_PLUGIN names, the events it starts, stops and updates, and their states. NCCL
-// installs no header for it; this one is written from its documented layout (member order and
-// types, constant values), which is all the ABI is. Version 6 only adds copy-engine events at the
-// end of the descriptor's union, whose size does not change: one descriptor serves both.
+// NCCL's profiler plugin interface, versions 5 (NCCL 2.28) and 6 (2.29), and 4 (2.26 and 2.27)
+// below them, as a plugin sees it: the structure NCCL looks up by name (ncclProfiler_v5, ...) in the
+// library that NCCL_PROFILER_PLUGIN names, the events it starts, stops and updates, and their
+// states. NCCL installs no header for it; this one is written from its documented layout (member
+// order and types, constant values), which is all the ABI is. Version 6 only adds copy-engine
+// events at the end of the descriptor's union, whose size does not change: one descriptor serves
+// both.
 #pragma once
 
 #include <nccl.h>
@@ -178,6 +179,76 @@ typedef struct {
   ncclResult_t (*finalize)(void* context);
 } ncclProfiler_t;
 
+// Version 4 (NCCL 2.26 and 2.27): the same event types but the API and launch events, the same
+// states and state arguments, and a descriptor of its own: a byte for the type, no parentGroup (a
+// collective's or point-to-point's parent is its Group event), and init with the communicator's
+// hash after its name.
+typedef struct {
+  uint8_t type;
+  void* parentObj;
+  int rank;
+  union {
+    struct {
+      uint64_t seqNumber;
+      const char* func;
+      void const* sendBuff;
+      void* recvBuff;
+      size_t count;
+      int root;
+      const char* datatype;
+      uint8_t nChannels;
+      uint8_t nWarps;
+      const char* algo;
+      const char* proto;
+    } coll;
+    struct {
+      const char* func;
+      void* buff;
+      const char* datatype;
+      size_t count;
+      int peer;
+      uint8_t nChannels;
+    } p2p;
+    struct {
+      pid_t pid;
+      uint8_t channelId;
+      int peer;
+      int nSteps;
+      int chunkSize;
+      int isSend;
+    } proxyOp;
+    struct {
+      int step;
+    } proxyStep;
+    struct {
+      uint8_t channelId;
+      uint64_t pTimer;
+    } kernelCh;
+    struct {
+      int64_t id;
+      void* data;
+    } netPlugin;
+  };
+} ncclProfilerEventDescr_v4_t;
+
+typedef struct {
+  const char* name;
+  ncclResult_t (*init)(void** context, int* eActivationMask, const char* commName, uint64_t commHash,
+                       int nNodes, int nranks, int rank, ncclProfilerLogger_t logfn);
+  ncclResult_t (*startEvent)(void* context, void** eHandle, ncclProfilerEventDescr_v4_t* eDescr);
+  ncclResult_t (*stopEvent)(void* eHandle);
+  ncclResult_t (*recordEventState)(void* eHandle, ncclProfilerEventState_t eState,
+                                   ncclProfilerEventStateArgs_t* eStateArgs);
+  ncclResult_t (*finalize)(void* context);
+} ncclProfiler_v4_t;
+
+// The event types version 4 has.
+enum {
+  ncclProfileTypesV4 = ncclProfileGroup | ncclProfileColl | ncclProfileP2p | ncclProfileProxyOp |
+                       ncclProfileProxyStep | ncclProfileProxyCtrl | ncclProfileKernelCh |
+                       ncclProfileNetPlugin,
+};
+
 }  // extern "C"
 // NOLINTEND(readability-identifier-naming)
 
@@ -187,3 +258,7 @@ static_assert(offsetof(ncclProfilerEventDescr_t, proxyOp.peer) == 32, "proxyOp.p
 static_assert(offsetof(ncclProfilerEventDescr_t, kernelCh.pTimer) == 32, "kernelCh.pTimer at 32");
 static_assert(sizeof(ncclProfilerEventStateArgs_t) == 8, "NCCL's state arguments are 8 bytes");
 static_assert(sizeof(ncclProfiler_t) == 48, "NCCL's profiler structure is six pointers");
+static_assert(sizeof(ncclProfilerEventDescr_v4_t) == 104, "version 4's descriptor is 104 bytes");
+static_assert(offsetof(ncclProfilerEventDescr_v4_t, coll.nChannels) == 80, "v4 coll.nChannels at 80");
+static_assert(offsetof(ncclProfilerEventDescr_v4_t, proxyOp.peer) == 32, "v4 proxyOp.peer at 32");
+static_assert(sizeof(ncclProfiler_v4_t) == 48, "version 4's structure is six pointers");

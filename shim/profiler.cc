@@ -2,7 +2,8 @@
 // NCCL at this library before the first communicator (record/profiler_plugin.cc) and records what
 // the events say (hooks::profiler). A plugin the user named in NCCL_PROFILER_PLUGIN is loaded here
 // the way NCCL would load it, and gets the events NCCL would have given it under its own mask, with
-// its own contexts and handles, so that both work.
+// its own contexts and handles, so that both work. NCCL 2.26 and 2.27 speak version 4: ncclguard
+// records what it says the same way, and forwards it to the user's plugin in version 4.
 #include <dlfcn.h>
 #include <nccl.h>
 #include <strings.h>
@@ -12,6 +13,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
 #include <mutex>
 #include <new>
 #include <string>
@@ -21,11 +23,13 @@
 #include "watchdog/common/profile_events.h"
 #include "watchdog/record/hooks.h"
 
-// What NCCL looks up by name (defined below): version 6 (2.29) and 5 (2.28), one set of functions.
+// What NCCL looks up by name (defined below): version 6 (2.29) and 5 (2.28), one set of functions,
+// and version 4 (2.26, 2.27), whose init and descriptor are its own.
 // NOLINTBEGIN(readability-identifier-naming): the names NCCL looks up.
 extern "C" {
 __attribute__((visibility("default"))) extern const ncclProfiler_t ncclProfiler_v6;
 __attribute__((visibility("default"))) extern const ncclProfiler_t ncclProfiler_v5;
+__attribute__((visibility("default"))) extern const ncclProfiler_v4_t ncclProfiler_v4;
 }
 // NOLINTEND(readability-identifier-naming)
 
@@ -34,10 +38,11 @@ namespace {
 
 // The user's plugin, loaded at the first communicator's init and kept for the process: NCCL
 // unloads a plugin when its last communicator goes, but a later communicator would only load it
-// again.
+// again. It is looked up in the version NCCL speaks to ncclguard: at most one of the two is set.
 struct UserPlugin {
   std::once_flag loaded;
-  const ncclProfiler_t* plugin = nullptr;
+  const ncclProfiler_t* plugin = nullptr;        // version 6 or 5
+  const ncclProfiler_v4_t* plugin_v4 = nullptr;  // version 4
 };
 UserPlugin g_user;
 
@@ -53,24 +58,39 @@ void* OpenLikeNccl(const std::string& name) {
   return dlopen(("libnccl-profiler-" + name + ".so").c_str(), RTLD_NOW | RTLD_LOCAL);
 }
 
-const ncclProfiler_t* UserPluginLoaded() {
-  std::call_once(g_user.loaded, [] {
+// The first of `symbols` in `handle` that is not one of ours: STATIC_PLUGIN searches the whole
+// process, this library included.
+template <typename Plugin>
+const Plugin* FindPlugin(void* handle, std::initializer_list<const char*> symbols) {
+  for (const char* symbol : symbols) {
+    if (handle == nullptr) break;
+    const void* found = RealDlsym()(handle, symbol);
+    if (found != nullptr && found != &ncclProfiler_v6 && found != &ncclProfiler_v5 &&
+        found != &ncclProfiler_v4)
+      return static_cast<const Plugin*>(found);
+  }
+  return nullptr;
+}
+
+// Loads the user's plugin in the version NCCL speaks (`version`, that of the first init): 6 or 5,
+// version 6 first as NCCL prefers it (it has version 5's layout); or 4.
+void LoadUserPlugin(int version) {
+  std::call_once(g_user.loaded, [version] {
     const std::string name = hooks::ProfilerPluginOfUser();
     if (name.empty()) return;
     void* handle = OpenLikeNccl(name);
-    const ncclProfiler_t* plugin = nullptr;
-    // Version 6 has version 5's layout, and NCCL prefers it. Never ourselves: STATIC_PLUGIN searches
-    // the whole process, this library included.
-    for (const char* symbol : {"ncclProfiler_v6", "ncclProfiler_v5"}) {
-      if (handle == nullptr || plugin != nullptr) break;
-      const auto* found = static_cast<const ncclProfiler_t*>(RealDlsym()(handle, symbol));
-      if (found != &ncclProfiler_v6 && found != &ncclProfiler_v5) plugin = found;
+    const char* plugin_name = nullptr;
+    if (version >= 5) {
+      g_user.plugin = FindPlugin<ncclProfiler_t>(handle, {"ncclProfiler_v6", "ncclProfiler_v5"});
+      plugin_name = g_user.plugin != nullptr ? g_user.plugin->name : nullptr;
+    } else {
+      g_user.plugin_v4 = FindPlugin<ncclProfiler_v4_t>(handle, {"ncclProfiler_v4"});
+      plugin_name = g_user.plugin_v4 != nullptr ? g_user.plugin_v4->name : nullptr;
     }
-    g_user.plugin = plugin;
-    hooks::ReportProfilerPluginOfUser(name, plugin != nullptr ? plugin->name : nullptr, handle != nullptr,
+    hooks::ReportProfilerPluginOfUser(name, plugin_name, handle != nullptr,
+                                      version >= 5 ? "ncclProfiler_v6 or ncclProfiler_v5" : "ncclProfiler_v4",
                                       handle == nullptr ? dlerror() : nullptr);
   });
-  return g_user.plugin;
 }
 
 // What ncclguard records (hooks::profiler): the operations, their kernel channels and, over the
@@ -135,8 +155,10 @@ Handle* NewHandle(std::uint64_t type) {
   return &handle;
 }
 
-ncclResult_t Init(void** context, uint64_t comm_id, int* mask, const char* comm_name, int nodes, int ranks,
-                  int rank, ncclProfilerLogger_t log) {
+// A communicator's context, whichever version NCCL speaks; `init_user` initialises the user's
+// plugin, when there is one, into the slot it is given.
+template <typename InitUser>
+ncclResult_t InitContext(void** context, int* mask, int ranks, int rank, bool user, InitUser init_user) {
   static std::once_flag handles;
   std::call_once(handles, [] { g_handles = new (std::nothrow) Handle[kHandles]; });
   *context = nullptr;
@@ -144,15 +166,29 @@ ncclResult_t Init(void** context, uint64_t comm_id, int* mask, const char* comm_
   auto* ours = new (std::nothrow) Context{.profile = hooks::profiler::Open(rank, ranks)};
   if (ours == nullptr) return ncclSuccess;
   // A failed init of theirs leaves them no context: nothing of theirs is called for it.
-  const ncclProfiler_t* user = UserPluginLoaded();
-  if (user != nullptr &&
-      user->init(&ours->user, comm_id, mask, comm_name, nodes, ranks, rank, log) != ncclSuccess) {
-    ours->user = nullptr;
-  }
-  if (user != nullptr) g_user_mask.store(*mask, std::memory_order_relaxed);
+  if (user && init_user(&ours->user) != ncclSuccess) ours->user = nullptr;
+  if (user) g_user_mask.store(*mask, std::memory_order_relaxed);
   if (ours->profile != nullptr) __atomic_fetch_or(mask, kRecorded, __ATOMIC_RELAXED);
   *context = ours;
   return ncclSuccess;
+}
+
+ncclResult_t Init(void** context, uint64_t comm_id, int* mask, const char* comm_name, int nodes, int ranks,
+                  int rank, ncclProfilerLogger_t log) {
+  LoadUserPlugin(5);
+  const ncclProfiler_t* user = g_user.plugin;
+  return InitContext(context, mask, ranks, rank, user != nullptr, [&](void** theirs) {
+    return user->init(theirs, comm_id, mask, comm_name, nodes, ranks, rank, log);
+  });
+}
+
+ncclResult_t InitV4(void** context, int* mask, const char* comm_name, uint64_t comm_hash, int nodes,
+                    int ranks, int rank, ncclProfilerLogger_t log) {
+  LoadUserPlugin(4);
+  const ncclProfiler_v4_t* user = g_user.plugin_v4;
+  return InitContext(context, mask, ranks, rank, user != nullptr, [&](void** theirs) {
+    return user->init(theirs, mask, comm_name, comm_hash, nodes, ranks, rank, log);
+  });
 }
 
 ProfileRef Record(const Context& context, const Handle* parent, const ncclProfilerEventDescr_t& event) {
@@ -204,6 +240,63 @@ ncclResult_t StartEvent(void* context, void** handle, ncclProfilerEventDescr_t* 
   return ncclSuccess;
 }
 
+// What ncclguard records of a version 4 event, in version 5's terms.
+ncclProfilerEventDescr_t AsVersion5(const ncclProfilerEventDescr_v4_t& event) {
+  ncclProfilerEventDescr_t recorded{};
+  recorded.type = event.type;
+  recorded.parentObj = event.parentObj;
+  recorded.rank = event.rank;
+  switch (event.type) {
+    case ncclProfileColl:
+      recorded.coll.seqNumber = event.coll.seqNumber;
+      recorded.coll.func = event.coll.func;
+      recorded.coll.nChannels = event.coll.nChannels;
+      recorded.coll.algo = event.coll.algo;
+      recorded.coll.proto = event.coll.proto;
+      break;
+    case ncclProfileP2p:
+      recorded.p2p.func = event.p2p.func;
+      recorded.p2p.peer = event.p2p.peer;
+      recorded.p2p.nChannels = event.p2p.nChannels;
+      break;
+    case ncclProfileKernelCh:
+      recorded.kernelCh.channelId = event.kernelCh.channelId;
+      recorded.kernelCh.pTimer = event.kernelCh.pTimer;
+      break;
+    case ncclProfileProxyOp:
+      recorded.proxyOp.pid = event.proxyOp.pid;
+      recorded.proxyOp.channelId = event.proxyOp.channelId;
+      recorded.proxyOp.peer = event.proxyOp.peer;
+      recorded.proxyOp.nSteps = event.proxyOp.nSteps;
+      recorded.proxyOp.isSend = event.proxyOp.isSend;
+      break;
+    case ncclProfileProxyStep:
+      recorded.proxyStep.step = event.proxyStep.step;
+      break;
+    default:
+      break;
+  }
+  return recorded;
+}
+
+ncclResult_t StartEventV4(void* context, void** handle, ncclProfilerEventDescr_v4_t* descriptor) {
+  *handle = nullptr;
+  const auto* ours = static_cast<const Context*>(context);
+  if (ours == nullptr || descriptor == nullptr) return ncclSuccess;
+  auto* parent = static_cast<Handle*>(descriptor->parentObj);
+  Handle* event = NewHandle(descriptor->type);
+  event->recorded = Record(*ours, parent, AsVersion5(*descriptor));
+  const ncclProfiler_v4_t* user = g_user.plugin_v4;
+  if (user != nullptr && ours->user != nullptr &&
+      (StartedFor(descriptor->type) & g_user_mask.load(std::memory_order_relaxed)) != 0) {
+    ncclProfilerEventDescr_v4_t theirs = *descriptor;
+    theirs.parentObj = parent != nullptr ? parent->user : nullptr;
+    user->startEvent(ours->user, &event->user, &theirs);
+  }
+  *handle = event;
+  return ncclSuccess;
+}
+
 StepWait WaitOf(ncclProfilerEventState_t state) {
   switch (state) {
     case ncclProfilerProxyStepSendGPUWait:
@@ -233,9 +326,13 @@ ncclResult_t RecordEventState(void* handle, ncclProfilerEventState_t state,
              arguments != nullptr) {
     hooks::profiler::StopChannel(event->recorded, static_cast<std::int64_t>(arguments->kernelCh.pTimer));
   }
-  const ncclProfiler_t* user = g_user.plugin;
-  return user != nullptr && event->user != nullptr ? user->recordEventState(event->user, state, arguments)
-                                                   : ncclSuccess;
+  if (event->user == nullptr) return ncclSuccess;
+  if (const ncclProfiler_t* user = g_user.plugin)
+    return user->recordEventState(event->user, state, arguments);
+  if (const ncclProfiler_v4_t* user = g_user.plugin_v4) {
+    return user->recordEventState(event->user, state, arguments);
+  }
+  return ncclSuccess;
 }
 
 ncclResult_t StopEvent(void* handle) {
@@ -243,24 +340,30 @@ ncclResult_t StopEvent(void* handle) {
   if (event == nullptr) return ncclSuccess;
   if (event->type == ncclProfileProxyStep) hooks::profiler::StopStep(event->recorded);
   if (event->type == ncclProfileProxyOp) hooks::profiler::StopProxyOp(event->recorded);
-  const ncclProfiler_t* user = g_user.plugin;
-  return user != nullptr && event->user != nullptr ? user->stopEvent(event->user) : ncclSuccess;
+  if (event->user == nullptr) return ncclSuccess;
+  if (const ncclProfiler_t* user = g_user.plugin) return user->stopEvent(event->user);
+  if (const ncclProfiler_v4_t* user = g_user.plugin_v4) return user->stopEvent(event->user);
+  return ncclSuccess;
 }
 
 ncclResult_t Finalize(void* context) {
   auto* ours = static_cast<Context*>(context);
   if (ours == nullptr) return ncclSuccess;
-  const ncclProfiler_t* user = g_user.plugin;
-  if (user != nullptr && ours->user != nullptr) user->finalize(ours->user);
+  if (ours->user != nullptr && g_user.plugin != nullptr) g_user.plugin->finalize(ours->user);
+  if (ours->user != nullptr && g_user.plugin_v4 != nullptr) g_user.plugin_v4->finalize(ours->user);
   hooks::profiler::Close(ours->profile);
   delete ours;
   return ncclSuccess;
 }
 
 constexpr ncclProfiler_t kProfiler = {"ncclguard", Init, StartEvent, StopEvent, RecordEventState, Finalize};
+constexpr ncclProfiler_v4_t kProfilerV4 = {"ncclguard", InitV4,           StartEventV4,
+                                           StopEvent,   RecordEventState, Finalize};
 
 }  // namespace
 }  // namespace ncclguard::shim
 
 const ncclProfiler_t ncclProfiler_v6 = ncclguard::shim::kProfiler;  // NOLINT(readability-identifier-naming)
 const ncclProfiler_t ncclProfiler_v5 = ncclguard::shim::kProfiler;  // NOLINT(readability-identifier-naming)
+const ncclProfiler_v4_t ncclProfiler_v4 =
+    ncclguard::shim::kProfilerV4;  // NOLINT(readability-identifier-naming)

@@ -8,6 +8,7 @@
 #include <strings.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstdarg>
 #include <cstring>
 #include <string>
@@ -86,18 +87,90 @@ std::string loadedPath(void* handle, const std::string& fallback) {
   return map->l_name;
 }
 
-// The emulated NCCL is 2.28.9: it knows the v5 interface. Older ones are named and refused.
-const ncclProfiler_t* findInterface(void* handle, const std::string& name) {
-  if (auto* v5 = static_cast<const ncclProfiler_t*>(dlsym(handle, "ncclProfiler_v5"))) {
-    EMU_INFO("PROFILER/Plugin: Loaded %s (v5)", v5->name ? v5->name : "(unnamed)");
-    return v5;
+// ---- A version 4 plugin, behind the v5 calls (NCCL's own adapter) ------------------------------
+// One plugin per process: the adapter's functions reach it through this.
+const ncclProfiler_v4_t* g_v4 = nullptr;
+
+ncclResult_t v4Init(void** context, uint64_t comm_id, int* mask, const char* comm_name, int nodes, int nranks,
+                    int rank, ncclProfilerLogger_t log) {
+  return g_v4->init(context, mask, comm_name, comm_id, nodes, nranks, rank, log);
+}
+
+// Version 4 knows no API or launch events: they start nothing. A task's parent is its Group event.
+ncclResult_t v4StartEvent(void* context, void** handle, ncclProfilerEventDescr_t* descr) {
+  *handle = nullptr;
+  if ((descr->type & ncclProfileTypesV4) == 0) return ncclSuccess;
+  ncclProfilerEventDescr_v4_t old{};
+  old.type = static_cast<uint8_t>(descr->type);
+  old.parentObj = descr->parentObj;
+  old.rank = descr->rank;
+  switch (descr->type) {
+    case ncclProfileColl: {
+      const auto& c = descr->coll;
+      old.parentObj = c.parentGroup;
+      old.coll = {c.seqNumber, c.func,     c.sendBuff,  c.recvBuff, c.count, c.root,
+                  c.datatype,  c.nChannels, c.nWarps, c.algo,     c.proto};
+      break;
+    }
+    case ncclProfileP2p: {
+      const auto& p = descr->p2p;
+      old.parentObj = p.parentGroup;
+      old.p2p = {p.func, p.buff, p.datatype, p.count, p.peer, p.nChannels};
+      break;
+    }
+    case ncclProfileProxyOp: {
+      const auto& o = descr->proxyOp;
+      old.proxyOp = {o.pid, o.channelId, o.peer, o.nSteps, o.chunkSize, o.isSend};
+      break;
+    }
+    case ncclProfileProxyStep:
+      old.proxyStep.step = descr->proxyStep.step;
+      break;
+    case ncclProfileKernelCh:
+      old.kernelCh = {descr->kernelCh.channelId, descr->kernelCh.pTimer};
+      break;
+    case ncclProfileNetPlugin:
+      old.netPlugin = {descr->netPlugin.id, descr->netPlugin.data};
+      break;
+    default:
+      break;
   }
-  for (const char* older : {"ncclProfiler_v4", "ncclProfiler_v3", "ncclProfiler_v2", "ncclProfiler_v1"}) {
+  return g_v4->startEvent(context, handle, &old);
+}
+
+ncclResult_t v4StopEvent(void* handle) { return g_v4->stopEvent(handle); }
+ncclResult_t v4RecordEventState(void* handle, ncclProfilerEventState_t state, ncclProfilerEventStateArgs_t* args) {
+  return g_v4->recordEventState(handle, state, args);
+}
+ncclResult_t v4Finalize(void* context) { return g_v4->finalize(context); }
+
+ncclProfiler_t g_v4_adapter = {nullptr, v4Init, v4StartEvent, v4StopEvent, v4RecordEventState, v4Finalize};
+
+// Which NCCL's lookup to follow (NCCLEMU_PROFILER_VERSION): 5, NCCL 2.28.9's, ncclProfiler_v5 and
+// then ncclProfiler_v4 behind an adapter; 4, that of NCCL 2.26 and 2.27, ncclProfiler_v4 first.
+int emulatedVersion() {
+  const char* value = getenv("NCCLEMU_PROFILER_VERSION");
+  return value != nullptr && strcmp(value, "4") == 0 ? 4 : 5;
+}
+
+const ncclProfiler_t* findInterface(void* handle, const std::string& name) {
+  if (emulatedVersion() >= 5) {
+    if (auto* v5 = static_cast<const ncclProfiler_t*>(dlsym(handle, "ncclProfiler_v5"))) {
+      EMU_INFO("PROFILER/Plugin: Loaded %s (v5)", v5->name ? v5->name : "(unnamed)");
+      return v5;
+    }
+  }
+  if (auto* v4 = static_cast<const ncclProfiler_v4_t*>(dlsym(handle, "ncclProfiler_v4"))) {
+    EMU_INFO("PROFILER/Plugin: Loaded %s (v4)", v4->name ? v4->name : "(unnamed)");
+    g_v4 = v4;
+    g_v4_adapter.name = v4->name;
+    return &g_v4_adapter;
+  }
+  for (const char* older : {"ncclProfiler_v3", "ncclProfiler_v2", "ncclProfiler_v1"}) {
     if (dlsym(handle, older) != nullptr) {
-      EMU_INFO(
-          "PROFILER/Plugin: %s exports %s only; this emulated NCCL loads ncclProfiler_v5 only. Continue "
-          "without profiler.",
-          name.c_str(), older);
+      EMU_INFO("PROFILER/Plugin: %s exports %s only; the emulator does not model versions below 4. Continue "
+               "without profiler.",
+               name.c_str(), older);
       return nullptr;
     }
   }

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <chrono>
 #include <condition_variable>
 #include <cstdlib>
 #include <map>
@@ -301,17 +302,68 @@ TEST_CASE("a plugin that cannot be found is logged and never tried again in the 
   ranks.destroyAll();
 }
 
-TEST_CASE("a plugin with only ncclProfiler_v4 is refused by this NCCL 2.28.9 and closed", "[v4_only]") {
+namespace {
+
+// What the version 4 plugin (profiler_plugin_v4.cc) counted, while it is loaded.
+long v4Count(const std::string& path, const char* what) {
+  void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_NOLOAD);
+  if (handle == nullptr) return -1;
+  auto* count = reinterpret_cast<long (*)(const char*)>(dlsym(handle, "emuV4Count"));
+  const long value = count != nullptr ? count(what) : -1;
+  dlclose(handle);
+  return value;
+}
+
+// A 2-rank AllReduce under the version 4 plugin at `path`, loaded by whatever looked it up: its
+// inits, the Group and Coll events (each Coll under its Group, as version 4 has it), both kernel
+// channels of each rank started and stopped, no other events; finalized at destroy.
+void checkVersion4Plugin(const std::string& path) {
+  LocalRanks ranks(2);
+  ranks.initAll();
+  REQUIRE(loaded(path));
+  CHECK(v4Count(path, "init") == 2);
+  const std::vector<float*> buffers = allReduce(ranks, 16);
+  REQUIRE(ranks.synchronize());
+  checkAllReduceResult(ranks, buffers, 16);
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (v4Count(path, "kernel_channel_stops") < 4 && std::chrono::steady_clock::now() < give_up)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  CHECK(v4Count(path, "kernel_channel_stops") == 4);
+  CHECK(v4Count(path, "KernelCh") == 4);
+  CHECK(v4Count(path, "Coll") == 2);
+  CHECK(v4Count(path, "tasks_under_groups") == 2);
+  CHECK(v4Count(path, "Group") >= 1);
+  CHECK(v4Count(path, "ProxyOp") == 0);  // P2P transfers: no proxy
+  ranks.destroyAll();
+}
+
+}  // namespace
+
+TEST_CASE("a plugin with only ncclProfiler_v4 is loaded behind NCCL 2.28.9's adapter, without API events",
+          "[v4_only]") {
   InfoLog log;
   const std::string path = pluginDirectory() + "/libnccl-profiler-v4only.so";
   setenv("NCCL_PROFILER_PLUGIN", path.c_str(), 1);
-  LocalRanks ranks(2);
-  ranks.initAll();
-  CHECK(log.contains("PROFILER/Plugin: " + path + " exports ncclProfiler_v4 only"));
-  CHECK_FALSE(loaded(path));
-  allReduce(ranks, 16);
-  REQUIRE(ranks.synchronize());
-  ranks.destroyAll();
+  void* keep = nullptr;  // the counts outlive the last communicator's dlclose
+  {
+    checkVersion4Plugin(path);
+    keep = dlopen(path.c_str(), RTLD_NOW | RTLD_NOLOAD);
+  }
+  CHECK(log.contains("PROFILER/Plugin: Loaded emu-v4-only (v4)"));
+  if (keep != nullptr) dlclose(keep);
+}
+
+// Run with NCCLEMU_PROFILER_VERSION=4: the emulator looks the plugin up as NCCL 2.26 and 2.27 do,
+// ncclProfiler_v4 first; preloaded, ncclguard serves that version and forwards it to this plugin.
+TEST_CASE("as NCCL 2.26 and 2.27, ncclProfiler_v4 is looked up and called in version 4", "[v4_nccl]") {
+  InfoLog log;
+  const std::string path = pluginDirectory() + "/libnccl-profiler-v4only.so";
+  setenv("NCCL_PROFILER_PLUGIN", path.c_str(), 1);
+  checkVersion4Plugin(path);
+  const char* preload = getenv("LD_PRELOAD");
+  const bool behind_ncclguard = preload != nullptr && std::string(preload).find("ncclguard") != std::string::npos;
+  CHECK(log.contains(behind_ncclguard ? "PROFILER/Plugin: Loaded ncclguard (v4)"
+                                      : "PROFILER/Plugin: Loaded emu-v4-only (v4)"));
 }
 
 // ---- Lifetime ----------------------------------------------------------------------------------

@@ -28,7 +28,7 @@ std::set<std::string> DefinedDynamicSymbols(const std::string& library) {
 TEST_CASE(
     "libncclguard.so exports the table's NCCL functions, NCCL's profiler plugin and dlsym, nothing else",
     "[exports]") {
-  std::set<std::string> expected = {"dlsym", "ncclProfiler_v5", "ncclProfiler_v6"};
+  std::set<std::string> expected = {"dlsym", "ncclProfiler_v4", "ncclProfiler_v5", "ncclProfiler_v6"};
   for (const ncclguard::ApiInfo& api : ncclguard::kApis) expected.insert(std::string(api.name));
   CHECK(DefinedDynamicSymbols(PRELOAD_LIBRARY) == expected);
 }

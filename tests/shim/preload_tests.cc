@@ -139,24 +139,24 @@ TEST_CASE("on every loading path NCCL is pointed at ncclguard's profiler plugin,
     SECTION(path.name) {
       CHECK(ProfilerLookup(Run(path.argv, {}, false).out) == "unset");
       const ProcessResult guarded = Run(path.argv, {{"NCCLGUARD_LOG_LEVEL", "info"}}, true);
-      CHECK(ProfilerLookup(guarded.out) == std::string(PRELOAD_LIBRARY) + " ncclguard ncclguard");
+      CHECK(ProfilerLookup(guarded.out) == std::string(PRELOAD_LIBRARY) + " ncclguard ncclguard ncclguard");
       CHECK(CountOccurrences(guarded.err, "NCCL's profiler plugin is ncclguard's (NCCL_PROFILER_PLUGIN=") ==
             1);
       // The user's own plugin is kept behind ncclguard's.
       const ProcessResult theirs =
           Run(path.argv, {{"NCCLGUARD_LOG_LEVEL", "info"}, {"NCCL_PROFILER_PLUGIN", "inspector"}}, true);
-      CHECK(ProfilerLookup(theirs.out) == std::string(PRELOAD_LIBRARY) + " ncclguard ncclguard");
+      CHECK(ProfilerLookup(theirs.out) == std::string(PRELOAD_LIBRARY) + " ncclguard ncclguard ncclguard");
       CHECK(CountOccurrences(theirs.err, "which forwards every event to the user's inspector") == 1);
     }
   }
   SECTION("STATIC_PLUGIN finds ncclguard's structures in the process") {
     const ProcessResult result =
         Run({PROBE_LINKED}, {{"NCCLGUARD_PROFILER", "0"}, {"NCCL_PROFILER_PLUGIN", "STATIC_PLUGIN"}}, true);
-    CHECK(ProfilerLookup(result.out) == "STATIC_PLUGIN ncclguard ncclguard");
+    CHECK(ProfilerLookup(result.out) == "STATIC_PLUGIN ncclguard ncclguard ncclguard");
   }
   SECTION("NCCLGUARD_PROFILER=0 and NCCL_PROFILER_PLUGIN=none leave NCCL's setting alone") {
     CHECK(ProfilerLookup(Run({PROBE_LINKED}, {{"NCCLGUARD_PROFILER", "0"}}, true).out) == "unset");
-    CHECK(ProfilerLookup(Run({PROBE_LINKED}, {{"NCCL_PROFILER_PLUGIN", "none"}}, true).out) == "none - -");
+    CHECK(ProfilerLookup(Run({PROBE_LINKED}, {{"NCCL_PROFILER_PLUGIN", "none"}}, true).out) == "none - - -");
   }
 }
 

@@ -46,7 +46,8 @@ void PrintProfilerLookup() {
         handle != nullptr ? static_cast<const char* const*>(dlsym(handle, symbol)) : nullptr;
     return plugin != nullptr ? *plugin : "-";
   };
-  std::printf("profiler_lookup %s %s %s\n", value, name_of("ncclProfiler_v5"), name_of("ncclProfiler_v6"));
+  std::printf("profiler_lookup %s %s %s %s\n", value, name_of("ncclProfiler_v4"), name_of("ncclProfiler_v5"),
+              name_of("ncclProfiler_v6"));
 }
 
 [[maybe_unused]] int RunProbe(const NcclFunctions& nccl) {

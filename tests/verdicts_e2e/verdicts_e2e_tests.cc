@@ -57,9 +57,8 @@ struct Job {
 // with a job directory of its own in `dump_dir`. No fault and no setting leaks in from outside.
 // After `kill_after_seconds` the launcher and every rank are killed at once (SIGKILL to their
 // process group), as a scheduler ends a job at its time limit.
-Job RunTrainLoop(const TemporaryDirectory& dump_dir, std::vector<std::string> arguments,
-                 const Environment& settings, bool guarded = true, double kill_after_seconds = 50) {
-  arguments.insert(arguments.begin(), TRAIN_LOOP);
+Job RunProgram(const TemporaryDirectory& dump_dir, const std::vector<std::string>& arguments,
+               const Environment& settings, bool guarded, double kill_after_seconds) {
   ProcessOptions options;
   options.timeout_seconds =
       kill_after_seconds;  // by default a last resort: train_loop's --timeout ends hung jobs
@@ -69,10 +68,16 @@ Job RunTrainLoop(const TemporaryDirectory& dump_dir, std::vector<std::string> ar
   Job job;
   job.result = RunProcess(arguments, options);
   job.job_dir = dump_dir.path() + "/" + kJobId;
-  job.transcript = "train_loop: exit code " + std::to_string(job.result.exit_code) +
+  job.transcript = arguments[0] + ": exit code " + std::to_string(job.result.exit_code) +
                    (job.result.timed_out ? ", timed out" : "") + "\nstdout:\n" + job.result.out +
                    "\nstderr:\n" + job.result.err;
   return job;
+}
+
+Job RunTrainLoop(const TemporaryDirectory& dump_dir, std::vector<std::string> arguments,
+                 const Environment& settings, bool guarded = true, double kill_after_seconds = 50) {
+  arguments.insert(arguments.begin(), TRAIN_LOOP);
+  return RunProgram(dump_dir, arguments, settings, guarded, kill_after_seconds);
 }
 
 struct Analysis {
@@ -638,17 +643,19 @@ void CheckStoppedLinkTrace(const Json& trace, int ranks, int from, int to, std::
 // One link of the ring stops (NCCLEMU_FAULTS hang with peer=) over the network (P2P and shared
 // memory off): NCCL's profiler, which ncclguard serves, shows the sender's step posted and never
 // received. Every rank's stall line names the two ranks and the channel, and so does analyze.
-void CheckStoppedLink(int ranks, int from, int to) {
+void CheckStoppedLink(int ranks, int from, int to, const Environment& extra = {}) {
   TemporaryDirectory dump_dir;
   const std::string fault = "hang:rank=" + std::to_string(from) + ",peer=" + std::to_string(to) + ",seq=10";
+  Environment settings = {{"NCCLEMU_FAULTS", fault},
+                          {"NCCL_P2P_DISABLE", "1"},
+                          {"NCCL_SHM_DISABLE", "1"},
+                          {"NCCLGUARD_TIMEOUT", kStallTimeout},
+                          {"NCCLGUARD_STATUS_INTERVAL", kShortStatusInterval}};
+  for (const auto& [name, value] : extra) settings[name] = value;
   const Job job = RunTrainLoop(
       dump_dir,
       {"--ranks", std::to_string(ranks), "--steps", "20", "--count", "262144", "--timeout", kHungJobSeconds},
-      {{"NCCLEMU_FAULTS", fault},
-       {"NCCL_P2P_DISABLE", "1"},
-       {"NCCL_SHM_DISABLE", "1"},
-       {"NCCLGUARD_TIMEOUT", kStallTimeout},
-       {"NCCLGUARD_STATUS_INTERVAL", kShortStatusInterval}});
+      settings);
   INFO(job.transcript);
   REQUIRE_FALSE(job.result.timed_out);
   const std::map<int, int> pids = RankPids(job.result.out);
@@ -1015,6 +1022,54 @@ TEST_CASE("a link that stops among 4 ranks is named, online and in analyze: link
 
 TEST_CASE("a link that stops among 8 ranks is named, online and in analyze: link_stalled", "[link_stalled]") {
   CheckStoppedLink(8, 5, 6);
+}
+
+// NCCL 2.26 and 2.27 speak the profiler's version 4 (the emulator looks the plugin up as they do):
+// ncclguard serves that version too, and the verdict is the same.
+TEST_CASE("a link that stops is named under NCCL's profiler version 4 too: link_stalled", "[link_stalled]") {
+  CheckStoppedLink(4, 2, 3, {{"NCCLEMU_PROFILER_VERSION", "4"}});
+}
+
+// The same under PyTorch's habits (ddp_habits): the data-parallel communicator split from the
+// default one, collectives on a dedicated NCCL stream, broadcasts and bucketed all-reduces queued
+// back to back, the framework's own watchdog polling events and ncclCommGetAsyncError, which ends
+// the job. The link stops in the 4th bucket's AllReduce of the first step (#10 of the split
+// communicator); every rank names it online, and analyze does, blocking and non-blocking alike.
+TEST_CASE("a link that stops under PyTorch's habits is named online and in analyze: link_stalled",
+          "[link_stalled]") {
+  const bool nonblocking = GENERATE(false, true);
+  INFO((nonblocking ? "non-blocking" : "blocking") << " communicators");
+  TemporaryDirectory dump_dir;
+  std::vector<std::string> command = {DDP_HABITS, "--ranks", "4", "--framework-timeout", "6"};
+  if (nonblocking) command.emplace_back("--nonblocking");
+  const Job job = RunProgram(dump_dir, command,
+                             {{"NCCLEMU_FAULTS", "hang:rank=1,peer=2,seq=10"},
+                              {"NCCL_P2P_DISABLE", "1"},
+                              {"NCCL_SHM_DISABLE", "1"},
+                              {"NCCLGUARD_TIMEOUT", kStallTimeout},
+                              {"NCCLGUARD_STATUS_INTERVAL", kShortStatusInterval}},
+                             /*guarded=*/true, /*kill_after_seconds=*/50);
+  INFO(job.transcript);
+  REQUIRE_FALSE(job.result.timed_out);
+  CHECK(Contains(job.result.out, "framework watchdog: "));  // the framework ended the hung job
+  const std::map<int, int> pids = RankPids(job.result.out);
+  REQUIRE(pids.size() == 4);
+  for (const auto& [rank, pid] : pids) {
+    INFO("rank " << rank);
+    const std::string online = OnlineVerdict(job.result.err, pid);
+    CHECK(online.starts_with("link_stalled: AllReduce #10 "));
+    CHECK(Contains(online, "stopped on the link from rank 1 (host "));
+    CHECK(Contains(online, "to rank 2 (host "));
+  }
+  const Analysis analysis = Analyze(job.job_dir);
+  const Json& verdict = analysis.document.at("verdicts").at(0);
+  REQUIRE(verdict.at("kind") == "link_stalled");
+  CHECK(verdict.at("seq") == 10);
+  CHECK(Ranks(verdict) == std::vector<int>{1, 2});
+  const Json& links = verdict.at("evidence").at("links");
+  REQUIRE(links.size() == 1);
+  CHECK(links[0].at("from_rank") == 1);
+  CHECK(links[0].at("to_rank") == 2);
 }
 
 // Over P2P the transfers run inside the kernel: NCCL reports no proxy step, only the kernel

@@ -253,7 +253,11 @@ class StatusPreParser final : public StatusBatchSink {
       Batch batch{};
       {
         std::unique_lock<std::mutex> lock(mutex_);
-        ready_.wait(lock, [&] { return finished_ || !batches_.empty(); });
+        // wait_for, not wait: wait's symbol is of GCC 12's libstdc++ (GLIBCXX_3.4.30), newer
+        // than the library needs elsewhere (scripts/glibc-requirement.sh).
+        while (
+            !ready_.wait_for(lock, std::chrono::seconds(1), [&] { return finished_ || !batches_.empty(); })) {
+        }
         if (batches_.empty()) return;
         batch = batches_.front();
         batches_.pop_front();

@@ -104,9 +104,10 @@ void NestedCall(Api api, Api outer) noexcept;
 // own (profiler_plugin.cc); "" when none. The shim loads it and forwards NCCL's events to it.
 std::string ProfilerPluginOfUser() noexcept;
 // What became of loading it: `opened` the library, `plugin_name` its plugin's name (nullptr when
-// it has no ncclProfiler_v5 or _v6), `error` dlerror()'s text. Logged once.
+// it has none of the structures `wanted` names, those of the version NCCL speaks), `error`
+// dlerror()'s text. Logged once.
 void ReportProfilerPluginOfUser(const std::string& name, const char* plugin_name, bool opened,
-                                const char* error) noexcept;
+                                const char* wanted, const char* error) noexcept;
 
 // NCCL's profiler events, as shim/profiler.cc passes them on: what ncclguard records of them
 // (state/profiles.h). All noexcept, on NCCL's threads; a reference that a newer operation made stale

@@ -556,7 +556,8 @@ void RegisterCreated(const Ticket& ticket, Api api, int library, ncclResult_t re
       registry.EndInit(init_token);
       return;
     }
-    if (!grouped) registry.EndInit(std::exchange(init_token, -1));
+    // Ended below, once the communicator is registered: NCCL's profiler plugin, initialised by
+    // NCCL's own thread for a non-blocking one, finds it as one or the other (profiler_plugin.cc).
     const std::int64_t now = SteadyNowNs();
     bool completed = false;
     for (int i = 0; i < count; ++i) {
@@ -584,7 +585,7 @@ void RegisterCreated(const Ticket& ticket, Api api, int library, ncclResult_t re
         completed = CompleteRegistration(*comm, SteadyNowNs()) || completed;
       }
     }
-    registry.EndInit(init_token);  // none registered for it
+    registry.EndInit(init_token);  // not grouped, or none registered for it
     if (completed) WriteStatusAtInit();
   } catch (...) {
   }

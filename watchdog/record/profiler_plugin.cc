@@ -2,6 +2,7 @@
 #include "watchdog/record/profiler_plugin.h"
 
 #include <dlfcn.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <strings.h>
 #include <sys/syscall.h>
@@ -19,6 +20,7 @@
 #include "watchdog/record/hooks.h"
 #include "watchdog/recover/p2p_policy.h"
 #include "watchdog/state/profiles.h"
+#include "watchdog/state/records.h"
 #include "watchdog/state/registry.h"
 
 namespace ncclguard {
@@ -38,7 +40,10 @@ std::string OwnPlugin() {
   Dl_info info{};
   if (dladdr(reinterpret_cast<void*>(&PointNcclAtOwnProfiler), &info) != 0 && info.dli_fname != nullptr &&
       absl::EndsWith(info.dli_fname, ".so")) {
-    return info.dli_fname;
+    // As loaded, which may be relative to a directory the application leaves before NCCL's first
+    // communicator (LD_PRELOAD=./libncclguard.so).
+    char absolute[PATH_MAX];
+    return realpath(info.dli_fname, absolute) != nullptr ? absolute : info.dli_fname;
   }
   return kStaticPlugin;
 }
@@ -100,13 +105,13 @@ std::string ProfilerPluginOfUser() noexcept {
 }
 
 void ReportProfilerPluginOfUser(const std::string& name, const char* plugin_name, bool opened,
-                                const char* error) noexcept {
+                                const char* wanted, const char* error) noexcept {
   if (plugin_name != nullptr) {
     log::Info("NCCL's profiler events go to the user's plugin {} ({}={}) too", plugin_name, kPluginVariable,
               name);
   } else if (opened) {
-    log::Warn("the user's profiler plugin {}={} has no ncclProfiler_v6 or ncclProfiler_v5: it gets no events",
-              kPluginVariable, name);
+    log::Warn("the user's profiler plugin {}={} has no {}, which this NCCL calls: it gets no events",
+              kPluginVariable, name, wanted);
   } else {
     log::Warn("the user's profiler plugin {}={} cannot be loaded ({}): it gets no events", kPluginVariable,
               name, error != nullptr ? error : "unknown error");
@@ -117,14 +122,31 @@ namespace profiler {
 
 CommProfile* Open(int rank, int nranks) noexcept {
   try {
-    // The communicator being created: on this thread (a blocking init), else the newest of that
-    // rank and size (NCCL's own thread initialises a non-blocking one).
+    // The communicator being created, best first: one of that rank and size on this thread (a
+    // blocking init); a split or shrink on this thread (its rank and size are NCCL's to choose, so
+    // unknown until it returns); the newest of that rank and size, then the newest split or shrink,
+    // whose call may also have returned already (ncclInProgress: NCCL's own thread initialises a
+    // non-blocking one).
     std::string comm_id;
+    int best = 0;
+    auto consider = [&](const std::string& id, int its_rank, int its_nranks, bool this_thread) {
+      const bool same_size = its_rank == rank && its_nranks == nranks;
+      if (!same_size && its_rank >= 0) return;
+      const int score = (this_thread ? 2 : 0) + (same_size ? 2 : 1);
+      if (score >= best) {
+        best = score;
+        comm_id = id;
+      }
+    };
+    for (const CommState* comm : GetRegistry().All()) {
+      if (comm->init_end_ns.load(std::memory_order_acquire) == 0) {
+        consider(comm->id, comm->rank.load(std::memory_order_relaxed),
+                 comm->nranks.load(std::memory_order_relaxed), false);
+      }
+    }
     const std::int64_t thread = syscall(SYS_gettid);
     for (const PendingInit& init : GetRegistry().PendingInits()) {
-      if (init.rank != rank || init.nranks != nranks) continue;
-      comm_id = init.comm_id;
-      if (init.thread == thread) break;
+      consider(init.comm_id, init.rank, init.nranks, init.thread == thread);
     }
     return GetProfileTable().Open(comm_id, rank);
   } catch (...) {
