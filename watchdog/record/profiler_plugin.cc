@@ -2,13 +2,14 @@
 #include "watchdog/record/profiler_plugin.h"
 
 #include <dlfcn.h>
-#include <limits.h>
 #include <stdlib.h>
 #include <strings.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <string>
 
@@ -42,8 +43,8 @@ std::string OwnPlugin() {
       absl::EndsWith(info.dli_fname, ".so")) {
     // As loaded, which may be relative to a directory the application leaves before NCCL's first
     // communicator (LD_PRELOAD=./libncclguard.so).
-    char absolute[PATH_MAX];
-    return realpath(info.dli_fname, absolute) != nullptr ? absolute : info.dli_fname;
+    const std::unique_ptr<char, decltype(&free)> absolute(realpath(info.dli_fname, nullptr), &free);
+    return absolute != nullptr ? absolute.get() : info.dli_fname;
   }
   return kStaticPlugin;
 }
