@@ -28,6 +28,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
@@ -37,6 +38,7 @@
 #include "watchdog/common/config.h"
 #include "watchdog/common/files.h"
 #include "watchdog/common/log.h"
+#include "watchdog/common/mutex.h"
 #include "watchdog/diagnose/job_view.h"
 #include "watchdog/diagnose/op_states.h"
 #include "watchdog/report/dump.h"
@@ -201,7 +203,7 @@ class StatusPreParser final : public StatusBatchSink {
   void Fetched(StatusRecord* records, std::size_t first, std::size_t count,
                std::size_t expected) noexcept override {
     try {
-      const std::lock_guard<std::mutex> lock(mutex_);
+      MutexLock lock(mutex_);
       if (claims_ == nullptr) {
         claims_ = std::make_unique<std::atomic<std::uint8_t>[]>(expected);
         results_.resize(expected);
@@ -224,18 +226,18 @@ class StatusPreParser final : public StatusBatchSink {
     if (claims_[index].compare_exchange_strong(unclaimed, kClaimed)) return Parse(index);
     // The thread is parsing it: one status, a few microseconds.
     while (claims_[index].load(std::memory_order_acquire) != kParsed) std::this_thread::yield();
-    absl::StatusOr<PeerStatus> result = std::move(*results_[index]);
-    results_[index].reset();
-    return result;
+    const std::unique_ptr<absl::StatusOr<PeerStatus>> result = std::move(results_[index]);
+    if (result == nullptr) return absl::ResourceExhaustedError("cannot be parsed (out of memory)");
+    return std::move(*result);
   }
 
   // No more batches: the thread ends once it has gone through what it was given.
   void Finish() noexcept {
     {
-      const std::lock_guard<std::mutex> lock(mutex_);
+      MutexLock lock(mutex_);
       finished_ = true;
-      ready_.notify_one();
     }
+    ready_.notify_one();
     if (thread_.joinable()) thread_.join();
   }
 
@@ -248,31 +250,37 @@ class StatusPreParser final : public StatusBatchSink {
     std::size_t end;
   };
 
+  // The next batch; nothing once finished and every batch taken.
+  std::optional<Batch> NextBatch() {
+    MutexLock lock(mutex_);
+    // wait_for: the plain wait of std::condition_variable is a symbol of GCC 12's libstdc++
+    // (GLIBCXX_3.4.30), newer than the library needs elsewhere (scripts/glibc-requirement.sh).
+    while (!ready_.wait_for(mutex_, std::chrono::seconds(1), [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
+      return finished_ || !batches_.empty();
+    })) {
+    }
+    if (batches_.empty()) return std::nullopt;
+    const Batch batch = batches_.front();
+    batches_.pop_front();
+    return batch;
+  }
+
   void Run() noexcept {
-    for (;;) {
-      Batch batch{};
-      {
-        std::unique_lock<std::mutex> lock(mutex_);
-        // wait_for, not wait: wait's symbol is of GCC 12's libstdc++ (GLIBCXX_3.4.30), newer
-        // than the library needs elsewhere (scripts/glibc-requirement.sh).
-        while (
-            !ready_.wait_for(lock, std::chrono::seconds(1), [&] { return finished_ || !batches_.empty(); })) {
+    try {
+      while (const std::optional<Batch> batch = NextBatch()) {
+        for (std::size_t index = batch->first; index < batch->end; ++index) {
+          std::uint8_t unclaimed = kUnclaimed;
+          if (!claims_[index].compare_exchange_strong(unclaimed, kClaimed)) continue;
+          try {
+            results_[index] = std::make_unique<absl::StatusOr<PeerStatus>>(Parse(index));
+          } catch (...) {
+            // No result: Take says it could not be parsed.
+          }
+          claims_[index].store(kParsed, std::memory_order_release);
         }
-        if (batches_.empty()) return;
-        batch = batches_.front();
-        batches_.pop_front();
       }
-      for (std::size_t index = batch.first; index < batch.end; ++index) {
-        std::uint8_t unclaimed = kUnclaimed;
-        if (!claims_[index].compare_exchange_strong(unclaimed, kClaimed)) continue;
-        try {
-          results_[index] = std::make_unique<absl::StatusOr<PeerStatus>>(Parse(index));
-        } catch (...) {
-          results_[index] = std::make_unique<absl::StatusOr<PeerStatus>>(
-              absl::ResourceExhaustedError("cannot be parsed (out of memory)"));
-        }
-        claims_[index].store(kParsed, std::memory_order_release);
-      }
+    } catch (...) {
+      // No memory to wait with: the reading threads parse what is left.
     }
   }
 
@@ -285,10 +293,12 @@ class StatusPreParser final : public StatusBatchSink {
     return status;
   }
 
-  std::mutex mutex_;
-  std::condition_variable ready_;
-  std::deque<Batch> batches_;
-  bool finished_ = false;
+  Mutex mutex_;
+  std::condition_variable_any ready_;  // waits on mutex_ itself
+  std::deque<Batch> batches_ ABSL_GUARDED_BY(mutex_);
+  bool finished_ ABSL_GUARDED_BY(mutex_) = false;
+  // Set once, at the first batch, and read without the mutex after the fetch: its thread, which
+  // set them, started the thread that reads them, and returned before the reading threads began.
   std::size_t expected_ = 0;
   StatusRecord* records_ = nullptr;  // the fetch's, which stay where they are
   // Per record: who parses it, and the result the thread left.
