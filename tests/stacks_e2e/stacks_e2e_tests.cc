@@ -43,7 +43,8 @@ struct Job {
   std::string job_dir;
 };
 
-Job RunLateRankJob(const TemporaryDirectory& dump_dir, std::vector<std::string> program, int port_offset) {
+Job RunLateRankJob(const TemporaryDirectory& dump_dir, std::vector<std::string> program, int port_offset,
+                   const std::map<std::string, std::string>& settings = {}) {
   std::vector<std::string> argv = {"bash", LAUNCHER, "4", kJobSeconds};
   argv.insert(argv.end(), program.begin(), program.end());
   ProcessOptions options;
@@ -56,6 +57,7 @@ Job RunLateRankJob(const TemporaryDirectory& dump_dir, std::vector<std::string> 
   options.environment["LATE_STEP"] = "10";
   options.environment["NCCLGUARD_TIMEOUT"] = "2";
   options.environment["NCCLGUARD_STATUS_INTERVAL"] = "0.2";
+  for (const auto& [name, value] : settings) options.environment[name] = value;
   Job job{RunProcess(argv, options), dump_dir.path() + "/" + kJobId};
   return job;
 }
@@ -185,4 +187,29 @@ TEST_CASE("a Python program's late rank (ctypes): named in its function, sleepin
           "sleeping for ");
     }
   }
+}
+
+// The same Python program (ctypes), no rank late, over the network: rank 1's link to rank 2 stops
+// in AllReduce #10. NCCL's profiler, which ncclguard serves to the libnccl that ctypes loaded,
+// names the link online on every rank and in analyze.
+TEST_CASE("a link that stops under a Python program (ctypes) is named: link_stalled") {
+  TemporaryDirectory dump_dir;
+  const Job job = RunLateRankJob(dump_dir, {"python3", LATE_RANK_SCRIPT}, 7,
+                                 {{"LATE_RANK", "-1"},
+                                  {"NCCLEMU_FAULTS", "hang:rank=1,peer=2,seq=10"},
+                                  {"NCCL_P2P_DISABLE", "1"},
+                                  {"NCCL_SHM_DISABLE", "1"}});
+  INFO(job.result.out << job.result.err);
+  int named = 0;
+  for (const std::string& line : SplitLines(job.result.err)) {
+    if (!Contains(line, "verdict: link_stalled: AllReduce #10 ")) continue;
+    CHECK(Contains(line, "stopped on the link from rank 1 (host "));
+    CHECK(Contains(line, "to rank 2 (host "));
+    ++named;
+  }
+  CHECK(named == 4);
+  const Json document = Analyze(job.job_dir);
+  const Json& verdict = document.at("verdicts").at(0);
+  CHECK(verdict.at("kind") == "link_stalled");
+  CHECK(verdict.at("ranks") == Json::array({1, 2}));
 }
