@@ -132,9 +132,29 @@ print(f"python: NCCL {version.value}, ncclCommInitRank returned {result}: "
 PY
 fi
 
+say "9. Which link? Over the network (P2P and shared memory off, as between nodes), rank 1's sends" \
+    "   to rank 2 stop arriving in the 10th AllReduce (injected). Every rank is inside it and none" \
+    "   finishes; NCCL's profiler, which ncclguard serves, shows rank 1's step posted and never" \
+    "   received, so every rank's verdict names that link, its channel and step:"
+NCCLEMU_FAULTS="hang:rank=1,peer=2,seq=10" NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCLGUARD_TIMEOUT=3 \
+  NCCLGUARD_JOB_ID=link watched "$train_loop" --ranks 4 --steps 20 --count 262144 --timeout 8 2>&1 |
+  grep -E '\[0\] ncclguard WARN.*verdict' | head -n 1 | sed -E 's/ — dump: .*//' | fold -s -w 110 || true
+say "   ncclguard analyze says the same, and --trace writes a timeline for ui.perfetto.dev with a" \
+    "   track per channel, where both ranks of the stopped link are marked:"
+"$build/bin/ncclguard" analyze "$jobs/link" --trace "$jobs/link.trace.json" | grep -E '^[A-Z_]+  comm|^  ranks:' || true
+python3 - "$jobs/link.trace.json" <<'PY'
+import json, sys
+events = json.load(open(sys.argv[1]))["traceEvents"]
+tracks = {(e["pid"], e["tid"]): e["args"]["name"] for e in events if e.get("name") == "thread_name"}
+for e in events:
+    verdict = e.get("args", {}).get("verdict", "") if e.get("ph") == "X" else ""
+    if verdict.startswith("link_stalled: "):  # the channel tracks; the operation tracks say the kind only
+        print(f"   rank {e['pid'] - 1}, track '{tracks.get((e['pid'], e['tid']))}': {e['name']} — {verdict}")
+PY
+
 program="$build/tests/cudart_e2e/cudart_nccl_program"
 if [[ -x "$program" ]]; then
-  say "9. A program written the way NCCL's own benchmarks and JAX are: built by nvcc against the CUDA" \
+  say "10. A program written the way NCCL's own benchmarks and JAX are: built by nvcc against the CUDA" \
       "   runtime, one process driving four GPUs, their communicators created inside one group." \
       "   It runs on the emulator's libcudart; rank 2's fourth AllReduce hangs (injected). ncclguard" \
       "   describes each communicator once NCCL has created it, so the stall names all four ranks:"
