@@ -43,6 +43,11 @@ struct UserPlugin {
   std::once_flag loaded;
   const ncclProfiler_t* plugin = nullptr;        // version 6 or 5
   const ncclProfiler_v4_t* plugin_v4 = nullptr;  // version 4
+  // The calls both versions have alike, of whichever is loaded.
+  ncclResult_t (*stop_event)(void* handle) = nullptr;
+  ncclResult_t (*record_event_state)(void* handle, ncclProfilerEventState_t state,
+                                     ncclProfilerEventStateArgs_t* arguments) = nullptr;
+  ncclResult_t (*finalize)(void* context) = nullptr;
 };
 UserPlugin g_user;
 
@@ -80,12 +85,19 @@ void LoadUserPlugin(int version) {
     if (name.empty()) return;
     void* handle = OpenLikeNccl(name);
     const char* plugin_name = nullptr;
+    auto keep_shared_calls = [&](const auto* plugin) {
+      if (plugin == nullptr) return;
+      plugin_name = plugin->name;
+      g_user.stop_event = plugin->stopEvent;
+      g_user.record_event_state = plugin->recordEventState;
+      g_user.finalize = plugin->finalize;
+    };
     if (version >= 5) {
       g_user.plugin = FindPlugin<ncclProfiler_t>(handle, {"ncclProfiler_v6", "ncclProfiler_v5"});
-      plugin_name = g_user.plugin != nullptr ? g_user.plugin->name : nullptr;
+      keep_shared_calls(g_user.plugin);
     } else {
       g_user.plugin_v4 = FindPlugin<ncclProfiler_v4_t>(handle, {"ncclProfiler_v4"});
-      plugin_name = g_user.plugin_v4 != nullptr ? g_user.plugin_v4->name : nullptr;
+      keep_shared_calls(g_user.plugin_v4);
     }
     hooks::ReportProfilerPluginOfUser(name, plugin_name, handle != nullptr,
                                       version >= 5 ? "ncclProfiler_v6 or ncclProfiler_v5" : "ncclProfiler_v4",
@@ -218,26 +230,45 @@ ProfileRef Record(const Context& context, const Handle* parent, const ncclProfil
   }
 }
 
-ncclResult_t StartEvent(void* context, void** handle, ncclProfilerEventDescr_t* descriptor) {
+// The user's handle of an event of ours, or null.
+void* Theirs(void* ours) { return ours != nullptr ? static_cast<Handle*>(ours)->user : nullptr; }
+
+// Records an event NCCL starts, `descriptor` as NCCL gave it and `event` the same in version 5's
+// terms, and gives out its handle. `start_theirs(their context, a copy of descriptor, the slot for
+// their handle)` starts it in the user's plugin, when one is loaded (`user_loaded`) and its mask
+// asks for the event.
+template <typename Descriptor, typename StartTheirs>
+ncclResult_t StartRecorded(void* context, void** handle, const Descriptor& descriptor,
+                           const ncclProfilerEventDescr_t& event, bool user_loaded,
+                           StartTheirs start_theirs) {
   *handle = nullptr;
   const auto* ours = static_cast<const Context*>(context);
-  if (ours == nullptr || descriptor == nullptr) return ncclSuccess;
-  auto* parent = static_cast<Handle*>(descriptor->parentObj);
-  Handle* event = NewHandle(descriptor->type);
-  event->recorded = Record(*ours, parent, *descriptor);
-  const ncclProfiler_t* user = g_user.plugin;
-  if (user != nullptr && ours->user != nullptr &&
-      (StartedFor(descriptor->type) & g_user_mask.load(std::memory_order_relaxed)) != 0) {
-    ncclProfilerEventDescr_t theirs = *descriptor;
-    theirs.parentObj = parent != nullptr ? parent->user : nullptr;
-    if (descriptor->type == ncclProfileColl || descriptor->type == ncclProfileP2p) {
-      void*& group = descriptor->type == ncclProfileColl ? theirs.coll.parentGroup : theirs.p2p.parentGroup;
-      group = group != nullptr ? static_cast<Handle*>(group)->user : nullptr;
-    }
-    user->startEvent(ours->user, &event->user, &theirs);
+  if (ours == nullptr) return ncclSuccess;
+  Handle* started = NewHandle(descriptor.type);
+  started->recorded = Record(*ours, static_cast<Handle*>(descriptor.parentObj), event);
+  if (user_loaded && ours->user != nullptr &&
+      (StartedFor(descriptor.type) & g_user_mask.load(std::memory_order_relaxed)) != 0) {
+    Descriptor theirs = descriptor;
+    theirs.parentObj = Theirs(descriptor.parentObj);
+    start_theirs(ours->user, theirs, &started->user);
   }
-  *handle = event;
+  *handle = started;
   return ncclSuccess;
+}
+
+ncclResult_t StartEvent(void* context, void** handle, ncclProfilerEventDescr_t* descriptor) {
+  if (descriptor == nullptr) {
+    *handle = nullptr;
+    return ncclSuccess;
+  }
+  return StartRecorded(context, handle, *descriptor, *descriptor, g_user.plugin != nullptr,
+                       [](void* user_context, ncclProfilerEventDescr_t& theirs, void** their_handle) {
+                         if (theirs.type == ncclProfileColl)
+                           theirs.coll.parentGroup = Theirs(theirs.coll.parentGroup);
+                         if (theirs.type == ncclProfileP2p)
+                           theirs.p2p.parentGroup = Theirs(theirs.p2p.parentGroup);
+                         g_user.plugin->startEvent(user_context, their_handle, &theirs);
+                       });
 }
 
 // What ncclguard records of a version 4 event, in version 5's terms.
@@ -280,21 +311,14 @@ ncclProfilerEventDescr_t AsVersion5(const ncclProfilerEventDescr_v4_t& event) {
 }
 
 ncclResult_t StartEventV4(void* context, void** handle, ncclProfilerEventDescr_v4_t* descriptor) {
-  *handle = nullptr;
-  const auto* ours = static_cast<const Context*>(context);
-  if (ours == nullptr || descriptor == nullptr) return ncclSuccess;
-  auto* parent = static_cast<Handle*>(descriptor->parentObj);
-  Handle* event = NewHandle(descriptor->type);
-  event->recorded = Record(*ours, parent, AsVersion5(*descriptor));
-  const ncclProfiler_v4_t* user = g_user.plugin_v4;
-  if (user != nullptr && ours->user != nullptr &&
-      (StartedFor(descriptor->type) & g_user_mask.load(std::memory_order_relaxed)) != 0) {
-    ncclProfilerEventDescr_v4_t theirs = *descriptor;
-    theirs.parentObj = parent != nullptr ? parent->user : nullptr;
-    user->startEvent(ours->user, &event->user, &theirs);
+  if (descriptor == nullptr) {
+    *handle = nullptr;
+    return ncclSuccess;
   }
-  *handle = event;
-  return ncclSuccess;
+  return StartRecorded(context, handle, *descriptor, AsVersion5(*descriptor), g_user.plugin_v4 != nullptr,
+                       [](void* user_context, ncclProfilerEventDescr_v4_t& theirs, void** their_handle) {
+                         g_user.plugin_v4->startEvent(user_context, their_handle, &theirs);
+                       });
 }
 
 StepWait WaitOf(ncclProfilerEventState_t state) {
@@ -326,13 +350,9 @@ ncclResult_t RecordEventState(void* handle, ncclProfilerEventState_t state,
              arguments != nullptr) {
     hooks::profiler::StopChannel(event->recorded, static_cast<std::int64_t>(arguments->kernelCh.pTimer));
   }
-  if (event->user == nullptr) return ncclSuccess;
-  if (const ncclProfiler_t* user = g_user.plugin)
-    return user->recordEventState(event->user, state, arguments);
-  if (const ncclProfiler_v4_t* user = g_user.plugin_v4) {
-    return user->recordEventState(event->user, state, arguments);
-  }
-  return ncclSuccess;
+  return event->user != nullptr && g_user.record_event_state != nullptr
+             ? g_user.record_event_state(event->user, state, arguments)
+             : ncclSuccess;
 }
 
 ncclResult_t StopEvent(void* handle) {
@@ -340,17 +360,14 @@ ncclResult_t StopEvent(void* handle) {
   if (event == nullptr) return ncclSuccess;
   if (event->type == ncclProfileProxyStep) hooks::profiler::StopStep(event->recorded);
   if (event->type == ncclProfileProxyOp) hooks::profiler::StopProxyOp(event->recorded);
-  if (event->user == nullptr) return ncclSuccess;
-  if (const ncclProfiler_t* user = g_user.plugin) return user->stopEvent(event->user);
-  if (const ncclProfiler_v4_t* user = g_user.plugin_v4) return user->stopEvent(event->user);
-  return ncclSuccess;
+  return event->user != nullptr && g_user.stop_event != nullptr ? g_user.stop_event(event->user)
+                                                                : ncclSuccess;
 }
 
 ncclResult_t Finalize(void* context) {
   auto* ours = static_cast<Context*>(context);
   if (ours == nullptr) return ncclSuccess;
-  if (ours->user != nullptr && g_user.plugin != nullptr) g_user.plugin->finalize(ours->user);
-  if (ours->user != nullptr && g_user.plugin_v4 != nullptr) g_user.plugin_v4->finalize(ours->user);
+  if (ours->user != nullptr && g_user.finalize != nullptr) g_user.finalize(ours->user);
   hooks::profiler::Close(ours->profile);
   delete ours;
   return ncclSuccess;

@@ -459,9 +459,10 @@ int ReadingThreads(const JobReadLimits& limits, std::size_t files) {
 
 // Reads the files whose indices `order` lists, in that order, with `threads` threads side by side,
 // each file once, until they run out or `stop_reading` passes; `outcomes` says what became of each.
+// A fetched status is taken from `parsed`.
 void ReadFiles(int directory_fd, const std::vector<JobFile>& files, const std::vector<std::size_t>& order,
                std::vector<Outcome>& outcomes, Merger& merger, int threads, const JobReadLimits& limits,
-               std::chrono::steady_clock::time_point stop_reading, StatusPreParser* parsed) {
+               std::chrono::steady_clock::time_point stop_reading, StatusPreParser& parsed) {
   // Dumps written with the default ring are read in full whatever this process's ring.
   const std::size_t max_dump_bytes =
       MaxDumpBytes(std::max(GetConfig().ring_size.value, Config{}.ring_size.value));
@@ -472,10 +473,9 @@ void ReadFiles(int directory_fd, const std::vector<JobFile>& files, const std::v
       return absl::IsOutOfRange(status) ? Outcome::kCapped : Outcome::kUnreadable;
     };
     if (file.kind == JobFile::Kind::kStatus) {
-      absl::StatusOr<PeerStatus> status = file.record == nullptr ? ReadStatusFileAt(directory_fd, file.name)
-                                          : parsed != nullptr
-                                              ? parsed->Take(file.record_index, *file.record)
-                                              : ParseStatusRecord(file.name, file.record->content);
+      absl::StatusOr<PeerStatus> status = file.record == nullptr
+                                              ? ReadStatusFileAt(directory_fd, file.name)
+                                              : parsed.Take(file.record_index, *file.record);
       if (status.ok() && file.record != nullptr) {
         status->snapshot.time_ns = std::max(status->snapshot.time_ns, file.record->heartbeat_ns);
       }
@@ -649,10 +649,10 @@ void SortByRank(std::vector<ProcessView>& processes) {
 // Every dump and status file of the directory `directory`, open as `directory_fd` (-1: none), that
 // can be read before `stop_reading` within `limits`; the others are problems, and those a bound
 // left unread are counted in job.not_read. With `fetched_statuses`, the statuses are those (from
-// the board `where`), not the directory's files.
+// the board `where`), not the directory's files, taken from `parsed`, which the fetch fed.
 JobView ReadOpenJobDirectory(int directory_fd, const std::string& where, const std::string& directory,
                              const JobReadLimits& limits, std::chrono::steady_clock::time_point stop_reading,
-                             const StatusRecords* fetched_statuses, StatusPreParser* parsed) {
+                             const StatusRecords* fetched_statuses, StatusPreParser& parsed) {
   JobView job;
   job.directory = where;
   std::vector<JobFile> files;
@@ -712,14 +712,14 @@ JobView ReadOpenJobDirectory(int directory_fd, const std::string& where, const s
           ? std::clamp(static_cast<int>(std::thread::hardware_concurrency()), 1, threads)
           : threads;
   ReadFiles(directory_fd, files, order, outcomes, merger, status_threads, limits, stop_reading, parsed);
-  if (parsed != nullptr) parsed->Finish();
+  parsed.Finish();
   order.resize(to_read - statuses_to_read);
   std::iota(order.begin(), order.end(), statuses_to_read);
   const std::chrono::steady_clock::time_point stop_dumps =
       fetched_statuses != nullptr && fetched_statuses->not_fetched == 0
           ? SampleDumps(files, job, limits, order, outcomes, stop_reading)
           : stop_reading;
-  ReadFiles(directory_fd, files, order, outcomes, merger, threads, limits, stop_dumps, nullptr);
+  ReadFiles(directory_fd, files, order, outcomes, merger, threads, limits, stop_dumps, parsed);
   NoteUnread(files, outcomes, limits, job);
   merger.Finish();
   // In the order of the files' names, whichever thread read them.
@@ -750,7 +750,7 @@ absl::StatusOr<JobView> ReadJobWithin(const std::string& where, const std::strin
         absl::StatusOr<int> directory_fd = OpenJobDirectory(directory, origin);
         if (!directory_fd.ok() && !fetched) return directory_fd.status();
         JobView job = ReadOpenJobDirectory(directory_fd.ok() ? *directory_fd : -1, where, directory, limits,
-                                           stop_reading, fetched ? &*fetched : nullptr, &parsed);
+                                           stop_reading, fetched ? &*fetched : nullptr, parsed);
         if (directory_fd.ok()) close(*directory_fd);
         job.now_ns = now_ns;
         job.status_interval_seconds = status_interval_seconds;

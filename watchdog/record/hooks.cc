@@ -17,6 +17,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "watchdog/common/clock.h"
 #include "watchdog/common/comm_handle.h"
@@ -79,9 +80,11 @@ bool Start(RealLibraries& libraries) noexcept {
     log::Info("ncclguard {} watching {} (pid {})", kVersion, ProgramName(), getpid());
     for (const std::string& line : config.effective_values) log::Info("setting {}", line);
     for (const std::string& problem : config.problems) log::Warn("{}", problem);
-    // Before the first communicator: the only moment NCCL still reads NCCL_P2P_DISABLE.
-    ApplyP2pPolicy(config);
-    PointNcclAtOwnProfiler(config);
+    // Before the first communicator: the only moment NCCL still reads NCCL_P2P_DISABLE. Both read
+    // what the user set in NCCL's config files, read here once.
+    const std::vector<NcclConfigFile> nccl_config_files = ReadNcclConfigFiles(ReadProcessEnvironment);
+    ApplyP2pPolicy(config, nccl_config_files);
+    PointNcclAtOwnProfiler(config, nccl_config_files);
     g_state.store(State::kActive, std::memory_order_release);
     return true;
   } catch (const std::exception& error) {

@@ -12,6 +12,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -56,9 +57,9 @@ struct UserPlugin {
   std::string name;
   std::string where = "the environment";
 };
-UserPlugin UserPluginSetting() {
+UserPlugin UserPluginSetting(const std::vector<NcclConfigFile>& nccl_config_files) {
   if (const char* set = getenv(kPluginVariable); set != nullptr) return {set};
-  for (const NcclConfigFile& file : ReadNcclConfigFiles(ReadProcessEnvironment)) {
+  for (const NcclConfigFile& file : nccl_config_files) {
     for (const auto& [name, value] : ParseNcclConfigFile(file.content)) {
       if (name == kPluginVariable) return {value, file.path};
     }
@@ -68,8 +69,8 @@ UserPlugin UserPluginSetting() {
 
 }  // namespace
 
-void PointNcclAtOwnProfiler(const Config& config) {
-  const UserPlugin setting = UserPluginSetting();
+void PointNcclAtOwnProfiler(const Config& config, const std::vector<NcclConfigFile>& nccl_config_files) {
+  const UserPlugin setting = UserPluginSetting(nccl_config_files);
   const std::string& user = setting.name;
   if (!config.profiler) {
     log::Info("NCCLGUARD_PROFILER=0: NCCL's profiler plugin left as it is ({}={})", kPluginVariable,

@@ -4,12 +4,17 @@
 // then gets every event through ncclguard's (hooks::ProfilerPluginOfUser).
 #pragma once
 
+#include <vector>
+
 #include "watchdog/common/config.h"
 
 namespace ncclguard {
 
-// Unless NCCLGUARD_PROFILER=0 or NCCL_PROFILER_PLUGIN=none. Called once, at ncclguard's start on
-// the first NCCL call.
-void PointNcclAtOwnProfiler(const Config& config);
+struct NcclConfigFile;  // recover/p2p_policy.h
+
+// Unless NCCLGUARD_PROFILER=0 or NCCL_PROFILER_PLUGIN=none, in the environment or else in NCCL's
+// config files (`nccl_config_files`, as ReadNcclConfigFiles read them). Called once, at
+// ncclguard's start on the first NCCL call.
+void PointNcclAtOwnProfiler(const Config& config, const std::vector<NcclConfigFile>& nccl_config_files);
 
 }  // namespace ncclguard

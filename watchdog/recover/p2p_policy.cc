@@ -171,13 +171,12 @@ P2pDecision DecideP2p(const P2pPolicyInputs& inputs) {
   return decision;
 }
 
-void ApplyP2pPolicy(const Config& config) noexcept {
+void ApplyP2pPolicy(const Config& config, const std::vector<NcclConfigFile>& nccl_config_files) noexcept {
   try {
     P2pPolicyInputs inputs;
     inputs.mode = config.p2p;
     inputs.read_environment = ReadProcessEnvironment;
-    // NCCL reads its config files at its first init, unbounded: reading them first is no worse.
-    inputs.config_files = ReadNcclConfigFiles(ReadProcessEnvironment);
+    inputs.config_files = nccl_config_files;
     absl::StatusOr<ProcessFacts> facts = RunWithDeadline<ProcessFacts>(
         [] { return absl::StatusOr<ProcessFacts>(CollectMatchingFacts(RealFactSources())); }, kFactsDeadline);
     if (facts.ok()) {

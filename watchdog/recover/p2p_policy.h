@@ -61,7 +61,8 @@ void ReadEarlierVerdict(const Config& config, P2pPolicyInputs& inputs);
 P2pDecision DecideP2p(const P2pPolicyInputs& inputs);
 
 // Gathers this process's inputs (facts within a deadline, so that a wedged driver cannot hang the
-// application's first NCCL call), decides, sets the variables and logs. Never throws.
-void ApplyP2pPolicy(const Config& config) noexcept;
+// application's first NCCL call; `nccl_config_files` as ReadNcclConfigFiles read them), decides,
+// sets the variables and logs. Never throws.
+void ApplyP2pPolicy(const Config& config, const std::vector<NcclConfigFile>& nccl_config_files) noexcept;
 
 }  // namespace ncclguard
