@@ -212,6 +212,88 @@ TEST_CASE("on Redis, a status that has not changed is not written again: a heart
   CHECK(job.processes[0].snapshot.comms[0].ring[0].op == "Broadcast");
 }
 
+// A status on Redis names its facts (environment, system) by digest instead of holding them: a
+// job's processes share a few records, and the statuses the reader fetches are a third smaller.
+TEST_CASE("on Redis, the facts that do not change are a record that processes alike share",
+          "[job_board][redis]") {
+  Boards boards;
+  REQUIRE(boards.redis->started());
+  const std::string facts_key = "ncclguard:{job-7}:facts";
+  auto facts_of = [](const std::string& host, int pid, const std::string& p2p_disable) {
+    ProcessFacts facts = Facts(host, pid);
+    facts.environment = {{"NCCL_P2P_DISABLE", p2p_disable}};
+    facts.driver_version = "550.127.05";
+    facts.cuda.gpus = {GpuFacts{.device = 0, .name = "NVIDIA H100 80GB HBM3", .pci_bus_id = "0000:31:00.0"}};
+    return facts;
+  };
+  std::shared_ptr<JobBoard> rank0 = boards.Open(boards.redis->Url(), "node-a", 100);
+  std::shared_ptr<JobBoard> rank1 = boards.Open(boards.redis->Url(), "node-b", 200);
+  REQUIRE(rank0->PublishStatus(Snapshot(0, 1'000), facts_of("node-a", 100, "0")).ok());
+  REQUIRE(rank1->PublishStatus(Snapshot(1, 1'000), facts_of("node-b", 200, "0")).ok());
+  CHECK(boards.redis->HashLength(facts_key) == 1);  // alike but for host and pid: one record
+
+  absl::StatusOr<StatusRecords> fetched =
+      boards.Open(boards.redis->Url(), "analyst", 1)
+          ->FetchStatuses(std::chrono::steady_clock::now() + std::chrono::seconds(5), nullptr);
+  REQUIRE(fetched.ok());
+  REQUIRE(fetched->records.size() == 2);
+  CHECK(fetched->facts.size() == 1);
+  CHECK(fetched->records[0].content.find("550.127.05") == std::string::npos);
+  const absl::StatusOr<PeerStatus> parsed =
+      ParseStatusRecord(fetched->records[0].name, fetched->records[0].content);
+  REQUIRE(parsed.ok());
+  CHECK(fetched->facts.contains(parsed->facts_digest));
+
+  JobView job = Read(boards.Open(boards.redis->Url(), "analyst", 1));
+  CHECK(job.problems.empty());
+  REQUIRE(job.processes.size() == 2);
+  for (const ProcessView& process : job.processes) {
+    CHECK(process.facts.host == process.host);
+    CHECK(process.facts.pid == process.pid);
+    CHECK(process.facts.driver_version == "550.127.05");
+    REQUIRE(process.facts.cuda.gpus.size() == 1);
+    CHECK(process.facts.cuda.gpus[0].pci_bus_id == "0000:31:00.0");
+    CHECK(process.facts.environment == EnvironmentVariables{{"NCCL_P2P_DISABLE", "0"}});
+  }
+
+  // Facts that change (recovery disabled P2P) are a new record, named by the next status.
+  REQUIRE(rank1->PublishStatus(Snapshot(1, 2'000), facts_of("node-b", 200, "1")).ok());
+  CHECK(boards.redis->HashLength(facts_key) == 2);
+  job = Read(boards.Open(boards.redis->Url(), "analyst", 1));
+  REQUIRE(job.processes.size() == 2);
+  CHECK(job.processes[0].facts.environment == EnvironmentVariables{{"NCCL_P2P_DISABLE", "0"}});
+  CHECK(job.processes[1].facts.environment == EnvironmentVariables{{"NCCL_P2P_DISABLE", "1"}});
+
+  // Records lost (evicted) or not ours: the statuses are still read, their facts said to be unknown.
+  const std::string digest = parsed->facts_digest;
+  REQUIRE(boards.redis->Run({"HSET", facts_key, digest, R"({"format":"ncclguard-status-facts"})"}) == ":0");
+  job = Read(boards.Open(boards.redis->Url(), "analyst", 1));
+  REQUIRE(job.processes.size() == 2);
+  CHECK_FALSE(job.not_read.SomeProcessMissing());
+  CHECK(job.processes[0].facts.driver_version == "unknown");
+  CHECK(job.processes[0].facts.environment.empty());
+  CHECK(job.processes[1].facts.driver_version == "550.127.05");
+  REQUIRE(job.problems.size() == 1);
+  CHECK_THAT(job.problems[0], Catch::Contains("1 statuses name facts records that could not be read") &&
+                                  Catch::Contains("digest does not match"));
+  REQUIRE(boards.redis->Run({"DEL", facts_key}) == ":1");
+  job = Read(boards.Open(boards.redis->Url(), "analyst", 1));
+  REQUIRE(job.processes.size() == 2);
+  CHECK(job.processes[1].facts.driver_version == "unknown");
+  REQUIRE(job.problems.size() == 1);
+  CHECK_THAT(job.problems[0], Catch::Contains("2 statuses") && Catch::Contains("not on the board"));
+
+  // Redis lost the job's keys: the next status writes its facts again with it.
+  REQUIRE(boards.redis->Run({"FLUSHALL"}) == "+OK");
+  REQUIRE(rank0->PublishStatus(Snapshot(0, 1'000), facts_of("node-a", 100, "0")).ok());
+  REQUIRE(rank0->PublishStatus(Snapshot(0, 3'000), facts_of("node-a", 100, "0")).ok());
+  CHECK(boards.redis->HashLength(facts_key) == 1);
+  job = Read(boards.Open(boards.redis->Url(), "analyst", 1));
+  CHECK(job.problems.empty());
+  REQUIRE(job.processes.size() == 1);
+  CHECK(job.processes[0].facts.driver_version == "550.127.05");
+}
+
 // 9,000 statuses take two round trips (8 batches of 1,000 each): the first round trip's batches
 // are parsed while the second is fetched, and every status is read once, by one thread or another.
 TEST_CASE("on Redis, statuses of several round trips are each read once, parsed while the rest is fetched",
@@ -237,6 +319,22 @@ TEST_CASE("on Redis, statuses of several round trips are each read once, parsed 
     REQUIRE(process.snapshot.comms.size() == 1);
     REQUIRE(process.snapshot.comms[0].nranks == kRanks);
   }
+
+  // A fetch past its deadline stops after a round trip and says how many it left; the round trip
+  // already asked for is read and dropped, so that the next fetch is answered in step.
+  std::shared_ptr<JobBoard> hurried = boards.Open(boards.redis->Url(), "analyst", 2);
+  const absl::StatusOr<StatusRecords> partial =
+      hurried->FetchStatuses(std::chrono::steady_clock::now() - std::chrono::seconds(1), nullptr);
+  REQUIRE(partial.ok());
+  CHECK(partial->records.size() == 8'000);
+  CHECK(partial->not_fetched == 1'000);
+  CHECK(partial->why_not_fetched == "the deadline passed");
+  CHECK(partial->facts.size() == 1);  // 9,000 processes alike: one facts record
+  const absl::StatusOr<StatusRecords> whole =
+      hurried->FetchStatuses(std::chrono::steady_clock::now() + std::chrono::seconds(5), nullptr);
+  REQUIRE(whole.ok());
+  CHECK(whole->records.size() == kRanks);
+  CHECK(whole->not_fetched == 0);
 }
 
 TEST_CASE("on Redis, a sample of the dumps of processes like the rest is read, and every dump of the others",

@@ -529,6 +529,84 @@ TEST_CASE("a status of the wrong shape, type or range is refused, never a crash"
   CHECK(read->snapshot.comms[0].nranks == 10000);
 }
 
+// The reader looks members up where the last lookup ended (a writer's own order costs a step each):
+// any other order, and objects of more members than it indexes, read the same.
+TEST_CASE("a status reads the same whatever the order and number of its members", "[job_dir]") {
+  const absl::StatusOr<std::string> good =
+      FormatStatus(BusySnapshot(2), FactsOfAGeForceNode("gpu-node-1", 100));
+  REQUIRE(good.ok());
+  const nlohmann::ordered_json written = nlohmann::ordered_json::parse(*good);
+  auto reversed = [](const nlohmann::ordered_json& object) {
+    std::vector<std::pair<std::string, nlohmann::ordered_json>> members;
+    for (const auto& member : object.items()) members.emplace_back(member.key(), member.value());
+    nlohmann::ordered_json turned = nlohmann::ordered_json::object();
+    for (auto member = members.rbegin(); member != members.rend(); ++member) turned[member->first] = member->second;
+    return turned;
+  };
+  nlohmann::ordered_json backwards = reversed(written);
+  for (nlohmann::ordered_json& comm : backwards["communicators"]) comm = reversed(comm);
+  nlohmann::ordered_json crowded = written;
+  for (int extra = 0; extra < 40; ++extra) crowded["communicators"][0]["extra_" + std::to_string(extra)] = extra;
+  for (int extra = 0; extra < 40; ++extra) crowded["extra_" + std::to_string(extra)] = extra;
+
+  const absl::StatusOr<PeerStatus> expected = ParseStatusRecord("status-good", *good);
+  REQUIRE(expected.ok());
+  for (const nlohmann::ordered_json& document : {backwards, crowded}) {
+    const absl::StatusOr<PeerStatus> read = ParseStatusRecord("status-changed", document.dump());
+    REQUIRE(read.ok());
+    CHECK(read->pid == 100);
+    CHECK(read->snapshot.rank == expected->snapshot.rank);
+    CHECK(read->snapshot.time_ns == expected->snapshot.time_ns);
+    REQUIRE(read->snapshot.stall.has_value());
+    CHECK(read->snapshot.stall->verdict == "rank_not_joined");
+    REQUIRE(read->snapshot.comms.size() == 2);
+    CHECK(read->snapshot.comms[1].last_enqueued == 1000001);
+    REQUIRE(read->snapshot.comms[0].ring.size() == 2);
+    CHECK(read->snapshot.comms[0].ring[1].op == "ReduceScatter");
+    CHECK(read->snapshot.comms[0].ring[1].start_ns == 1'699'999'999'500'000'000);
+    CHECK(read->snapshot.comms[0].signatures == expected->snapshot.comms[0].signatures);
+    CHECK(read->facts.environment == expected->facts.environment);
+    CHECK(read->facts.cuda.gpus.size() == 8);
+    CHECK(read->facts.cuda.peer_access == expected->facts.cuda.peer_access);
+  }
+}
+
+// A board that keeps the facts apart (Redis): the status names a record by its digest, which the
+// reader checks before it believes the record.
+TEST_CASE("a status that names its facts record holds no facts; the record reads back by its digest",
+          "[job_dir]") {
+  const ProcessFacts facts = FactsOfAGeForceNode("gpu-node-1", 100);
+  const absl::StatusOr<StatusFactsRecord> record = FormatStatusFacts(facts);
+  REQUIRE(record.ok());
+  CHECK(record->digest.size() == 16);
+  CHECK(FormatStatusFacts(FactsOfAGeForceNode("gpu-node-2", 200))->digest == record->digest);
+  const absl::StatusOr<std::string> status = FormatStatus(BusySnapshot(1), facts, record->digest);
+  REQUIRE(status.ok());
+  CHECK(status->find("RTX 4090") == std::string::npos);
+  const absl::StatusOr<PeerStatus> read = ParseStatusRecord("status-x", *status);
+  REQUIRE(read.ok());
+  CHECK(read->facts_digest == record->digest);
+  CHECK(read->facts.environment.empty());
+
+  ProcessFacts from_record;
+  REQUIRE(ParseStatusFacts(record->digest, record->content, from_record).ok());
+  EnvironmentVariables sorted = facts.environment;  // read back by name, as a dump's are
+  std::sort(sorted.begin(), sorted.end());
+  CHECK(from_record.environment == sorted);
+  CHECK(from_record.kernel_release == "5.4.0-150-generic");
+  CHECK(from_record.driver_version == "545.23.08");
+  CHECK(from_record.cuda.device_count == 8);
+  REQUIRE(from_record.cuda.gpus.size() == 8);
+  CHECK(from_record.cuda.gpus[7].pci_bus_id == "0000:17:00.0");
+
+  ProcessFacts ignored;
+  CHECK(absl::IsDataLoss(ParseStatusFacts("0000000000000000", record->content, ignored)));
+  std::string changed = record->content;
+  changed.replace(changed.find("545.23.08"), 9, "550.54.14");
+  CHECK(absl::IsDataLoss(ParseStatusFacts(record->digest, changed, ignored)));
+  CHECK_FALSE(ParseStatusFacts(record->digest, std::string(2 << 20, ' '), ignored).ok());
+}
+
 TEST_CASE("a status file is written through no symbolic link", "[job_dir]") {
   TemporaryDirectory temporary;
   const std::string job_dir = temporary.path() + "/job";

@@ -134,9 +134,15 @@ bool RedisServer::Start() {
   return false;
 }
 
+std::string RedisServer::Run(const std::vector<std::string>& command) const {
+  std::string request = "*" + std::to_string(command.size()) + "\r\n";
+  for (const std::string& argument : command)
+    request += "$" + std::to_string(argument.size()) + "\r\n" + argument + "\r\n";
+  return Ask(port_, request);
+}
+
 long long RedisServer::HashLength(const std::string& key) const {
-  const std::string answer =
-      Ask(port_, "*2\r\n$4\r\nHLEN\r\n$" + std::to_string(key.size()) + "\r\n" + key + "\r\n");
+  const std::string answer = Run({"HLEN", key});
   return answer.size() > 1 && answer[0] == ':' ? std::stoll(answer.substr(1)) : -1;
 }
 

@@ -6,6 +6,7 @@
 #include <sys/types.h>
 
 #include <string>
+#include <vector>
 
 #include "tests/support/process.h"
 
@@ -25,6 +26,8 @@ class RedisServer {
   static constexpr int kDatabases = 256;
   std::string Url(int database = 0) const;  // redis://127.0.0.1:<port>/<database>
 
+  // `command` sent to database 0; the first line of the answer, at most 63 bytes ("" when none).
+  std::string Run(const std::vector<std::string>& command) const;
   // How many fields the hash `key` of database 0 has (HLEN); -1 when the server does not answer.
   long long HashLength(const std::string& key) const;
 

@@ -30,6 +30,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
 #include "watchdog/common/log.h"
 
 namespace ncclguard {
@@ -818,14 +819,14 @@ absl::StatusOr<std::vector<std::string>> ListNamesAt(int directory_fd, const std
   rewinddir(directory);
   std::vector<std::string> names;
   while (const dirent* entry = readdir(directory)) {
-    const std::string name = entry->d_name;
+    const absl::string_view name = entry->d_name;
     if (!absl::StartsWith(name, prefix) || !absl::EndsWith(name, suffix)) continue;
     if (names.size() == kMaxListedNames) {
       closedir(directory);
       return absl::OutOfRangeError(
           absl::StrCat("more than ", kMaxListedNames, " files named ", prefix, "*", suffix));
     }
-    names.push_back(name);
+    names.emplace_back(name);
   }
   closedir(directory);
   std::sort(names.begin(), names.end());

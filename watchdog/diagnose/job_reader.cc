@@ -31,6 +31,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
+#include "absl/container/node_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
@@ -307,6 +308,70 @@ class StatusPreParser final : public StatusBatchSink {
   std::thread thread_;
 };
 
+// The facts records a board fetched (StatusRecords::facts), each parsed once, by the first status
+// that names it; the statuses that name one get a copy.
+class FactsRecords {
+ public:
+  explicit FactsRecords(const StatusRecords* fetched) {
+    if (fetched == nullptr) return;
+    why_not_fetched_ = fetched->why_facts_not_fetched;
+    records_.reserve(fetched->facts.size());
+    for (const auto& [digest, content] : fetched->facts) records_.try_emplace(digest, &content);
+  }
+  FactsRecords(const FactsRecords&) = delete;
+  FactsRecords& operator=(const FactsRecords&) = delete;
+
+  // `status`'s facts from the record it names, when it names one; a status whose record is not
+  // there, or cannot be read, keeps its facts unknown, and is counted.
+  void Fill(PeerStatus& status) {
+    if (status.facts_digest.empty()) return;
+    const auto record = records_.find(status.facts_digest);
+    if (record == records_.end()) {
+      Missed(why_not_fetched_.empty() ? "not on the board" : why_not_fetched_);
+      return;
+    }
+    Record& facts = record->second;
+    std::call_once(facts.parsed,
+                   [&] { facts.read = ParseStatusFacts(record->first, *facts.content, facts.facts); });
+    if (!facts.read.ok()) {
+      Missed(std::string(facts.read.message()));
+      return;
+    }
+    status.facts = facts.facts;
+    status.facts.host = status.host;
+    status.facts.pid = status.pid;
+  }
+
+  // One line for every status whose facts stayed unknown; none when there is none.
+  std::optional<std::string> Problem() const {
+    const MutexLock lock(mutex_);
+    if (missed_ == 0) return std::nullopt;
+    return absl::StrCat(missed_,
+                        " statuses name facts records that could not be read (the first: ", first_why_,
+                        "): their processes' environment and system are not known");
+  }
+
+ private:
+  struct Record {
+    explicit Record(const std::string* document) : content(document) {}
+    const std::string* content;  // the fetch's
+    std::once_flag parsed;       // std's: ThreadSanitizer sees pthread_once, not Abseil's own waiting
+    absl::Status read;
+    ProcessFacts facts;
+  };
+
+  void Missed(std::string why) {
+    const MutexLock lock(mutex_);
+    if (missed_++ == 0) first_why_ = std::move(why);
+  }
+
+  absl::node_hash_map<std::string, Record> records_;  // by digest; a Record does not move
+  std::string why_not_fetched_;
+  mutable Mutex mutex_;
+  std::size_t missed_ ABSL_GUARDED_BY(mutex_) = 0;
+  std::string first_why_ ABSL_GUARDED_BY(mutex_);
+};
+
 // What became of each file.
 enum class Outcome : std::uint8_t {
   kNotRead,     // a bound stopped the reading before it (the deadline, the count of files)
@@ -344,27 +409,16 @@ class Merger {
     by_process_.reserve(expected_processes);
   }
 
-  // Both return the file's outcome; the caller holds no lock.
-  Outcome AddStatus(const JobFile& file, PeerStatus status) {
+  // The statuses `statuses` (indices into `files`, and what was read of them), each file's outcome
+  // in `outcomes`; the caller holds no lock.
+  void AddStatuses(const std::vector<JobFile>& files,
+                   std::vector<std::pair<std::size_t, PeerStatus>>& statuses,
+                   std::vector<Outcome>& outcomes) {
     const std::lock_guard<std::mutex> lock(mutex_);
-    if (absl::Status admitted = slots_.Admit(status.snapshot); !admitted.ok()) {
-      job_.problems.push_back(absl::StrCat(file.name, ": ", admitted.message()));
-      return Outcome::kCapped;
-    }
-    const std::size_t index = IndexOf(status.host, status.pid);
-    ProcessView& view = job_.processes[index];
-    view.status_file = absl::StrCat(job_.directory, "/", file.name);
-    if (view.dump_file.empty()) {
-      // Until a dump comes, the status is all there is of the process, facts included.
-      view.snapshot = std::move(status.snapshot);
-      view.facts = std::move(status.facts);
-      status_only_[index] = true;
-    } else if (status.snapshot.time_ns > view.snapshot.time_ns) {
-      MergeNewerStatus(view.snapshot, status.snapshot);
-    }
-    return Outcome::kRead;
+    for (auto& [index, status] : statuses) outcomes[index] = AddStatusLocked(files[index], std::move(status));
   }
 
+  // Returns the file's outcome; the caller holds no lock.
   Outcome AddDump(const JobFile& file, ParsedDump dump) {
     const std::lock_guard<std::mutex> lock(mutex_);
     if (absl::Status admitted = slots_.Admit(dump.snapshot); !admitted.ok()) {
@@ -425,6 +479,26 @@ class Merger {
   }
 
  private:
+  // Returns the file's outcome; the caller holds mutex_.
+  Outcome AddStatusLocked(const JobFile& file, PeerStatus status) {
+    if (absl::Status admitted = slots_.Admit(status.snapshot); !admitted.ok()) {
+      job_.problems.push_back(absl::StrCat(file.name, ": ", admitted.message()));
+      return Outcome::kCapped;
+    }
+    const std::size_t index = IndexOf(status.host, status.pid);
+    ProcessView& view = job_.processes[index];
+    view.status_file = absl::StrCat(job_.directory, "/", file.name);
+    if (view.dump_file.empty()) {
+      // Until a dump comes, the status is all there is of the process, facts included.
+      view.snapshot = std::move(status.snapshot);
+      view.facts = std::move(status.facts);
+      status_only_[index] = true;
+    } else if (status.snapshot.time_ns > view.snapshot.time_ns) {
+      MergeNewerStatus(view.snapshot, status.snapshot);
+    }
+    return Outcome::kRead;
+  }
+
   std::size_t IndexOf(const std::string& host, int pid) {
     const auto [found, inserted] = by_process_.try_emplace(ProcessKey(host, pid), job_.processes.size());
     if (inserted) {
@@ -459,15 +533,34 @@ int ReadingThreads(const JobReadLimits& limits, std::size_t files) {
 
 // Reads the files whose indices `order` lists, in that order, with `threads` threads side by side,
 // each file once, until they run out or `stop_reading` passes; `outcomes` says what became of each.
-// A fetched status is taken from `parsed`.
+// A fetched status is taken from `parsed`; a status's facts record from `facts`.
 void ReadFiles(int directory_fd, const std::vector<JobFile>& files, const std::vector<std::size_t>& order,
                std::vector<Outcome>& outcomes, Merger& merger, int threads, const JobReadLimits& limits,
-               std::chrono::steady_clock::time_point stop_reading, StatusPreParser& parsed) {
+               std::chrono::steady_clock::time_point stop_reading, StatusPreParser& parsed,
+               FactsRecords& facts) {
   // Dumps written with the default ring are read in full whatever this process's ring.
   const std::size_t max_dump_bytes =
       MaxDumpBytes(std::max(GetConfig().ring_size.value, Config{}.ring_size.value));
   std::atomic<std::size_t> next{0};
-  auto read_one = [&](const JobFile& file) -> Outcome {
+  // Statuses parsed, waiting to be merged a few dozen at a time: merged one by one, 131,072 of them
+  // keep the reading threads waiting on each other's lock.
+  constexpr std::size_t kMergedTogether = 64;
+  using PendingStatuses = std::vector<std::pair<std::size_t, PeerStatus>>;  // file index, status
+  auto merge = [&](PendingStatuses& pending) noexcept {
+    try {
+      merger.AddStatuses(files, pending, outcomes);
+    } catch (...) {
+      for (const auto& [index, status] : pending) outcomes[index] = Outcome::kUnreadable;
+      try {
+        merger.AddProblem(absl::StrCat(pending.size(), " statuses: cannot be read (out of memory)"));
+      } catch (...) {
+      }
+    }
+    pending.clear();
+  };
+  // What became of the file `index`; nothing yet for a status added to `pending`.
+  auto read_one = [&](std::size_t index, PendingStatuses& pending) -> std::optional<Outcome> {
+    const JobFile& file = files[index];
     auto refusal = [&](const absl::Status& status) {
       merger.AddProblem(absl::StrCat(file.name, ": ", status.message()));
       return absl::IsOutOfRange(status) ? Outcome::kCapped : Outcome::kUnreadable;
@@ -479,7 +572,11 @@ void ReadFiles(int directory_fd, const std::vector<JobFile>& files, const std::v
       if (status.ok() && file.record != nullptr) {
         status->snapshot.time_ns = std::max(status->snapshot.time_ns, file.record->heartbeat_ns);
       }
-      return status.ok() ? merger.AddStatus(file, *std::move(status)) : refusal(status.status());
+      if (!status.ok()) return refusal(status.status());
+      facts.Fill(*status);
+      pending.emplace_back(index, *std::move(status));
+      if (pending.size() == kMergedTogether) merge(pending);
+      return std::nullopt;
     }
     absl::StatusOr<ParsedDump> dump = [&]() -> absl::StatusOr<ParsedDump> {
       const absl::StatusOr<std::string> content = ReadFileAt(directory_fd, file.name, max_dump_bytes);
@@ -490,11 +587,12 @@ void ReadFiles(int directory_fd, const std::vector<JobFile>& files, const std::v
   };
   // Each thread takes the next file nobody took; one that finds the time up leaves it unread.
   auto work = [&]() noexcept {
+    PendingStatuses pending;
     for (std::size_t position = next++; position < order.size(); position = next++) {
       const std::size_t index = order[position];
-      if (limits.now() > stop_reading) return;
+      if (limits.now() > stop_reading) break;
       try {
-        outcomes[index] = read_one(files[index]);
+        if (const std::optional<Outcome> outcome = read_one(index, pending)) outcomes[index] = *outcome;
       } catch (...) {
         outcomes[index] = Outcome::kUnreadable;
         try {
@@ -503,6 +601,7 @@ void ReadFiles(int directory_fd, const std::vector<JobFile>& files, const std::v
         }
       }
     }
+    merge(pending);
   };
   // Started from the reading thread, they inherit its mask with every signal blocked.
   std::vector<std::thread> helpers;
@@ -646,6 +745,30 @@ void SortByRank(std::vector<ProcessView>& processes) {
   }
 }
 
+// What the files to read are: how many statuses, about how many processes wrote them, and the
+// writers (WriterOf) of more than one dump.
+struct FileCensus {
+  std::size_t statuses = 0;
+  std::size_t processes = 0;
+  absl::flat_hash_set<std::string_view> several_dumps;
+};
+
+FileCensus CountFiles(const std::vector<JobFile>& files) {
+  FileCensus census;
+  absl::flat_hash_set<std::string_view> dump_writers;
+  for (const JobFile& file : files) {
+    if (file.kind == JobFile::Kind::kStatus) {
+      ++census.statuses;
+    } else if (!dump_writers.insert(WriterOf(file)).second) {
+      census.several_dumps.insert(WriterOf(file));
+    }
+  }
+  // A process writes one status and usually no dump or one: the processes are about as many as the
+  // statuses or the dumps' writers, whichever is more.
+  census.processes = std::max(census.statuses, dump_writers.size());
+  return census;
+}
+
 // Every dump and status file of the directory `directory`, open as `directory_fd` (-1: none), that
 // can be read before `stop_reading` within `limits`; the others are problems, and those a bound
 // left unread are counted in job.not_read. With `fetched_statuses`, the statuses are those (from
@@ -688,16 +811,9 @@ JobView ReadOpenJobDirectory(int directory_fd, const std::string& where, const s
     for (std::string& name : *names) files.push_back(JobFile{.name = std::move(name), .kind = kind});
   }
 
-  absl::flat_hash_set<std::string_view> writers;
-  absl::flat_hash_set<std::string_view> several_dumps;
-  std::size_t statuses = 0;
-  for (const JobFile& file : files) {
-    const bool status = file.kind == JobFile::Kind::kStatus;
-    statuses += status ? 1 : 0;
-    if (!writers.insert(WriterOf(file)).second && !status) several_dumps.insert(WriterOf(file));
-  }
-  Merger merger(job, directory, writers.size(), std::move(several_dumps));
-  writers = {};
+  FileCensus census = CountFiles(files);
+  const std::size_t statuses = census.statuses;
+  Merger merger(job, directory, census.processes, std::move(census.several_dumps));
   // Files past the cap are never started on; they stay kNotRead. Every status file is in before
   // the first dump (Merger).
   std::vector<Outcome> outcomes(files.size(), Outcome::kNotRead);
@@ -711,15 +827,18 @@ JobView ReadOpenJobDirectory(int directory_fd, const std::string& where, const s
       fetched_statuses != nullptr
           ? std::clamp(static_cast<int>(std::thread::hardware_concurrency()), 1, threads)
           : threads;
-  ReadFiles(directory_fd, files, order, outcomes, merger, status_threads, limits, stop_reading, parsed);
+  FactsRecords facts(fetched_statuses);
+  ReadFiles(directory_fd, files, order, outcomes, merger, status_threads, limits, stop_reading, parsed,
+            facts);
   parsed.Finish();
+  if (std::optional<std::string> problem = facts.Problem()) job.problems.push_back(*std::move(problem));
   order.resize(to_read - statuses_to_read);
   std::iota(order.begin(), order.end(), statuses_to_read);
   const std::chrono::steady_clock::time_point stop_dumps =
       fetched_statuses != nullptr && fetched_statuses->not_fetched == 0
           ? SampleDumps(files, job, limits, order, outcomes, stop_reading)
           : stop_reading;
-  ReadFiles(directory_fd, files, order, outcomes, merger, threads, limits, stop_dumps, parsed);
+  ReadFiles(directory_fd, files, order, outcomes, merger, threads, limits, stop_dumps, parsed, facts);
   NoteUnread(files, outcomes, limits, job);
   merger.Finish();
   // In the order of the files' names, whichever thread read them.

@@ -49,12 +49,26 @@ std::uint32_t StatusSignature(const CommSnapshot& comm, std::uint64_t seq) {
   return comm.signatures[seq - comm.signatures_first_seq];
 }
 
+// Whether `a` and `b` have the same signature for certain: what it signs is the same.
+bool SameSigned(const OpSnapshot& a, const OpSnapshot& b) {
+  return a.op == b.op && a.dtype == b.dtype && a.count == b.count && a.root == b.root &&
+         a.reduction == b.reduction;
+}
+
 std::vector<KnownCall> KnownCalls(const Communicator& communicator) {
   std::vector<KnownCall> calls;
+  calls.reserve(communicator.members.size() * 2);  // a status names two operations
+  // Ranks mostly issued the same calls: the last signature is reused rather than hashed again.
+  const OpSnapshot* last_signed = nullptr;
+  std::uint32_t last_signature = kNoSignature;
   for (const Member& member : communicator.members) {
     const CommSnapshot& comm = *member.comm;
     for (const OpSnapshot& op : comm.ring) {
-      const std::uint32_t signature = OperationSignature(op);
+      if (last_signed == nullptr || !SameSigned(op, *last_signed)) {
+        last_signed = &op;
+        last_signature = OperationSignature(op);
+      }
+      const std::uint32_t signature = last_signature;
       calls.push_back(KnownCall{op.seq, member.rank, &op,
                                 signature != kNoSignature ? signature : StatusSignature(comm, op.seq)});
     }

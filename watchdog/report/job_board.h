@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "watchdog/report/facts.h"
@@ -37,6 +38,10 @@ struct StatusRecord {
 
 struct StatusRecords {
   std::vector<StatusRecord> records;
+  // The facts records that statuses name instead of holding their facts (PeerStatus::facts_digest),
+  // by digest: a board that keeps them apart holds one per distinct set of facts, not one per status.
+  absl::flat_hash_map<std::string, std::string> facts;
+  std::string why_facts_not_fetched;  // when the board's facts records were not fetched
   // How many statuses the board holds that were not fetched (a deadline stopped the fetch).
   std::size_t not_fetched = 0;
   std::string why_not_fetched;

@@ -6,6 +6,8 @@
 // each expiring kRecordLifetime after its last write:
 //   status          hash: status-<host>-<pid>.json -> the status document, written when it changes
 //   heartbeat       hash: the same names -> the time of the writer's latest status (epoch ns)
+//   facts           hash: digest -> the facts a status names instead of holding them (environment,
+//                   system: FormatStatusFacts), one per distinct set, shared by the processes alike
 //   dump-requests   list: "<name>\n<document>" per request, oldest first; its length is the
 //                   generation a watcher compares, so a quiet job's look is one LLEN
 //   records:<folder> hash: name -> a small record (the P2P verdict, a recovery meeting's files)
@@ -21,7 +23,9 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -170,6 +174,46 @@ class RedisConnection {
   absl::StatusOr<std::vector<Reply>> Run(const std::vector<Command>& commands) {
     MutexLock lock(mutex_);
     if (absl::Status connected = ConnectLocked(); !connected.ok()) return connected;
+    if (absl::Status queued = QueueLocked(commands); !queued.ok()) return queued;
+    absl::StatusOr<std::vector<Reply>> replies = RepliesLocked(commands.size());
+    if (replies.ok()) AnswersLocked();
+    return replies;
+  }
+
+  // Sends `rounds` of pipelined commands, each round before the replies of the one before are taken
+  // in, so that Redis answers one round while this process handles the last. `take(round, replies)`
+  // gets each round's replies in order, and returns false to stop there (the round already sent is
+  // read and dropped). A failure is returned after `take` had the rounds before it. The connection
+  // is held throughout (a round is always in flight): the process's other calls wait, within the
+  // caller's deadline and each round's command timeout.
+  absl::Status RunRounds(const std::vector<std::vector<Command>>& rounds,
+                         const std::function<bool(std::size_t, std::vector<Reply>&)>& take) {
+    MutexLock lock(mutex_);
+    if (absl::Status connected = ConnectLocked(); !connected.ok()) return connected;
+    for (std::size_t round = 0; round < rounds.size(); ++round) {
+      if (round == 0) {
+        if (absl::Status queued = QueueLocked(rounds[0]); !queued.ok()) return queued;
+      }
+      const bool another = round + 1 < rounds.size();
+      if (another) {
+        if (absl::Status queued = QueueLocked(rounds[round + 1]); !queued.ok()) return queued;
+      }
+      absl::StatusOr<std::vector<Reply>> replies = RepliesLocked(rounds[round].size());
+      if (!replies.ok()) return replies.status();
+      AnswersLocked();
+      if (!take(round, *replies)) {
+        if (another) {
+          if (absl::Status dropped = RepliesLocked(rounds[round + 1].size()).status(); !dropped.ok())
+            return dropped;
+        }
+        return absl::OkStatus();
+      }
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  absl::Status QueueLocked(const std::vector<Command>& commands) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
     const Hiredis& hiredis = *LoadHiredis();
     for (const Command& command : commands) {
       std::vector<const char*> argv;
@@ -182,20 +226,28 @@ class RedisConnection {
         return FailLocked("cannot queue a command");
       }
     }
+    return absl::OkStatus();
+  }
+
+  // The replies of `count` commands queued before.
+  absl::StatusOr<std::vector<Reply>> RepliesLocked(std::size_t count) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
+    const Hiredis& hiredis = *LoadHiredis();
     std::vector<Reply> replies;
-    replies.reserve(commands.size());
-    for (std::size_t i = 0; i < commands.size(); ++i) {
+    replies.reserve(count);
+    for (std::size_t i = 0; i < count; ++i) {
       void* raw = nullptr;
       if (hiredis.get_reply(context_, &raw) != REDIS_OK || raw == nullptr) return FailLocked("no answer");
       replies.push_back(CopyReply(*static_cast<redisReply*>(raw)));
       hiredis.free_reply(raw);
     }
-    if (failures_ > 0) log::Info("the Redis job board {} answers again", address_.ToString());
-    failures_ = 0;
     return replies;
   }
 
- private:
+  void AnswersLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
+    if (failures_ > 0) log::Info("the Redis job board {} answers again", address_.ToString());
+    failures_ = 0;
+  }
+
   absl::Status ConnectLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
     if (owner_pid_ != getpid()) {
       context_ = nullptr;  // a forked child's: the parent's socket and memory are left alone
@@ -307,48 +359,55 @@ class RedisBoard final : public JobBoard {
 
   absl::Status PublishStatus(const ProcessSnapshot& snapshot, const ProcessFacts& facts) noexcept override {
     try {
+      // The facts that do not change are a record of their own, shared by the processes whose facts
+      // are alike and written when this process's change (or Redis lost them); the status names it.
+      absl::StatusOr<StatusFactsRecord> facts_record = FormatStatusFacts(facts);
+      if (!facts_record.ok()) return facts_record.status();
       // The document without its time says whether anything changed since the last one written.
-      absl::StatusOr<std::string> shape = FormatStatus(WithTime(snapshot, 1), facts);
+      absl::StatusOr<std::string> shape = FormatStatus(WithTime(snapshot, 1), facts, facts_record->digest);
       if (!shape.ok()) return shape.status();
       const std::int64_t now = snapshot.time_ns != 0 ? snapshot.time_ns : WallNowNs();
       const std::string name = StatusName(facts);
-      std::vector<Command> commands;
       MutexLock lock(status_mutex_);
       const bool changed = *shape != last_shape_;
+      std::optional<std::string> content;
       if (changed) {
-        absl::StatusOr<std::string> content = FormatStatus(WithTime(snapshot, now), facts);
-        if (!content.ok()) return content.status();
-        commands.push_back({"HSET", Key("status"), name, *content});
+        absl::StatusOr<std::string> formatted =
+            FormatStatus(WithTime(snapshot, now), facts, facts_record->digest);
+        if (!formatted.ok()) return formatted.status();
+        content = *std::move(formatted);
       }
-      commands.push_back({"HSET", Key("heartbeat"), name, absl::StrCat(now)});
-      // The keys' lifetime is days: renewed at the first status and every kRenewEvery after.
-      if (statuses_published_++ % kRenewEvery == 0) {
-        commands.push_back({"EXPIRE", Key("status"), Lifetime()});
-        commands.push_back({"EXPIRE", Key("heartbeat"), Lifetime()});
-      }
-      absl::StatusOr<std::vector<Reply>> replies = connection_.Run(commands);
+      const bool renew = statuses_published_++ % kRenewEvery == 0;
+      const StatusRound round = StatusCommands(name, *facts_record, content, now, renew);
+      absl::StatusOr<std::vector<Reply>> replies = connection_.Run(round.commands);
       if (!replies.ok()) {
         // Redis may come back without the status (restarted, or failed over): written whole, and
         // the keys' lifetime set, at the first status after.
-        last_shape_.clear();
-        statuses_published_ = 0;
+        ForgetWrittenLocked();
         return replies.status();
       }
       for (const Reply& reply : *replies) {
         if (absl::Status checked = Checked(reply, "HSET status"); !checked.ok()) return checked;
       }
       last_shape_ = *std::move(shape);
+      facts_written_ = facts_record->digest;
       // A heartbeat that was not there says the status is not either (Redis lost its data, or the
-      // keys expired): written again at once.
-      const Reply& heartbeat = (*replies)[changed ? 1 : 0];
+      // keys expired): written again at once, with its facts.
+      const Reply& heartbeat = (*replies)[round.heartbeat];
       if (!changed && heartbeat.integer == 1) {
-        absl::StatusOr<std::string> content = FormatStatus(WithTime(snapshot, now), facts);
-        if (!content.ok()) return content.status();
-        absl::StatusOr<std::vector<Reply>> rewritten =
-            connection_.Run({{"HSET", Key("status"), name, *content}, {"EXPIRE", Key("status"), Lifetime()}});
-        if (!rewritten.ok()) last_shape_.clear();
-        statuses_published_ = 0;  // the keys were made anew: their lifetime too
-        return rewritten.status();
+        absl::StatusOr<std::string> whole =
+            FormatStatus(WithTime(snapshot, now), facts, facts_record->digest);
+        if (!whole.ok()) return whole.status();
+        facts_written_.clear();
+        // The keys were made anew: their lifetime too.
+        absl::StatusOr<std::vector<Reply>> rewritten = connection_.Run(
+            StatusCommands(name, *facts_record, *std::move(whole), now, /*renew=*/true).commands);
+        if (!rewritten.ok()) {
+          ForgetWrittenLocked();
+          return rewritten.status();
+        }
+        facts_written_ = facts_record->digest;
+        statuses_published_ = 1;
       }
       return absl::OkStatus();
     } catch (...) {
@@ -479,67 +538,132 @@ class RedisBoard final : public JobBoard {
 
  private:
   std::string Key(const char* kind) const { return absl::StrCat(prefix_, kind); }
+
+  // One status's round trip: its facts record when not written yet, its document when it changed,
+  // its heartbeat (`heartbeat`: the place of its reply), and the keys' lifetime when `renew`.
+  struct StatusRound {
+    std::vector<Command> commands;
+    std::size_t heartbeat = 0;
+  };
+  StatusRound StatusCommands(const std::string& name, const StatusFactsRecord& facts,
+                             const std::optional<std::string>& content, std::int64_t now, bool renew) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(status_mutex_) {
+    StatusRound round;
+    std::vector<Command>& commands = round.commands;
+    if (facts.digest != facts_written_)
+      commands.push_back({"HSET", Key("facts"), facts.digest, facts.content});
+    if (content) commands.push_back({"HSET", Key("status"), name, *content});
+    round.heartbeat = commands.size();
+    commands.push_back({"HSET", Key("heartbeat"), name, absl::StrCat(now)});
+    if (renew) {
+      for (const char* kind : {"facts", "status", "heartbeat"})
+        commands.push_back({"EXPIRE", Key(kind), Lifetime()});
+    }
+    return round;
+  }
+
+  void ForgetWrittenLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(status_mutex_) {
+    last_shape_.clear();
+    facts_written_.clear();
+    statuses_published_ = 0;
+  }
   std::string RecordsKey(const std::string& folder) const {
     return absl::StrCat(prefix_, "records:", folder);
   }
   static std::string Lifetime() { return absl::StrCat(kRecordLifetimeSeconds); }
+
+  // The facts records, in one HGETALL: a few per node type at most, unless something else wrote
+  // there (`listed`, the reply of HLEN). Then they are not fetched; statuses that name one lack facts.
+  absl::Status FetchFacts(std::size_t statuses, const Reply& listed, StatusRecords& fetched) {
+    // Each process writes a record when its facts change (P2P disabled by recovery: one more).
+    const std::size_t most = 2 * statuses + kFetchBatch;
+    if (listed.type == Reply::Type::kError) {
+      fetched.why_facts_not_fetched = absl::StrCat("HLEN facts: ", listed.text);
+      return absl::OkStatus();
+    }
+    if (listed.type != Reply::Type::kInteger || listed.integer <= 0) return absl::OkStatus();
+    if (static_cast<std::size_t>(listed.integer) > most) {
+      fetched.why_facts_not_fetched =
+          absl::StrCat("the board holds ", listed.integer, " facts records, more than the ", most,
+                       " its statuses could have written");
+      return absl::OkStatus();
+    }
+    absl::StatusOr<std::vector<Reply>> all = connection_.Run({{"HGETALL", Key("facts")}});
+    if (!all.ok()) return all.status();
+    if (absl::Status checked = Checked(all->front(), "HGETALL facts"); !checked.ok()) {
+      fetched.why_facts_not_fetched = std::string(checked.message());
+      return absl::OkStatus();
+    }
+    std::vector<Reply>& pairs = all->front().elements;
+    fetched.facts.reserve(pairs.size() / 2);
+    for (std::size_t i = 0; i + 1 < pairs.size(); i += 2)
+      fetched.facts.try_emplace(std::move(pairs[i].text), std::move(pairs[i + 1].text));
+    return absl::OkStatus();
+  }
 
   // The statuses' names in one HKEYS, then their documents and heartbeats by HMGET, a batch of
   // names at a time and several batches per round trip: Redis answers the next batch while this
   // process copies the one before.
   absl::StatusOr<StatusRecords> FetchStatusesNow(std::chrono::steady_clock::time_point deadline,
                                                  StatusBatchSink* batches) {
-    absl::StatusOr<std::vector<Reply>> listed = connection_.Run({{"HKEYS", Key("status")}});
+    absl::StatusOr<std::vector<Reply>> listed =
+        connection_.Run({{"HKEYS", Key("status")}, {"HLEN", Key("facts")}});
     if (!listed.ok()) return listed.status();
     if (absl::Status checked = Checked(listed->front(), "HKEYS status"); !checked.ok()) return checked;
     std::vector<Reply>& names = listed->front().elements;
     StatusRecords fetched;
+    if (absl::Status facts = FetchFacts(names.size(), (*listed)[1], fetched); !facts.ok()) return facts;
     fetched.records.reserve(names.size());
-    std::size_t next = 0;
-    while (next < names.size()) {
-      if (std::chrono::steady_clock::now() > deadline) {
-        fetched.why_not_fetched = "the deadline passed";
-        break;
-      }
-      const std::size_t first = next;
-      std::vector<Command> commands;
-      for (int batch = 0; batch < kBatchesPerRoundTrip && next < names.size(); ++batch) {
+    // Round r asks for names [r * kNamesPerRound, (r + 1) * kNamesPerRound).
+    constexpr std::size_t kNamesPerRound = kFetchBatch * kBatchesPerRoundTrip;
+    std::vector<std::vector<Command>> rounds;
+    for (std::size_t first = 0; first < names.size(); first += kNamesPerRound) {
+      std::vector<Command>& commands = rounds.emplace_back();
+      for (std::size_t batch = first; batch < std::min(names.size(), first + kNamesPerRound);
+           batch += kFetchBatch) {
         Command statuses{"HMGET", Key("status")};
         Command heartbeats{"HMGET", Key("heartbeat")};
-        for (const std::size_t end = std::min(names.size(), next + kFetchBatch); next < end; ++next) {
-          statuses.push_back(names[next].text);
-          heartbeats.push_back(names[next].text);
+        for (std::size_t name = batch; name < std::min(names.size(), batch + kFetchBatch); ++name) {
+          statuses.push_back(names[name].text);
+          heartbeats.push_back(names[name].text);
         }
         commands.push_back(std::move(statuses));
         commands.push_back(std::move(heartbeats));
       }
-      absl::StatusOr<std::vector<Reply>> replies = connection_.Run(commands);
-      if (!replies.ok()) {
-        if (fetched.records.empty()) return replies.status();
-        fetched.why_not_fetched = std::string(replies.status().message());
-        next = first;
-        break;
-      }
-      std::size_t name = first;
+    }
+    std::size_t taken = 0;  // names whose replies were taken in
+    absl::Status run = connection_.RunRounds(rounds, [&](std::size_t round, std::vector<Reply>& replies) {
+      std::size_t name = round * kNamesPerRound;
       const std::size_t batch_start = fetched.records.size();
-      for (std::size_t reply = 0; reply + 1 < replies->size(); reply += 2) {
-        std::vector<Reply>& documents = (*replies)[reply].elements;
-        const std::vector<Reply>& times = (*replies)[reply + 1].elements;
+      for (std::size_t reply = 0; reply + 1 < replies.size(); reply += 2) {
+        std::vector<Reply>& documents = replies[reply].elements;
+        const std::vector<Reply>& times = replies[reply + 1].elements;
         for (std::size_t i = 0; i < documents.size(); ++i, ++name) {
           // Removed since HKEYS (a process's status is deleted when it ends well): not a status.
           if (documents[i].type != Reply::Type::kString) continue;
           StatusRecord& record = fetched.records.emplace_back(
               StatusRecord{.name = std::move(names[name].text), .content = std::move(documents[i].text)});
-          if (i < times.size()) absl::SimpleAtoi(times[i].text, &record.heartbeat_ns);
+          if (i < times.size() && !absl::SimpleAtoi(times[i].text, &record.heartbeat_ns))
+            record.heartbeat_ns = 0;
         }
       }
+      taken = std::min(names.size(), (round + 1) * kNamesPerRound);
       // Reserved for every name: the records never move.
       if (batches != nullptr) {
         batches->Fetched(fetched.records.data(), batch_start, fetched.records.size() - batch_start,
                          names.size());
       }
+      if (taken < names.size() && std::chrono::steady_clock::now() > deadline) {
+        fetched.why_not_fetched = "the deadline passed";
+        return false;
+      }
+      return true;
+    });
+    if (!run.ok()) {
+      if (fetched.records.empty()) return run;
+      fetched.why_not_fetched = std::string(run.message());
     }
-    fetched.not_fetched = names.size() - next;
+    fetched.not_fetched = names.size() - taken;
     return fetched;
   }
 
@@ -550,7 +674,8 @@ class RedisBoard final : public JobBoard {
   const std::string prefix_;
   const BoardIdentity identity_;
   Mutex status_mutex_;
-  std::string last_shape_ ABSL_GUARDED_BY(status_mutex_);  // the last status written, its time left out
+  std::string last_shape_ ABSL_GUARDED_BY(status_mutex_);     // the last status written, its time left out
+  std::string facts_written_ ABSL_GUARDED_BY(status_mutex_);  // the digest of the last facts record written
   std::uint64_t statuses_published_ ABSL_GUARDED_BY(status_mutex_) = 0;
   Mutex requests_mutex_;
   RequestSieve sieve_ ABSL_GUARDED_BY(requests_mutex_);

@@ -22,6 +22,7 @@
 #include <set>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <tuple>
 #include <utility>
@@ -40,6 +41,7 @@
 #include "watchdog/common/clock.h"
 #include "watchdog/common/config.h"
 #include "watchdog/common/files.h"
+#include "watchdog/common/fnv1a.h"
 #include "watchdog/common/log.h"
 #include "watchdog/report/dump.h"
 #include "watchdog/report/dump_reader.h"
@@ -81,7 +83,13 @@ class ScopedFd {
   int fd_;
 };
 
-Json StatusJson(const ProcessSnapshot& snapshot, const ProcessFacts& facts) {
+// The facts a status holds, or that its facts record (FormatStatusFacts) holds.
+void AddFactsJson(const ProcessFacts& facts, Json& document) {
+  document["environment"] = VariablesJson(facts.environment);
+  document["system"] = SystemFactsJson(facts, /*with_memory=*/false);
+}
+
+Json StatusJson(const ProcessSnapshot& snapshot, const ProcessFacts& facts, std::string_view facts_digest) {
   Json communicators = Json::array();
   for (const CommSnapshot& comm : snapshot.comms) {
     Json entry = CommJson(comm, SnapshotDocument::kStatus);
@@ -89,7 +97,7 @@ Json StatusJson(const ProcessSnapshot& snapshot, const ProcessFacts& facts) {
     communicators.push_back(std::move(entry));
   }
   const std::int64_t time_ns = snapshot.time_ns != 0 ? snapshot.time_ns : WallNowNs();
-  return Json{
+  Json document{
       {"format", "ncclguard-status"},
       {"format_version", kStatusFormatVersion},
       {"host", facts.host},
@@ -101,9 +109,13 @@ Json StatusJson(const ProcessSnapshot& snapshot, const ProcessFacts& facts) {
       {"stall", snapshot.stall ? StallJson(*snapshot.stall, SnapshotDocument::kStatus) : Json(nullptr)},
       {"communicators", std::move(communicators)},
       {"pending_inits", snapshot.pending_inits},
-      {"exiting", snapshot.exiting},
-      {"environment", VariablesJson(facts.environment)},
-      {"system", SystemFactsJson(facts, /*with_memory=*/false)}};
+      {"exiting", snapshot.exiting}};
+  if (facts_digest.empty()) {
+    AddFactsJson(facts, document);
+  } else {
+    document["facts"] = facts_digest;
+  }
+  return document;
 }
 
 // A status file is rewritten in place (InPlaceFile): a reader may find a rewrite half done, or cut
@@ -113,13 +125,10 @@ Json StatusJson(const ProcessSnapshot& snapshot, const ProcessFacts& facts) {
 constexpr char kChecksummedStart[] = "{\"checksummed\":true,";
 constexpr char kChecksumMember[] = ",\"checksum\":\"";
 
-std::uint64_t Fnv1a(absl::string_view bytes) {
-  std::uint64_t hash = 0xcbf29ce484222325ULL;
-  for (const char byte : bytes) {
-    hash ^= static_cast<unsigned char>(byte);
-    hash *= 0x100000001b3ULL;
-  }
-  return hash;
+std::uint64_t Fnv1a(absl::string_view bytes) { return ncclguard::Fnv1a(bytes.data(), bytes.size()); }
+
+std::string Digest(absl::string_view bytes) {
+  return absl::StrCat(absl::Hex(Fnv1a(bytes), absl::kZeroPad16));
 }
 
 // `document` (a JSON object of several members, as dumped) marked as checksummed, with the
@@ -349,13 +358,41 @@ std::string StatusName(const ProcessFacts& facts) {
   return absl::StrCat(kStatusPrefix, SafeFileName(facts.host), "-", facts.pid, ".json");
 }
 
-absl::StatusOr<std::string> FormatStatus(const ProcessSnapshot& snapshot,
-                                         const ProcessFacts& facts) noexcept {
+absl::StatusOr<std::string> FormatStatus(const ProcessSnapshot& snapshot, const ProcessFacts& facts,
+                                         std::string_view facts_digest) noexcept {
   try {
-    return WithChecksum(StatusJson(snapshot, facts).dump(-1, ' ', false, Json::error_handler_t::replace)) +
+    return WithChecksum(StatusJson(snapshot, facts, facts_digest)
+                            .dump(-1, ' ', false, Json::error_handler_t::replace)) +
            "\n";
   } catch (...) {
     return absl::ResourceExhaustedError("cannot format the status file");
+  }
+}
+
+absl::StatusOr<StatusFactsRecord> FormatStatusFacts(const ProcessFacts& facts) noexcept {
+  try {
+    Json document{{"format", "ncclguard-status-facts"}, {"format_version", kStatusFormatVersion}};
+    AddFactsJson(facts, document);
+    StatusFactsRecord record;
+    record.content = document.dump(-1, ' ', false, Json::error_handler_t::replace);
+    record.digest = Digest(record.content);
+    return record;
+  } catch (...) {
+    return absl::ResourceExhaustedError("cannot format the status's facts");
+  }
+}
+
+absl::Status ParseStatusFacts(std::string_view digest, const std::string& content,
+                              ProcessFacts& facts) noexcept {
+  try {
+    if (content.size() > kMaxReadBytes) return absl::OutOfRangeError("larger than a facts record can be");
+    if (Digest(content) != digest) return absl::DataLossError("its digest does not match its name");
+    ReadStatusFactsDocument(content, facts);
+    return absl::OkStatus();
+  } catch (const std::exception& error) {
+    return absl::InvalidArgumentError(error.what());
+  } catch (...) {
+    return absl::ResourceExhaustedError("cannot read the status's facts (out of memory)");
   }
 }
 

@@ -57,9 +57,25 @@ absl::StatusOr<std::string> WriteStatus(const std::string& job_dir, const Proces
                                         const ProcessFacts& facts) noexcept;
 
 // The status document WriteStatus writes (with its checksum and a final newline), for a board that
-// keeps it elsewhere; and its file name, status-<host>-<pid>.json.
-absl::StatusOr<std::string> FormatStatus(const ProcessSnapshot& snapshot, const ProcessFacts& facts) noexcept;
+// keeps it elsewhere; and its file name, status-<host>-<pid>.json. With `facts_digest`, the
+// status names its facts record (FormatStatusFacts) by that digest instead of holding the facts:
+// a board that keeps each process's unchanging facts once, not in every status.
+absl::StatusOr<std::string> FormatStatus(const ProcessSnapshot& snapshot, const ProcessFacts& facts,
+                                         std::string_view facts_digest = {}) noexcept;
 std::string StatusName(const ProcessFacts& facts);
+
+// The facts a status holds (environment and system facts), as a record of their own, and its
+// digest (16 hex digits of FNV-1a), the name under which statuses refer to it. Processes with the
+// same facts (a node's ranks on GPUs alike, most of a job) share one record.
+struct StatusFactsRecord {
+  std::string digest;
+  std::string content;
+};
+absl::StatusOr<StatusFactsRecord> FormatStatusFacts(const ProcessFacts& facts) noexcept;
+// The facts record `content` named `digest`, read back into `facts` (environment and system facts;
+// the rest left as they are). Fails on a record whose digest is not `digest` or of the wrong shape.
+absl::Status ParseStatusFacts(std::string_view digest, const std::string& content,
+                              ProcessFacts& facts) noexcept;
 
 struct PeerStatus {
   std::string file;
@@ -70,8 +86,10 @@ struct PeerStatus {
   // outstanding operations (as its only ring entries).
   ProcessSnapshot snapshot;
   // host, pid, environment and the system facts (kernel, drivers, GPUs without memory); left at
-  // their defaults when the file was written by an earlier build.
+  // their defaults when the file was written by an earlier build, or when the status names a
+  // facts record instead (facts_digest).
   ProcessFacts facts;
+  std::string facts_digest;  // the facts record that holds this status's facts; empty: inline
 };
 
 struct StatusScan {

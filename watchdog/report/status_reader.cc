@@ -3,6 +3,8 @@
 #include <simdjson.h>
 
 #include <algorithm>
+#include <array>
+#include <cstddef>
 #include <cstdint>
 #include <initializer_list>
 #include <limits>
@@ -29,13 +31,55 @@ namespace {
 using simdjson::dom::element;
 using simdjson::dom::object;
 
-std::optional<element> Find(object json, std::string_view key) {
-  element value;
-  if (json.at_key(key).get(value) != simdjson::SUCCESS) return std::nullopt;
-  return value;
-}
+// The members of one object, walked once. They are looked up in about the order they were written,
+// so each lookup starts where the one before ended: a status's hundred lookups take a step or two
+// each, where simdjson's at_key walks the object from its start every time.
+class Members {
+ public:
+  // Implicit: every reader below takes an object as Members.
+  Members(object json) : object_(json) {  // NOLINT(google-explicit-constructor)
+    for (const auto field : json) {
+      if (count_ == fields_.size()) {
+        overflowed_ = true;  // not a writer's of ours; looked up the slow way
+        break;
+      }
+      fields_[count_++] = Field{.key = field.key, .value = field.value};
+    }
+  }
+  Members(element json) : Members(json.get_object().value()) {}  // NOLINT(google-explicit-constructor)
 
-element At(object json, std::string_view key) {
+  std::optional<element> Find(std::string_view key) const {
+    if (overflowed_) {
+      element value;
+      if (object_.at_key(key).get(value) != simdjson::SUCCESS) return std::nullopt;
+      return value;
+    }
+    for (std::size_t step = 0, at = next_; step < count_; ++step, at = at + 1 == count_ ? 0 : at + 1) {
+      if (fields_[at].key == key) {
+        next_ = at + 1 == count_ ? 0 : at + 1;
+        return fields_[at].value;
+      }
+    }
+    return std::nullopt;
+  }
+
+ private:
+  struct Field {
+    std::string_view key;
+    element value;
+  };
+  static constexpr std::size_t kMostMembers = 24;  // a status has 17, its communicators 14
+
+  object object_;
+  std::array<Field, kMostMembers> fields_{};
+  std::size_t count_ = 0;
+  mutable std::size_t next_ = 0;
+  bool overflowed_ = false;
+};
+
+std::optional<element> Find(const Members& json, std::string_view key) { return json.Find(key); }
+
+element At(const Members& json, std::string_view key) {
   const std::optional<element> value = Find(json, key);
   if (!value)
     throw std::runtime_error(absl::StrCat("key '", absl::string_view(key.data(), key.size()), "' not found"));
@@ -43,7 +87,7 @@ element At(object json, std::string_view key) {
 }
 
 // Throws unless every key is present.
-void Require(object json, std::initializer_list<std::string_view> keys) {
+void Require(const Members& json, std::initializer_list<std::string_view> keys) {
   for (const std::string_view key : keys) At(json, key);
 }
 
@@ -70,13 +114,13 @@ T Read(element value) {
 }
 
 template <typename T>
-T ReadMember(object json, std::string_view key) {
+T ReadMember(const Members& json, std::string_view key) {
   return Read<T>(At(json, key));
 }
 
 // `field` = json[key] when present; else unchanged.
 template <typename T>
-void ReadIfPresent(object json, std::string_view key, T& field) {
+void ReadIfPresent(const Members& json, std::string_view key, T& field) {
   if (const std::optional<element> value = Find(json, key)) field = Read<T>(*value);
 }
 
@@ -90,7 +134,7 @@ auto ReadArray(element json, Read read) {
 
 // The members a status shows of an operation: its description, and for one outstanding, its
 // state and times.
-OpSnapshot ReadOp(object json) {
+OpSnapshot ReadOp(const Members& json) {
   OpSnapshot op;
   ReadIfPresent(json, "seq", op.seq);
   ReadIfPresent(json, "op", op.op);
@@ -108,11 +152,12 @@ OpSnapshot ReadOp(object json) {
 
 // Signatures that cannot be read, or that do not end at #last_enqueued as written, are left out:
 // they only add evidence. Call after reading last_enqueued.
-void ReadSignatures(object entry, CommSnapshot& comm) {
+void ReadSignatures(const Members& entry, CommSnapshot& comm) {
   const std::optional<element> signatures = Find(entry, "signatures");
   if (!signatures || !signatures->is_object()) return;
-  const std::optional<element> first_seq = Find(*signatures, "first_seq");
-  const std::optional<element> hashes = Find(*signatures, "hashes");
+  const Members members(*signatures);
+  const std::optional<element> first_seq = Find(members, "first_seq");
+  const std::optional<element> hashes = Find(members, "hashes");
   std::uint64_t first = 0;
   std::string_view hex;
   if (!first_seq || first_seq->get_uint64().get(first) != simdjson::SUCCESS || !hashes ||
@@ -129,17 +174,19 @@ void ReadSignatures(object entry, CommSnapshot& comm) {
 }
 
 // The ring of a communicator in a status: its last completed operation and its oldest outstanding.
-void ReadStatusOps(object entry, CommSnapshot& comm) {
+void ReadStatusOps(const Members& entry, CommSnapshot& comm) {
   // Added to format version 1 later: the last completed operation, for naming it.
   if (const std::optional<element> last = Find(entry, "last_completed_op"); last && !last->is_null()) {
-    Require(*last, {"seq", "op"});  // the rest was added to format version 1 later
-    OpSnapshot op = ReadOp(*last);
+    const Members members(*last);
+    Require(members, {"seq", "op"});  // the rest was added to format version 1 later
+    OpSnapshot op = ReadOp(members);
     op.state = "completed";
     comm.ring.push_back(std::move(op));
   }
   if (const element oldest = At(entry, "oldest_outstanding"); !oldest.is_null()) {
-    Require(oldest, {"seq", "op", "state", "bytes", "enqueue_ns", "start_ns"});
-    comm.ring.push_back(ReadOp(oldest));
+    const Members members(oldest);
+    Require(members, {"seq", "op", "state", "bytes", "enqueue_ns", "start_ns"});
+    comm.ring.push_back(ReadOp(members));
   }
 }
 
@@ -149,7 +196,7 @@ StepWait ReadStepWait(std::string_view name) {
   return *wait;
 }
 
-ProxyOpSnapshot ReadProxyOp(object json) {
+ProxyOpSnapshot ReadProxyOp(const Members& json) {
   return ProxyOpSnapshot{.channel = ReadMember<int>(json, "channel"),
                          .peer = ReadMember<int>(json, "peer"),
                          .send = ReadMember<std::string>(json, "direction") == "send",
@@ -163,7 +210,7 @@ ProxyOpSnapshot ReadProxyOp(object json) {
 
 // What NCCL's profiler told of the communicator's operations still running (added to format
 // version 1 later).
-OpProfileSnapshot ReadOpProfile(object json) {
+OpProfileSnapshot ReadOpProfile(const Members& json) {
   OpProfileSnapshot op;
   op.func = ReadMember<std::string>(json, "func");
   op.nccl_seq = ReadMember<std::uint64_t>(json, "nccl_seq");
@@ -174,7 +221,7 @@ OpProfileSnapshot ReadOpProfile(object json) {
   op.peer = ReadMember<int>(json, "peer");
   op.start_ns = ReadMember<std::int64_t>(json, "start_ns");
   op.kernel_channels = ReadArray(At(json, "kernel_channels"), [](element entry) {
-    const object channel = entry;
+    const Members channel(entry);
     return ChannelSnapshot{.channel = ReadMember<int>(channel, "channel"),
                            .stopped = ReadMember<bool>(channel, "stopped"),
                            .gpu_start_ns = ReadMember<std::int64_t>(channel, "gpu_start_ns"),
@@ -184,7 +231,7 @@ OpProfileSnapshot ReadOpProfile(object json) {
   return op;
 }
 
-CommSnapshot ReadComm(object json) {
+CommSnapshot ReadComm(const Members& json) {
   CommSnapshot comm;
   comm.id = ReadMember<std::string>(json, "id");
   comm.rank = ReadMember<int>(json, "rank");
@@ -203,7 +250,7 @@ CommSnapshot ReadComm(object json) {
   return comm;
 }
 
-StallSnapshot ReadStall(object json) {
+StallSnapshot ReadStall(const Members& json) {
   Require(json, {"kind", "comm_id", "seq", "seconds"});  // the verdict was added later
   StallSnapshot stall;
   ReadIfPresent(json, "kind", stall.kind);
@@ -216,7 +263,7 @@ StallSnapshot ReadStall(object json) {
   return stall;
 }
 
-PendingInitSnapshot ReadPendingInit(object json) {
+PendingInitSnapshot ReadPendingInit(const Members& json) {
   PendingInitSnapshot init;
   init.rank = ReadMember<int>(json, "rank");
   init.nranks = ReadMember<int>(json, "nranks");
@@ -230,7 +277,7 @@ PendingInitSnapshot ReadPendingInit(object json) {
 
 // The system facts a status shows: those of a dump without its memory figures (dump_reader.h's
 // ParseSystemFacts reads a dump's).
-void ReadSystemFacts(object system, ProcessFacts& facts) {
+void ReadSystemFacts(const Members& system, ProcessFacts& facts) {
   facts.kernel_release = ReadMember<std::string>(system, "kernel_release");
   facts.driver_version = ReadMember<std::string>(system, "driver_version");
   facts.cuda.driver_version = ReadMember<int>(system, "cuda_driver_version");
@@ -242,16 +289,17 @@ void ReadSystemFacts(object system, ProcessFacts& facts) {
     facts.cuda.peer_access = ReadArray(*access, [](element row) { return ReadArray(row, Read<int>); });
   }
   facts.cuda.gpus = ReadArray(At(system, "gpus"), [](element gpu) {
-    return GpuFacts{.device = ReadMember<int>(gpu, "device"),
-                    .name = ReadMember<std::string>(gpu, "name"),
-                    .pci_bus_id = ReadMember<std::string>(gpu, "pci_bus_id")};
+    const Members members(gpu);
+    return GpuFacts{.device = ReadMember<int>(members, "device"),
+                    .name = ReadMember<std::string>(members, "name"),
+                    .pci_bus_id = ReadMember<std::string>(members, "pci_bus_id")};
   });
 }
 
 // What a process that has not dumped shows of itself: the facts that the classifier's P2P
 // evidence and the known-bad entries match on. Added to format version 1 later: statuses written
 // before lack them.
-void ReadFacts(object document, ProcessFacts& facts) {
+void ReadFacts(const Members& document, ProcessFacts& facts) {
   if (const std::optional<element> environment = Find(document, "environment")) {
     const object variables = environment->get_object().value();
     for (const auto [name, value] : variables)
@@ -261,26 +309,35 @@ void ReadFacts(object document, ProcessFacts& facts) {
   if (const std::optional<element> system = Find(document, "system")) ReadSystemFacts(*system, facts);
 }
 
-}  // namespace
-
-PeerStatus ReadStatusDocument(const std::string& file, const std::string& content) {
-  // One parser per reading thread: it keeps its buffers from one status to the next.
+// `content` parsed, a document of `format` (`what` it is, for the error) at the status format's
+// version. The parser is one per reading thread: it keeps its buffers from one status to the next.
+Members ParseDocument(const std::string& content, std::string_view format, const char* what) {
   thread_local simdjson::dom::parser parser;
-  const object document = parser.parse(content).get_object().value();
-  if (ReadMember<std::string>(document, "format") != "ncclguard-status") {
-    throw std::runtime_error("not an ncclguard status file");
+  Members document(parser.parse(content).get_object().value());
+  if (At(document, "format").get_string().value() != format) {
+    throw std::runtime_error(absl::StrCat("not an ncclguard ", what));
   }
   if (const int version = ReadMember<int>(document, "format_version"); version != kStatusFormatVersion) {
     throw std::runtime_error(
         absl::StrCat("status format version ", version, " is not ", kStatusFormatVersion));
   }
+  return document;
+}
+
+}  // namespace
+
+void ReadStatusFactsDocument(const std::string& content, ProcessFacts& facts) {
+  ReadFacts(ParseDocument(content, "ncclguard-status-facts", "facts record"), facts);
+}
+
+PeerStatus ReadStatusDocument(const std::string& file, const std::string& content) {
+  const Members document(ParseDocument(content, "ncclguard-status", "status file"));
   PeerStatus status;
   status.file = file;
   status.host = ReadMember<std::string>(document, "host");
   status.pid = ReadMember<int>(document, "pid");
   status.facts.host = status.host;
   status.facts.pid = status.pid;
-  ReadFacts(document, status.facts);
   ProcessSnapshot& snapshot = status.snapshot;
   snapshot.rank = ReadMember<int>(document, "rank");
   snapshot.time_ns = ReadMember<std::int64_t>(document, "time_ns");
@@ -292,6 +349,8 @@ PeerStatus ReadStatusDocument(const std::string& file, const std::string& conten
     snapshot.pending_inits = ReadArray(*inits, [](element init) { return ReadPendingInit(init); });
   }
   ReadIfPresent(document, "exiting", snapshot.exiting);
+  ReadFacts(document, status.facts);
+  ReadIfPresent(document, "facts", status.facts_digest);
   return status;
 }
 

@@ -14,4 +14,7 @@ namespace ncclguard {
 // derived from std::exception on a document of the wrong shape, type or format version.
 PeerStatus ReadStatusDocument(const std::string& file, const std::string& content);
 
+// A facts record (job_dir.h's FormatStatusFacts) read into `facts`; throws as ReadStatusDocument.
+void ReadStatusFactsDocument(const std::string& content, ProcessFacts& facts);
+
 }  // namespace ncclguard
