@@ -633,12 +633,15 @@ class RedisBoard final : public JobBoard {
     }
     std::size_t taken = 0;  // names whose replies were taken in
     absl::Status run = connection_.RunRounds(rounds, [&](std::size_t round, std::vector<Reply>& replies) {
-      std::size_t name = round * kNamesPerRound;
       const std::size_t batch_start = fetched.records.size();
       for (std::size_t reply = 0; reply + 1 < replies.size(); reply += 2) {
+        // The names this HMGET asked for, whatever came back: a reply short of them (an error,
+        // a server not quite Redis) must not shift the names of the batches after it.
+        const std::size_t first = round * kNamesPerRound + reply / 2 * kFetchBatch;
         std::vector<Reply>& documents = replies[reply].elements;
         const std::vector<Reply>& times = replies[reply + 1].elements;
-        for (std::size_t i = 0; i < documents.size(); ++i, ++name) {
+        const std::size_t asked = std::min(names.size() - first, kFetchBatch);
+        for (std::size_t i = 0, name = first; i < std::min(documents.size(), asked); ++i, ++name) {
           // Removed since HKEYS (a process's status is deleted when it ends well): not a status.
           if (documents[i].type != Reply::Type::kString) continue;
           StatusRecord& record = fetched.records.emplace_back(
