@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "tests/detect/fakes.h"
+#include "watchdog/common/nccl_api.h"
 #include "watchdog/record/hooks.h"
 #include "watchdog/detect/progress.h"
 #include "watchdog/state/probation.h"
@@ -233,6 +234,43 @@ TEST_CASE("an application abort marks unfinished operations aborted", "[operatio
   AfterCommCall(Api::ncclCommAbort, f.comm->handle, ncclSuccess);
   CHECK(f.comm->lifecycle.load() == CommLifecycle::kAborted);
   CHECK(f.Op(seq).state.load() == OpState::kAborted);
+}
+
+// NCCL ends the kernels of an aborted or revoked communicator early and the stream goes on: the
+// end event fires while the application is still inside the call, and the watchdog may look then.
+TEST_CASE("an operation whose end event fires during an abort or a revoke is aborted, never completed",
+          "[operations]") {
+  const Api api = GENERATE(Api::ncclCommAbort, Api::ncclCommRevoke);
+  INFO(Describe(api).name);
+  Fixture f;
+  const std::uint64_t seq = f.AllReduce();
+  OpRecord& op = f.Op(seq);
+  f.events.Reach(op.start_event);
+  AdvanceOperations(*f.comm, f.events, f.EnqueuedAt(seq) + kSecond);
+  REQUIRE(op.state.load() == OpState::kStarted);
+
+  const Ticket call = BeforeCommCall(api, f.comm->handle);
+  REQUIRE(call.forward);
+  f.events.Reach(op.end_event);  // the kernel returned, cut short
+  AdvanceOperations(*f.comm, f.events, f.EnqueuedAt(seq) + 2 * kSecond);
+  CHECK(op.state.load() == OpState::kStarted);
+  CHECK(f.comm->last_completed.load() == 0);
+
+  AfterCommCall(api, f.comm->handle, ncclSuccess);
+  CHECK(op.state.load() == OpState::kAborted);
+  CHECK(f.comm->last_completed.load() == 0);
+}
+
+TEST_CASE("a revoke that fails leaves the operations to complete as the GPU reaches them", "[operations]") {
+  Fixture f;
+  const std::uint64_t seq = f.AllReduce();
+  const Ticket call = BeforeCommCall(Api::ncclCommRevoke, f.comm->handle);
+  REQUIRE(call.forward);
+  AfterCommCall(Api::ncclCommRevoke, f.comm->handle, ncclInvalidArgument);
+  f.events.ReachEverything();
+  AdvanceOperations(*f.comm, f.events, f.EnqueuedAt(seq) + kSecond);
+  CHECK(f.Op(seq).state.load() == OpState::kCompleted);
+  CHECK(f.comm->last_completed.load() == seq);
 }
 
 TEST_CASE("a destroyed communicator's operations are complete: destroy waited for them", "[operations]") {

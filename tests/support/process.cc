@@ -22,6 +22,27 @@ extern char** environ;
 namespace ncclguard::testing {
 namespace {
 
+// Whether a process of the group `group` has yet to end: one not a zombie (a SIGKILL takes effect
+// only once the process leaves the kernel, and its memory is released first).
+bool GroupHasLiving(pid_t group) {
+  std::error_code error;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc", error)) {
+    std::ifstream file(entry.path() / "stat");
+    std::string stat;
+    if (!std::getline(file, stat)) continue;
+    // "pid (comm) S ppid pgrp ...": the command may hold spaces and parentheses.
+    const std::size_t close = stat.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream fields(stat.substr(close + 1));
+    std::string state;
+    pid_t parent = 0;
+    pid_t process_group = 0;
+    if (!(fields >> state >> parent >> process_group)) continue;
+    if (process_group == group && state != "Z" && state != "X") return true;
+  }
+  return false;
+}
+
 std::vector<std::string> BuildEnvironment(const ProcessOptions& options) {
   std::map<std::string, std::string> variables;
   for (char** entry = environ; *entry != nullptr; ++entry) {
@@ -101,6 +122,12 @@ ProcessResult RunProcess(const std::vector<std::string>& argv, const ProcessOpti
       result.timed_out = true;
       kill(-pid, SIGKILL);
       waitpid(pid, &status, 0);
+      // As a scheduler's kill is seen afterwards: every process of the job has ended, not only the
+      // one started here (what reads the job next asks which of its processes are alive).
+      const auto ended_by = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+      while (GroupHasLiving(pid) && std::chrono::steady_clock::now() < ended_by) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
       break;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(5));

@@ -111,8 +111,10 @@ void AdvanceOperations(CommState& comm, GpuEvents& events, std::int64_t now_ns) 
         RaiseTo(comm.last_started, seq);
       }
     }
+    // Read after the query: an end that an abort brought about is seen with the abort's flag set.
     if (state == OpState::kStarted && op.end_recorded.load(std::memory_order_acquire) &&
-        events.Query(comm.context, op.end_event) == EventStatus::kReached) {
+        events.Query(comm.context, op.end_event) == EventStatus::kReached &&
+        !comm.cut_short.load(std::memory_order_seq_cst)) {
       op.end_ns.store(now_ns, std::memory_order_relaxed);
       op.gpu_ms.store(events.ElapsedMs(comm.context, op.start_event, op.end_event),
                       std::memory_order_relaxed);

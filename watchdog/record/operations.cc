@@ -73,6 +73,14 @@ std::atomic<std::uint64_t> g_next_group_id{1};
 
 bool Launched(ncclResult_t result) { return result == ncclSuccess || result == ncclInProgress; }
 
+// The calls that end the communicator's kernels early, their operations unfinished.
+bool CutsShort(Api api) {
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 7)
+  if (api == Api::ncclCommRevoke) return true;
+#endif
+  return api == Api::ncclCommAbort;
+}
+
 // A call that returned an error: logged (a few times per process) and dumped once per
 // communicator, before the call returns to the application.
 void LogFailedCall(Api api, const CommState* comm, ncclResult_t result) {
@@ -614,6 +622,7 @@ Ticket BeforeCommCall(Api api, ncclComm_t handle) noexcept {
                ResultName(ticket.result));
     return ticket;
   }
+  if (CutsShort(api)) comm->cut_short.store(true, std::memory_order_seq_cst);
   if (api == Api::ncclCommDestroy || api == Api::ncclCommAbort || api == Api::ncclCommFinalize) {
     // Destroy and finalize wait for the communicator's work, what ncclguard holds included; an
     // abort drops what is held (NCCL never saw it), and the application's stream goes on.
@@ -633,6 +642,7 @@ Ticket BeforeCommCall(Api api, ncclComm_t handle) noexcept {
 void AfterCommCall(Api api, ncclComm_t handle, ncclResult_t result) noexcept {
   CommState* comm = GetRegistry().Find(handle);
   if (!Launched(result)) {
+    if (comm != nullptr && CutsShort(api)) comm->cut_short.store(false, std::memory_order_seq_cst);
     NoteFailedCall(api, comm, result);
     return;
   }
@@ -652,6 +662,7 @@ void AfterCommCall(Api api, ncclComm_t handle, ncclResult_t result) noexcept {
       break;
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 7)
     case Api::ncclCommRevoke:
+      FinishUnfinished(*comm, OpState::kAborted);
       comm->lifecycle.store(CommLifecycle::kRevoked, std::memory_order_release);
       break;
 #endif

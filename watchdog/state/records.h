@@ -22,7 +22,7 @@ enum class OpState : std::uint8_t {
   kStarted,    // the GPU reached its start event
   kCompleted,  // the GPU reached its end event
   kFailed,     // NCCL returned an error for it
-  kAborted,    // its communicator was aborted before it completed
+  kAborted,    // its communicator was aborted (or revoked) before it completed
   kCaptured,   // issued while its stream was captured into a CUDA graph: never timed
   kUntimed,    // no CUDA driver to time it with
 };
@@ -174,6 +174,9 @@ struct CommState {
   // NCCL frees the communicator in ncclCommDestroy/ncclCommAbort.
   std::atomic<bool> closing{false};
   std::atomic<bool> watchdog_in_call{false};
+  // The application aborts or revokes it: NCCL ends its kernels early, so an end event that fires
+  // from then on says nothing of completion (the call's end marks what was unfinished aborted).
+  std::atomic<bool> cut_short{false};
 
   // The watchdog thread's own bookkeeping: the oldest operation not known to be finished, and
   // the operation last reported as stalled.
