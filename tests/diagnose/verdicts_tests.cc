@@ -88,9 +88,7 @@ JobView Job(std::vector<ProcessView> processes) {
 
 // The classifier with the shipped known-bad entries (the test's NCCLGUARD_KNOWN_BAD_FILE), as the
 // watchdog and `ncclguard analyze` run it.
-std::vector<Verdict> Classify(const JobView& job) {
-  return ncclguard::Classify(job, ProcessKnownBad().entries);
-}
+std::vector<Verdict> Classify(JobView job) { return ncclguard::Classify(job, ProcessKnownBad().entries); }
 
 std::vector<std::string> Kinds(const std::vector<Verdict>& verdicts) {
   std::vector<std::string> kinds;
@@ -983,6 +981,21 @@ TEST_CASE("a job killed as a whole is judged as it was at its end: the late rank
   CHECK(document["job_end"]["message"] == end->message);
   // The processes themselves are listed as they are now: gone.
   CHECK(document["processes"][1]["liveness"] == "gone");
+
+  // As analyze does it: the view classified is the one described after. Classify says when the job
+  // ended, and leaves what was found when it was read.
+  JobView classified = job;
+  CHECK(Kinds(ncclguard::Classify(classified, ProcessKnownBad().entries)) == Kinds(verdicts));
+  CHECK(classified.ended_together_ns == kNow - 30 * kSecond);
+  CHECK(classified.now_ns == job.now_ns);
+  CHECK(classified.processes[1].liveness == ProcessView::Liveness::kGone);
+  REQUIRE(EndedTogether(classified).has_value());
+  CHECK(VerdictsToJson(classified, verdicts) == document);
+  // Classified again once rank 1 is seen to have vanished long before: judged as read.
+  KillAt(classified.processes[1], 90 * kSecond);
+  CHECK(Kinds(ncclguard::Classify(classified, ProcessKnownBad().entries)) ==
+        std::vector<std::string>{"rank_dead"});
+  CHECK_FALSE(classified.ended_together_ns.has_value());
 
   SECTION("on other hosts, where stale status files are all there is") {
     JobView remote = job;

@@ -143,7 +143,7 @@ TEST_CASE("a dump claiming 10^8 ranks is refused, not allocated for", "[hostile]
   initialising.pending_inits.push_back(PendingInitSnapshot{
       .comm_id = "00000000000000bb", .api = "ncclCommInitRank", .rank = 1, .nranks = 100'000'000, .start_ns = 1, .result = ""});
   REQUIRE(WriteStatus(job.path(), initialising, HonestFacts("node-a", 101)).ok());
-  const auto read = ReadPromptly(job.path());
+  auto read = ReadPromptly(job.path());
   REQUIRE(read.has_value());
   REQUIRE(read->ok());
   CHECK((*read)->processes.empty());

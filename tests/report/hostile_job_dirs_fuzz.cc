@@ -344,7 +344,7 @@ Cost AnalyseInProcess(const std::string& dir) {
   const std::int64_t before = g_live_bytes.load();
   g_peak_bytes.store(before);
   {
-    const absl::StatusOr<JobView> job = ReadJobDirectory(dir, kHonestNow, 2);
+    absl::StatusOr<JobView> job = ReadJobDirectory(dir, kHonestNow, 2);
     if (job.ok()) {
       const std::vector<Verdict> verdicts = Classify(*job, ProcessKnownBad().entries);
       CHECK_FALSE(verdicts.empty());

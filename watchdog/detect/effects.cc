@@ -124,7 +124,7 @@ std::vector<Verdict> SystemEffects::Classify(const ProcessSnapshot& own_status) 
   if (!board) return {};
   WriteStatus(own_status);  // the others' statuses are as fresh as their last interval; ours is now
   const double interval = StatusIntervalSeconds(GetConfig().status_interval.value, 0);
-  const absl::StatusOr<JobView> job =
+  absl::StatusOr<JobView> job =
       ReadJob(board, ::ncclguard::WallNowNs(), interval, JobDirectoryOrigin::kOwn, JobReadLimits{});
   if (!job.ok()) {
     log::Warn("no verdict: {}", std::string(job.status().message()));

@@ -53,14 +53,6 @@ Verdict Unknown(const JobView& job) {
 // ended them leaves a gap of the timeout's order (tens of seconds, minutes), far beyond it.
 constexpr double kEndedTogetherSlackSeconds = 1;
 
-// The job as it was when it ended: every process alive, read at its newest record.
-JobView AsAtItsEnd(const JobView& job, const JobEnd& end) {
-  JobView at_end = job;
-  at_end.now_ns = end.ended_ns;
-  for (ProcessView& process : at_end.processes) process.liveness = ProcessView::Liveness::kAlive;
-  return at_end;
-}
-
 std::vector<Verdict> ClassifyAsIs(const JobView& job, const std::vector<KnownBadEntry>& known_bad) {
   const std::vector<Communicator> communicators = classifier::GroupByCommunicator(job);
   Buckets buckets;
@@ -107,7 +99,8 @@ std::optional<JobEnd> EndedTogether(const JobView& job) {
   std::int64_t oldest_ns = job.processes.front().last_seen_ns;
   std::int64_t newest_ns = oldest_ns;
   for (const ProcessView& process : job.processes) {
-    if (process.exited || !classifier::IsGone(process, job) || process.last_seen_ns <= 0) return std::nullopt;
+    if (process.exited || !classifier::GoneWhenRead(process, job) || process.last_seen_ns <= 0)
+      return std::nullopt;
     oldest_ns = std::min(oldest_ns, process.last_seen_ns);
     newest_ns = std::max(newest_ns, process.last_seen_ns);
   }
@@ -137,11 +130,12 @@ std::optional<JobEnd> EndedTogether(const JobView& job) {
   return end;
 }
 
-std::vector<Verdict> Classify(const JobView& job, const std::vector<KnownBadEntry>& known_bad) {
+std::vector<Verdict> Classify(JobView& job, const std::vector<KnownBadEntry>& known_bad) {
   if (job.processes.empty()) return {Unknown(job)};
-  // Nobody vanished while its peers lived: judged as gone, every late rank would look dead.
-  if (const std::optional<JobEnd> end = EndedTogether(job))
-    return ClassifyAsIs(AsAtItsEnd(job, *end), known_bad);
+  // Nobody vanished while its peers lived: judged as gone, every late rank would look dead. Said in
+  // the view, not by a copy of it: a job's worth of processes is hundreds of megabytes.
+  const std::optional<JobEnd> end = EndedTogether(job);
+  job.ended_together_ns = end ? std::optional(end->ended_ns) : std::nullopt;
   return ClassifyAsIs(job, known_bad);
 }
 

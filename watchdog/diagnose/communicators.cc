@@ -145,13 +145,18 @@ std::optional<std::uint64_t> OldestUnfinished(const CommSnapshot& comm) {
 }
 
 double StatusAgeSeconds(const ProcessView& process, const JobView& job) {
-  return static_cast<double>(job.now_ns - process.last_seen_ns) / 1e9;
+  return static_cast<double>(job.ended_together_ns.value_or(job.now_ns) - process.last_seen_ns) / 1e9;
+}
+
+bool GoneWhenRead(const ProcessView& process, const JobView& job) {
+  return process.liveness == ProcessView::Liveness::kGone ||
+         (process.liveness == ProcessView::Liveness::kUnknown &&
+          static_cast<double>(job.now_ns - process.last_seen_ns) / 1e9 >
+              kStaleIntervals * job.status_interval_seconds);
 }
 
 bool IsGone(const ProcessView& process, const JobView& job) {
-  return process.liveness == ProcessView::Liveness::kGone ||
-         (process.liveness == ProcessView::Liveness::kUnknown &&
-          StatusAgeSeconds(process, job) > kStaleIntervals * job.status_interval_seconds);
+  return !job.ended_together_ns && GoneWhenRead(process, job);
 }
 
 const char* WhereaboutsName(Whereabouts where) {

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -66,6 +67,10 @@ struct JobView {
   std::vector<ProcessView> processes;
   std::vector<std::string> problems;  // files that could not be read, and why
   NotRead not_read;                   // files left unread by the deadline or a cap (also in problems)
+  // Set by Classify when every process ended together (EndedTogether): when the job ended. The
+  // rules then judge the job as it was then, every process alive and a status's age counted to
+  // then; `now_ns` and each process's `liveness` still say what was found when it was read.
+  std::optional<std::int64_t> ended_together_ns;
 };
 
 // Whose job directory is read. kNamedByUser (`ncclguard analyze`): a relative path or a symbolic

@@ -54,8 +54,13 @@ const OpSnapshot* FindOp(const CommSnapshot& comm, std::uint64_t seq);
 // The lowest seq this rank enqueued and has not completed.
 std::optional<std::uint64_t> OldestUnfinished(const CommSnapshot& comm);
 
+// As the rules judge the job: as it was at its end when every process ended together
+// (JobView::ended_together_ns), else as it was read.
 double StatusAgeSeconds(const ProcessView& process, const JobView& job);
 bool IsGone(const ProcessView& process, const JobView& job);
+// Whether the process was gone when the job was read: kill(pid, 0) said so on this host, or its
+// status stopped changing more than a few intervals before.
+bool GoneWhenRead(const ProcessView& process, const JobView& job);
 // "is gone", or "stopped updating its status 12.0 s ago (presumed gone)".
 std::string GoneHow(const ProcessView& process, const JobView& job);
 

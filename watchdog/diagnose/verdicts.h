@@ -70,7 +70,8 @@ std::optional<JobEnd> EndedTogether(const JobView& job);
 // process recorded a stall, an error or a failed call), a single "unknown" one when the job
 // directory held nothing readable. A rank's facts that match one of `known_bad` are evidence for
 // p2p_suspect (the watchdog and `ncclguard analyze` pass ProcessKnownBad().entries).
-std::vector<Verdict> Classify(const JobView& job, const std::vector<KnownBadEntry>& known_bad);
+// Sets job.ended_together_ns (EndedTogether), and nothing else of `job`.
+std::vector<Verdict> Classify(JobView& job, const std::vector<KnownBadEntry>& known_bad);
 
 // {"verdicts": [{"kind", "comm", "seq", "ranks", "message", "evidence"}...], "job_end", "directory",
 //  "time", "processes", "problems"} — documented in docs/verdicts.md.

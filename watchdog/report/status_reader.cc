@@ -175,6 +175,7 @@ void ReadSignatures(const Members& entry, CommSnapshot& comm) {
 
 // The ring of a communicator in a status: its last completed operation and its oldest outstanding.
 void ReadStatusOps(const Members& entry, CommSnapshot& comm) {
+  comm.ring.reserve(2);  // at most these two: one allocation per communicator, not two
   // Added to format version 1 later: the last completed operation, for naming it.
   if (const std::optional<element> last = Find(entry, "last_completed_op"); last && !last->is_null()) {
     const Members members(*last);
