@@ -19,6 +19,8 @@
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "tests/support/process.h"
 #include "watchdog/common/files.h"
@@ -430,6 +432,47 @@ TEST_CASE("status files carry the facts that do not change, and the job view use
   CHECK(job->processes[0].facts.driver_version == "545.23.08");
   REQUIRE(job->processes[0].facts.cuda.gpus.size() == 8);
   CHECK(job->processes[0].facts.cuda.gpus[0].name == "NVIDIA GeForce RTX 4090");
+}
+
+TEST_CASE("a job's processes come out in rank order whatever ranks their statuses and dumps claim",
+          "[job_dir]") {
+  TemporaryDirectory temporary;
+  const std::string job_dir = temporary.path() + "/job";
+  auto snapshot_of_rank = [](int rank, std::int64_t time_ns) {
+    ProcessSnapshot snapshot;
+    snapshot.time_ns = time_ns;
+    snapshot.rank = rank;
+    return snapshot;
+  };
+  constexpr std::int64_t kStatusTime = 1'700'000'000'000'000'000;
+  // Two processes claim rank 1, one a rank past the job's size, one none; rank 2 left only a dump,
+  // and the process of rank 3 a newer dump that says rank 5.
+  const std::vector<std::pair<std::string, int>> statuses = {{"node-a", 3}, {"node-c", 1},  {"node-b", 1},
+                                                             {"node-d", 9}, {"node-e", -1}, {"node-f", 0}};
+  for (std::size_t writer = 0; writer < statuses.size(); ++writer) {
+    const auto& [host, rank] = statuses[writer];
+    REQUIRE(WriteStatus(job_dir, snapshot_of_rank(rank, kStatusTime),
+                        Identity(host, 10 + static_cast<int>(writer)))
+                .ok());
+  }
+  REQUIRE(WriteDump(job_dir, snapshot_of_rank(2, kStatusTime), Identity("node-g", 16)).ok());
+  REQUIRE(WriteDump(job_dir, snapshot_of_rank(5, kStatusTime + 1), Identity("node-a", 10)).ok());
+
+  const absl::StatusOr<JobView> job = ReadJobDirectory(job_dir, kStatusTime, 2);
+  REQUIRE(job.ok());
+  CHECK(job->problems.empty());
+  std::vector<std::string> order;
+  for (const ProcessView& process : job->processes) {
+    order.push_back(absl::StrCat(process.snapshot.rank, " ", process.host, " ", process.pid));
+    // Each view holds its own process's files.
+    const std::string writer = absl::StrCat(process.host, "-", process.pid);
+    CHECK((process.status_file.empty() || absl::StrContains(process.status_file, writer)));
+    CHECK((process.dump_file.empty() || absl::StrContains(process.dump_file, writer)));
+  }
+  CHECK(order == std::vector<std::string>{"-1 node-e 14", "0 node-f 15", "1 node-b 12", "1 node-c 11",
+                                          "2 node-g 16", "5 node-a 10", "9 node-d 13"});
+  CHECK(job->processes[4].status_file.empty());
+  CHECK_FALSE(job->processes[5].dump_file.empty());
 }
 
 TEST_CASE("a status file of an earlier build, without facts, reads with unknown facts", "[job_dir]") {

@@ -377,13 +377,18 @@ std::optional<StuckOperation> FindStuckOperation(const Communicator& communicato
                                                  std::uint64_t done_everywhere) {
   StuckOperation stuck;
   stuck.seq = std::numeric_limits<std::uint64_t>::max();
+  // Kept for the second pass: at 100,000 members, looking again costs as much as the pass.
+  std::vector<std::optional<std::uint64_t>> waiting_in;
+  waiting_in.reserve(communicator.members.size());
   for (const Member& member : communicator.members) {
-    if (const auto oldest = WaitingIn(member, communicator, done_everywhere))
-      stuck.seq = std::min(stuck.seq, *oldest);
+    const std::optional<std::uint64_t> oldest =
+        waiting_in.emplace_back(WaitingIn(member, communicator, done_everywhere));
+    if (oldest) stuck.seq = std::min(stuck.seq, *oldest);
   }
   if (stuck.seq == std::numeric_limits<std::uint64_t>::max()) return std::nullopt;
 
-  for (const Member& member : communicator.members) {
+  for (std::size_t index = 0; index < communicator.members.size(); ++index) {
+    const Member& member = communicator.members[index];
     const ProcessSnapshot& snapshot = member.process->snapshot;
     stuck.stall_reported =
         stuck.stall_reported || (snapshot.stall && snapshot.stall->comm_id == communicator.id);
@@ -391,7 +396,7 @@ std::optional<StuckOperation> FindStuckOperation(const Communicator& communicato
       stuck.late.push_back(&member);
       continue;
     }
-    if (WaitingIn(member, communicator, done_everywhere) != stuck.seq) {
+    if (waiting_in[index] != stuck.seq) {
       stuck.finished.push_back(&member);
       continue;
     }
