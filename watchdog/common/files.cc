@@ -31,6 +31,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "watchdog/common/exit_gate.h"
 #include "watchdog/common/log.h"
 
 namespace ncclguard {
@@ -318,7 +319,12 @@ bool StartBoundedThread(std::function<void()> body) {
   bool started = true;
   try {
     std::thread([body = std::move(body)] {
-      body();
+      MarkOwnThread();
+      {
+        // Parks here, or at a pass inside the work, once the application's exit has begun.
+        const ExitPass pass;
+        body();
+      }
       g_unfinished_threads.fetch_sub(1);
     }).detach();
   } catch (...) {

@@ -3,6 +3,7 @@
 // Every file in a job directory may have been written by a stranger or cut off by a crash.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -15,6 +16,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "watchdog/common/exit_gate.h"
 
 namespace ncclguard {
 
@@ -147,10 +149,12 @@ int UnfinishedThreads() noexcept;
 
 // Runs `work` on a short-lived thread and waits for it at most `deadline`: a file system that
 // hangs costs a thread, never the caller. Past the deadline the work is abandoned (it finishes
-// whenever the system lets it) and DeadlineExceeded is returned.
+// whenever the system lets it) and DeadlineExceeded is returned. The work holds an ExitPass; once
+// the exit gate is closed nothing is started and Cancelled is returned.
 template <typename T>
 absl::StatusOr<T> RunWithDeadline(std::function<absl::StatusOr<T>()> work,
                                   std::chrono::milliseconds deadline) {
+  if (ExitGateClosed()) return absl::CancelledError("the process is exiting");
   struct Shared {
     std::mutex mutex;
     std::condition_variable finished;
@@ -170,9 +174,21 @@ absl::StatusOr<T> RunWithDeadline(std::function<absl::StatusOr<T>()> work,
   if (!started) {
     return absl::UnavailableError("earlier file system operations are still hanging; not starting another");
   }
+  // In slices: once the exit gate closes, the work may be parked for ever, and the caller stops
+  // waiting for it (a thread of ncclguard parks itself; see ExitPass).
+  constexpr std::chrono::milliseconds kSlice{20};
+  const auto give_up = std::chrono::steady_clock::now() + deadline;
   std::unique_lock<std::mutex> lock(shared->mutex);
-  if (!shared->finished.wait_for(lock, deadline, [&] { return shared->result.has_value(); })) {
-    return absl::DeadlineExceededError("the file system did not answer in time");
+  while (!shared->finished.wait_for(lock, std::min<std::chrono::steady_clock::duration>(kSlice, deadline),
+                                    [&] { return shared->result.has_value(); })) {
+    if (std::chrono::steady_clock::now() >= give_up) {
+      return absl::DeadlineExceededError("the file system did not answer in time");
+    }
+    if (ExitGateClosed()) {
+      lock.unlock();
+      const ExitPass pass;
+      return absl::CancelledError("the process is exiting");
+    }
   }
   // NOLINTNEXTLINE(bugprone-unchecked-optional-access): the wait returned with a result
   return std::move(*shared->result);

@@ -10,6 +10,7 @@
 #include <spdlog/logger.h>
 
 #include "watchdog/common/config.h"
+#include "watchdog/common/exit_gate.h"
 
 namespace ncclguard::log {
 
@@ -36,6 +37,9 @@ template <typename... Args>
 void Write(spdlog::level::level_enum level, fmt::format_string<Args...> format, Args&&... args) noexcept {
   spdlog::logger* logger = Get();
   if (logger == nullptr || !logger->should_log(level)) return;
+  // spdlog and fmt may be torn down once the application's exit has begun.
+  const ExitPass pass;
+  if (!pass.open()) return;
   try {
     logger->log(level, format, std::forward<Args>(args)...);
   } catch (...) {

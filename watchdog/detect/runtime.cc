@@ -25,10 +25,12 @@
 #include "absl/base/thread_annotations.h"
 #include "watchdog/common/clock.h"
 #include "watchdog/common/config.h"
+#include "watchdog/common/exit_gate.h"
 #include "watchdog/common/log.h"
 #include "watchdog/common/mutex.h"
 #include "watchdog/detect/effects.h"
 #include "watchdog/detect/watchdog.h"
+#include "watchdog/report/status_reader.h"
 #include "watchdog/report/thread_stacks.h"
 #include "watchdog/state/gpu_events.h"
 #include "watchdog/state/registry.h"
@@ -126,6 +128,7 @@ void DumpAtExit() {
 void RunWatchdog(Runtime* runtime) {
   pthread_setname_np(pthread_self(), "ncclguard-wd");
   t_watchdog_thread = true;
+  MarkOwnThread();
   DriverEvents().PrepareWatchdogThread();
   const auto interval = std::chrono::duration<double>(GetConfig().poll_interval.value);
   bool facts_collected = false;
@@ -137,6 +140,8 @@ void RunWatchdog(Runtime* runtime) {
     }
     runtime->rounds.BeginRound();
     try {
+      // Parks here once the exit gate is closed: the exit hook waits for the round it holds.
+      const ExitPass pass;
       // Within a round: the exit hook waits for it before the driver goes away.
       if (!std::exchange(facts_collected, true)) runtime->effects.CollectFacts();
       runtime->watchdog.PollOnce(SteadyNowNs());
@@ -170,10 +175,18 @@ void StopWatchdogAtExit() {
   }
 }
 
+// Registered first, so it runs last of ncclguard's exit hooks, after the last status and the dump
+// at exit and before the clean-up of every library whose statics were made before the hooks were
+// registered: from here on no thread of ncclguard uses them. Bounded: a thread stuck in a file
+// system with a pass held is not waited for past the bound, and parks at its next pass. (Nothing
+// is logged: the log is one of those libraries.)
+void CloseExitGateAtExit() { (void)CloseExitGate(std::chrono::seconds(2)); }
+
 // Watches the watchdog's heartbeat: when a round takes far longer than it should, the watchdog is
 // stuck inside a CUDA or NCCL call (or a file system), and that is worth saying.
 void RunMonitor(Runtime* runtime) {
   pthread_setname_np(pthread_self(), "ncclguard-mon");
+  MarkOwnThread();
   HeartbeatMonitor monitor(std::max<std::int64_t>(10'000'000'000, 20 * ToNs(GetConfig().poll_interval)));
   for (;;) {
     std::this_thread::sleep_for(std::chrono::seconds(1));
@@ -224,6 +237,7 @@ void EnsureWatchdogStarted() noexcept {
                        g_start_mutex.unlock();
                        g_runtime.store(nullptr, std::memory_order_release);  // the parent's is leaked
                        g_in_round.store(false, std::memory_order_relaxed);
+                       ResetExitGateAfterFork();
                        GetRegistry().ForgetAfterFork();
                      });
     }
@@ -240,6 +254,10 @@ void EnsureWatchdogStarted() noexcept {
     }
     static std::atomic<bool> exit_hooks{false};
     if (!exit_hooks.exchange(true)) {
+      // Statics made after the hooks' registration are destroyed before the hooks run: simdjson's
+      // are made now, the log's were at its start.
+      ChooseStatusParser();
+      std::atexit(CloseExitGateAtExit);
       if (GetConfig().dump_on_exit) std::atexit(DumpAtExit);
       std::atexit(StopWatchdogAtExit);
     }

@@ -38,6 +38,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "watchdog/common/config.h"
+#include "watchdog/common/exit_gate.h"
 #include "watchdog/common/files.h"
 #include "watchdog/common/log.h"
 #include "watchdog/common/mutex.h"
@@ -268,6 +269,7 @@ class StatusPreParser final : public StatusBatchSink {
   }
 
   void Run() noexcept {
+    MarkOwnThread();  // its parses park once the application's exit has begun
     try {
       while (const std::optional<Batch> batch = NextBatch()) {
         for (std::size_t index = batch->first; index < batch->end; ++index) {
@@ -636,7 +638,10 @@ void ReadFiles(int directory_fd, const std::vector<JobFile>& files, const std::v
     return dump.ok() ? merger.AddDump(file, *std::move(dump)) : refusal(dump.status());
   };
   // Each thread takes the next file nobody took; one that finds the time up leaves it unread.
+  const bool owned = IsOwnThread();
   auto work = [&]() noexcept {
+    // The helpers are ncclguard's own threads wherever the reading thread is.
+    if (owned) MarkOwnThread();
     PendingStatuses pending;
     for (std::size_t position = next++; position < order.size(); position = next++) {
       const std::size_t index = order[position];
@@ -830,6 +835,7 @@ class EarlyDumpListing {
   explicit EarlyDumpListing(int directory_fd) {
     try {
       thread_ = std::thread([this, directory_fd]() noexcept {
+        MarkOwnThread();
         try {
           names_ = ListNamesAt(directory_fd, "dump-", ".json");
         } catch (...) {

@@ -21,6 +21,7 @@
 #include "absl/functional/function_ref.h"
 #include "watchdog/common/clock.h"
 #include "watchdog/common/describe.h"
+#include "watchdog/common/exit_gate.h"
 #include "watchdog/common/libraries.h"
 #include "watchdog/common/log.h"
 #include "watchdog/common/nccl_api.h"
@@ -241,6 +242,7 @@ bool IssueRound(const CudaDriver& driver) {
 
 void IssuerMain() {
   pthread_setname_np(pthread_self(), "ncclguard-hold");
+  MarkOwnThread();
   DriverEvents().PrepareWatchdogThread();  // its event records must not break a graph capture
   const CudaDriver* driver = LoadCudaDriver();
   for (;;) {

@@ -22,6 +22,7 @@
 #include "watchdog/common/clock.h"
 #include "watchdog/common/comm_handle.h"
 #include "watchdog/common/describe.h"
+#include "watchdog/common/exit_gate.h"
 #include "watchdog/common/libraries.h"
 #include "watchdog/common/log.h"
 #include "watchdog/common/mutex.h"
@@ -278,6 +279,7 @@ absl::Status Recovery::CreateCommunicators(const ncclUniqueId& id) {
   const ncclResult_t result = PrivateNcclInstance::WithP2pDisabled([&] {
     try {
       std::thread([creation, config_known, give_up, driver = driver_, slot = slot_, id] {
+        MarkOwnThread();
         RecoveryUnderWay recovering;  // NCCL's calls of its own functions on this thread must not wait
         std::vector<Rank>& ranks = creation->ranks;
         ncclResult_t made = IssueInGroup(slot, ranks.size() > 1, [&] {
@@ -339,6 +341,7 @@ void Recovery::StartAbort(const Member& member) {
   auto abort = [library, old_comm, id, driver = driver_,
                 context = static_cast<CUcontext>(member.comm->context)] {
     // Not counted as a recovery under way: the application's calls must not wait for this one.
+    MarkOwnThread();
     CudaContextScope scope(*driver, context);
     const std::int64_t start = SteadyNowNs();
     const ncclResult_t aborted = CallRealNccl(library, Api::ncclCommAbort, [old_comm](void* function) {

@@ -13,6 +13,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "watchdog/common/exit_gate.h"
 #include "watchdog/report/dump.h"
 #include "watchdog/report/facts.h"
 #include "watchdog/report/snapshot.h"
@@ -229,6 +230,8 @@ void ParseSystemFacts(const nlohmann::json& system, ProcessFacts& facts) {
 }
 
 absl::StatusOr<ParsedDump> ParseDump(const std::string& content) noexcept {
+  const ExitPass pass;  // nlohmann's globals may be gone once the application's exit has begun
+  if (!pass.open()) return absl::CancelledError("the process is exiting");
   try {
     const Json document = ParseBoundedJson(content);
     CheckFormat(document);

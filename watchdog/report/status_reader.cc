@@ -18,6 +18,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "watchdog/common/exit_gate.h"
 #include "watchdog/common/profile_events.h"
 #include "watchdog/report/dump_reader.h"
 #include "watchdog/report/facts.h"
@@ -310,6 +311,10 @@ void ReadFacts(const Members& document, ProcessFacts& facts) {
   if (const std::optional<element> system = Find(document, "system")) ReadSystemFacts(*system, facts);
 }
 
+// simdjson's implementation objects are static and destroyed at exit: a parse is made holding an
+// ExitPass, so that none begins once the application's exit has.
+constexpr char kExiting[] = "the process is exiting";
+
 // `content` parsed, a document of `format` (`what` it is, for the error) at the status format's
 // version. The parser is one per reading thread: it keeps its buffers from one status to the next.
 Members ParseDocument(const std::string& content, std::string_view format, const char* what) {
@@ -328,10 +333,14 @@ Members ParseDocument(const std::string& content, std::string_view format, const
 }  // namespace
 
 void ReadStatusFactsDocument(const std::string& content, ProcessFacts& facts) {
+  const ExitPass pass;
+  if (!pass.open()) throw std::runtime_error(kExiting);
   ReadFacts(ParseDocument(content, "ncclguard-status-facts", "facts record"), facts);
 }
 
 PeerStatus ReadStatusDocument(const std::string& file, const std::string& content) {
+  const ExitPass pass;
+  if (!pass.open()) throw std::runtime_error(kExiting);
   const Members document(ParseDocument(content, "ncclguard-status", "status file"));
   PeerStatus status;
   status.file = file;
@@ -353,6 +362,15 @@ PeerStatus ReadStatusDocument(const std::string& file, const std::string& conten
   ReadFacts(document, status.facts);
   ReadIfPresent(document, "facts", status.facts_digest);
   return status;
+}
+
+void ChooseStatusParser() noexcept {
+  try {
+    simdjson::dom::parser parser;
+    (void)parser.parse(simdjson::padded_string(std::string_view("{}")));
+  } catch (...) {
+    // No memory: the first status read chooses it.
+  }
 }
 
 }  // namespace ncclguard

@@ -17,4 +17,9 @@ PeerStatus ReadStatusDocument(const std::string& file, const std::string& conten
 // A facts record (job_dir.h's FormatStatusFacts) read into `facts`; throws as ReadStatusDocument.
 void ReadStatusFactsDocument(const std::string& content, ProcessFacts& facts);
 
+// Has simdjson choose its implementation now. Its implementation objects are statics made at the
+// first parse and destroyed at exit in the reverse order of their making: made before ncclguard's
+// exit hooks are registered, they are destroyed after those hooks have run.
+void ChooseStatusParser() noexcept;
+
 }  // namespace ncclguard
