@@ -307,7 +307,9 @@ std::string KnownBadPath(const Config& config) {
 }
 
 const KnownBadList& ProcessKnownBad() noexcept {
-  static const KnownBadList list = [] {
+  // Deliberately leaked: made at the first stall, it would be destroyed at exit before ncclguard's
+  // exit hooks have stopped its threads.
+  static const KnownBadList* list = new KnownBadList([] {
     KnownBadList loaded;
     try {
       loaded.path = KnownBadPath(GetConfig());
@@ -328,8 +330,8 @@ const KnownBadList& ProcessKnownBad() noexcept {
                 std::string(loaded.status.message()));
     }
     return loaded;
-  }();
-  return list;
+  }());
+  return *list;
 }
 
 std::vector<KnownBadMatch> MatchKnownBad(const std::vector<KnownBadEntry>& entries,

@@ -81,7 +81,9 @@ struct Hiredis {
 
 // hiredis, loaded once per process; the reason when it cannot be.
 const absl::StatusOr<Hiredis>& LoadHiredis() {
-  static const absl::StatusOr<Hiredis> loaded = []() -> absl::StatusOr<Hiredis> {
+  // Deliberately leaked: made after ncclguard's exit hooks were registered, it would be destroyed
+  // at exit before they have stopped the threads that use it.
+  static const auto* loaded = new absl::StatusOr<Hiredis>([]() -> absl::StatusOr<Hiredis> {
     // The soname of the hiredis whose header this was built with: its structures' layout.
     constexpr char kSoname[] = "libhiredis.so." NCCLGUARD_STRINGIFY(HIREDIS_SONAME);
     void* library = dlopen(kSoname, RTLD_NOW | RTLD_LOCAL);
@@ -105,8 +107,8 @@ const absl::StatusOr<Hiredis>& LoadHiredis() {
     if (!complete)
       return absl::FailedPreconditionError(absl::StrCat(kSoname, " lacks a function ncclguard uses"));
     return hiredis;
-  }();
-  return loaded;
+  }());
+  return *loaded;
 }
 
 timeval ToTimeval(std::chrono::milliseconds duration) {
