@@ -22,6 +22,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "watchdog/common/config_table.h"
+#include "watchdog/common/escape.h"
 
 namespace ncclguard {
 namespace {
@@ -157,7 +158,9 @@ std::string TypeText(std::string_view variable, const T* field) {
 
 std::string FormatValue(bool value) { return value ? "1" : "0"; }
 std::string FormatValue(LogLevel value) { return std::string(LogLevelName(value)); }
-std::string FormatValue(const std::string& value) { return value.empty() ? "unset" : value; }
+std::string FormatValue(const std::string& value) {
+  return value.empty() ? "unset" : RemoveUrlCredentials(value);
+}
 std::string FormatValue(Action value) { return std::string(ActionName(value)); }
 std::string FormatValue(P2pMode value) { return std::string(P2pModeName(value)); }
 std::string FormatValue(RecoverMode value) { return std::string(RecoverModeName(value)); }
@@ -203,8 +206,9 @@ void ParseOption(const EnvironmentReader& read_environment, const char* name, T*
     *field = *std::move(parsed);
     config->effective_values.push_back(absl::StrCat(name, "=", FormatValue(*field)));
   } else {
-    config->problems.push_back(absl::StrCat(name, "='", text, "' ", std::string(parsed.status().message()),
-                                            "; using the default '", FormatValue(*field), "'"));
+    config->problems.push_back(absl::StrCat(name, "='", RemoveUrlCredentials(text), "' ",
+                                            std::string(parsed.status().message()), "; using the default '",
+                                            FormatValue(*field), "'"));
   }
 }
 

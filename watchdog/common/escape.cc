@@ -1,5 +1,6 @@
 #include "watchdog/common/escape.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <string>
 #include <string_view>
@@ -35,6 +36,24 @@ std::string EscapeControlCharacters(std::string_view text) {
   std::string out;
   out.reserve(text.size());
   AppendEscaped(text, out);
+  return out;
+}
+
+std::string RemoveUrlCredentials(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  std::size_t copied = 0;
+  for (std::size_t scheme = text.find("://"); scheme != std::string_view::npos;
+       scheme = text.find("://", scheme + 3)) {
+    const std::size_t authority = scheme + 3;
+    const std::size_t end = std::min(text.size(), text.find_first_of("/?# \t\n", authority));
+    const std::size_t at = text.substr(authority, end - authority).rfind('@');
+    if (at == std::string_view::npos) continue;
+    out.append(text.substr(copied, authority - copied));
+    out += "<redacted>";
+    copied = authority + at;  // the '@' and the host are kept
+  }
+  out.append(text.substr(copied));
   return out;
 }
 

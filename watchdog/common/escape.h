@@ -13,4 +13,8 @@ namespace ncclguard {
 std::string EscapeControlCharacters(std::string_view text);
 void AppendEscaped(std::string_view text, std::string& out);
 
+// `text` with the user and password of every URL in it (scheme://user:password@host) replaced by
+// `<redacted>`: settings and addresses are logged and stored in dumps, which others may read.
+std::string RemoveUrlCredentials(std::string_view text);
+
 }  // namespace ncclguard

@@ -27,6 +27,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
+#include "watchdog/common/escape.h"
 #include "watchdog/common/launcher.h"
 #include "watchdog/common/libraries.h"
 #include "watchdog/common/log.h"
@@ -469,8 +470,8 @@ namespace {
 void AddMatchingFacts(const FactSources& sources, const std::vector<int>& devices, ProcessFacts& facts) {
   for (auto& [name, value] : Ask(sources.environment, EnvironmentVariables())) {
     if (!IsAllowlistedVariable(name)) continue;
-    facts.environment.emplace_back(name,
-                                   NamesSecretVariable(name) ? std::string(kRedacted) : std::move(value));
+    facts.environment.emplace_back(
+        name, NamesSecretVariable(name) ? std::string(kRedacted) : RemoveUrlCredentials(value));
   }
   std::sort(facts.environment.begin(), facts.environment.end());
   facts.kernel_release = KnownOr(Ask(sources.kernel_release, std::string()));
