@@ -248,6 +248,7 @@ absl::StatusOr<std::shared_ptr<JobBoard>> NamedBoard(const AnalyzeOptions& optio
   if (!job.ok()) return job.status();
   const std::string dumps =
       options.dump_directory.empty() ? JobDirectory(GetConfig(), job->job_id) : options.dump_directory;
+  job->address.auth_file = GetConfig().store_auth_file;  // as the job's processes authenticate
   return MakeRedisBoard(job->address, dumps, job->job_id, BoardIdentity{});
 }
 

@@ -218,7 +218,7 @@ TEST_CASE("on Redis, the facts that do not change are a record that processes al
           "[job_board][redis]") {
   Boards boards;
   REQUIRE(boards.redis->started());
-  const std::string facts_key = "ncclguard:{job-7}:facts";
+  const std::string facts_key = "ncclguard:{" + std::to_string(getuid()) + ":job-7}:facts";
   auto facts_of = [](const std::string& host, int pid, const std::string& p2p_disable) {
     ProcessFacts facts = Facts(host, pid);
     facts.environment = {{"NCCL_P2P_DISABLE", p2p_disable}};

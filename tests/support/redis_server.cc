@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -17,6 +18,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace ncclguard::testing {
@@ -39,9 +41,17 @@ int FreePort() {
   return port;
 }
 
-// Sends `request` (RESP) to the server on `port` and returns the first line of its answer, "" when
-// it does not answer.
-std::string Ask(int port, const std::string& request) {
+std::string Request(const std::vector<std::string>& command) {
+  std::string request = "*" + std::to_string(command.size()) + "\r\n";
+  for (const std::string& argument : command)
+    request += "$" + std::to_string(argument.size()) + "\r\n" + argument + "\r\n";
+  return request;
+}
+
+// Sends `request` (RESP) to the server on `port` and returns line `line` of its answer (counted
+// from 0: 1 is the first line of the second reply when the first is one line, as AUTH's is), at
+// most 63 bytes; "" when it does not answer.
+std::string Ask(int port, const std::string& request, int line = 0) {
   const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return "";
   sockaddr_in address{};
@@ -53,18 +63,35 @@ std::string Ask(int port, const std::string& request) {
   std::string answer;
   if (connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0 &&
       write(fd, request.data(), request.size()) == static_cast<ssize_t>(request.size())) {
-    char reply[64] = {};
-    if (read(fd, reply, sizeof reply - 1) > 0) answer = reply;
+    char reply[4096];
+    // Until the line asked for is complete.
+    for (ssize_t got = 0; (got = read(fd, reply, sizeof reply)) > 0;) {
+      answer.append(reply, static_cast<std::size_t>(got));
+      std::size_t lines = 0;
+      for (std::size_t at = answer.find("\r\n"); at != std::string::npos; at = answer.find("\r\n", at + 2))
+        ++lines;
+      if (lines > static_cast<std::size_t>(line)) break;
+    }
   }
   close(fd);
-  return answer.substr(0, answer.find('\r'));
+  std::size_t start = 0;
+  for (int skipped = 0; skipped < line && start != std::string::npos; ++skipped) {
+    start = answer.find("\r\n", start);
+    if (start != std::string::npos) start += 2;
+  }
+  if (start == std::string::npos) return "";
+  return answer.substr(start, std::min<std::size_t>(63, answer.find('\r', start) - start));
 }
 
-bool AnswersPing(int port) { return Ask(port, "PING\r\n") == "+PONG"; }
+// A server with a password answers NOAUTH to the unauthenticated: it answers all the same.
+bool AnswersPing(int port) {
+  const std::string answer = Ask(port, "PING\r\n");
+  return answer == "+PONG" || answer.starts_with("-NOAUTH");
+}
 
 }  // namespace
 
-RedisServer::RedisServer() : port_(FreePort()) {
+RedisServer::RedisServer(RedisServerOptions options) : options_(std::move(options)), port_(FreePort()) {
   if (port_ == 0) {
     why_ = "no free loopback port";
     return;
@@ -76,6 +103,21 @@ RedisServer::~RedisServer() { Kill(); }
 
 std::string RedisServer::Url(int database) const {
   return "redis://127.0.0.1:" + std::to_string(port_) + "/" + std::to_string(database);
+}
+
+std::string RedisServer::Ipv6Url(int database) const {
+  return "redis://[::1]:" + std::to_string(port_) + "/" + std::to_string(database);
+}
+
+bool RedisServer::HasIpv6Loopback() {
+  const int fd = socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  sockaddr_in6 address{};
+  address.sin6_family = AF_INET6;
+  address.sin6_addr = in6addr_loopback;
+  const bool bound = bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0;
+  close(fd);
+  return bound;
 }
 
 bool RedisServer::Start() {
@@ -99,6 +141,12 @@ bool RedisServer::Start() {
                                    "no",
                                    "--databases",
                                    std::to_string(kDatabases)};
+  // Each address a word of its own: redis-server quotes every word it is given.
+  if (options_.ipv6) argv.insert(argv.begin() + 5, "::1");
+  if (!options_.requirepass.empty()) {
+    argv.push_back("--requirepass");
+    argv.push_back(options_.requirepass);
+  }
   std::vector<char*> pointers;
   for (std::string& argument : argv) pointers.push_back(argument.data());
   pointers.push_back(nullptr);
@@ -135,10 +183,13 @@ bool RedisServer::Start() {
 }
 
 std::string RedisServer::Run(const std::vector<std::string>& command) const {
-  std::string request = "*" + std::to_string(command.size()) + "\r\n";
-  for (const std::string& argument : command)
-    request += "$" + std::to_string(argument.size()) + "\r\n" + argument + "\r\n";
-  return Ask(port_, request);
+  if (options_.requirepass.empty()) return Ask(port_, Request(command));
+  return RunAs("default", options_.requirepass, command);
+}
+
+std::string RedisServer::RunAs(const std::string& user, const std::string& password,
+                               const std::vector<std::string>& command) const {
+  return Ask(port_, Request({"AUTH", user, password}) + Request(command), 1);
 }
 
 long long RedisServer::HashLength(const std::string& key) const {

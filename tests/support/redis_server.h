@@ -12,10 +12,17 @@
 
 namespace ncclguard::testing {
 
+// How a test's server is set up beyond the defaults: a password for the `default` user
+// (requirepass), and a listener on IPv6's loopback too.
+struct RedisServerOptions {
+  std::string requirepass;
+  bool ipv6 = false;
+};
+
 class RedisServer {
  public:
   // Starts the server and waits until it answers PING; started() says whether it does.
-  RedisServer();
+  explicit RedisServer(RedisServerOptions options = {});
   ~RedisServer();
   RedisServer(const RedisServer&) = delete;
   RedisServer& operator=(const RedisServer&) = delete;
@@ -24,10 +31,17 @@ class RedisServer {
   const std::string& why_not_started() const { return why_; }
   int port() const { return port_; }
   static constexpr int kDatabases = 256;
-  std::string Url(int database = 0) const;  // redis://127.0.0.1:<port>/<database>
+  std::string Url(int database = 0) const;      // redis://127.0.0.1:<port>/<database>
+  std::string Ipv6Url(int database = 0) const;  // redis://[::1]:<port>/<database>
+  // Whether this machine has IPv6's loopback (containers often lack it).
+  static bool HasIpv6Loopback();
 
-  // `command` sent to database 0; the first line of the answer, at most 63 bytes ("" when none).
+  // `command` sent to database 0 (as the `default` user, with its password when it has one); the
+  // first line of the answer, at most 63 bytes ("" when none).
   std::string Run(const std::vector<std::string>& command) const;
+  // The same as the ACL user `user` (AUTH user password first).
+  std::string RunAs(const std::string& user, const std::string& password,
+                    const std::vector<std::string>& command) const;
   // How many fields the hash `key` of database 0 has (HLEN); -1 when the server does not answer.
   long long HashLength(const std::string& key) const;
 
@@ -37,6 +51,7 @@ class RedisServer {
   bool Start();
 
  private:
+  RedisServerOptions options_;
   TemporaryDirectory directory_;
   int port_ = 0;
   pid_t pid_ = -1;

@@ -2,6 +2,8 @@
 // preloaded and the faults of the field cases, then `ncclguard analyze --json` on the job
 // directory they left. Each test checks what a user reads: the verdicts, the analyzer's exit
 // status, and the verdict the watchdog logged at the moment of the stall.
+#include <unistd.h>
+
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
@@ -977,7 +979,7 @@ TEST_CASE("Redis killed and restarted in the middle of a job: no crash, no hang,
   TemporaryDirectory dump_dir;
   ncclguard::testing::RedisServer redis;
   REQUIRE(redis.started());
-  const std::string status_key = std::string("ncclguard:{") + kJobId + "}:status";
+  const std::string status_key = "ncclguard:{" + std::to_string(getuid()) + ":" + kJobId + "}:status";
   const Job job = RunThroughBoardFailure(
       dump_dir, {{"NCCLGUARD_STORE", redis.Url()}}, [&] { return redis.HashLength(status_key) == 4; },
       [&] { redis.Kill(); }, [&] { return redis.Start(); });

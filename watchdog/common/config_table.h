@@ -71,6 +71,10 @@
     "meet to recover: empty or `dir` for the job directory, `redis://host[:port][/db]` for a Redis " \
     "server (for jobs of thousands of ranks; needs libhiredis). Dumps stay files of the job "        \
     "directory either way.")                                                                         \
+  X(STORE_AUTH_FILE, store_auth_file, std::string, "",                                               \
+    "File holding the Redis board's credentials, never the URL: one line, the password "             \
+    "(`requirepass`), or two, an ACL user then its password. Mode 0600, owned by the job's user; "   \
+    "read again at each reconnection, so a corrected file is used without a restart.")               \
   X(RING_SIZE, ring_size, Count, Count{2048},                                                        \
     "Operations kept per communicator in the flight recorder (preallocated).")                       \
   X(DUMP_SIGNAL, dump_signal, Signal, Signal{SIGUSR2},                                               \

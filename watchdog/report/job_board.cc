@@ -21,6 +21,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "watchdog/common/config.h"
+#include "watchdog/common/escape.h"
 #include "watchdog/common/files.h"
 #include "watchdog/report/facts.h"
 #include "watchdog/report/job_dir.h"
@@ -30,6 +32,7 @@ namespace ncclguard {
 namespace {
 
 constexpr char kRedisScheme[] = "redis://";
+constexpr char kRedisTlsScheme[] = "rediss://";
 
 // The job directory itself: every record a file, as job_dir.h and files.h write and read them.
 class DirectoryBoard final : public JobBoard {
@@ -143,19 +146,38 @@ class DirectoryBoard final : public JobBoard {
 }  // namespace
 
 std::string RedisAddress::ToString() const {
-  return absl::StrCat(kRedisScheme, host, ":", port, "/", database);
+  // An IPv6 literal is bracketed again, so that the text parses back to this address.
+  const bool literal = host.find(':') != std::string::npos;
+  return absl::StrCat(tls ? kRedisTlsScheme : kRedisScheme, literal ? "[" : "", host, literal ? "]" : "", ":",
+                      port, "/", database);
 }
 
-bool IsRedisName(const std::string& text) { return absl::StartsWith(text, kRedisScheme); }
+bool IsRedisName(const std::string& text) {
+  return absl::StartsWith(text, kRedisScheme) || absl::StartsWith(text, kRedisTlsScheme);
+}
+
+bool RedisTlsAvailable() { return NCCLGUARD_HAVE_HIREDIS_SSL != 0; }
+
+const std::string& DefaultStoreAuthFile() noexcept { return GetConfig().store_auth_file; }
 
 absl::StatusOr<RedisAddress> ParseRedisAddress(const std::string& text) {
   auto invalid = [&](const std::string& why) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("'", text, "' is not a Redis address (redis://host[:port][/database]): ", why));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "'", RemoveUrlCredentials(text), "' is not a Redis address (redis://host[:port][/database]): ", why));
   };
-  if (!IsRedisName(text)) return invalid("it does not begin with redis://");
-  absl::string_view rest = absl::string_view(text).substr(std::char_traits<char>::length(kRedisScheme));
+  if (!IsRedisName(text)) return invalid("it does not begin with redis:// or rediss://");
   RedisAddress address;
+  address.tls = absl::StartsWith(text, kRedisTlsScheme);
+  absl::string_view rest = absl::string_view(text).substr(
+      std::char_traits<char>::length(address.tls ? kRedisTlsScheme : kRedisScheme));
+  // No host name holds '@': whatever precedes one is a user or a password, and none of it is shown.
+  if (rest.find('@') != absl::string_view::npos) {
+    return absl::InvalidArgumentError(
+        "NCCLGUARD_STORE carries a user or password (redis://user:password@host): refused, since "
+        "the URL is logged, stored in dumps and visible to every user of the node; write them to a "
+        "file of mode 0600 (the password, or the ACL user then its password, one per line) and name "
+        "it in NCCLGUARD_STORE_AUTH_FILE");
+  }
   const std::size_t slash = rest.find('/');
   if (slash != absl::string_view::npos) {
     const absl::string_view database = rest.substr(slash + 1);
@@ -165,16 +187,35 @@ absl::StatusOr<RedisAddress> ParseRedisAddress(const std::string& text) {
     }
     rest = rest.substr(0, slash);
   }
-  const std::size_t colon = rest.rfind(':');
-  if (colon != absl::string_view::npos && rest.find(']') == absl::string_view::npos) {
-    if (!absl::SimpleAtoi(rest.substr(colon + 1), &address.port) || address.port < 1 ||
-        address.port > 65535) {
-      return invalid("the port is not a number from 1 to 65535");
+  std::optional<absl::string_view> port;  // when the address names one
+  if (absl::StartsWith(rest, "[")) {
+    const std::size_t close = rest.find(']');
+    if (close == absl::string_view::npos) return invalid("an IPv6 address lacks its closing ']'");
+    const absl::string_view after = rest.substr(close + 1);
+    if (!after.empty() && !absl::StartsWith(after, ":")) return invalid("text follows the IPv6 address");
+    if (!after.empty()) port = after.substr(1);
+    rest = rest.substr(1, close - 1);
+  } else {
+    const std::size_t colon = rest.rfind(':');
+    if (colon != absl::string_view::npos) {
+      if (rest.find(':') != colon)
+        return invalid("an IPv6 address is written in brackets: redis://[::1]:6379/0");
+      port = rest.substr(colon + 1);
+      rest = rest.substr(0, colon);
     }
-    rest = rest.substr(0, colon);
+  }
+  if (port && (!absl::SimpleAtoi(*port, &address.port) || address.port < 1 || address.port > 65535)) {
+    return invalid("the port is not a number from 1 to 65535");
   }
   if (rest.empty()) return invalid("no host");
   address.host = std::string(rest);
+  if (address.tls && !RedisTlsAvailable()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("'", address.ToString(),
+                     "': TLS (rediss://) is unavailable in this build of ncclguard, which was built "
+                     "without hiredis_ssl (hiredis 1.0 or later with its SSL library); use redis:// on "
+                     "the cluster's private network, or a build of ncclguard with hiredis_ssl"));
+  }
   return address;
 }
 
@@ -183,7 +224,8 @@ absl::StatusOr<RedisJob> ParseRedisJob(const std::string& text) {
   const std::size_t host_start = std::char_traits<char>::length(kRedisScheme);
   if (!IsRedisName(text) || slash == std::string::npos || slash < host_start || slash + 1 == text.size()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("'", text, "' is not a job on a Redis board (redis://host[:port][/database]/<job id>)"));
+        absl::StrCat("'", RemoveUrlCredentials(text),
+                     "' is not a job on a Redis board (redis://host[:port][/database]/<job id>)"));
   }
   absl::StatusOr<RedisAddress> address = ParseRedisAddress(text.substr(0, slash));
   if (!address.ok()) return address.status();
@@ -191,16 +233,18 @@ absl::StatusOr<RedisJob> ParseRedisJob(const std::string& text) {
 }
 
 absl::StatusOr<std::shared_ptr<JobBoard>> OpenJobBoard(const std::string& store, const std::string& job_dir,
-                                                       const std::string& job_id, BoardIdentity identity) {
+                                                       const std::string& job_id, BoardIdentity identity,
+                                                       const std::string& auth_file) {
   if (store.empty() || store == "dir") {
     return std::shared_ptr<JobBoard>(std::make_shared<DirectoryBoard>(job_dir, job_id, std::move(identity)));
   }
   if (!IsRedisName(store)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("NCCLGUARD_STORE '", store, "' is neither 'dir' nor redis://host[:port][/database]"));
+    return absl::InvalidArgumentError(absl::StrCat("NCCLGUARD_STORE '", RemoveUrlCredentials(store),
+                                                   "' is neither 'dir' nor redis://host[:port][/database]"));
   }
   absl::StatusOr<RedisAddress> address = ParseRedisAddress(store);
   if (!address.ok()) return address.status();
+  address->auth_file = auth_file;
   return MakeRedisBoard(*address, job_dir, job_id, identity);
 }
 

@@ -118,21 +118,34 @@ class JobBoard {
                                                              const std::string& suffix) noexcept = 0;
 };
 
-// The board NCCLGUARD_STORE names (`store`: "" or "dir" for the job directory, redis://host[:port][/db]
-// for Redis) for the job `job_id` whose directory is `job_dir`. InvalidArgument for a store that
-// is neither. A Redis board connects at its first use, not here.
-absl::StatusOr<std::shared_ptr<JobBoard>> OpenJobBoard(const std::string& store, const std::string& job_dir,
-                                                       const std::string& job_id, BoardIdentity identity);
+// NCCLGUARD_STORE_AUTH_FILE: the file of the Redis board's credentials ("" for none).
+const std::string& DefaultStoreAuthFile() noexcept;
 
-// Whether `text` names a Redis board (redis://...), and the parts of such a name.
+// The board NCCLGUARD_STORE names (`store`: "" or "dir" for the job directory, redis://host[:port][/db]
+// for Redis, whose credentials are read from `auth_file`) for the job `job_id` whose directory is
+// `job_dir`. InvalidArgument for a store that is neither, or a URL that carries a password. A
+// Redis board connects at its first use, not here.
+absl::StatusOr<std::shared_ptr<JobBoard>> OpenJobBoard(const std::string& store, const std::string& job_dir,
+                                                       const std::string& job_id, BoardIdentity identity,
+                                                       const std::string& auth_file = DefaultStoreAuthFile());
+
+// Whether `text` names a Redis board (redis:// or rediss://, TLS), and the parts of such a name.
+// The host may be an IPv6 literal in brackets (redis://[::1]:6379/0). A user or password in the URL
+// is refused: the URL is logged, stored in dumps and seen in /proc; credentials live in a file.
 struct RedisAddress {
-  std::string host;
+  std::string host;  // an IPv6 literal without its brackets
   int port = 6379;
   int database = 0;
+  bool tls = false;
+  // The file of the credentials (NCCLGUARD_STORE_AUTH_FILE): not part of the address's text.
+  std::string auth_file;
+  // What logs, dumps and `ncclguard analyze` show: never a credential.
   std::string ToString() const;
 };
 bool IsRedisName(const std::string& text);
 absl::StatusOr<RedisAddress> ParseRedisAddress(const std::string& text);
+// Whether this build can speak TLS to Redis (hiredis_ssl found at configure time).
+bool RedisTlsAvailable();
 // A job on a Redis board, as `ncclguard analyze` names it: redis://host[:port][/db]/<job id>.
 struct RedisJob {
   RedisAddress address;

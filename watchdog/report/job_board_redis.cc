@@ -1,9 +1,8 @@
-// The job board's Redis backend (job_board.h). hiredis is loaded privately (dlopen RTLD_LOCAL) at
-// the first use, so that a process that never names a Redis board never loads it, and one whose
-// node lacks it keeps running with a clear message.
+// The job board's Redis backend (job_board.h), over one connection of redis_client.h.
 //
-// Keys, all under ncclguard:{<job id>}: (the braces keep a job's keys on one Redis Cluster slot),
-// each expiring kRecordLifetime after its last write:
+// Keys, all under ncclguard:{<uid>:<job id>}: (the braces keep a job's keys on one Redis Cluster
+// slot; the user id lets a server's ACL give each user its own keys and no one else's, and keeps
+// two users' jobs of one id apart), each expiring kRecordLifetime after its last write:
 //   status          hash: status-<host>-<pid>.json -> the status document, written when it changes
 //   heartbeat       hash: the same names -> the time of the writer's latest status (epoch ns)
 //   facts           hash: digest -> the facts a status names instead of holding them (environment,
@@ -11,12 +10,7 @@
 //   dump-requests   list: "<name>\n<document>" per request, oldest first; its length is the
 //                   generation a watcher compares, so a quiet job's look is one LLEN
 //   records:<folder> hash: name -> a small record (the P2P verdict, a recovery meeting's files)
-#include <dlfcn.h>
-#include <hiredis/hiredis.h>
-#include <hiredis/read.h>
-#include <sys/time.h>
 #include <sys/types.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -43,10 +37,8 @@
 #include "watchdog/report/facts.h"
 #include "watchdog/report/job_board.h"
 #include "watchdog/report/job_dir.h"
+#include "watchdog/report/redis_client.h"
 #include "watchdog/report/snapshot.h"
-
-#define NCCLGUARD_STRINGIFY_INNER(x) #x
-#define NCCLGUARD_STRINGIFY(x) NCCLGUARD_STRINGIFY_INNER(x)
 
 namespace ncclguard {
 namespace {
@@ -54,9 +46,6 @@ namespace {
 // Long enough to analyse a job days after it was killed; short enough that a cluster's Redis does
 // not fill up with ended jobs.
 constexpr int kRecordLifetimeSeconds = 3 * 24 * 3600;
-constexpr std::chrono::milliseconds kConnectTimeout{1000};
-// One command's round trip at most; a Redis slower than that is treated as down.
-constexpr std::chrono::milliseconds kCommandTimeout{2000};
 // A status costs one round trip of 2 to 4 commands, and its process's look for dump requests one
 // more: at this rate a whole job sends a Redis some 50,000 commands a second, a fraction of what one
 // Redis thread serves, leaving room for other jobs on a cluster's shared Redis.
@@ -66,269 +55,9 @@ constexpr std::uint64_t kRenewEvery = 15;
 // Statuses fetched per HMGET, and HMGETs per round trip: a few MB in flight.
 constexpr std::size_t kFetchBatch = 1000;
 constexpr int kBatchesPerRoundTrip = 8;
-// The wait before trying a Redis that failed again doubles from the first to the last.
-constexpr std::chrono::milliseconds kFirstRetry{500};
-constexpr std::chrono::milliseconds kLastRetry{30'000};
 
-struct Hiredis {
-  decltype(&::redisConnectWithTimeout) connect = nullptr;
-  decltype(&::redisSetTimeout) set_timeout = nullptr;
-  decltype(&::redisFree) free_context = nullptr;
-  decltype(&::redisAppendCommandArgv) append = nullptr;
-  decltype(&::redisGetReply) get_reply = nullptr;
-  decltype(&::freeReplyObject) free_reply = nullptr;
-};
-
-// hiredis, loaded once per process; the reason when it cannot be.
-const absl::StatusOr<Hiredis>& LoadHiredis() {
-  // Deliberately leaked: made after ncclguard's exit hooks were registered, it would be destroyed
-  // at exit before they have stopped the threads that use it.
-  static const auto* loaded = new absl::StatusOr<Hiredis>([]() -> absl::StatusOr<Hiredis> {
-    // The soname of the hiredis whose header this was built with: its structures' layout.
-    constexpr char kSoname[] = "libhiredis.so." NCCLGUARD_STRINGIFY(HIREDIS_SONAME);
-    void* library = dlopen(kSoname, RTLD_NOW | RTLD_LOCAL);
-    if (library == nullptr) {
-      const char* error = dlerror();
-      return absl::FailedPreconditionError(absl::StrCat(
-          "cannot load ", kSoname, " (install hiredis: ", error != nullptr ? error : "not found", ")"));
-    }
-    Hiredis hiredis;
-    bool complete = true;
-    auto resolve = [&](auto& function, const char* name) {
-      function = reinterpret_cast<std::remove_reference_t<decltype(function)>>(dlsym(library, name));
-      complete = complete && function != nullptr;
-    };
-    resolve(hiredis.connect, "redisConnectWithTimeout");
-    resolve(hiredis.set_timeout, "redisSetTimeout");
-    resolve(hiredis.free_context, "redisFree");
-    resolve(hiredis.append, "redisAppendCommandArgv");
-    resolve(hiredis.get_reply, "redisGetReply");
-    resolve(hiredis.free_reply, "freeReplyObject");
-    if (!complete)
-      return absl::FailedPreconditionError(absl::StrCat(kSoname, " lacks a function ncclguard uses"));
-    return hiredis;
-  }());
-  return *loaded;
-}
-
-timeval ToTimeval(std::chrono::milliseconds duration) {
-  return timeval{.tv_sec = static_cast<time_t>(duration.count() / 1000),
-                 .tv_usec = static_cast<suseconds_t>(duration.count() % 1000 * 1000)};
-}
-
-using Command = std::vector<std::string>;
-
-// One reply, copied out of hiredis's (so that nothing of hiredis outlives the lock).
-struct Reply {
-  enum class Type { kString, kInteger, kArray, kNil, kStatus, kError };
-  Type type = Type::kNil;
-  std::string text;  // string, status or error
-  long long integer = 0;
-  std::vector<Reply> elements;
-};
-
-Reply CopyReply(const redisReply& reply) {
-  Reply copy;
-  switch (reply.type) {
-    case REDIS_REPLY_STRING:
-      copy.type = Reply::Type::kString;
-      copy.text.assign(reply.str, reply.len);
-      break;
-    case REDIS_REPLY_STATUS:
-      copy.type = Reply::Type::kStatus;
-      copy.text.assign(reply.str, reply.len);
-      break;
-    case REDIS_REPLY_ERROR:
-      copy.type = Reply::Type::kError;
-      copy.text.assign(reply.str, reply.len);
-      break;
-    case REDIS_REPLY_INTEGER:
-      copy.type = Reply::Type::kInteger;
-      copy.integer = reply.integer;
-      break;
-    case REDIS_REPLY_ARRAY:
-      copy.type = Reply::Type::kArray;
-      copy.elements.reserve(reply.elements);
-      for (std::size_t i = 0; i < reply.elements; ++i) copy.elements.push_back(CopyReply(*reply.element[i]));
-      break;
-    default:
-      copy.type = Reply::Type::kNil;
-  }
-  return copy;
-}
-
-// One connection to Redis, shared by the process's threads one command batch at a time. A Redis
-// that fails is left alone for a while (doubling up to kLastRetry): meanwhile every call answers
-// Unavailable at once, so that the watchdog keeps its pace. The first failure is logged, and so is
-// the return.
-class RedisConnection {
- public:
-  explicit RedisConnection(RedisAddress address) : address_(std::move(address)) {}
-  RedisConnection(const RedisConnection&) = delete;
-  RedisConnection& operator=(const RedisConnection&) = delete;
-  ~RedisConnection() {
-    MutexLock lock(mutex_);
-    if (context_ != nullptr && owner_pid_ == getpid()) LoadHiredis()->free_context(context_);
-  }
-
-  // Sends `commands` in one round trip (pipelined) and returns their replies in order. An error
-  // reply of one command is its reply, not a failure of the batch.
-  absl::StatusOr<std::vector<Reply>> Run(const std::vector<Command>& commands) {
-    MutexLock lock(mutex_);
-    if (absl::Status connected = ConnectLocked(); !connected.ok()) return connected;
-    if (absl::Status queued = QueueLocked(commands); !queued.ok()) return queued;
-    absl::StatusOr<std::vector<Reply>> replies = RepliesLocked(commands.size());
-    if (replies.ok()) AnswersLocked();
-    return replies;
-  }
-
-  // Sends `rounds` of pipelined commands, each round before the replies of the one before are taken
-  // in, so that Redis answers one round while this process handles the last. `take(round, replies)`
-  // gets each round's replies in order, and returns false to stop there (the round already sent is
-  // read and dropped). A failure is returned after `take` had the rounds before it. The connection
-  // is held throughout (a round is always in flight): the process's other calls wait, within the
-  // caller's deadline and each round's command timeout.
-  absl::Status RunRounds(const std::vector<std::vector<Command>>& rounds,
-                         const std::function<bool(std::size_t, std::vector<Reply>&)>& take) {
-    MutexLock lock(mutex_);
-    if (absl::Status connected = ConnectLocked(); !connected.ok()) return connected;
-    for (std::size_t round = 0; round < rounds.size(); ++round) {
-      if (round == 0) {
-        if (absl::Status queued = QueueLocked(rounds[0]); !queued.ok()) return queued;
-      }
-      const bool another = round + 1 < rounds.size();
-      if (another) {
-        if (absl::Status queued = QueueLocked(rounds[round + 1]); !queued.ok()) return queued;
-      }
-      absl::StatusOr<std::vector<Reply>> replies = RepliesLocked(rounds[round].size());
-      if (!replies.ok()) return replies.status();
-      AnswersLocked();
-      if (!take(round, *replies)) {
-        if (another) {
-          if (absl::Status dropped = RepliesLocked(rounds[round + 1].size()).status(); !dropped.ok())
-            return dropped;
-        }
-        return absl::OkStatus();
-      }
-    }
-    return absl::OkStatus();
-  }
-
- private:
-  absl::Status QueueLocked(const std::vector<Command>& commands) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
-    const Hiredis& hiredis = *LoadHiredis();
-    for (const Command& command : commands) {
-      std::vector<const char*> argv;
-      std::vector<std::size_t> lengths;
-      for (const std::string& argument : command) {
-        argv.push_back(argument.data());
-        lengths.push_back(argument.size());
-      }
-      if (hiredis.append(context_, static_cast<int>(argv.size()), argv.data(), lengths.data()) != REDIS_OK) {
-        return FailLocked("cannot queue a command");
-      }
-    }
-    return absl::OkStatus();
-  }
-
-  // The replies of `count` commands queued before.
-  absl::StatusOr<std::vector<Reply>> RepliesLocked(std::size_t count) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
-    const Hiredis& hiredis = *LoadHiredis();
-    std::vector<Reply> replies;
-    replies.reserve(count);
-    for (std::size_t i = 0; i < count; ++i) {
-      void* raw = nullptr;
-      if (hiredis.get_reply(context_, &raw) != REDIS_OK || raw == nullptr) return FailLocked("no answer");
-      replies.push_back(CopyReply(*static_cast<redisReply*>(raw)));
-      hiredis.free_reply(raw);
-    }
-    return replies;
-  }
-
-  void AnswersLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
-    if (failures_ > 0) log::Info("the Redis job board {} answers again", address_.ToString());
-    failures_ = 0;
-  }
-
-  absl::Status ConnectLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
-    if (owner_pid_ != getpid()) {
-      context_ = nullptr;  // a forked child's: the parent's socket and memory are left alone
-      owner_pid_ = getpid();
-    }
-    if (context_ != nullptr) return absl::OkStatus();
-    if (failures_ > 0 && std::chrono::steady_clock::now() < retry_at_) {
-      return absl::UnavailableError(absl::StrCat("the Redis job board ", address_.ToString(),
-                                                 " failed; it is tried again shortly: ", last_error_));
-    }
-    const absl::StatusOr<Hiredis>& hiredis = LoadHiredis();
-    if (!hiredis.ok()) return NoteFailureLocked(std::string(hiredis.status().message()));
-    redisContext* context =
-        hiredis->connect(address_.host.c_str(), address_.port, ToTimeval(kConnectTimeout));
-    if (context == nullptr) return NoteFailureLocked("cannot allocate a connection");
-    if (context->err != 0) {
-      std::string why = context->errstr;
-      hiredis->free_context(context);
-      return NoteFailureLocked(why);
-    }
-    hiredis->set_timeout(context, ToTimeval(kCommandTimeout));
-    context_ = context;
-    if (address_.database != 0) {
-      absl::Status selected = SelectLocked();
-      if (!selected.ok()) return selected;
-    }
-    return absl::OkStatus();
-  }
-
-  absl::Status SelectLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
-    const std::string database = absl::StrCat(address_.database);
-    const char* argv[] = {"SELECT", database.c_str()};
-    const std::size_t lengths[] = {6, database.size()};
-    const Hiredis& hiredis = *LoadHiredis();
-    void* raw = nullptr;
-    if (hiredis.append(context_, 2, argv, lengths) != REDIS_OK ||
-        hiredis.get_reply(context_, &raw) != REDIS_OK || raw == nullptr) {
-      return FailLocked("cannot select the database");
-    }
-    const Reply reply = CopyReply(*static_cast<redisReply*>(raw));
-    hiredis.free_reply(raw);
-    if (reply.type == Reply::Type::kError) return FailLocked(absl::StrCat("SELECT: ", reply.text));
-    return absl::OkStatus();
-  }
-
-  // The connection broke (or Redis refused): it is closed and tried again later.
-  absl::Status FailLocked(const std::string& what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
-    std::string why = what;
-    if (context_ != nullptr) {
-      if (context_->err != 0) absl::StrAppend(&why, ": ", context_->errstr);
-      LoadHiredis()->free_context(context_);
-      context_ = nullptr;
-    }
-    return NoteFailureLocked(why);
-  }
-
-  absl::Status NoteFailureLocked(const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
-    if (failures_ == 0) {
-      log::Warn(
-          "the Redis job board {} cannot be used: {}; ncclguard keeps watching this process and tries "
-          "again with backoff",
-          address_.ToString(), why);
-    }
-    const std::chrono::milliseconds wait =
-        std::min<std::chrono::milliseconds>(kLastRetry, kFirstRetry * (1 << std::min(failures_, 6)));
-    ++failures_;
-    retry_at_ = std::chrono::steady_clock::now() + wait;
-    last_error_ = why;
-    return absl::UnavailableError(absl::StrCat("Redis ", address_.ToString(), ": ", why));
-  }
-
-  const RedisAddress address_;
-  Mutex mutex_;
-  redisContext* context_ ABSL_GUARDED_BY(mutex_) = nullptr;
-  pid_t owner_pid_ ABSL_GUARDED_BY(mutex_) = getpid();
-  int failures_ ABSL_GUARDED_BY(mutex_) = 0;  // in a row
-  std::chrono::steady_clock::time_point retry_at_ ABSL_GUARDED_BY(mutex_);
-  std::string last_error_ ABSL_GUARDED_BY(mutex_);
-};
+using Command = RedisCommand;
+using Reply = RedisReply;
 
 ProcessSnapshot WithTime(const ProcessSnapshot& snapshot, std::int64_t time_ns) {
   ProcessSnapshot timed = snapshot;
@@ -350,7 +79,7 @@ class RedisBoard final : public JobBoard {
         where_(absl::StrCat(address.ToString(), "/", job_id)),
         job_dir_(std::move(job_dir)),
         job_id_(std::move(job_id)),
-        prefix_(absl::StrCat("ncclguard:{", job_id_, "}:")),
+        prefix_(absl::StrCat("ncclguard:{", getuid(), ":", job_id_, "}:")),
         identity_(identity),
         sieve_(identity.host, identity.pid, identity.started_wall_ns) {}
 
