@@ -24,6 +24,7 @@
 #include <string.h>
 #include <sys/poll.h>
 #include <sys/prctl.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -45,11 +46,13 @@
 #include <string>
 #include <system_error>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <CLI/CLI.hpp>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -58,6 +61,7 @@
 #include "cli/elf_exports.h"
 #include "watchdog/common/config.h"
 #include "watchdog/common/escape.h"
+#include "watchdog/common/files.h"
 #include "watchdog/common/log.h"
 #include "watchdog/common/version.h"
 #include "watchdog/report/job_dir.h"
@@ -239,38 +243,82 @@ std::string ReachableHostName() {
   return host;
 }
 
+// A password of 192 random bits, in hex.
+std::string RandomPassword() {
+  unsigned char bytes[24];
+  std::size_t got = 0;
+  while (got < sizeof bytes) {
+    const ssize_t read = getrandom(bytes + got, sizeof bytes - got, 0);
+    if (read < 0 && errno == EINTR) continue;
+    if (read <= 0) throw std::runtime_error("no random bytes for the board's password");
+    got += static_cast<std::size_t>(read);
+  }
+  std::string password;
+  for (const unsigned char byte : bytes) absl::StrAppend(&password, absl::Hex(byte, absl::kZeroPad2));
+  return password;
+}
+
+// Writes `password` as a credentials file (NCCLGUARD_STORE_AUTH_FILE) of mode 0600 in the job's
+// directory, 0700, where every node of the job reads its files; returns its path.
+std::string WriteCredentials(const std::string& job_dir, const std::string& password) {
+  absl::StatusOr<int> directory = OpenPrivateDirectory(job_dir, /*create=*/true);
+  if (!directory.ok()) throw std::runtime_error(std::string(directory.status().message()));
+  constexpr char kName[] = ".redis-auth";  // hidden: never taken for a record of the job
+  unlinkat(*directory, kName, 0);          // an earlier run's, or a link someone put there
+  const int fd = openat(*directory, kName, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  close(*directory);
+  if (fd < 0)
+    throw std::runtime_error(absl::StrCat("cannot write ", job_dir, "/", kName, ": ", strerror(errno)));
+  const std::string line = password + "\n";
+  const bool written = write(fd, line.data(), line.size()) == static_cast<ssize_t>(line.size());
+  close(fd);
+  if (!written) throw std::runtime_error(absl::StrCat("cannot write ", job_dir, "/", kName));
+  return absl::StrCat(job_dir, "/", kName);
+}
+
 // A redis-server beside the job (--redis), in a process group of its own: a Ctrl-C meant for the
-// job does not take the job board away while the job still reports its end. No password and no
-// persistence: the board of one job, for as long as run runs.
+// job does not take the job board away while the job still reports its end. It listens on every
+// interface (the job's other nodes reach it), so it takes a password of its own, random, given to
+// the server on its standard input (a command line is visible to every user of the node) and to
+// the job in a private credentials file. No persistence: the board of one job, for as long as run
+// runs.
 class BesideRedis {
  public:
-  static std::unique_ptr<BesideRedis> Start(const std::string& server) {
+  static std::unique_ptr<BesideRedis> Start(const std::string& server, const std::string& job_dir) {
     const int port = FreePort();
     if (port == 0) Fail("no free port for redis-server");
+    const std::string password = RandomPassword();
+    const std::string auth_file = WriteCredentials(job_dir, password);
     const std::string port_text = std::to_string(port);
-    std::vector<std::string> command = {server,    "--port",           port_text, "--bind",
-                                        "0.0.0.0", "--save",           "",        "--appendonly",
-                                        "no",      "--protected-mode", "no",      "--daemonize",
-                                        "no",      "--loglevel",       "warning"};
+    std::vector<std::string> command = {server,         "-",       "--port",           port_text,
+                                        "--bind",       "0.0.0.0", "--save",           "",
+                                        "--appendonly", "no",      "--protected-mode", "yes",
+                                        "--daemonize",  "no",      "--loglevel",       "warning"};
     std::vector<char*> argv;
     argv.reserve(command.size() + 1);
     for (std::string& argument : command) argv.push_back(argument.data());
     argv.push_back(nullptr);
+    int config[2];
+    if (pipe2(config, O_CLOEXEC) != 0) Fail("pipe");
     const pid_t pid = fork();
     if (pid < 0) Fail("fork");
     if (pid == 0) {
       setpgid(0, 0);
       prctl(PR_SET_PDEATHSIG, SIGTERM);  // run killed outright: the board goes with it
+      dup2(config[0], STDIN_FILENO);     // "-": the configuration is read from there
       const int null = open("/dev/null", O_RDWR);
-      if (null >= 0) {
-        dup2(null, STDIN_FILENO);
-        dup2(null, STDOUT_FILENO);
-      }
+      if (null >= 0) dup2(null, STDOUT_FILENO);
       execvp(argv[0], argv.data());
       std::fprintf(stderr, "ncclguard run: cannot run %s: %s\n", argv[0], std::strerror(errno));
       _exit(kExitCommandNotFound);
     }
-    auto redis = std::unique_ptr<BesideRedis>(new BesideRedis(pid, port));
+    close(config[0]);
+    const std::string lines = absl::StrCat("requirepass ", password, "\n");
+    const bool configured =
+        write(config[1], lines.data(), lines.size()) == static_cast<ssize_t>(lines.size());
+    close(config[1]);
+    auto redis = std::unique_ptr<BesideRedis>(new BesideRedis(pid, port, auth_file));
+    if (!configured) throw std::runtime_error(absl::StrCat("cannot give ", server, " its password"));
     constexpr auto kStartLimit = std::chrono::seconds(10);
     const auto give_up = std::chrono::steady_clock::now() + kStartLimit;
     while (!Answers(port)) {
@@ -290,6 +338,7 @@ class BesideRedis {
   BesideRedis(const BesideRedis&) = delete;
   BesideRedis& operator=(const BesideRedis&) = delete;
   ~BesideRedis() {
+    unlink(auth_file_.c_str());  // the password of a server that is gone
     if (pid_ <= 0) return;
     kill(pid_, SIGTERM);
     int status = 0;
@@ -298,11 +347,14 @@ class BesideRedis {
   }
 
   std::string Url() const { return absl::StrCat("redis://", ReachableHostName(), ":", port_, "/0"); }
+  const std::string& AuthFile() const { return auth_file_; }
 
  private:
-  BesideRedis(pid_t pid, int port) : pid_(pid), port_(port) {}
+  BesideRedis(pid_t pid, int port, std::string auth_file)
+      : pid_(pid), port_(port), auth_file_(std::move(auth_file)) {}
   pid_t pid_;
   int port_;
+  std::string auth_file_;
 };
 
 std::filesystem::path DefaultLibrary() {
@@ -365,18 +417,21 @@ int Run(const RunOptions& options) {
   std::unique_ptr<BesideRedis> redis;
   if (options.redis) {
     if (const char* store = std::getenv("NCCLGUARD_STORE"); store != nullptr && *store != '\0') {
-      std::cerr << "ncclguard run: --redis and NCCLGUARD_STORE=" << EscapeControlCharacters(store)
-                << " name two job boards; keep one\n";
+      std::cerr << "ncclguard run: --redis and NCCLGUARD_STORE="
+                << EscapeControlCharacters(RemoveUrlCredentials(store)) << " name two job boards; keep one\n";
       return kExitUsage;
     }
     try {
-      redis = BesideRedis::Start(options.redis_server);
+      redis = BesideRedis::Start(options.redis_server, JobDirectory(GetConfig(), job_id));
     } catch (const std::exception& error) {
       std::cerr << "ncclguard run: cannot start the job board (--redis): "
                 << EscapeControlCharacters(error.what()) << "; not running the command without it\n";
       return kExitUsage;
     }
-    if (setenv("NCCLGUARD_STORE", redis->Url().c_str(), 1) != 0) Fail("setenv");
+    if (setenv("NCCLGUARD_STORE", redis->Url().c_str(), 1) != 0 ||
+        setenv("NCCLGUARD_STORE_AUTH_FILE", redis->AuthFile().c_str(), 1) != 0) {
+      Fail("setenv");
+    }
   }
 
   Supervisor supervisor;

@@ -274,11 +274,16 @@ TEST_CASE("every attempt belongs to the same job") {
 
 TEST_CASE("with --redis, every attempt has the same Redis job board, and it ends with run") {
   Scripts scripts;
-  // Each attempt counts itself on the board it was given.
+  // Each attempt counts itself on the board it was given, with the password it was given; and
+  // notes what the board answers to one who lacks it, and the mode of the password's file.
   scripts.Write("counting.sh", R"sh(#!/bin/sh
 port=${NCCLGUARD_STORE##*:}; port=${port%/0}
-echo "$NCCLGUARD_STORE $(redis-cli -p "$port" INCR attempts)" >> "$(dirname "$0")/log"
-[ "$(redis-cli -p "$port" GET attempts)" -lt 3 ] && exit 75
+password=$(cat "$NCCLGUARD_STORE_AUTH_FILE")
+count=$(redis-cli --no-auth-warning -a "$password" -p "$port" INCR attempts)
+stranger=$(redis-cli -p "$port" GET attempts 2>&1 | cut -d' ' -f1)
+echo "$NCCLGUARD_STORE $count $stranger $(stat -c %a "$NCCLGUARD_STORE_AUTH_FILE")" >> "$(dirname "$0")/log"
+echo "$NCCLGUARD_STORE_AUTH_FILE" > "$(dirname "$0")/auth-file"
+[ "$(redis-cli --no-auth-warning -a "$password" -p "$port" GET attempts)" -lt 3 ] && exit 75
 exit 0
 )sh");
   const ProcessResult result = NcclguardRun({"--redis", "--", scripts.Path("counting.sh")});
@@ -288,13 +293,18 @@ exit 0
   REQUIRE(log.size() == 3);
   const std::string store = log[0].substr(0, log[0].find(' '));
   CHECK(store.rfind("redis://", 0) == 0);
+  // The board answers only the job: one without the password is refused.
   for (int attempt = 1; attempt <= 3; ++attempt)
-    CHECK(log[attempt - 1] == store + " " + std::to_string(attempt));
+    CHECK(log[attempt - 1] == store + " " + std::to_string(attempt) + " NOAUTH 600");
   CHECK(CountOccurrences(result.err, ", NCCLGUARD_STORE=" + store + ")") == 1);
   // Stopped with run: nothing answers on its port any more.
   const std::string port = store.substr(store.rfind(':') + 1, store.size() - store.rfind(':') - 3);
   const ProcessResult ping = RunProcess({"redis-cli", "-p", port, "PING"}, {});
   CHECK(ping.out.find("PONG") == std::string::npos);
+  // And the password of a server that is gone is gone too.
+  const std::string auth_file = ReadFile(scripts.Path("auth-file"));
+  REQUIRE_FALSE(auth_file.empty());
+  CHECK_FALSE(std::filesystem::exists(auth_file.substr(0, auth_file.find('\n'))));
 }
 
 TEST_CASE(
