@@ -112,7 +112,8 @@ struct HiredisSsl {
 
 // hiredis's SSL library, loaded once per process at the first rediss:// connection, beside hiredis.
 const absl::StatusOr<HiredisSsl>& LoadHiredisSsl() {
-  static const absl::StatusOr<HiredisSsl> loaded = []() -> absl::StatusOr<HiredisSsl> {
+  // Deliberately leaked, as hiredis is (LoadHiredis).
+  static const auto* loaded = new absl::StatusOr<HiredisSsl>([]() -> absl::StatusOr<HiredisSsl> {
     constexpr char kSoname[] = "libhiredis_ssl.so." NCCLGUARD_STRINGIFY(HIREDIS_SONAME);
     void* library = dlopen(kSoname, RTLD_NOW | RTLD_LOCAL);
     if (library == nullptr) {
@@ -137,8 +138,8 @@ const absl::StatusOr<HiredisSsl>& LoadHiredisSsl() {
       return absl::FailedPreconditionError(absl::StrCat(kSoname, " lacks a function ncclguard uses"));
     init();
     return ssl;
-  }();
-  return loaded;
+  }());
+  return *loaded;
 }
 #endif
 
