@@ -3,6 +3,11 @@
 // and replays the operation inside its running process. The job finishes in one attempt, with the
 // checksums of a healthy run; when one rank cannot recover, no rank does. What a user reads is
 // checked: exit statuses, results, ncclguard's log lines and the emulator's transport report.
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <filesystem>
 #include <map>
@@ -399,4 +404,44 @@ TEST_CASE(
       CHECK(wall_seconds < 2 * healthy.wall_seconds + 1 + 5);
     }
   }
+}
+
+TEST_CASE(
+    "a process that holds the private copy's lock and does not run costs the recovery no more than the "
+    "meeting's deadline",
+    "[inprocess]") {
+  TemporaryDirectory dump_dir;
+  // The copies' directory, made as ncclguard makes it, locked as a process of the node that was
+  // stopped (SIGSTOP, a debugger) while it copied the library would hold it.
+  const std::string copies = dump_dir.path() + "/" + kJobId + "/nccl-instances";
+  REQUIRE(mkdir((dump_dir.path() + "/" + kJobId).c_str(), 0700) == 0);
+  REQUIRE(mkdir(copies.c_str(), 0700) == 0);
+  const int lock_fd = open(copies.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  REQUIRE(lock_fd >= 0);
+  REQUIRE(flock(lock_fd, LOCK_EX) == 0);
+  const auto start = std::chrono::steady_clock::now();
+  const Job job = RunJob(dump_dir, TrainLoop({"--ranks", "2", "--steps", "10", "--timeout", "45"}),
+                         {{"NCCLEMU_FAULTS", "p2p_stall:after=0"}});
+  const double wall_seconds = SecondsSince(start);
+  close(lock_fd);
+  INFO(job.transcript);
+  REQUIRE_FALSE(job.result.timed_out);
+  // Every rank falls back at the meeting's deadline (5 s: NCCLGUARD_TIMEOUT=1 s is below its
+  // least) and the stall ends as NCCLGUARD_ACTION=exit says, long before train_loop's 45 s.
+  CHECK(CountOccurrences(job.result.out, "failed: exit code 75") == 2);
+  const std::map<int, int> pids = RankPids(job.result.out);
+  REQUIRE(pids.size() == 2);
+  for (const auto& [rank, pid] : pids) {
+    INFO("rank " << rank << ", pid " << pid);
+    const std::vector<std::string> fell_back =
+        LogLinesOf(job.result.err, pid, "#1 Broadcast: in-process recovery falls back: ");
+    REQUIRE(fell_back.size() == 1);
+    CHECK(Contains(fell_back[0], "locked while copying NCCL"));
+    CHECK(LogLinesOf(job.result.err, pid, "exiting with code 75").size() == 1);
+  }
+  // The watchdog waited no longer than the meeting: it never looked stuck.
+  CHECK_FALSE(Contains(job.result.err, "stalls are not being detected"));
+  // Detection (1 s), the meeting (5 s) and the exit, with room for a loaded machine; waiting for
+  // the lock as long as a 300 MB copy may take (60 s) would not end before train_loop's timeout.
+  CHECK(wall_seconds < 25);
 }

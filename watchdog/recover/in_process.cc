@@ -3,6 +3,7 @@
 #include <cuda.h>
 #include <nccl.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstddef>
@@ -57,15 +58,17 @@ PrivateSlot& Private() {
   return *slot;
 }
 
-// The library slot of the private instance of the library in `library`, loading it first.
-absl::StatusOr<int> PrivateInstanceSlot(const std::string& job_dir, int library) {
+// The library slot of the private instance of the library in `library`, loading it first within
+// `deadline`.
+absl::StatusOr<int> PrivateInstanceSlot(const std::string& job_dir, int library,
+                                        std::chrono::milliseconds deadline) {
   PrivateSlot& state = Private();
   MutexLock lock(state.mutex);
   if (state.slot >= 0) return state.slot;
   const std::string path = Real().Path(library);
   if (path.empty()) return absl::NotFoundError("the path of the NCCL library in use is not known");
   absl::StatusOr<std::unique_ptr<PrivateNcclInstance>> loaded =
-      PrivateNcclInstance::Load(path, absl::StrCat(job_dir, "/", kPrivateInstancesDirectory));
+      PrivateNcclInstance::Load(path, absl::StrCat(job_dir, "/", kPrivateInstancesDirectory), 1, deadline);
   if (!loaded.ok()) return loaded.status();
   const int slot = Real().AdoptLibrary((*loaded)->Handle(), (*loaded)->CopyPath());
   if (slot < 0) return absl::ResourceExhaustedError("no library slot is left for a private NCCL instance");
@@ -137,7 +140,8 @@ class Recovery {
       : members_(LocalRanks(comm, stalled)),
         stalled_(stalled),
         request_(request),
-        driver_(LoadCudaDriver()) {}
+        driver_(LoadCudaDriver()),
+        meeting_deadline_(std::chrono::steady_clock::now() + request.meeting_timeout) {}
 
   RecoveryOutcome Run();
 
@@ -149,6 +153,13 @@ class Recovery {
   absl::StatusOr<RendezvousOutcome> Meet(const std::string& not_ready);
   absl::Status CreateCommunicators(const ncclUniqueId& id);
   void StartAbort(const Member& member);
+  // What is left of the meeting's deadline. The other ranks give up on this one when theirs passes,
+  // so every wait before the meeting (the private copy's lock held by a process that is stopped, a
+  // copy on a file system that stopped answering) and the meeting itself share it.
+  std::chrono::milliseconds MeetingTimeLeft() const {
+    return std::max(std::chrono::milliseconds(0), std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                      meeting_deadline_ - std::chrono::steady_clock::now()));
+  }
   // When the new communicator and the replay must be complete, each (steady clock).
   std::int64_t Deadline() const {
     return SteadyNowNs() +
@@ -166,6 +177,7 @@ class Recovery {
   const CudaDriver* driver_;
   int slot_ = -1;
   std::int64_t replayed_ns_ = 0;
+  const std::chrono::steady_clock::time_point meeting_deadline_;
 };
 
 std::string Recovery::TakeOverAll() {
@@ -205,7 +217,8 @@ std::string Recovery::Ready() {
       if (const char* unsafe = op->unsafe.load(std::memory_order_acquire)) return unsafe;
     }
   }
-  absl::StatusOr<int> slot = PrivateInstanceSlot(request_.job_dir, members_.front().comm->library.load());
+  absl::StatusOr<int> slot =
+      PrivateInstanceSlot(request_.job_dir, members_.front().comm->library.load(), MeetingTimeLeft());
   if (!slot.ok()) return absl::StrCat("no private NCCL instance: ", slot.status().message());
   slot_ = *slot;
   return "";
@@ -227,7 +240,7 @@ absl::StatusOr<RendezvousOutcome> Recovery::Meet(const std::string& not_ready) {
                             .other_local_ranks = std::move(other_local_ranks),
                             .ready = not_ready.empty(),
                             .not_ready_reason = not_ready,
-                            .timeout = request_.meeting_timeout};
+                            .timeout = MeetingTimeLeft()};
   return MeetToRecover(request, [slot]() -> absl::StatusOr<ncclUniqueId> {
     ncclUniqueId id{};
     const ncclResult_t made = CallRealNccl(slot, Api::ncclGetUniqueId, [&id](void* function) {

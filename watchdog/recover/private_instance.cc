@@ -55,6 +55,8 @@ constexpr std::chrono::milliseconds kLockPollInterval{10};
 constexpr int kMaxCopyAttempts = 8;
 // Release() at exit must not hold the process on a file system that stopped answering.
 constexpr std::chrono::milliseconds kReleaseDeadline{5'000};
+// How long past its deadline the copy's work is waited for before it is abandoned.
+constexpr std::chrono::milliseconds kHungCallMargin{500};
 
 std::atomic<std::uint64_t> g_temporary_counter{0};
 // Serialises RunWithP2pDisabled: two overlapping windows would restore each other's values.
@@ -409,9 +411,10 @@ absl::StatusOr<std::unique_ptr<PrivateNcclInstance>> PrivateNcclInstance::Load(
           "the path of the NCCL library in use is not known: nothing to copy");
     }
     CopyRequest request{library_path, copies_directory, levels_below_job_directory, Clock::now() + deadline};
-    // The work keeps to the deadline between chunks; the margin covers a call that hangs.
+    // The work keeps to the deadline between chunks and between looks at a lock; the margin covers
+    // a call that hangs, and is small: the caller's deadline is the recovery meeting's.
     absl::StatusOr<CopyLease> lease =
-        RunWithDeadline<CopyLease>([request] { return AcquireCopy(request); }, deadline + kReleaseDeadline);
+        RunWithDeadline<CopyLease>([request] { return AcquireCopy(request); }, deadline + kHungCallMargin);
     if (!lease.ok()) {
       return absl::Status(lease.status().code(), absl::StrCat("no private copy of NCCL in ", copies_directory,
                                                               ": ", lease.status().message()));

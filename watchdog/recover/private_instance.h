@@ -26,8 +26,9 @@ namespace ncclguard {
 
 // The directory of the copies, below the job directory (OpenPrivateDirectory's levels).
 inline constexpr char kPrivateInstancesDirectory[] = "nccl-instances";
-// How long making (or finding) the copy may take: a real libnccl is about 300 MB, and a shared
-// file system that stops answering must not hold the recovery for ever.
+// How long making (or finding) the copy may take when the caller names no deadline: a real
+// libnccl is about 300 MB, and a shared file system that stops answering must not hold the
+// recovery for ever. In-process recovery passes what is left of its meeting's deadline instead.
 inline constexpr std::chrono::milliseconds kPrivateCopyDeadline{60'000};
 
 class PrivateNcclInstance {
