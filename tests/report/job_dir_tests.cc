@@ -55,23 +55,26 @@ std::string OwnHost() {
   return host;
 }
 
-TEST_CASE("the job id: NCCLGUARD_JOB_ID, then the launcher's, then the communicator's", "[job_dir]") {
+TEST_CASE("the job id: NCCLGUARD_JOB_ID, else every launcher's id present, else the communicator's",
+          "[job_dir]") {
   const std::map<std::string, std::string> everything{
       {"NCCLGUARD_JOB_ID", "my-run"},  {"SLURM_JOB_ID", "4242"},
       {"SLURM_STEP_ID", "3"},          {"TORCHELASTIC_RUN_ID", "abc"},
       {"PADDLE_JOB_ID", "p1"},         {"OMPI_MCA_ess_base_jobid", "77"},
       {"PMIX_NAMESPACE", "prterun-x"}, {"LSB_JOBID", "5"},
       {"PBS_JOBID", "6.server"},       {"FLUX_JOB_ID", "f7"}};
-  // {the id expected, the variable then removed}: each time the next launcher decides.
+  // {the id expected, the variable then removed}: each launcher's id stays in until it goes.
   const std::vector<std::pair<std::string, std::string>> expected_in_order{
       {"my-run", "NCCLGUARD_JOB_ID"},
-      {"slurm-4242.3", "SLURM_JOB_ID"},
-      {"torchelastic-abc", "TORCHELASTIC_RUN_ID"},  // SLURM_STEP_ID alone means nothing
-      {"paddle-p1", "PADDLE_JOB_ID"},
-      {"ompi-77", "OMPI_MCA_ess_base_jobid"},
-      {"pmix-prterun-x", "PMIX_NAMESPACE"},
-      {"lsf-5", "LSB_JOBID"},
-      {"pbs-6.server", "PBS_JOBID"},
+      {"slurm-4242.3_torchelastic-abc_paddle-p1_ompi-77_pmix-prterun-x_lsf-5_pbs-6.server_flux-f7",
+       "SLURM_JOB_ID"},
+      // SLURM_STEP_ID alone means nothing
+      {"torchelastic-abc_paddle-p1_ompi-77_pmix-prterun-x_lsf-5_pbs-6.server_flux-f7", "TORCHELASTIC_RUN_ID"},
+      {"paddle-p1_ompi-77_pmix-prterun-x_lsf-5_pbs-6.server_flux-f7", "PADDLE_JOB_ID"},
+      {"ompi-77_pmix-prterun-x_lsf-5_pbs-6.server_flux-f7", "OMPI_MCA_ess_base_jobid"},
+      {"pmix-prterun-x_lsf-5_pbs-6.server_flux-f7", "PMIX_NAMESPACE"},
+      {"lsf-5_pbs-6.server_flux-f7", "LSB_JOBID"},
+      {"pbs-6.server_flux-f7", "PBS_JOBID"},
       {"flux-f7", "FLUX_JOB_ID"},
       {"nccl-0123abcd", ""}};
   std::map<std::string, std::string> remaining = everything;
@@ -83,12 +86,36 @@ TEST_CASE("the job id: NCCLGUARD_JOB_ID, then the launcher's, then the communica
   CHECK(JobId(FakeEnvironment({{"SLURM_JOB_ID", "4242"}}), "ff") == "slurm-4242");
   CHECK(JobId(FakeEnvironment({{"TORCHELASTIC_RUN_ID", "none"}}), "ff") == "nccl-ff");
   CHECK(JobId(FakeEnvironment({{"PADDLE_JOB_ID", "default"}}), "ff") == "nccl-ff");
+  // A launcher's shared default is left out of a combination too.
+  CHECK(JobId(FakeEnvironment({{"SLURM_JOB_ID", "4242"}, {"TORCHELASTIC_RUN_ID", "none"}}), "ff") ==
+        "slurm-4242");
   // Only the first communicator could name these jobs: there is no name before it exists.
   CHECK(NamedJobId(FakeEnvironment({{"TORCHELASTIC_RUN_ID", "none"}, {"PADDLE_JOB_ID", "default"}})) ==
         std::nullopt);
   CHECK(NamedJobId(FakeEnvironment({{"PBS_JOBID", "6.server"}})) == "pbs-6.server");
   CHECK(JobId(FakeEnvironment({}), "") == "nccl-unknown");
   CHECK(JobId(nullptr, "ee") == "nccl-ee");
+}
+
+TEST_CASE("two jobs of one allocation never share a job id", "[job_dir]") {
+  // Two torchrun jobs in the batch step of one Slurm allocation.
+  const auto torchrun_in_allocation = [](const std::string& run) {
+    return JobId(FakeEnvironment({{"SLURM_JOB_ID", "4242"}, {"TORCHELASTIC_RUN_ID", run}}), "ff");
+  };
+  CHECK(torchrun_in_allocation("a") == "slurm-4242_torchelastic-a");
+  CHECK(torchrun_in_allocation("a") != torchrun_in_allocation("b"));
+  // Two steps of one allocation (srun ... & srun ... &), and two mpirun jobs in one of them.
+  CHECK(JobId(FakeEnvironment({{"SLURM_JOB_ID", "4242"}, {"SLURM_STEP_ID", "0"}}), "ff") !=
+        JobId(FakeEnvironment({{"SLURM_JOB_ID", "4242"}, {"SLURM_STEP_ID", "1"}}), "ff"));
+  CHECK(JobId(FakeEnvironment({{"SLURM_JOB_ID", "4242"}, {"PMIX_NAMESPACE", "prterun-1"}}), "ff") !=
+        JobId(FakeEnvironment({{"SLURM_JOB_ID", "4242"}, {"PMIX_NAMESPACE", "prterun-2"}}), "ff"));
+  // Ids too long for a file name keep a hash of the whole: two that differ only at their end differ.
+  const std::string long_run(150, 'r');
+  const std::string first = torchrun_in_allocation(long_run + "1");
+  const std::string second = torchrun_in_allocation(long_run + "2");
+  CHECK(first.size() == 100);
+  CHECK(first != second);
+  CHECK(first.starts_with("slurm-4242_torchelastic-rrr"));
 }
 
 TEST_CASE("the job id is a safe file name", "[job_dir]") {

@@ -63,9 +63,9 @@
     "dump requests. Default: `$TMPDIR/ncclguard-<uid>` (`/tmp/ncclguard-<uid>`). Use a shared "      \
     "file system for jobs that span nodes.")                                                         \
   X(JOB_ID, job_id, std::string, "",                                                                 \
-    "Name of this job's directory. Default: the launcher's job id (`SLURM_JOB_ID`, "                 \
-    "`TORCHELASTIC_RUN_ID`, `PADDLE_JOB_ID`, ...), else one derived from the first "                 \
-    "communicator's unique id, which every rank shares.")                                            \
+    "Name of this job's directory. Default: every launcher job id present, joined (`SLURM_JOB_ID` "  \
+    "with `SLURM_STEP_ID`, `TORCHELASTIC_RUN_ID`, `PADDLE_JOB_ID`, ...), else one derived from the " \
+    "first communicator's unique id, which every rank shares.")                                      \
   X(STORE, store, std::string, "",                                                                   \
     "The job board where the processes of a job publish their status, ask each other for dumps and " \
     "meet to recover: empty or `dir` for the job directory, `redis://host[:port][/db]` for a Redis " \

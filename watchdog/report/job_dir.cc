@@ -24,7 +24,6 @@
 #include <string>
 #include <string_view>
 #include <thread>
-#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -303,40 +302,6 @@ struct PollOutcome {
 };
 
 }  // namespace
-
-std::optional<std::string> NamedJobId(const EnvironmentReader& read_environment) {
-  auto variable = [&](const char* name) {
-    std::string value;
-    if (!read_environment || !read_environment(name, &value)) return std::string();
-    return std::string(absl::StripAsciiWhitespace(value));
-  };
-  if (std::string id = variable("NCCLGUARD_JOB_ID"); !id.empty()) return SafeFileName(id);
-  if (std::string job = variable("SLURM_JOB_ID"); !job.empty()) {
-    const std::string step = variable("SLURM_STEP_ID");
-    return SafeFileName(absl::StrCat("slurm-", job, step.empty() ? "" : ".", step));
-  }
-  // The launchers' defaults when the user names nothing (torchrun's --rdzv-id "none", Paddle's
-  // --job_id "default") are shared by unrelated runs, so they are not ids.
-  static constexpr std::tuple<const char*, const char*, const char*> kLaunchers[] = {
-      {"TORCHELASTIC_RUN_ID", "torchelastic-", "none"},
-      {"PADDLE_JOB_ID", "paddle-", "default"},
-      {"OMPI_MCA_ess_base_jobid", "ompi-", ""},
-      {"PMIX_NAMESPACE", "pmix-", ""},
-      {"LSB_JOBID", "lsf-", ""},
-      {"PBS_JOBID", "pbs-", ""},
-      {"FLUX_JOB_ID", "flux-", ""}};
-  for (const auto& [name, prefix, shared_default] : kLaunchers) {
-    if (std::string id = variable(name); !id.empty() && id != shared_default)
-      return SafeFileName(prefix + id);
-  }
-  return std::nullopt;
-}
-
-std::string JobId(const EnvironmentReader& read_environment, const std::string& first_unique_id_hex) {
-  if (std::optional<std::string> named = NamedJobId(read_environment)) return *std::move(named);
-  return SafeFileName(
-      "nccl-" + (first_unique_id_hex.empty() ? std::string("unknown") : first_unique_id_hex.substr(0, 32)));
-}
 
 std::string JobDirectory(const Config& config, const std::string& job_id) {
   std::string base = config.dump_dir;

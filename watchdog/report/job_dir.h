@@ -17,22 +17,13 @@
 #include "watchdog/common/config.h"
 #include "watchdog/common/files.h"
 #include "watchdog/report/facts.h"
+#include "watchdog/report/job_id.h"
 #include "watchdog/report/snapshot.h"
 
 namespace ncclguard {
 
 inline constexpr int kStatusFormatVersion = 1;  // same bump rule as dumps
 inline constexpr char kDumpRequestsDirectory[] = "dump-requests";
-
-// The name of the job's directory, the same on every process of one launch: NCCLGUARD_JOB_ID,
-// else the launcher's job id (Slurm job[.step], TorchElastic run, Paddle job, Open MPI job, PMIx
-// namespace, LSF, PBS, Flux), else "nccl-" + the first communicator's unique id in hex (which every
-// rank of that communicator shares). Reduced to a safe file name.
-std::string JobId(const EnvironmentReader& read_environment, const std::string& first_unique_id_hex);
-
-// The job's name when the user or the launcher gives one (NCCLGUARD_JOB_ID or a launcher's job
-// id, as JobId reads them); nullopt when only the first communicator could name the job.
-std::optional<std::string> NamedJobId(const EnvironmentReader& read_environment);
 
 // NCCLGUARD_DUMP_DIR (default $TMPDIR/ncclguard-<uid>, else /tmp/ncclguard-<uid>) / job_id.
 std::string JobDirectory(const Config& config, const std::string& job_id);
