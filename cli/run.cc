@@ -65,6 +65,7 @@
 #include "watchdog/common/log.h"
 #include "watchdog/common/version.h"
 #include "watchdog/report/job_dir.h"
+#include "watchdog/report/job_id.h"
 
 namespace ncclguard {
 namespace {
@@ -382,14 +383,18 @@ std::string PreloadList(const std::filesystem::path& library, const char* existi
 // either, ncclguard would name the job after its first communicator, which is new at every attempt.
 // Pinned in NCCLGUARD_JOB_ID in every case: a launcher's own id may change between attempts, as
 // Slurm's step id does for each srun.
+// Pinned in NCCLGUARD_LAUNCH_ID likewise: a P2P verdict is followed only by a process of the
+// launch that recorded it, and this run's attempts are one launch, whatever ids srun or torchrun
+// give each of them; another job given the same NCCLGUARD_JOB_ID is another launch.
 std::string PinJobId() {
-  std::string job_id = NamedJobId(ReadProcessEnvironment).value_or("");
-  if (job_id.empty()) {
-    std::string host = log::HostName();
-    if (host.empty()) host = "unknown-host";
-    job_id = absl::StrCat("run-", host, "-", getpid(), "-", std::time(nullptr));
-  }
+  std::string host = log::HostName();
+  if (host.empty()) host = "unknown-host";
+  const std::string own_id = absl::StrCat("run-", host, "-", getpid(), "-", std::time(nullptr));
+  std::string job_id = NamedJobId(ReadProcessEnvironment).value_or(own_id);
+  std::string launch_id = LaunchId(ReadProcessEnvironment);
+  if (launch_id.empty()) launch_id = own_id;
   if (setenv("NCCLGUARD_JOB_ID", job_id.c_str(), 1) != 0) Fail("setenv");
+  if (setenv("NCCLGUARD_LAUNCH_ID", launch_id.c_str(), 1) != 0) Fail("setenv");
   return job_id;
 }
 

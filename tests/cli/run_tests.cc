@@ -36,7 +36,7 @@ constexpr char kRestartingScript[] = R"(#!/bin/sh
 here=$(dirname "$0")
 attempt=$(( $(cat "$here/count" 2>/dev/null || echo 0) + 1 ))
 echo "$attempt" > "$here/count"
-echo "attempt=$attempt LD_PRELOAD=$LD_PRELOAD NCCLGUARD_JOB_ID=$NCCLGUARD_JOB_ID" >> "$here/log"
+echo "attempt=$attempt LD_PRELOAD=$LD_PRELOAD NCCLGUARD_JOB_ID=$NCCLGUARD_JOB_ID NCCLGUARD_LAUNCH_ID=$NCCLGUARD_LAUNCH_ID" >> "$here/log"
 [ "$attempt" -le "$1" ] && exit 75
 exit "$2"
 )";
@@ -253,6 +253,8 @@ TEST_CASE("every attempt belongs to the same job") {
     const std::string job_id = Field(log[0], "NCCLGUARD_JOB_ID");
     CHECK(job_id.rfind("run-", 0) == 0);
     for (const std::string& line : log) CHECK(Field(line, "NCCLGUARD_JOB_ID") == job_id);
+    // The attempts are one launch: each follows the P2P verdict of the one before.
+    for (const std::string& line : log) CHECK(Field(line, "NCCLGUARD_LAUNCH_ID") == job_id);
     CHECK(CountOccurrences(result.err, "(job id " + job_id) == 1);
   }
   SECTION("the user's NCCLGUARD_JOB_ID is kept") {
@@ -260,6 +262,10 @@ TEST_CASE("every attempt belongs to the same job") {
     const std::vector<std::string> log = scripts.Log();
     REQUIRE(log.size() == 2);
     for (const std::string& line : log) CHECK(Field(line, "NCCLGUARD_JOB_ID") == "nightly-7");
+    // Another run given the same job id is another launch: its own id, the same for its attempts.
+    const std::string launch = Field(log[0], "NCCLGUARD_LAUNCH_ID");
+    CHECK(launch.rfind("run-", 0) == 0);
+    for (const std::string& line : log) CHECK(Field(line, "NCCLGUARD_LAUNCH_ID") == launch);
   }
   SECTION("a launcher's job id, as run sees it, holds for every attempt") {
     const ProcessResult result =
@@ -268,6 +274,8 @@ TEST_CASE("every attempt belongs to the same job") {
     const std::vector<std::string> log = scripts.Log();
     REQUIRE(log.size() == 2);
     for (const std::string& line : log) CHECK(Field(line, "NCCLGUARD_JOB_ID") == "slurm-4242");
+    // Whatever step srun gives each attempt, they are one launch.
+    for (const std::string& line : log) CHECK(Field(line, "NCCLGUARD_LAUNCH_ID") == "slurm-4242");
     CHECK(CountOccurrences(result.err, "(job id slurm-4242,") == 1);
   }
 }

@@ -528,6 +528,23 @@ TEST_CASE("a process that runs with P2P disabled does not follow a P2P verdict",
   CHECK(f.effects.aborted.empty());
 }
 
+TEST_CASE("a fresh P2P verdict naming no communicator of this process is another job's, and not followed",
+          "[watchdog][reinit]") {
+  Fixture f(Action::kReinit);
+  P2pVerdictRecord record;
+  record.comm = "bf35000000000000";  // another job's: this process has only 1111222233334444
+  record.seq = 11;
+  record.time_ns = f.effects.wall_ns;
+  f.effects.fresh_p2p_verdict = record;
+  for (int request = 1; request <= 3; ++request) {
+    f.effects.pending_peer_request_ns = f.effects.wall_ns + request;
+    f.watchdog.PollOnce(request * 2 * kSecond);  // each request seen: no ExitCalled thrown
+  }
+  CHECK(f.effects.p2p_verdict_reads == 3);
+  CHECK(f.effects.aborted.empty());
+  CHECK_FALSE(f.effects.holding_application_calls);
+}
+
 TEST_CASE("a peer's request without a fresh P2P verdict (none, or an earlier attempt's) is only a dump",
           "[watchdog][reinit]") {
   const Action action = GENERATE(Action::kReinit, Action::kExit);

@@ -117,6 +117,26 @@ TEST_CASE("auto disables P2P for a verdict of an earlier attempt", "[p2p_policy]
             "rank 1 on node3, pid 4211)"});
 }
 
+TEST_CASE("a verdict of another launch under the same job id is another job's: reported, never followed",
+          "[p2p_policy]") {
+  P2pPolicyInputs inputs = Inputs(P2pMode::kAuto);
+  P2pVerdictRecord record = Verdict();
+  record.launch = "slurm-42_torchelastic-a";
+  inputs.verdict = record;
+  inputs.launch_id = "slurm-42_torchelastic-b";
+  const P2pDecision decision = DecideP2p(inputs);
+  CHECK(decision.set_environment.empty());
+  CHECK(decision.warnings ==
+        std::vector<std::string>{
+            "P2P verdict of another job ignored: job id slurm-42.0 holds a record of launch "
+            "'slurm-42_torchelastic-a' (4865c4aaa8a6022e: stuck inside NCCL with P2P in use on NVIDIA GeForce RTX "
+            "4090 GPUs, recorded by rank 1 on node3, pid 4211), and this process is of launch "
+            "'slurm-42_torchelastic-b' (NCCLGUARD_LAUNCH_ID, else the launchers' job ids); P2P is left as it is"});
+  // The restarted attempt of the recording launch follows it.
+  inputs.launch_id = "slurm-42_torchelastic-a";
+  CHECK(DecideP2p(inputs).set_environment == kDisable);
+}
+
 TEST_CASE("auto disables P2P for a matching disable entry", "[p2p_policy]") {
   P2pPolicyInputs inputs = Inputs(P2pMode::kAuto);
   inputs.facts.cuda.gpus = {GpuFacts{.device = 0, .name = "NVIDIA H100 80GB HBM3"}};

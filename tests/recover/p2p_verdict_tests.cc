@@ -21,6 +21,7 @@ using testing::TemporaryDirectory;
 
 P2pVerdictRecord SampleRecord() {
   return P2pVerdictRecord{.job_id = "job-7",
+                          .launch = "",
                           .message = "all 2 ranks entered AllReduce #51 ... NCCL_P2P_DISABLE=1 avoids them",
                           .comm = "93996a01f150309a",
                           .seq = 51,

@@ -2,10 +2,12 @@
 // classified p2p_suspect, records the verdict, exits with the restart code, and `ncclguard run`
 // brings it back with P2P disabled, to the checksums of a healthy run. What a user reads is
 // checked: the exit status, the emulator's transport report and ncclguard's own log lines.
+#include <chrono>
 #include <filesystem>
 #include <map>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <catch2/catch.hpp>
@@ -228,4 +230,113 @@ TEST_CASE(
                      "p2p_suspect")
               .size() == 1);
   }
+}
+
+namespace {
+
+// Two torchrun jobs in one Slurm allocation: the batch step's SLURM_JOB_ID, no SLURM_STEP_ID, a
+// TORCHELASTIC_RUN_ID each (torchrun keeps it across the restarts of its job). Given one
+// NCCLGUARD_JOB_ID, they share the job directory (or the keys of a Redis board).
+// `settings` are added.
+Environment AllocationJob(const std::string& run_id, const Environment& settings = {}) {
+  Environment environment = {{"SLURM_JOB_ID", "4242"},
+                             {"SLURM_STEP_ID", std::nullopt},
+                             {"TORCHELASTIC_RUN_ID", run_id},
+                             {"LD_PRELOAD", PRELOAD_LIBRARY}};
+  environment.insert(settings.begin(), settings.end());
+  return environment;
+}
+
+constexpr char kOtherJobIgnored[] = "P2P verdict of another job ignored: ";
+
+}  // namespace
+
+TEST_CASE(
+    "a job's P2P verdict acts only on that job: a healthy job of the same allocation sharing its job id runs "
+    "on with P2P, a later one starts with P2P, and the faulty job's restart comes back without P2P",
+    "[reinit][p2p_suspect][scope]") {
+  const std::vector<std::string> faulty_arguments = {"--ranks", "2", "--steps", "20", "--timeout", "15"};
+  const std::map<int, std::string> faulty_healthy = HealthyChecksums(faulty_arguments);
+  // Long enough (250 steps of at least 60 ms) to be running when the faulty job records its verdict
+  // and asks every process of the job id for a dump.
+  const std::vector<std::string> healthy_arguments = {"--ranks", "2",    "--steps",   "250",
+                                                      "--slow",  "0:60", "--timeout", "40"};
+  const std::map<int, std::string> healthy_checksums = HealthyChecksums(healthy_arguments);
+  REQUIRE(healthy_checksums.size() == 2);
+  TemporaryDirectory dump_dir;
+  // A timeout that a loaded machine does not reach: this job has no fault.
+  const Environment healthy_settings = AllocationJob("job-b", {{"NCCLGUARD_TIMEOUT", "10"}});
+
+  Job healthy;
+  std::thread healthy_job([&] {
+    healthy = RunJob(dump_dir, TrainLoop(healthy_arguments), healthy_settings);
+  });
+  std::this_thread::sleep_for(std::chrono::seconds(2));
+  const Environment faulty_settings = AllocationJob(
+      "job-a", {{"NCCLEMU_FAULTS", "p2p_stall:after=0"}, {"NCCLEMU_DRIVER_VERSION", "545.23.08"}});
+  const Job faulty = RunJob(dump_dir, TrainLoop(faulty_arguments), faulty_settings);
+  healthy_job.join();
+
+  {
+    INFO(faulty.transcript);
+    REQUIRE_FALSE(faulty.result.timed_out);
+    CHECK(Contains(faulty.result.out, " via P2P/"));
+    CHECK(CountOccurrences(faulty.result.out, "failed: exit code 75") == 2);
+    CHECK(Contains(faulty.result.err, "recorded p2p_suspect in "));
+  }
+  {
+    INFO(healthy.transcript);
+    REQUIRE_FALSE(healthy.result.timed_out);
+    CHECK(healthy.result.exit_code == 0);
+    CHECK(Contains(healthy.result.out, "train_loop: all 2 ranks finished"));
+    CHECK(Checksums(healthy.result.out) == healthy_checksums);
+    CHECK(Contains(healthy.result.out, " via P2P/"));
+    CHECK_FALSE(Contains(healthy.result.out, " via SHM/"));
+    const std::map<int, int> pids = RankPids(healthy.result.out);
+    REQUIRE(pids.size() == 2);
+    for (const auto& [rank, pid] : pids) {
+      INFO("healthy job, rank " << rank << ", pid " << pid);
+      CHECK(LogLinesOf(healthy.result.err, pid, "exiting with").empty());
+      // What was ignored and why, once per record (each rank of the other job that stalled
+      // may write it).
+      const std::vector<std::string> ignored =
+          LogLinesOf(healthy.result.err, pid, std::string(kOtherJobIgnored) + "rank ");
+      CHECK(ignored.size() >= 1);
+      CHECK(ignored.size() <= 2);
+      for (const std::string& line : ignored) {
+        CHECK(Contains(line, " WARN "));
+        CHECK(Contains(line, "launch 'slurm-4242_torchelastic-job-a') recorded p2p_suspect for comm "));
+        CHECK(Contains(line, "and this process has no comm "));
+      }
+    }
+  }
+
+  // A job of the allocation started after the record is another job too: it starts with P2P.
+  const Job later = RunJob(dump_dir, TrainLoop(faulty_arguments), {AllocationJob("job-c")});
+  {
+    INFO(later.transcript);
+    REQUIRE_FALSE(later.result.timed_out);
+    CHECK(later.result.exit_code == 0);
+    CHECK(Contains(later.result.out, " via P2P/"));
+    CHECK_FALSE(Contains(later.result.out, " via SHM/"));
+    CHECK(Checksums(later.result.out) == faulty_healthy);
+    CHECK(CountOccurrences(later.result.err,
+                           std::string(kOtherJobIgnored) +
+                               "job id recovery holds a record of launch 'slurm-4242_torchelastic-job-a'") ==
+          2);
+    CHECK_FALSE(Contains(later.result.err, "NCCL_P2P_DISABLE=1 set"));
+  }
+
+  // torchrun restarts the faulty job with the same run id: that is the same job, and P2P is off.
+  const Job restarted = RunJob(dump_dir, TrainLoop(faulty_arguments), faulty_settings);
+  INFO(restarted.transcript);
+  REQUIRE_FALSE(restarted.result.timed_out);
+  CHECK(restarted.result.exit_code == 0);
+  CHECK(Contains(restarted.result.out, " via SHM/"));
+  CHECK_FALSE(Contains(restarted.result.out, " via P2P/"));
+  CHECK(Checksums(restarted.result.out) == faulty_healthy);
+  CHECK(CountOccurrences(restarted.result.err,
+                         "NCCL_P2P_DISABLE=1 set before the first communicator: an earlier attempt of job "
+                         "recovery found P2P at fault") == 2);
+  CHECK_FALSE(Contains(restarted.result.err, kOtherJobIgnored));
 }

@@ -118,6 +118,24 @@ TEST_CASE("two jobs of one allocation never share a job id", "[job_dir]") {
   CHECK(first.starts_with("slurm-4242_torchelastic-rrr"));
 }
 
+TEST_CASE("the launch id: NCCLGUARD_LAUNCH_ID, else every launcher's id, whatever NCCLGUARD_JOB_ID says",
+          "[job_dir]") {
+  // One NCCLGUARD_JOB_ID given to two torchrun jobs: one job id, two launches.
+  const auto shared_job_id = [](const std::string& run) {
+    return FakeEnvironment({{"NCCLGUARD_JOB_ID", "shared"}, {"SLURM_JOB_ID", "4242"}, {"TORCHELASTIC_RUN_ID", run}});
+  };
+  CHECK(JobId(shared_job_id("a"), "ff") == JobId(shared_job_id("b"), "ff"));
+  CHECK(LaunchId(shared_job_id("a")) == "slurm-4242_torchelastic-a");
+  CHECK(LaunchId(shared_job_id("a")) != LaunchId(shared_job_id("b")));
+  // torchrun keeps its run id across the restarts of its job: the same launch.
+  CHECK(LaunchId(shared_job_id("a")) == LaunchId(shared_job_id("a")));
+  // `ncclguard run` pins it for attempts whose own ids differ (a new srun step each).
+  CHECK(LaunchId(FakeEnvironment({{"NCCLGUARD_LAUNCH_ID", "slurm-4242"}, {"SLURM_JOB_ID", "4242"},
+                                  {"SLURM_STEP_ID", "7"}})) == "slurm-4242");
+  CHECK(LaunchId(FakeEnvironment({{"NCCLGUARD_JOB_ID", "shared"}})).empty());
+  CHECK(LaunchId(nullptr).empty());
+}
+
 TEST_CASE("the job id is a safe file name", "[job_dir]") {
   CHECK(JobId(FakeEnvironment({{"NCCLGUARD_JOB_ID", "../../etc"}}), "") == "_._.._etc");
   CHECK(JobId(FakeEnvironment({{"NCCLGUARD_JOB_ID", " a b/c\n"}}), "") == "a_b_c");

@@ -66,6 +66,10 @@
     "Name of this job's directory. Default: every launcher job id present, joined (`SLURM_JOB_ID` "  \
     "with `SLURM_STEP_ID`, `TORCHELASTIC_RUN_ID`, `PADDLE_JOB_ID`, ...), else one derived from the " \
     "first communicator's unique id, which every rank shares.")                                      \
+  X(LAUNCH_ID, launch_id, std::string, "",                                                           \
+    "What the attempts of one job share and no other job does, even under the same job id: a P2P "   \
+    "verdict on the job board is followed at start only by a process of the same launch id. "        \
+    "`ncclguard run` sets it for its command. Default: every launcher job id present, else empty.")  \
   X(STORE, store, std::string, "",                                                                   \
     "The job board where the processes of a job publish their status, ask each other for dumps and " \
     "meet to recover: empty or `dir` for the job directory, `redis://host[:port][/db]` for a Redis " \

@@ -34,6 +34,7 @@
 #include "watchdog/report/facts.h"
 #include "watchdog/report/job_board.h"
 #include "watchdog/report/job_dir.h"
+#include "watchdog/report/job_id.h"
 #include "watchdog/report/snapshot.h"
 #include "watchdog/report/thread_stacks.h"
 #include "watchdog/state/records.h"
@@ -95,6 +96,7 @@ absl::StatusOr<std::string> SystemEffects::RecordP2pVerdict(P2pVerdictRecord rec
   const std::shared_ptr<JobBoard> board = Board();
   if (!board) return absl::FailedPreconditionError("the job directory is not known yet");
   record.job_id = board->JobId();
+  record.launch = LaunchId(ReadProcessEnvironment);
   if (absl::Status written = WriteP2pVerdict(board, record); !written.ok()) return written;
   return board->Where() + "/" + kP2pVerdictFile;
 }

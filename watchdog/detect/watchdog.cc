@@ -213,11 +213,26 @@ void Watchdog::AnswerPeerRequest(std::int64_t requested_ns, std::int64_t now_ns)
   // after the record) has nothing to gain from a restart.
   if (P2pDisabledBy(effects_.Facts().environment)) return;
   const std::optional<P2pVerdictRecord> record = effects_.FreshP2pVerdict();
-  if (!record) return;
+  if (!record || !P2pVerdictApplies(*record)) return;
   ExitForRestart(
       fmt::format("rank {} ({} pid {}) recorded p2p_suspect for comm {} #{}; exiting with {} so that "
                   "the job restarts with NCCL_P2P_DISABLE=1 (NCCLGUARD_ACTION=reinit)",
                   record->rank, record->host, record->pid, record->comm, record->seq, kRestartExitCode));
+}
+
+bool Watchdog::P2pVerdictApplies(const P2pVerdictRecord& record) {
+  for (const CommState* comm : registry_.All()) {
+    if (std::string_view(comm->id) == record.comm) return true;
+  }
+  if (record.time_ns != ignored_p2p_verdict_ns_) {
+    ignored_p2p_verdict_ns_ = record.time_ns;
+    log::Warn(
+        "P2P verdict of another job ignored: rank {} ({} pid {}, launch '{}') recorded p2p_suspect for comm "
+        "{} #{} under job id {}, and this process has no comm {}; it keeps running with its P2P setting",
+        record.rank, record.host, record.pid, record.launch, record.comm, record.seq, record.job_id,
+        record.comm);
+  }
+  return false;
 }
 
 bool Watchdog::ReportNewAsyncError(CommState& comm, std::int64_t now_ns, bool act) {

@@ -150,6 +150,10 @@ class Watchdog {
   // Dumps for another process's request (unless a dump of our own answers it) and, under
   // NCCLGUARD_ACTION=reinit, follows a P2P verdict that this attempt of the job recorded.
   void AnswerPeerRequest(std::int64_t requested_ns, std::int64_t now_ns);
+  // Whether this process has the communicator that a P2P verdict names. A record that names none
+  // of its communicators is another job's (one that shares the job id, or its board): reported
+  // once, at WARN, and not followed.
+  bool P2pVerdictApplies(const P2pVerdictRecord& record);
   // `verdicts`: the cross-rank verdicts behind the action, empty when there are none.
   void Act(CommState* culprit, const char* what, const std::vector<Verdict>& verdicts);
   // NCCLGUARD_ACTION=reinit with a p2p_suspect verdict: records it for the next attempt and asks
@@ -181,6 +185,7 @@ class Watchdog {
   // classifier counts an operation as stuck once some process reported it.
   std::optional<StallSnapshot> reported_stall_ ABSL_GUARDED_BY(status_mutex_);
   std::int64_t last_dump_wall_ns_ = 0;
+  std::int64_t ignored_p2p_verdict_ns_ = 0;  // the time of the last foreign record reported
   std::set<std::string> reported_inits_;
 };
 

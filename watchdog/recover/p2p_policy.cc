@@ -27,6 +27,7 @@
 #include "watchdog/report/facts.h"
 #include "watchdog/report/job_board.h"
 #include "watchdog/report/job_dir.h"
+#include "watchdog/report/job_id.h"
 
 namespace ncclguard {
 namespace {
@@ -102,6 +103,7 @@ std::vector<NcclConfigFile> ReadNcclConfigFiles(const EnvironmentReader& read_en
 void ReadEarlierVerdict(const Config& config, P2pPolicyInputs& inputs) {
   const std::optional<std::string> job_id = NamedJobId(inputs.read_environment);
   inputs.job_id_known = job_id.has_value();
+  inputs.launch_id = LaunchId(inputs.read_environment);
   if (inputs.mode != P2pMode::kAuto || !job_id) return;
   absl::StatusOr<std::shared_ptr<JobBoard>> board =
       OpenJobBoard(config.store, JobDirectory(config, *job_id), *job_id,
@@ -136,6 +138,16 @@ P2pDecision DecideP2p(const P2pPolicyInputs& inputs) {
           "no job id before the first communicator (neither NCCLGUARD_JOB_ID nor a launcher's job id is "
           "set): no "
           "P2P verdict of an earlier attempt can be found");
+    } else if (inputs.verdict && inputs.verdict->ok() && (*inputs.verdict)->launch != inputs.launch_id) {
+      // Jobs that share a job id (one NCCLGUARD_JOB_ID given to several) share its board: the
+      // record is another job's, whose P2P fault says nothing about this one.
+      const P2pVerdictRecord& record = **inputs.verdict;
+      decision.warnings.push_back(
+          fmt::format("P2P verdict of another job ignored: job id {} holds a record of launch '{}' ({}: {}, "
+                      "recorded by rank {} on {}, pid {}), and this process is of launch '{}' "
+                      "(NCCLGUARD_LAUNCH_ID, else the launchers' job ids); P2P is left as it is",
+                      record.job_id, record.launch, record.comm, record.message, record.rank, record.host,
+                      record.pid, inputs.launch_id));
     } else if (inputs.verdict && inputs.verdict->ok()) {
       const P2pVerdictRecord& record = **inputs.verdict;
       reasons.push_back(

@@ -38,6 +38,8 @@ struct P2pPolicyInputs {
   // Whether the job has an id before its first communicator (NCCLGUARD_JOB_ID or a launcher's):
   // without one no verdict of an earlier attempt can be found.
   bool job_id_known = false;
+  // This process's LaunchId: a record of another launch under the same job id is another job's.
+  std::string launch_id;
   // ReadP2pVerdict's answer; std::nullopt when it was not asked (not auto, or no job id).
   std::optional<absl::StatusOr<P2pVerdictRecord>> verdict;
   std::vector<KnownBadEntry> known_bad;
@@ -56,8 +58,9 @@ void ReadEarlierVerdict(const Config& config, P2pPolicyInputs& inputs);
 
 // The decision, from its inputs alone. The user's NCCL_P2P_DISABLE or NCCL_P2P_LEVEL (environment
 // or config file) always wins; else NCCLGUARD_P2P=off disables P2P, `auto` disables it for a
-// verdict of an earlier attempt or a matching known-bad entry whose action is `disable`, `on`
-// never does. Known-bad matches are reported in one line whatever is decided.
+// verdict of an earlier attempt (of the same launch: another job's is reported and ignored) or a
+// matching known-bad entry whose action is `disable`, `on` never does. Known-bad matches are reported in one
+// line whatever is decided.
 P2pDecision DecideP2p(const P2pPolicyInputs& inputs);
 
 // Gathers this process's inputs (facts within a deadline, so that a wedged driver cannot hang the

@@ -43,6 +43,7 @@ P2pVerdictRecord ParseRecord(const std::string& content) {
     throw std::runtime_error("its verdict is not p2p_suspect");
   }
   return P2pVerdictRecord{.job_id = document.at("job_id").get<std::string>(),
+                          .launch = document.value("launch", ""),
                           .message = document.at("message").get<std::string>(),
                           .comm = document.at("comm").get<std::string>(),
                           .seq = document.at("seq").get<std::uint64_t>(),
@@ -83,12 +84,19 @@ absl::Status WriteP2pVerdict(const std::shared_ptr<JobBoard>& board,
                              const P2pVerdictRecord& record) noexcept {
   std::string content;
   try {
-    content = Json{{"format", kFormat},         {"format_version", kP2pVerdictFormatVersion},
-                   {"job_id", record.job_id},   {"verdict", VerdictKindName(VerdictKind::kP2pSuspect)},
-                   {"message", record.message}, {"comm", record.comm},
-                   {"seq", record.seq},         {"ranks", record.ranks},
-                   {"host", record.host},       {"pid", record.pid},
-                   {"rank", record.rank},       {"time", IsoTime(record.time_ns)},
+    content = Json{{"format", kFormat},
+                   {"format_version", kP2pVerdictFormatVersion},
+                   {"job_id", record.job_id},
+                   {"launch", record.launch},
+                   {"verdict", VerdictKindName(VerdictKind::kP2pSuspect)},
+                   {"message", record.message},
+                   {"comm", record.comm},
+                   {"seq", record.seq},
+                   {"ranks", record.ranks},
+                   {"host", record.host},
+                   {"pid", record.pid},
+                   {"rank", record.rank},
+                   {"time", IsoTime(record.time_ns)},
                    {"time_ns", record.time_ns}}
                   .dump(-1, ' ', false, Json::error_handler_t::replace);
   } catch (...) {

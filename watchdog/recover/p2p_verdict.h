@@ -19,7 +19,10 @@ inline constexpr char kP2pVerdictFile[] = "p2p-verdict.json";
 inline constexpr int kP2pVerdictFormatVersion = 1;
 
 struct P2pVerdictRecord {
-  std::string job_id;   // the job directory's name: a record of another job is foreign
+  std::string job_id;  // the job directory's name: a record of another job is foreign
+  // The writer's LaunchId: a job that shares the job id but not this is another job. "" in a
+  // record written before it was kept.
+  std::string launch;
   std::string message;  // the verdict's sentence
   std::string comm;     // the communicator and operation it was about
   std::uint64_t seq = 0;

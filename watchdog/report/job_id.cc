@@ -72,4 +72,10 @@ std::string JobId(const EnvironmentReader& read_environment, const std::string& 
       "nccl-" + (first_unique_id_hex.empty() ? std::string("unknown") : first_unique_id_hex.substr(0, 32)));
 }
 
+std::string LaunchId(const EnvironmentReader& read_environment) {
+  if (std::string id = Variable(read_environment, "NCCLGUARD_LAUNCH_ID"); !id.empty())
+    return BoundedFileName(id);
+  return LauncherJobId(read_environment).value_or("");
+}
+
 }  // namespace ncclguard

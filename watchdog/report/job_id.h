@@ -1,4 +1,5 @@
-// What names a job: the name of its job directory (and of its keys on a Redis board).
+// What names a job: the name of its job directory (and of its keys on a Redis board), and what
+// tells the attempts of one job from another job that shares that name.
 #pragma once
 
 #include <optional>
@@ -24,5 +25,11 @@ std::string JobId(const EnvironmentReader& read_environment, const std::string& 
 // The job's name when the user or the launcher gives one (NCCLGUARD_JOB_ID or LauncherJobId);
 // nullopt when only the first communicator could name the job.
 std::optional<std::string> NamedJobId(const EnvironmentReader& read_environment);
+
+// What the attempts of one job share and another job does not, even under the same job id (a
+// NCCLGUARD_JOB_ID given to several jobs): NCCLGUARD_LAUNCH_ID (which `ncclguard run` sets for
+// every attempt it starts), else LauncherJobId (torchrun keeps its run id across restarts, Slurm its
+// job and step ids), else "".
+std::string LaunchId(const EnvironmentReader& read_environment);
 
 }  // namespace ncclguard
