@@ -138,7 +138,8 @@ TEST_CASE("dump requests are seen once by every other process, on either board",
   CHECK(other->PollDumpRequests()->empty());
   CHECK(requester->PollDumpRequests()->empty());
 
-  const absl::StatusOr<std::string> request = requester->RequestDumps("rank 2: AllReduce #20 stalled");
+  const absl::StatusOr<std::string> request =
+      requester->RequestDumps("rank 2: AllReduce #20 stalled", {"1111222233334444"});
   REQUIRE(request.ok());
   const absl::StatusOr<std::vector<DumpRequest>> seen = other->PollDumpRequests();
   REQUIRE(seen.ok());
@@ -146,6 +147,7 @@ TEST_CASE("dump requests are seen once by every other process, on either board",
   CHECK((*seen)[0].name == *request);
   CHECK((*seen)[0].requester == "rank 2: AllReduce #20 stalled");
   CHECK((*seen)[0].pid == getpid());
+  CHECK((*seen)[0].comms == std::vector<std::string>{"1111222233334444"});
   CHECK(other->PollDumpRequests()->empty());      // not seen again
   CHECK(requester->PollDumpRequests()->empty());  // a process does not answer its own request
 

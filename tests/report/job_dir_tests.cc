@@ -743,7 +743,8 @@ TEST_CASE("dump requests are seen once by every other process", "[job_dir]") {
   REQUIRE(self.Poll().ok());
   CHECK(other.Poll()->empty());
 
-  const absl::StatusOr<std::string> request = RequestDumps(job_dir, "rank 2: AllReduce #20 stalled");
+  const absl::StatusOr<std::string> request =
+      RequestDumps(job_dir, "rank 2: AllReduce #20 stalled", {"1111222233334444", "5555666677778888"});
   REQUIRE(request.ok());
   CHECK(request->rfind("dump-request-", 0) == 0);
   CHECK(*request != *stale);
@@ -755,6 +756,8 @@ TEST_CASE("dump requests are seen once by every other process", "[job_dir]") {
   CHECK((*seen)[0].host == OwnHost());
   CHECK((*seen)[0].pid == getpid());
   CHECK((*seen)[0].time_ns > 0);
+  // The requester's communicators, by which a process of another job sharing the id tells it apart.
+  CHECK((*seen)[0].comms == std::vector<std::string>{"1111222233334444", "5555666677778888"});
   CHECK(other.Poll()->empty());  // not seen again
   CHECK(self.Poll()->empty());   // a process does not answer its own request
 

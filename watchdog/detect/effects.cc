@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <utility>
@@ -18,6 +19,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "watchdog/common/clock.h"
 #include "watchdog/common/config.h"
 #include "watchdog/common/describe.h"
@@ -114,11 +117,44 @@ std::optional<P2pVerdictRecord> SystemEffects::FreshP2pVerdict() {
   return *std::move(record);
 }
 
+namespace {
+
+// The ids of this process's communicators, those being created included.
+std::set<std::string> OwnCommunicators() {
+  std::set<std::string> ids;
+  for (const CommState* comm : GetRegistry().All()) ids.emplace(comm->id);
+  for (const PendingInit& init : GetRegistry().PendingInits()) ids.insert(init.comm_id);
+  ids.erase("");
+  return ids;
+}
+
+}  // namespace
+
 void SystemEffects::RequestPeerDumps(const std::string& why) {
   const std::shared_ptr<JobBoard> board = Board();
   if (!board) return;
-  const auto written = board->RequestDumps(why);  // a failure was logged where it happened
+  const std::set<std::string> comms = OwnCommunicators();
+  // a failure was logged where it happened
+  const auto written = board->RequestDumps(why, std::vector<std::string>(comms.begin(), comms.end()));
   (void)written;
+}
+
+bool SystemEffects::RequestApplies(const DumpRequest& request) {
+  if (request.comms.empty()) return true;
+  const std::set<std::string> own = OwnCommunicators();
+  if (own.empty()) return true;
+  for (const std::string& comm : request.comms) {
+    if (own.contains(comm)) return true;
+  }
+  if (ignored_requesters_.size() < 64 &&
+      ignored_requesters_.insert(absl::StrCat(request.host, ":", request.pid)).second) {
+    log::Warn(
+        "dump request of another job ignored: {} pid {} asked for dumps ({}) about comm{} {}, and this "
+        "process has none of them",
+        request.host, request.pid, request.requester, request.comms.size() > 1 ? "s" : "",
+        absl::StrJoin(request.comms, ", "));
+  }
+  return false;
 }
 
 std::vector<Verdict> SystemEffects::Classify(const ProcessSnapshot& own_status) {
@@ -151,8 +187,9 @@ std::int64_t SystemEffects::TakePeerDumpRequest() {
   const auto requests = board->PollDumpRequests();
   std::int64_t newest = 0;
   if (requests.ok()) {
-    for (const DumpRequest& request : *requests)
-      newest = std::max(newest, std::max<std::int64_t>(request.time_ns, 1));
+    for (const DumpRequest& request : *requests) {
+      if (RequestApplies(request)) newest = std::max(newest, std::max<std::int64_t>(request.time_ns, 1));
+    }
   }
   return newest;
 }

@@ -19,6 +19,7 @@
 #include "watchdog/common/mutex.h"
 #include "watchdog/detect/watchdog.h"
 #include "watchdog/report/job_board.h"
+#include "watchdog/report/job_dir.h"
 
 namespace ncclguard {
 
@@ -68,6 +69,12 @@ class SystemEffects final : public WatchdogEffects {
   std::shared_ptr<JobBoard> Board();
 
   static std::vector<int> Devices();
+  // Whether a peer's dump request is of this process's job: it names one of this process's
+  // communicators, or names none; a process without any communicator cannot tell, and answers.
+  // A request of another job is reported once per requester.
+  bool RequestApplies(const DumpRequest& request);
+
+  std::set<std::string> ignored_requesters_;  // the watchdog thread's
 
   Mutex job_dir_mutex_;
   std::string job_id_ ABSL_GUARDED_BY(job_dir_mutex_);

@@ -55,8 +55,9 @@ class DirectoryBoard final : public JobBoard {
     return absl::FailedPreconditionError("the statuses are files of the job directory");
   }
 
-  absl::StatusOr<std::string> RequestDumps(const std::string& requester) noexcept override {
-    return ::ncclguard::RequestDumps(job_dir_, requester);
+  absl::StatusOr<std::string> RequestDumps(const std::string& requester,
+                                           const std::vector<std::string>& comms) noexcept override {
+    return ::ncclguard::RequestDumps(job_dir_, requester, comms);
   }
 
   absl::StatusOr<std::vector<DumpRequest>> PollDumpRequests() noexcept override {

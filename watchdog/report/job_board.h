@@ -92,8 +92,10 @@ class JobBoard {
   virtual absl::StatusOr<StatusRecords> FetchStatuses(std::chrono::steady_clock::time_point deadline,
                                                       StatusBatchSink* batches) noexcept = 0;
 
-  // Asks every process of the job to dump; returns the request's name.
-  virtual absl::StatusOr<std::string> RequestDumps(const std::string& requester) noexcept = 0;
+  // Asks every process of the job to dump; returns the request's name. `comms`: the requester's
+  // communicators, by which a process tells a request of its own job (DumpRequest::comms).
+  virtual absl::StatusOr<std::string> RequestDumps(const std::string& requester,
+                                                   const std::vector<std::string>& comms = {}) noexcept = 0;
   // The requests of other processes that appeared since the previous call (DumpRequestWatcher's
   // rules). Cheap when nothing changed: one read of one small record.
   virtual absl::StatusOr<std::vector<DumpRequest>> PollDumpRequests() noexcept = 0;

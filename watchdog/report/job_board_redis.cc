@@ -156,9 +156,10 @@ class RedisBoard final : public JobBoard {
     }
   }
 
-  absl::StatusOr<std::string> RequestDumps(const std::string& requester) noexcept override {
+  absl::StatusOr<std::string> RequestDumps(const std::string& requester,
+                                           const std::vector<std::string>& comms) noexcept override {
     try {
-      absl::StatusOr<FormattedDumpRequest> request = FormatDumpRequest(requester);
+      absl::StatusOr<FormattedDumpRequest> request = FormatDumpRequest(requester, comms);
       if (!request.ok()) return request.status();
       absl::StatusOr<std::vector<Reply>> replies = connection_.Run(
           {{"RPUSH", Key("dump-requests"), absl::StrCat(request->name, "\n", request->content)},

@@ -203,6 +203,11 @@ DumpRequest ParseDumpRequest(const std::string& name, const absl::StatusOr<std::
     request.host = document.value("host", "");
     request.pid = document.value("pid", -1);
     request.time_ns = document.value("time_ns", std::int64_t{0});
+    if (const auto comms = document.find("comms"); comms != document.end() && comms->is_array()) {
+      for (const nlohmann::json& comm : *comms) {
+        if (comm.is_string()) request.comms.push_back(comm.get<std::string>());
+      }
+    }
   } catch (const std::exception&) {
   }
   return request;
@@ -437,7 +442,8 @@ absl::StatusOr<StatusScan> ReadStatuses(const std::string& job_dir) noexcept {
   }
 }
 
-absl::StatusOr<FormattedDumpRequest> FormatDumpRequest(const std::string& requester) noexcept {
+absl::StatusOr<FormattedDumpRequest> FormatDumpRequest(const std::string& requester,
+                                                       const std::vector<std::string>& comms) noexcept {
   try {
     const std::string host = HostName();
     const int pid = static_cast<int>(getpid());
@@ -452,15 +458,17 @@ absl::StatusOr<FormattedDumpRequest> FormatDumpRequest(const std::string& reques
         {"host", host},
         {"pid", pid},
         {"time", IsoTime(now)},
-        {"time_ns", now}}.dump(-1, ' ', false, Json::error_handler_t::replace);
+        {"time_ns", now},
+        {"comms", comms}}.dump(-1, ' ', false, Json::error_handler_t::replace);
     return request;
   } catch (...) {
     return absl::ResourceExhaustedError("cannot format the dump request");
   }
 }
 
-absl::StatusOr<std::string> RequestDumps(const std::string& job_dir, const std::string& requester) noexcept {
-  absl::StatusOr<FormattedDumpRequest> request = FormatDumpRequest(requester);
+absl::StatusOr<std::string> RequestDumps(const std::string& job_dir, const std::string& requester,
+                                         const std::vector<std::string>& comms) noexcept {
+  absl::StatusOr<FormattedDumpRequest> request = FormatDumpRequest(requester, comms);
   if (!request.ok()) return request.status();
   const std::string& name = request->name;
   const std::string& content = request->content;

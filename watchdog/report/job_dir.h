@@ -112,6 +112,9 @@ struct DumpRequest {
   std::string host;
   int pid = -1;
   std::int64_t time_ns = 0;
+  // The requester's communicators: a process that has none of them is of another job (one that
+  // shares the job id). Empty in a request that names none (or of an older ncclguard).
+  std::vector<std::string> comms;
 };
 
 // A dump request's name and document, as RequestDumps writes them (for a board kept elsewhere).
@@ -119,7 +122,8 @@ struct FormattedDumpRequest {
   std::string name;
   std::string content;
 };
-absl::StatusOr<FormattedDumpRequest> FormatDumpRequest(const std::string& requester) noexcept;
+absl::StatusOr<FormattedDumpRequest> FormatDumpRequest(const std::string& requester,
+                                                       const std::vector<std::string>& comms = {}) noexcept;
 // A request as read back; one whose document cannot be read is still a request.
 DumpRequest ParseDumpRequest(const std::string& name, const absl::StatusOr<std::string>& content);
 
@@ -151,7 +155,8 @@ class RequestSieve {
 // Asks every process of the job to dump: writes dump-requests/dump-request-<host>-<pid>-<n>, then
 // the generation file that the other processes watch (in place: they keep it open). Returns the
 // request's name.
-absl::StatusOr<std::string> RequestDumps(const std::string& job_dir, const std::string& requester) noexcept;
+absl::StatusOr<std::string> RequestDumps(const std::string& job_dir, const std::string& requester,
+                                         const std::vector<std::string>& comms = {}) noexcept;
 
 // The requests in the directory whose names are not in `already_handled`, oldest name first.
 // Lists the requests directory on every call.
