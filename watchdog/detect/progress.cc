@@ -23,6 +23,9 @@ namespace {
 
 constexpr std::size_t kMaxStreamsPerComm = 16;
 
+// A stall's time counts only while the process ran: said when that is less than its whole age.
+constexpr const char* kSinceResumed = " since this process last resumed from a stop or starvation";
+
 // Streams on which an unfinished operation was found this round: later operations on them
 // cannot have completed, so they are not asked about.
 class BlockedStreams {
@@ -128,7 +131,15 @@ void AdvanceOperations(CommState& comm, GpuEvents& events, std::int64_t now_ns) 
   }
 }
 
-std::optional<Stall> FindOperationStall(const CommState& comm, std::int64_t now_ns, std::int64_t timeout_ns) {
+bool LateRound(std::int64_t due_ns, std::int64_t now_ns, std::int64_t poll_interval_ns,
+               std::int64_t timeout_ns) {
+  const std::int64_t allowed_ns =
+      std::max(2 * poll_interval_ns, std::min<std::int64_t>(1'000'000'000, timeout_ns / 4));
+  return now_ns - due_ns > allowed_ns;
+}
+
+std::optional<Stall> FindOperationStall(const CommState& comm, std::int64_t now_ns, std::int64_t timeout_ns,
+                                        std::int64_t counted_from_ns) {
   const std::uint64_t last = comm.last_enqueued.load(std::memory_order_acquire);
   for (std::uint64_t seq = std::max(comm.watch_cursor, FirstInRing(comm, last)); seq <= last; ++seq) {
     const OpRecord& op = comm.ring[seq % comm.ring_size];
@@ -137,35 +148,42 @@ std::optional<Stall> FindOperationStall(const CommState& comm, std::int64_t now_
     // The oldest unfinished operation decides: everything after it waits for it.
     const bool started = state == OpState::kStarted;
     // One queued behind a replay waits from the replay's end: the stall before it was reported.
-    const std::int64_t since = started ? op.start_ns.load(std::memory_order_relaxed)
-                                       : std::max(op.enqueue_ns.load(std::memory_order_relaxed),
-                                                  comm.recovered_ns.load(std::memory_order_acquire));
+    const std::int64_t unfinished_since = started
+                                              ? op.start_ns.load(std::memory_order_relaxed)
+                                              : std::max(op.enqueue_ns.load(std::memory_order_relaxed),
+                                                         comm.recovered_ns.load(std::memory_order_acquire));
+    const std::int64_t since = std::max(unfinished_since, counted_from_ns);
     if (now_ns - since <= timeout_ns) return std::nullopt;
     Stall stall = Describe(comm, op, seq);
     stall.kind = started ? Stall::Kind::kNotCompleted : Stall::Kind::kNotStarted;
     stall.seconds = static_cast<double>(now_ns - since) / 1e9;
+    stall.since_resumed = counted_from_ns > unfinished_since;
     return stall;
   }
   return std::nullopt;
 }
 
-std::optional<Stall> FindInitStall(const PendingInit& init, std::int64_t now_ns, std::int64_t timeout_ns) {
-  if (now_ns - init.start_ns <= timeout_ns) return std::nullopt;
+std::optional<Stall> FindInitStall(const PendingInit& init, std::int64_t now_ns, std::int64_t timeout_ns,
+                                   std::int64_t counted_from_ns) {
+  const std::int64_t since = std::max(init.start_ns, counted_from_ns);
+  if (now_ns - since <= timeout_ns) return std::nullopt;
   Stall stall;
   stall.kind = Stall::Kind::kInit;
   stall.comm_id = init.comm_id;
   stall.rank = init.rank;
   stall.nranks = init.nranks;
   stall.api = init.api;
-  stall.seconds = static_cast<double>(now_ns - init.start_ns) / 1e9;
+  stall.seconds = static_cast<double>(now_ns - since) / 1e9;
+  stall.since_resumed = counted_from_ns > init.start_ns;
   return stall;
 }
 
 std::string StallMessage(const Stall& stall) {
   const std::string who = fmt::format("rank {} comm {}", stall.rank, stall.comm_id);
   if (stall.kind == Stall::Kind::kInit) {
-    return fmt::format("{}: {} (rank {} of {}) has not completed after {:.1f} s", who,
-                       Describe(stall.api).name, stall.rank, stall.nranks, stall.seconds);
+    return fmt::format("{}: {} (rank {} of {}) has not completed after {:.1f} s{}", who,
+                       Describe(stall.api).name, stall.rank, stall.nranks, stall.seconds,
+                       stall.since_resumed ? kSinceResumed : "");
   }
   std::string details = fmt::format("{} × {}", DatatypeName(stall.datatype), stall.count);
   if (const std::string reduction = ReductionName(stall.reduction); !reduction.empty()) {
@@ -175,12 +193,22 @@ std::string StallMessage(const Stall& stall) {
   if (stall.root_or_peer >= 0) {
     details += fmt::format(", {} {}", kind == ApiKind::kPointToPoint ? "peer" : "root", stall.root_or_peer);
   }
-  const char* what = stall.kind == Stall::Kind::kNotCompleted
-                         ? "started on the GPU {:.1f} s ago and has not completed"
-                         : "was enqueued {:.1f} s ago and has not started on the GPU (queued behind "
-                           "earlier work on its stream)";
-  return fmt::format("{}: {} #{} ({}) {}", who, OperationName(stall.api), stall.seq, details,
-                     fmt::format(fmt::runtime(what), stall.seconds));
+  const char* what = nullptr;
+  if (stall.since_resumed) {
+    what = stall.kind == Stall::Kind::kNotCompleted
+               ? "started on the GPU and has not completed after {:.1f} s{}"
+               : "was enqueued and has not started on the GPU after {:.1f} s{} (queued behind earlier work "
+                 "on its stream)";
+  } else {
+    what =
+        stall.kind == Stall::Kind::kNotCompleted
+            ? "started on the GPU {:.1f} s ago and has not completed{}"
+            : "was enqueued {:.1f} s ago and has not started on the GPU{} (queued behind earlier work on its "
+              "stream)";
+  }
+  return fmt::format(
+      "{}: {} #{} ({}) {}", who, OperationName(stall.api), stall.seq, details,
+      fmt::format(fmt::runtime(what), stall.seconds, stall.since_resumed ? kSinceResumed : ""));
 }
 
 StallSnapshot ToSnapshot(const Stall& stall, const std::string& message) {

@@ -29,6 +29,7 @@
 #include "watchdog/common/log.h"
 #include "watchdog/common/mutex.h"
 #include "watchdog/detect/effects.h"
+#include "watchdog/detect/progress.h"
 #include "watchdog/detect/watchdog.h"
 #include "watchdog/report/status_reader.h"
 #include "watchdog/report/thread_stacks.h"
@@ -132,6 +133,7 @@ void RunWatchdog(Runtime* runtime) {
   DriverEvents().PrepareWatchdogThread();
   const auto interval = std::chrono::duration<double>(GetConfig().poll_interval.value);
   bool facts_collected = false;
+  std::optional<std::int64_t> due_ns;  // the last round's start plus the poll interval
   for (;;) {
     g_in_round.store(true, std::memory_order_seq_cst);
     if (g_exiting.load(std::memory_order_seq_cst)) {
@@ -144,12 +146,15 @@ void RunWatchdog(Runtime* runtime) {
       const ExitPass pass;
       // Within a round: the exit hook waits for it before the driver goes away.
       if (!std::exchange(facts_collected, true)) runtime->effects.CollectFacts();
-      runtime->watchdog.PollOnce(SteadyNowNs());
+      const std::int64_t start_ns = SteadyNowNs();
+      runtime->watchdog.PollOnce(start_ns, std::exchange(due_ns, start_ns + ToNs(GetConfig().poll_interval)));
     } catch (const std::exception& error) {
       log::Error("watchdog round failed: {}", error.what());
     }
     g_in_round.store(false, std::memory_order_seq_cst);
     runtime->rounds.EndRound();
+    // From the round's start: a stop that lands inside a round makes the next one late too. So
+    // does a round that took long (a dump), which only delays the finding of a new stall.
     runtime->rounds.Pause(interval);
   }
 }
@@ -187,9 +192,16 @@ void CloseExitGateAtExit() { (void)CloseExitGate(std::chrono::seconds(2)); }
 void RunMonitor(Runtime* runtime) {
   pthread_setname_np(pthread_self(), "ncclguard-mon");
   MarkOwnThread();
-  HeartbeatMonitor monitor(std::max<std::int64_t>(10'000'000'000, 20 * ToNs(GetConfig().poll_interval)));
+  const std::int64_t stuck_after_ns =
+      std::max<std::int64_t>(10'000'000'000, 20 * ToNs(GetConfig().poll_interval));
+  constexpr std::int64_t kCheckIntervalNs = 1'000'000'000;
+  HeartbeatMonitor monitor(stuck_after_ns);
   for (;;) {
-    std::this_thread::sleep_for(std::chrono::seconds(1));
+    const std::int64_t due_ns = SteadyNowNs() + kCheckIntervalNs;
+    std::this_thread::sleep_for(std::chrono::nanoseconds(kCheckIntervalNs));
+    // Woken from a stop, the watchdog has had no chance to beat yet: the time stopped is not its.
+    if (LateRound(due_ns, SteadyNowNs(), kCheckIntervalNs, stuck_after_ns))
+      monitor = HeartbeatMonitor(stuck_after_ns);
     if (const auto message =
             monitor.Check(runtime->watchdog.heartbeat(), runtime->watchdog.activity(), SteadyNowNs())) {
       log::Error("{}", *message);

@@ -92,8 +92,15 @@ class Watchdog::Activity {
   Watchdog& watchdog_;
 };
 
-void Watchdog::PollOnce(std::int64_t now_ns) {
+void Watchdog::PollOnce(std::int64_t now_ns, std::optional<std::int64_t> due_ns) {
   heartbeat_.fetch_add(1, std::memory_order_relaxed);
+  if (due_ns && LateRound(*due_ns, now_ns, ToNs(config_.poll_interval), ToNs(config_.timeout))) {
+    // Timers re-armed to now: no stall can be found in this round, so any stall is one that a
+    // round on time still sees.
+    counted_from_ns_ = now_ns;
+    log::Info("this process did not run for {:.1f} s (stopped or starved): stall timers restart now",
+              static_cast<double>(now_ns - *due_ns) / 1e9);
+  }
   for (CommState* comm : registry_.All()) CheckCommunicator(*comm, now_ns);
   CheckInitializations(now_ns);
 
@@ -270,7 +277,13 @@ void Watchdog::CheckCommunicator(CommState& comm, std::int64_t now_ns) {
       IsNcclError(static_cast<ncclResult_t>(comm.async_error.load(std::memory_order_acquire)))) {
     return;
   }
-  if (const auto stall = FindOperationStall(comm, now_ns, ToNs(config_.timeout))) {
+  std::optional<Stall> stall = FindOperationStall(comm, now_ns, ToNs(config_.timeout));
+  // Only a stall not reported yet waits for a timeout of time the process ran: once reported, its
+  // age counts on towards NCCLGUARD_HARD_TIMEOUT, which long rounds (dumps) must not put off.
+  if (stall && stall->seq != comm.reported_stall_seq) {
+    stall = FindOperationStall(comm, now_ns, ToNs(config_.timeout), counted_from_ns_);
+  }
+  if (stall) {
     if (stall->seq != comm.reported_stall_seq) {
       comm.reported_stall_seq = stall->seq;
       comm.stall_reported_ns = now_ns;
@@ -291,7 +304,7 @@ void Watchdog::CheckCommunicator(CommState& comm, std::int64_t now_ns) {
 
 void Watchdog::CheckInitializations(std::int64_t now_ns) {
   for (const PendingInit& init : registry_.PendingInits()) {
-    const auto stall = FindInitStall(init, now_ns, ToNs(config_.init_timeout));
+    const auto stall = FindInitStall(init, now_ns, ToNs(config_.init_timeout), counted_from_ns_);
     if (stall && reported_inits_.insert(init.comm_id + "/" + std::to_string(init.thread)).second) {
       OnStall(nullptr, *stall, now_ns);
     }

@@ -82,8 +82,11 @@ class Watchdog {
   Watchdog(const Config& config, Registry& registry, GpuEvents& events, WatchdogEffects& effects)
       : config_(config), registry_(registry), events_(events), effects_(effects) {}
 
-  // One round: progress, stalls, errors, dump requests, status. `steady_now_ns` is the time now.
-  void PollOnce(std::int64_t steady_now_ns);
+  // One round: progress, stalls, errors, dump requests, status. `steady_now_ns` is the time now;
+  // `due_ns`, when the runtime scheduled the round (none: on time). A round much later than that
+  // (LateRound: the process was stopped or starved) re-arms the stall timers and reports nothing:
+  // what it sees may have been seen after the process's own GPU work and peers were set back.
+  void PollOnce(std::int64_t steady_now_ns, std::optional<std::int64_t> due_ns = std::nullopt);
 
   // Requests a dump at the next round (from the signal handler, an exit hook, a failed call).
   void RequestDump(const char* reason) noexcept { pending_dump_reason_.store(reason); }
@@ -187,6 +190,8 @@ class Watchdog {
   std::int64_t last_dump_wall_ns_ = 0;
   std::int64_t ignored_p2p_verdict_ns_ = 0;  // the time of the last foreign record reported
   std::set<std::string> reported_inits_;
+  // The last late round: stall timers count from then (time the process did not run is no stall).
+  std::int64_t counted_from_ns_ = 0;
 };
 
 }  // namespace ncclguard
