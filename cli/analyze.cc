@@ -139,6 +139,8 @@ std::string ProcessState(const JobView& job, const ProcessView& process) {
       return "alive";
     case ProcessView::Liveness::kGone:
       return "gone";
+    case ProcessView::Liveness::kStopped:
+      return "stopped";
     case ProcessView::Liveness::kUnknown:
       break;
   }

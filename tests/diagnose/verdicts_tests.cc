@@ -148,6 +148,46 @@ TEST_CASE("S5: a rank busy outside NCCL (a slow save) delays the action to the h
   }
 }
 
+TEST_CASE("a stopped rank is said to be stopped, where its last status left it, not busy", "[verdicts]") {
+  JobView job = Job({Rank(0, 30, 31), Rank(1, 30, 31), Rank(2, 30, 30), Rank(3, 30, 31)});
+  job.processes[2].liveness = ProcessView::Liveness::kStopped;
+  // Its status is as old as the stop: older than three intervals, yet it is not gone.
+  job.processes[2].last_seen_ns = kNow - 9 * kSecond;
+  job.processes[2].snapshot.time_ns = kNow - 9 * kSecond;
+  std::vector<Verdict> verdicts = Classify(job);
+  REQUIRE(Kinds(verdicts) == std::vector<std::string>{"rank_not_joined"});
+  CHECK(verdicts[0].ranks == std::vector<int>{2});
+  CHECK(verdicts[0].message ==
+        "rank 2 (pid 1002) is stopped (SIGSTOP, a debugger or a cgroup freezer: it runs nothing until it is "
+        "continued); its last status, 9.0 s old, says it completed AllReduce #30 and issued nothing after "
+        "while ranks 0,1,3 wait in AllReduce #31 (float32 × 1024, sum) — not a network fault");
+  CHECK(verdicts[0].evidence["late_ranks"][0]["where"] == "stopped");
+  // Once continued it comes back: as for a rank busy outside NCCL, the hard timeout decides.
+  CHECK_FALSE(ActOnTimeout(verdicts));
+
+  SECTION("stopped inside the operation its peers wait in: not a stuck transport") {
+    job.processes[2].snapshot.comms[0].last_enqueued = 31;
+    job.processes[2].snapshot.comms[0].ring.push_back(Op(31, "started"));
+    verdicts = Classify(job);
+    REQUIRE(Kinds(verdicts) == std::vector<std::string>{"rank_not_joined"});
+    CHECK(verdicts[0].ranks == std::vector<int>{2});
+    CHECK(absl::StrContains(verdicts[0].message,
+                            "continued); its last status, 9.0 s old, says it was in AllReduce #31 while ranks "
+                            "0,1,3 wait in AllReduce #31"));
+    CHECK_FALSE(ActOnTimeout(verdicts));
+  }
+  SECTION("just continued: alive, its status not written since the stop") {
+    job.processes[2].liveness = ProcessView::Liveness::kAlive;
+    job.processes[2].snapshot.comms[0].last_enqueued = 31;
+    job.processes[2].snapshot.comms[0].ring.push_back(Op(31, "started"));
+    verdicts = Classify(job);
+    // Not all four in #31 and stuck inside NCCL: what its old status says is no news of now.
+    REQUIRE(Kinds(verdicts) == std::vector<std::string>{"rank_not_joined"});
+    CHECK(absl::StrContains(verdicts[0].message, "rank 2 (pid 1002) has not run its watchdog for a while"));
+    CHECK_FALSE(ActOnTimeout(verdicts));
+  }
+}
+
 TEST_CASE("S5: a killed rank is named as dead with its last completed operation", "[verdicts]") {
   JobView job = Job({Rank(0, 31, 32), Rank(1, 31, 31), Rank(2, 31, 32), Rank(3, 31, 32)});
   job.processes[1].liveness = ProcessView::Liveness::kGone;

@@ -402,7 +402,7 @@ void Watchdog::DecideOnStall(CommState* comm, const Stall& stall, const std::vec
       now_ns + (now_ns == comm->stall_reported_ns ? first_look_ns : ToNs(config_.timeout));
   if (config_.action != Action::kWarn) {
     log::Warn(
-        "not acting yet (NCCLGUARD_ACTION={}): the late rank is busy outside NCCL; acting after "
+        "not acting yet (NCCLGUARD_ACTION={}): the late rank is busy outside NCCL or stopped; acting after "
         "NCCLGUARD_HARD_TIMEOUT={} s unless that changes",
         ActionName(config_.action), config_.hard_timeout.value);
   }

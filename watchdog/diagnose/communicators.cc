@@ -169,6 +169,8 @@ const char* WhereaboutsName(Whereabouts where) {
       return "inside_nccl";
     case Whereabouts::kBusyOutsideNccl:
       return "busy_outside_nccl";
+    case Whereabouts::kStopped:
+      return "stopped";
     case Whereabouts::kNoReport:
       return "no_report";
   }
@@ -178,6 +180,15 @@ const char* WhereaboutsName(Whereabouts where) {
 Whereabouts Locate(const ProcessView& process, const JobView& job) {
   if (process.exited) return Whereabouts::kFinished;
   if (IsGone(process, job)) return Whereabouts::kGone;
+  // Whatever its status says it was doing, it is doing nothing now. So it is for a process alive on
+  // this host whose watchdog has not written its status for several intervals: it was stopped (and
+  // may have just been continued) or starved, and its status is no news of where it is.
+  if (!job.ended_together_ns &&
+      (process.liveness == ProcessView::Liveness::kStopped ||
+       (process.liveness == ProcessView::Liveness::kAlive &&
+        StatusAgeSeconds(process, job) > kStaleIntervals * job.status_interval_seconds))) {
+    return Whereabouts::kStopped;
+  }
   if (!process.snapshot.in_nccl_call.empty()) return Whereabouts::kInsideNccl;
   return Whereabouts::kBusyOutsideNccl;
 }

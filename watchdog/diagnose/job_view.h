@@ -30,8 +30,10 @@ struct ProcessView {
   std::string dump_reason;        // its reason
   std::int64_t last_seen_ns = 0;  // the newest time of its status or dump (epoch ns)
   // Whether the process exists now: checked with kill(pid, 0) when it ran on this host; unknown
-  // on other hosts (then the status file's age decides).
-  enum class Liveness { kAlive, kGone, kUnknown };
+  // on other hosts (then the status file's age decides). Stopped: it exists but does not run
+  // (state T or t in /proc: SIGSTOP, a debugger, a cgroup freezer), so its status is as old as the
+  // stop and it is busy with nothing.
+  enum class Liveness { kAlive, kGone, kUnknown, kStopped };
   Liveness liveness = Liveness::kUnknown;
   bool exited = false;  // it wrote a final status or dump on its way out (a normal exit)
   // Communicator initialisations that returned an error: a failure is dumped (reason

@@ -64,7 +64,7 @@ bool GoneWhenRead(const ProcessView& process, const JobView& job);
 // "is gone", or "stopped updating its status 12.0 s ago (presumed gone)".
 std::string GoneHow(const ProcessView& process, const JobView& job);
 
-enum class Whereabouts { kFinished, kGone, kInsideNccl, kBusyOutsideNccl, kNoReport };
+enum class Whereabouts { kFinished, kGone, kInsideNccl, kBusyOutsideNccl, kStopped, kNoReport };
 const char* WhereaboutsName(Whereabouts where);
 Whereabouts Locate(const ProcessView& process, const JobView& job);
 

@@ -226,7 +226,33 @@ void NoteLaterStall(Buckets& buckets, const std::string& comm_id, const std::vec
   }
 }
 
-// Ranks that never entered the stuck operation, sorted into the dead and those that did not join.
+bool ComesBack(Whereabouts where) {
+  return where == Whereabouts::kBusyOutsideNccl || where == Whereabouts::kStopped;
+}
+
+// A late rank whose process is stopped: its last status is as old as the stop, so what it says the
+// rank did is where the rank stopped, not what it is busy with.
+std::string StoppedClause(const Member& member, const Communicator& communicator, const JobView& job,
+                          std::uint64_t done_everywhere) {
+  const ProcessView& process = *member.process;
+  std::string was;
+  if (const std::optional<std::uint64_t> seq = WaitingIn(member, communicator, done_everywhere)) {
+    was = fmt::format("was in {}", OpName(FindOpInCommunicator(communicator, *seq), *seq));
+  } else if (!process.snapshot.in_nccl_call.empty()) {
+    was = fmt::format("was inside {}", process.snapshot.in_nccl_call);
+  } else {
+    was = LastCompleted(member, communicator, done_everywhere);
+  }
+  const char* how = process.liveness == ProcessView::Liveness::kStopped
+                        ? "is stopped (SIGSTOP, a debugger or a cgroup freezer: it runs nothing until it is "
+                          "continued)"
+                        : "has not run its watchdog for a while (stopped until just now, or starved)";
+  return fmt::format("rank {} (pid {}) {}; its last status, {} old, says it {}", member.rank, process.pid,
+                     how, Seconds(StatusAgeSeconds(process, job)), was);
+}
+
+// Ranks that never entered the stuck operation (or are stopped in it), sorted into the dead and
+// those that did not join.
 struct Absentees {
   std::vector<int> dead_ranks;
   std::vector<std::string> dead_clauses;
@@ -234,8 +260,10 @@ struct Absentees {
   std::vector<int> not_joined_ranks;
   std::vector<std::string> not_joined_clauses;
   Json not_joined_evidence = Json::array();
-  bool all_finished = true;           // every one that did not join finished its loop
-  bool all_busy_outside_nccl = true;  // every one that did not join is alive and busy outside NCCL
+  bool all_finished = true;  // every one that did not join finished its loop
+  // Every one that did not join is alive and busy outside NCCL, or stopped: each comes back to NCCL
+  // by itself (once continued), so waiting for it is worth more than acting.
+  bool all_busy_outside_nccl = true;
   // Ranks with no record among the processes read while some processes' files were not read:
   // neither present nor absent, never named as missing.
   std::vector<int> not_read_ranks;
@@ -263,7 +291,13 @@ void AddLateMember(const Member& member, const Communicator& communicator, const
     return;
   }
   absent.all_finished = absent.all_finished && where == Whereabouts::kFinished;
-  absent.all_busy_outside_nccl = absent.all_busy_outside_nccl && where == Whereabouts::kBusyOutsideNccl;
+  absent.all_busy_outside_nccl = absent.all_busy_outside_nccl && ComesBack(where);
+  if (where == Whereabouts::kStopped) {
+    absent.not_joined_ranks.push_back(member.rank);
+    absent.not_joined_clauses.push_back(StoppedClause(member, communicator, job, done_everywhere));
+    absent.not_joined_evidence.push_back(LateRankJson(member, where, job));
+    return;
+  }
   std::string clause =
       fmt::format("rank {} {}; ", member.rank, LastCompleted(member, communicator, done_everywhere));
   // Its peers wait in a communicator that it closed: it will never issue #N there.
@@ -321,7 +355,7 @@ void AddUnreportedRank(int rank, const std::unordered_map<int, Initialising>& in
     absent.not_joined_clauses.push_back(
         fmt::format("rank {} is still in {} for this communicator", rank, init->api));
     const Whereabouts where = Locate(*initialising, job);
-    absent.all_busy_outside_nccl = absent.all_busy_outside_nccl && where == Whereabouts::kBusyOutsideNccl;
+    absent.all_busy_outside_nccl = absent.all_busy_outside_nccl && ComesBack(where);
     absent.not_joined_evidence.push_back(InitialisingJson(*initialising, *init, where, job));
     return;
   }
@@ -367,13 +401,13 @@ struct StuckOperation {
   const OpSnapshot* op = nullptr;       // the most complete record of it, null when none
   std::vector<const Member*> waiting;   // entered it and have not completed it
   std::vector<const Member*> finished;  // completed it
-  std::vector<const Member*> late;      // never entered it
+  std::vector<const Member*> late;      // never entered it, or stopped in it
   bool stall_reported = false;          // some member's watchdog reported a stall on the communicator
   double waited_seconds = 0;            // the longest any waiting member has waited in it
 };
 
 // Nothing when every member completed everything it issued.
-std::optional<StuckOperation> FindStuckOperation(const Communicator& communicator,
+std::optional<StuckOperation> FindStuckOperation(const Communicator& communicator, const JobView& job,
                                                  std::uint64_t done_everywhere) {
   StuckOperation stuck;
   stuck.seq = std::numeric_limits<std::uint64_t>::max();
@@ -398,6 +432,12 @@ std::optional<StuckOperation> FindStuckOperation(const Communicator& communicato
     }
     if (waiting_in[index] != stuck.seq) {
       stuck.finished.push_back(&member);
+      continue;
+    }
+    // A stopped process takes part in nothing until it is continued: its peers wait for it, not
+    // for the transport, whatever operation its status shows it in.
+    if (Locate(*member.process, job) == Whereabouts::kStopped) {
+      stuck.late.push_back(&member);
       continue;
     }
     stuck.waiting.push_back(&member);
@@ -478,7 +518,7 @@ void ClassifyStuckOperation(const Communicator& communicator, const JobView& job
                             const std::vector<KnownBadEntry>& known_bad,
                             std::optional<std::uint64_t> mismatch_seq, Buckets& buckets) {
   const std::uint64_t done_everywhere = HighestCompleted(communicator);
-  const std::optional<StuckOperation> found = FindStuckOperation(communicator, done_everywhere);
+  const std::optional<StuckOperation> found = FindStuckOperation(communicator, job, done_everywhere);
   if (!found) return;
   const StuckOperation& stuck = *found;
   // An operation in flight for less than a few status intervals is just the job running.

@@ -46,8 +46,9 @@ struct Verdict {
   std::vector<int> ranks;   // the ranks the verdict is about (the culprits)
   std::string message;      // one sentence a user can act on
   nlohmann::json evidence;  // what the verdict rests on (per-rank facts, texts, ...)
-  // rank_not_joined: every rank that did not join is alive and busy outside NCCL, so it will
-  // come back (a checkpoint save, an evaluation). Not in the JSON: its late_ranks evidence says so.
+  // rank_not_joined: every rank that did not join is alive and busy outside NCCL, or stopped, so it
+  // will come back (a checkpoint save, an evaluation; a debugger that lets it go). Not in the JSON:
+  // its late_ranks evidence says so.
   bool late_ranks_busy_outside_nccl = false;
 };
 
@@ -80,7 +81,7 @@ nlohmann::json VerdictsToJson(const JobView& job, const std::vector<Verdict>& ve
 // Whether NCCLGUARD_TIMEOUT is enough to act on a stall with these verdicts: true for
 // stuck_inside_nccl, p2p_suspect, stuck_in_init, rank_dead and unknown (the timeout alone then
 // decides, as without a job directory); false while the first verdict is a
-// rank_not_joined whose late ranks are alive and busy outside NCCL (then the watchdog warns
+// rank_not_joined whose late ranks are alive and busy outside NCCL or stopped (then the watchdog warns
 // periodically and acts only after NCCLGUARD_HARD_TIMEOUT).
 bool ActOnTimeout(const std::vector<Verdict>& verdicts);
 

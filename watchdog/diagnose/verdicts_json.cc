@@ -28,6 +28,8 @@ const char* LivenessName(ProcessView::Liveness liveness) {
       return "alive";
     case ProcessView::Liveness::kGone:
       return "gone";
+    case ProcessView::Liveness::kStopped:
+      return "stopped";
     case ProcessView::Liveness::kUnknown:
       return "unknown";
   }
