@@ -1,6 +1,7 @@
-// Time the application did not run, end to end: train_loop on the emulator with libncclguard.so
-// preloaded. A rank stopped with SIGSTOP while the machine is loaded, then continued, reports no
-// stall of its own and aborts nothing, and its peers say that it is stopped.
+// Time the application did not run, and time it spent waiting on a slow rank, end to end:
+// train_loop on the emulator with libncclguard.so preloaded. A rank stopped with SIGSTOP while the
+// machine is loaded, then continued, reports no stall of its own and aborts nothing, and its
+// peers say that it is stopped; a persistent straggler does not make its peers dump at every step.
 #include <catch2/catch.hpp>
 
 #include <signal.h>
@@ -103,6 +104,23 @@ class CpuBurners {
   std::vector<std::thread> threads_;
 };
 
+struct Dump {
+  int pid = 0;
+  Json document;
+};
+
+std::vector<Dump> Dumps(const std::string& job_dir) {
+  std::vector<Dump> dumps;
+  if (!std::filesystem::exists(job_dir)) return dumps;
+  for (const auto& entry : std::filesystem::recursive_directory_iterator(job_dir)) {
+    if (!entry.is_regular_file() || !entry.path().filename().string().starts_with("dump-")) continue;
+    Json document = Json::parse(ReadFile(entry.path().string()));
+    if (document.value("format", "") != "ncclguard-dump") continue;
+    dumps.push_back({document.at("pid").get<int>(), std::move(document)});
+  }
+  return dumps;
+}
+
 bool ReportsAnyStall(const std::vector<std::string>& lines) {
   return std::ranges::any_of(lines, [](const std::string& line) {
     return line.find("has not completed") != std::string::npos || line.find("has not started") != std::string::npos;
@@ -169,4 +187,44 @@ TEST_CASE("ranks stopped and continued on a loaded machine report no stall, abor
     for (const std::string& line : lines) CHECK(line.find("busy outside NCCL (e.g.") == std::string::npos);
   }
   CHECK(peers_saying_stopped >= 1);
+}
+
+TEST_CASE("a persistent straggler slower than the timeout does not make its peers dump at every step",
+          "[dumps]") {
+  TemporaryDirectory dump_dir;
+  // 14 steps of 1.5 s, each a stall of 0.5 s past the timeout on ranks 0, 1 and 2.
+  const Run run = RunTrainLoop(dump_dir, {"--ranks", "4", "--steps", "14", "--slow", "3:1500", "--timeout", "90"},
+                               {{"NCCLGUARD_TIMEOUT", "1"}, {"NCCLGUARD_STATUS_INTERVAL", "0.5"}}, 120);
+  INFO(run.transcript);
+  REQUIRE_FALSE(run.result.timed_out);
+  CHECK(run.result.exit_code == 0);
+  const std::map<int, int> pids = RankPids(run.result.out);
+  REQUIRE(pids.size() == 4);
+  const std::vector<Dump> dumps = Dumps(run.job_dir);
+  INFO(dumps.size() << " dumps");
+  std::map<int, int> stall_dumps;  // pid -> how many
+  int skipped_in_dumps = 0;
+  for (const Dump& dump : dumps) {
+    if (dump.document.at("stall").is_null()) continue;
+    ++stall_dumps[dump.pid];
+    skipped_in_dumps += dump.document.at("stall").value("skipped_dumps", 0);
+  }
+  for (int rank = 0; rank < 3; ++rank) {
+    const int pid = pids.at(rank);
+    const std::vector<std::string> stalls = LogLinesOf(run.result.err, pid, "has not completed");
+    INFO("rank " << rank << ": " << stalls.size() << " stalls, " << stall_dumps[pid] << " dumped");
+    // The straggler makes it stall at most steps...
+    CHECK(stalls.size() >= 8);
+    // ... but dumps come at most once per timeout, the spacing doubling: 1, 2, 4, 8, 16 s (the
+    // sixth needs a job of over 31 s).
+    CHECK(stall_dumps[pid] >= 1);
+    CHECK(stall_dumps[pid] <= 6);
+    // The stalls not dumped are said, with their count.
+    CHECK(LogLinesOf(run.result.err, pid, "not dumped: the same operation stalled before (").size() ==
+          stalls.size() - static_cast<std::size_t>(stall_dumps[pid]));
+  }
+  CHECK(skipped_in_dumps >= 1);
+  // Nor does the straggler dump at every step at their request: only when they dump.
+  const int straggler = pids.at(3);
+  CHECK(std::ranges::count_if(dumps, [straggler](const Dump& dump) { return dump.pid == straggler; }) <= 7);
 }

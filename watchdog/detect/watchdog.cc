@@ -366,16 +366,33 @@ void Watchdog::OnStall(CommState* comm, const Stall& stall, std::int64_t now_ns)
     MutexLock lock(status_mutex_);
     reported_stall_ = stall_snapshot;
   }
+  const StallDumpSpacing::Decision spacing =
+      comm == nullptr ? StallDumpSpacing::Decision{}
+                      : dump_spacing_.Decide(stall, now_ns, ToNs(config_.timeout),
+                                             std::max(ToNs(config_.hard_timeout), ToNs(config_.timeout)));
+  if (spacing.dump) stall_snapshot.skipped_dumps = spacing.skipped;
   // The peers' verdicts read the stall from the status file: published before the dump, whose
   // stacks take a while to gather (hundreds of milliseconds on a busy node), so that in-process
   // recovery and the late ranks' dump requests do not wait for them.
   WriteStatusNow(now_ns);
-  const std::string path = Dump("stall", stall_snapshot, now_ns);
-  log::Warn("{} — verdict: {} — dump: {}", message,
-            verdicts.empty() ? std::string("unknown (the job directory could not be read)")
-                             : fmt::format("{}: {}", VerdictKindName(verdicts[0].kind), verdicts[0].message),
-            path.empty() ? "not written" : path);
-  effects_.RequestPeerDumps(message);
+  const std::string verdict_text =
+      verdicts.empty() ? std::string("unknown (the job directory could not be read)")
+                       : fmt::format("{}: {}", VerdictKindName(verdicts[0].kind), verdicts[0].message);
+  if (spacing.dump) {
+    const std::string path = Dump("stall", stall_snapshot, now_ns);
+    log::Warn("{} — verdict: {} — dump: {}{}", message, verdict_text, path.empty() ? "not written" : path,
+              spacing.skipped == 0
+                  ? std::string()
+                  : fmt::format(" ({} stalls of the same operation not dumped since its last dump)",
+                                spacing.skipped));
+    effects_.RequestPeerDumps(message);
+  } else {
+    // Neither this process nor its peers dump again what the last dump of this operation showed.
+    log::Warn(
+        "{} — verdict: {} — not dumped: the same operation stalled before ({} not dumped since its last "
+        "dump; the next in {:.1f} s at the earliest)",
+        message, verdict_text, spacing.skipped, static_cast<double>(spacing.next_dump_ns - now_ns) / 1e9);
+  }
   DecideOnStall(comm, stall, verdicts, now_ns);
 }
 

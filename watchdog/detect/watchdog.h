@@ -17,6 +17,7 @@
 #include "watchdog/common/clock.h"
 #include "watchdog/common/config.h"
 #include "watchdog/common/mutex.h"
+#include "watchdog/detect/dump_spacing.h"
 #include "watchdog/detect/progress.h"
 #include "watchdog/diagnose/verdicts.h"
 #include "watchdog/recover/in_process.h"
@@ -192,6 +193,7 @@ class Watchdog {
   std::set<std::string> reported_inits_;
   // The last late round: stall timers count from then (time the process did not run is no stall).
   std::int64_t counted_from_ns_ = 0;
+  StallDumpSpacing dump_spacing_;
 };
 
 }  // namespace ncclguard

@@ -71,6 +71,8 @@ struct StallSnapshot {
   std::string message;          // the log line
   std::string verdict;          // the cross-rank verdict's kind at the time ("" when unknown)
   std::string verdict_message;  // and its sentence
+  // Stalls of the same operation found since its last dump and not dumped (detect/dump_spacing.h).
+  int skipped_dumps = 0;
 };
 
 // A communicator initialisation that had not returned when the snapshot was taken.

@@ -342,7 +342,8 @@ void to_json(OrderedJson& json, const StallSnapshot& stall) {
                      {"seconds", stall.seconds},
                      {"message", stall.message},
                      {"verdict", stall.verdict},
-                     {"verdict_message", stall.verdict_message}};
+                     {"verdict_message", stall.verdict_message},
+                     {"skipped_dumps", stall.skipped_dumps}};
 }
 
 void from_json(const Json& json, StallSnapshot& stall) {
@@ -353,6 +354,7 @@ void from_json(const Json& json, StallSnapshot& stall) {
   ReadIfPresent(json, "message", stall.message);
   ReadIfPresent(json, "verdict", stall.verdict);
   ReadIfPresent(json, "verdict_message", stall.verdict_message);
+  ReadIfPresent(json, "skipped_dumps", stall.skipped_dumps);
 }
 
 void to_json(OrderedJson& json, const PendingInitSnapshot& init) {
