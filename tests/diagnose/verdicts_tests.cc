@@ -1467,7 +1467,8 @@ TEST_CASE("S5: a late rank's stacks say where it is, in the verdict and its evid
   CHECK(absl::StrContains(
       verdicts[0].message,
       "rank 1 completed AllReduce #10 and issued nothing after; it is alive and busy outside "
-      "NCCL: in `save_checkpoint` (train.py:88), sleeping for 41 s while ranks 0,2,3 wait"));
+      "NCCL: in `save_checkpoint` (train.py:88), sleeping for 41 s at its dump, 1.0 s before while ranks 0,2,3 "
+      "wait"));
   const nlohmann::json& location = verdicts[0].evidence["late_ranks"][0]["location"];
   CHECK(location["function"] == "save_checkpoint");
   CHECK(location["line"] == 88);
@@ -1505,6 +1506,29 @@ TEST_CASE("a dead rank's last dump says where it was", "[verdicts]") {
       absl::StrContains(verdicts[0].message, "(its last dump showed it in `save_checkpoint` (train.py:88)"));
 }
 
+TEST_CASE("a late rank's dump taken just after it went to sleep says so, not that it slept 0.0 s",
+          "[verdicts]") {
+  JobView job = Job({Rank(0, 10, 11), Rank(1, 10, 10), Rank(2, 10, 11), Rank(3, 10, 11)});
+  ProcessView& late = job.processes[1];
+  OpSnapshot& last = late.snapshot.comms[0].ring.back();
+  last.host_thread = 4242;
+  last.end_ns = last.enqueue_ns + kMillisecond;
+  // A straggler dumps at its peers' request of the last stall, just as it begins its next step.
+  ThreadsSnapshot threads = SavingCheckpoint(kNow - 9 * kSecond, 4242);
+  threads.threads[0].blocked_seconds = 0.01;
+  late.snapshot.threads = threads;
+  std::vector<Verdict> verdicts = Classify(job);
+  CHECK_FALSE(absl::StrContains(verdicts[0].message, "sleeping for 0.0 s"));
+  CHECK(absl::StrContains(verdicts[0].message,
+                          "in `save_checkpoint` (train.py:88), sleeping for under 0.1 s at its dump, 9.0 s before"));
+  SECTION("a fresh dump says how long as of now") {
+    late.snapshot.threads->time_ns = kNow - 100 * kMillisecond;
+    late.snapshot.threads->threads[0].blocked_seconds = 6;
+    verdicts = Classify(job);
+    CHECK(absl::StrContains(verdicts[0].message, "in `save_checkpoint` (train.py:88), sleeping for 6.0 s while"));
+  }
+}
+
 TEST_CASE("an initialisation that a rank never joined says where that rank is", "[verdicts]") {
   // Rank 3 is a process of the job (its first communicator exists) that has not called the
   // initialisation of the second: it loads data, and dumped at its peers' request.
@@ -1520,7 +1544,8 @@ TEST_CASE("an initialisation that a rank never joined says where that rank is", 
   REQUIRE(init != verdicts.end());
   CHECK(init->ranks == std::vector<int>{3});
   CHECK(absl::StrContains(init->message,
-                          "; rank 3 (pid 1003) is in `save_checkpoint` (train.py:88), sleeping for 41 s"));
+                          "; rank 3 (pid 1003) is in `save_checkpoint` (train.py:88), sleeping for 41 s at its "
+                          "dump, 1.0 s before"));
   CHECK(init->evidence["missing_whereabouts"][0]["rank"] == 3);
 
   SECTION("stacks older than the initialisation say nothing") {

@@ -85,7 +85,8 @@ std::optional<std::pair<const ProcessView*, ThreadLocation>> WhereIsMissing(
     const bool in_it = std::any_of(initialising.begin(), initialising.end(),
                                    [&process](const auto& entry) { return entry.first == &process; });
     if (in_it) continue;
-    if (std::optional<ThreadLocation> location = LocateProcess(*snapshot.threads, 0, process.pid))
+    if (std::optional<ThreadLocation> location =
+            LocateProcess(*snapshot.threads, 0, process.pid, job.ended_together_ns.value_or(job.now_ns)))
       return std::pair{&process, std::move(*location)};
   }
   return std::nullopt;

@@ -55,13 +55,14 @@ Json LocationJson(const ThreadLocation& location) {
 // Where a rank that did not join is, from the stacks of its newest dump: only stacks taken after
 // it left its last operation on this communicator say where it is now (its peers' dump requests
 // make it write them); older ones say nothing of it.
-std::optional<ThreadLocation> WhereIsLate(const Member& member) {
+std::optional<ThreadLocation> WhereIsLate(const Member& member, const JobView& job) {
   const ProcessSnapshot& snapshot = member.process->snapshot;
   if (!snapshot.threads) return std::nullopt;
   const OpSnapshot* last = FindOp(*member.comm, member.comm->last_enqueued);
   const std::int64_t left_nccl_ns = last != nullptr ? std::max(last->end_ns, last->enqueue_ns) : 0;
   if (snapshot.threads->time_ns < left_nccl_ns) return std::nullopt;
-  return LocateProcess(*snapshot.threads, last != nullptr ? last->host_thread : 0, member.process->pid);
+  return LocateProcess(*snapshot.threads, last != nullptr ? last->host_thread : 0, member.process->pid,
+                       job.ended_together_ns.value_or(job.now_ns));
 }
 
 Json LateRankJson(const Member& member, Whereabouts where, const JobView& job) {
@@ -73,7 +74,7 @@ Json LateRankJson(const Member& member, Whereabouts where, const JobView& job) {
             {"where", WhereaboutsName(where)},
             {"in_nccl_call", member.process->snapshot.in_nccl_call},
             {"status_age_seconds", StatusAgeSeconds(*member.process, job)}};
-  if (const std::optional<ThreadLocation> location = WhereIsLate(member))
+  if (const std::optional<ThreadLocation> location = WhereIsLate(member, job))
     late["location"] = LocationJson(*location);
   return late;
 }
@@ -284,7 +285,7 @@ void AddLateMember(const Member& member, const Communicator& communicator, const
         last == 0 ? std::string("issued nothing on this communicator")
                   : fmt::format("completed {}", OpName(FindOpInCommunicator(communicator, last), last)),
         stuck_seq));
-    if (const std::optional<ThreadLocation> location = WhereIsLate(member)) {
+    if (const std::optional<ThreadLocation> location = WhereIsLate(member, job)) {
       absent.dead_clauses.back() += fmt::format(" (its last dump showed it {})", location->sentence);
     }
     absent.dead_evidence.push_back(LateRankJson(member, where, job));
@@ -313,11 +314,11 @@ void AddLateMember(const Member& member, const Communicator& communicator, const
       break;
     case Whereabouts::kInsideNccl:
       clause += fmt::format("it is inside {} (not in this operation)", process.snapshot.in_nccl_call);
-      if (const std::optional<ThreadLocation> location = WhereIsLate(member))
+      if (const std::optional<ThreadLocation> location = WhereIsLate(member, job))
         clause += fmt::format(": {}", location->sentence);
       break;
     default:
-      if (const std::optional<ThreadLocation> location = WhereIsLate(member)) {
+      if (const std::optional<ThreadLocation> location = WhereIsLate(member, job)) {
         clause += fmt::format("it is alive and busy outside NCCL: {}", location->sentence);
       } else {
         clause += "it is alive and busy outside NCCL (e.g. saving a checkpoint or evaluating)";

@@ -16,6 +16,9 @@
 namespace ncclguard {
 namespace {
 
+// A dump this much older than the verdict that reads it is said to be so.
+constexpr double kStaleDumpSeconds = 0.5;
+
 std::string_view BaseName(std::string_view path) {
   const std::size_t slash = path.rfind('/');
   return slash == std::string_view::npos ? path : path.substr(slash + 1);
@@ -41,6 +44,7 @@ bool IsPythonLibrary(std::string_view file) {
 }
 
 std::string Duration(double seconds) {
+  if (seconds < 0.05) return "under 0.1 s";  // "0.0 s" would read as no time at all
   if (seconds < 10) return fmt::format("{:.1f} s", seconds);
   return fmt::format("{:.0f} s", seconds);
 }
@@ -93,7 +97,7 @@ std::string FrameText(const FrameSnapshot& frame, bool python) {
 }
 
 std::optional<ThreadLocation> LocateProcess(const ThreadsSnapshot& threads, std::int64_t preferred_tid,
-                                            int pid) {
+                                            int pid, std::int64_t judged_ns) {
   const auto with_tid = [&threads](std::int64_t tid) {
     return std::ranges::find_if(threads.threads,
                                 [tid](const ThreadSnapshot& thread) { return thread.tid == tid; });
@@ -118,6 +122,11 @@ std::optional<ThreadLocation> LocateProcess(const ThreadsSnapshot& threads, std:
   }
   if (chosen->blocked_seconds >= 0 && location.waiting != "running")
     sentence += fmt::format(" for {}", Duration(chosen->blocked_seconds));
+  // A late rank's dump answers its peers' request of an earlier stall: read at a later one, how
+  // long it had waited then is no news of now (a straggler dumps just as it begins a step).
+  const double dump_age_seconds = static_cast<double>(judged_ns - threads.time_ns) / 1e9;
+  if (judged_ns > 0 && dump_age_seconds >= kStaleDumpSeconds)
+    sentence += fmt::format(" at its dump, {} before", Duration(dump_age_seconds));
   location.sentence = std::move(sentence);
   return location;
 }
