@@ -35,6 +35,11 @@ namespace {
 // Collecting facts normally takes milliseconds; a driver that does not answer in this long is
 // wedged, and the application's first NCCL call must not wait on it.
 constexpr std::chrono::milliseconds kFactsDeadline{3000};
+// How long the application's first NCCL call waits for a Redis board's P2P record of an earlier
+// attempt: two round trips to a Redis take well under a millisecond on a cluster's network. A
+// board that takes longer is left behind (the read finishes on a thread of its own, unwaited for)
+// rather than holding the application; the log says so.
+constexpr std::chrono::milliseconds kEarlierVerdictDeadline{25};
 // An nccl.conf is a few lines.
 constexpr std::size_t kMaxNcclConfigBytes = 1 << 20;
 
@@ -100,7 +105,7 @@ std::vector<NcclConfigFile> ReadNcclConfigFiles(const EnvironmentReader& read_en
   return files;
 }
 
-void ReadEarlierVerdict(const Config& config, P2pPolicyInputs& inputs) {
+void ReadEarlierVerdict(const Config& config, P2pPolicyInputs& inputs, std::chrono::milliseconds deadline) {
   const std::optional<std::string> job_id = NamedJobId(inputs.read_environment);
   inputs.job_id_known = job_id.has_value();
   inputs.launch_id = LaunchId(inputs.read_environment);
@@ -108,7 +113,23 @@ void ReadEarlierVerdict(const Config& config, P2pPolicyInputs& inputs) {
   absl::StatusOr<std::shared_ptr<JobBoard>> board =
       OpenJobBoard(config.store, JobDirectory(config, *job_id), *job_id,
                    BoardIdentity{.host = log::HostName(), .pid = static_cast<int>(getpid())});
-  inputs.verdict = board.ok() ? ReadP2pVerdict(*board, *job_id) : board.status();
+  if (!board.ok()) {
+    inputs.verdict = board.status();
+    return;
+  }
+  // The job directory's record is a file, read as NCCL's config files are at the same moment (within
+  // the file system's deadline); a server is waited for only `deadline`.
+  if ((*board)->StatusesAreFiles()) {
+    inputs.verdict = ReadP2pVerdict(*board, *job_id);
+    return;
+  }
+  absl::StatusOr<P2pVerdictRecord> verdict = RunWithDeadline<P2pVerdictRecord>(
+      [board = *board, id = *job_id] { return ReadP2pVerdict(board, id); }, deadline);
+  if (absl::IsDeadlineExceeded(verdict.status())) {
+    verdict = absl::UnavailableError(
+        fmt::format("the job board {} did not answer within {} ms", (*board)->Where(), deadline.count()));
+  }
+  inputs.verdict = std::move(verdict);
 }
 
 P2pDecision DecideP2p(const P2pPolicyInputs& inputs) {
@@ -197,7 +218,7 @@ void ApplyP2pPolicy(const Config& config, const std::vector<NcclConfigFile>& ncc
       log::Warn("known-bad configurations not checked: the facts they need were not collected ({})",
                 std::string(facts.status().message()));
     }
-    ReadEarlierVerdict(config, inputs);
+    ReadEarlierVerdict(config, inputs, kEarlierVerdictDeadline);
     inputs.known_bad = ProcessKnownBad().entries;
 
     const P2pDecision decision = DecideP2p(inputs);

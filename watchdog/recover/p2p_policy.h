@@ -4,12 +4,14 @@
 // later changes nothing (docs/known-bad.md, NCCLGUARD_P2P in the README).
 #pragma once
 
+#include <chrono>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "watchdog/common/config.h"
+#include "watchdog/common/files.h"
 #include "watchdog/diagnose/known_bad.h"
 #include "watchdog/recover/p2p_verdict.h"
 #include "watchdog/report/facts.h"
@@ -52,9 +54,12 @@ struct P2pDecision {
   std::vector<std::string> infos;        // log lines (INFO)
 };
 
-// Reads what the job directory says for the decision: whether the job is named before its first
-// communicator and, under NCCLGUARD_P2P=auto, the record of an earlier attempt.
-void ReadEarlierVerdict(const Config& config, P2pPolicyInputs& inputs);
+// Reads what the job board says for the decision: whether the job is named before its first
+// communicator and, under NCCLGUARD_P2P=auto, the record of an earlier attempt, waiting for a board
+// that is not the job directory at most `deadline` (then the verdict is Unavailable, saying so; the
+// read goes on, unwaited for, on a thread of its own).
+void ReadEarlierVerdict(const Config& config, P2pPolicyInputs& inputs,
+                        std::chrono::milliseconds deadline = kWriteDeadline);
 
 // The decision, from its inputs alone. The user's NCCL_P2P_DISABLE or NCCL_P2P_LEVEL (environment
 // or config file) always wins; else NCCLGUARD_P2P=off disables P2P, `auto` disables it for a
