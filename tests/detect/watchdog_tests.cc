@@ -212,6 +212,21 @@ TEST_CASE("a status is written at once when a communicator is created, once the 
   CHECK(f.effects.statuses[0].comms.at(0).nranks == 4);
 }
 
+TEST_CASE("a status asked for at a communicator's creation is written at the next round, not an interval later",
+          "[watchdog][init]") {
+  Fixture f;
+  f.watchdog.PollOnce(0);
+  REQUIRE(f.effects.statuses.size() == 1);
+  f.watchdog.PollOnce(kSecond / 2);
+  CHECK(f.effects.statuses.size() == 1);
+  f.watchdog.RequestStatus();
+  CHECK(f.effects.statuses.size() == 1);  // nothing on the asking thread
+  f.watchdog.PollOnce(kSecond / 2 + 1);
+  CHECK(f.effects.statuses.size() == 2);
+  f.watchdog.PollOnce(kSecond);
+  CHECK(f.effects.statuses.size() == 2);
+}
+
 TEST_CASE("a pending initialisation past the init timeout is a stall", "[watchdog]") {
   Fixture f;
   PendingInit init;

@@ -101,6 +101,14 @@ RedisServer::RedisServer(RedisServerOptions options) : options_(std::move(option
 
 RedisServer::~RedisServer() { Kill(); }
 
+void RedisServer::Stop() {
+  if (pid_ > 0) kill(pid_, SIGSTOP);
+}
+
+void RedisServer::Continue() {
+  if (pid_ > 0) kill(pid_, SIGCONT);
+}
+
 std::string RedisServer::Url(int database) const {
   return "redis://127.0.0.1:" + std::to_string(port_) + "/" + std::to_string(database);
 }

@@ -47,6 +47,10 @@ class RedisServer {
 
   // Kills the server (SIGKILL: what a crash or an OOM kill does) and waits for it to end.
   void Kill();
+  // Stops the server (SIGSTOP: a frozen host, a debugger): the kernel still accepts connections and
+  // takes in commands, and nothing answers until Continue() (SIGCONT).
+  void Stop();
+  void Continue();
   // Starts it again on the same port, empty; true once it answers.
   bool Start();
 

@@ -13,7 +13,6 @@
 #include <optional>
 #include <set>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -72,23 +71,24 @@ double SystemEffects::BoardWritesPerSecond() {
 std::optional<ThreadsSnapshot> SystemEffects::CaptureThreads() { return CaptureThreadStacks(); }
 
 void SystemEffects::WriteStatus(const ProcessSnapshot& snapshot) {
-  const std::shared_ptr<JobBoard> board = Board();
+  std::shared_ptr<JobBoard> board = Board();
   if (!board) return;
-  // A failure was logged where it happened; the next interval tries again.
-  const absl::Status written = board->PublishStatus(snapshot, Facts());
-  (void)written;
+  board_thread_.PostStatus(std::move(board), snapshot, &Facts());
+}
+
+void SystemEffects::FinishBoardAtExit() {
+  // A board that answers takes a millisecond or two; one that has held its call in flight this long
+  // is not answering, and the application's exit does not wait for it. Nor for a board that has not
+  // answered once: stopped before the job started, it would cost every short job that much.
+  constexpr std::chrono::milliseconds kExitDeadline{1000};
+  constexpr std::chrono::milliseconds kStuckAfter{100};
+  if (board_thread_.HasAnswered()) board_thread_.Flush(kExitDeadline, kStuckAfter);
+  board_thread_.Stop();
 }
 
 void SystemEffects::CollectFacts() {
   facts_ = CollectMatchingFacts(RealFactSources());
   facts_collected_.store(true, std::memory_order_release);
-}
-
-void SystemEffects::WaitForFacts(std::chrono::milliseconds at_most) const {
-  const std::int64_t give_up = SteadyNowNs() + std::chrono::nanoseconds(at_most).count();
-  while (!facts_collected_.load(std::memory_order_acquire) && SteadyNowNs() < give_up) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
 }
 
 const ProcessFacts& SystemEffects::Facts() {
@@ -131,12 +131,10 @@ std::set<std::string> OwnCommunicators() {
 }  // namespace
 
 void SystemEffects::RequestPeerDumps(const std::string& why) {
-  const std::shared_ptr<JobBoard> board = Board();
+  std::shared_ptr<JobBoard> board = Board();
   if (!board) return;
   const std::set<std::string> comms = OwnCommunicators();
-  // a failure was logged where it happened
-  const auto written = board->RequestDumps(why, std::vector<std::string>(comms.begin(), comms.end()));
-  (void)written;
+  board_thread_.PostDumpRequest(std::move(board), why, std::vector<std::string>(comms.begin(), comms.end()));
 }
 
 bool SystemEffects::RequestApplies(const DumpRequest& request) {
@@ -160,7 +158,9 @@ bool SystemEffects::RequestApplies(const DumpRequest& request) {
 std::vector<Verdict> SystemEffects::Classify(const ProcessSnapshot& own_status) {
   const std::shared_ptr<JobBoard> board = Board();
   if (!board) return {};
-  WriteStatus(own_status);  // the others' statuses are as fresh as their last interval; ours is now
+  // The others' statuses are as fresh as their last interval; ours is now. Written here, not by the
+  // board's thread: the job is read next. A failure was logged where it happened.
+  (void)board->PublishStatus(own_status, Facts());
   const double interval = StatusIntervalSeconds(GetConfig().status_interval.value, 0);
   absl::StatusOr<JobView> job =
       ReadJob(board, ::ncclguard::WallNowNs(), interval, JobDirectoryOrigin::kOwn, JobReadLimits{});
@@ -182,14 +182,9 @@ std::vector<Verdict> SystemEffects::Classify(const ProcessSnapshot& own_status) 
 }
 
 std::int64_t SystemEffects::TakePeerDumpRequest() {
-  const std::shared_ptr<JobBoard> board = Board();
-  if (!board) return 0;
-  const auto requests = board->PollDumpRequests();
   std::int64_t newest = 0;
-  if (requests.ok()) {
-    for (const DumpRequest& request : *requests) {
-      if (RequestApplies(request)) newest = std::max(newest, std::max<std::int64_t>(request.time_ns, 1));
-    }
+  for (const DumpRequest& request : board_thread_.TakeDumpRequests()) {
+    if (RequestApplies(request)) newest = std::max(newest, std::max<std::int64_t>(request.time_ns, 1));
   }
   return newest;
 }
@@ -250,6 +245,10 @@ void SystemEffects::HoldApplicationCalls() {
 }
 
 void SystemEffects::Exit(int code) {
+  // The stall's status and the dump requests are on the board before the process is gone, unless
+  // the board does not answer.
+  constexpr std::chrono::milliseconds kBoardDeadline{3000};
+  board_thread_.Flush(kBoardDeadline, kBoardDeadline);
   if (spdlog::logger* logger = log::Get()) logger->flush();
   // Not exit(): atexit handlers and static destructors may wait for the stuck GPU work.
   _exit(code);

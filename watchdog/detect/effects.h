@@ -8,7 +8,6 @@
 #include <nccl.h>
 
 #include <atomic>
-#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -17,6 +16,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "watchdog/common/mutex.h"
+#include "watchdog/detect/board_thread.h"
 #include "watchdog/detect/watchdog.h"
 #include "watchdog/report/job_board.h"
 #include "watchdog/report/job_dir.h"
@@ -33,12 +33,14 @@ class SystemEffects final : public WatchdogEffects {
   void WriteStatus(const ProcessSnapshot& snapshot) override;
   std::optional<ThreadsSnapshot> CaptureThreads() override;
 
+  // At exit, on the application's thread: waits a little for the statuses and requests posted
+  // before to be published (not at all for a board that does not answer), then publishes nothing
+  // more.
+  void FinishBoardAtExit();
+
   // On the watchdog thread, before its first round: the driver and NVML calls behind these facts
   // are made once per process, never on the status path.
   void CollectFacts();
-  // A status written from another thread waits, a bounded time, for the facts the watchdog
-  // collects as it starts (a few milliseconds): peers' verdicts may read that status alone.
-  void WaitForFacts(std::chrono::milliseconds at_most) const;
 
   const ProcessFacts& Facts() override;
   absl::StatusOr<std::string> RecordP2pVerdict(P2pVerdictRecord record) override;
@@ -80,6 +82,9 @@ class SystemEffects final : public WatchdogEffects {
   std::string job_id_ ABSL_GUARDED_BY(job_dir_mutex_);
   std::string job_dir_ ABSL_GUARDED_BY(job_dir_mutex_);
   std::shared_ptr<JobBoard> board_ ABSL_GUARDED_BY(job_dir_mutex_);
+  // Statuses, dump requests and the look for other processes' requests: never on the thread that
+  // asks for them.
+  BoardThread board_thread_;
   const std::int64_t started_wall_ns_ = ::ncclguard::WallNowNs();
   const ProcessFacts identity_ = CollectIdentityFacts(RealFactSources());
   ProcessFacts facts_;

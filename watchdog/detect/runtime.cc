@@ -64,6 +64,14 @@ class RoundClock {
     changed_.wait_for(mutex_, interval,
                       [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) { return round_wanted_; });
   }
+  // Has the next round begin at once, without waiting for it.
+  void Wake() {
+    {
+      MutexLock lock(mutex_);
+      round_wanted_ = true;
+    }
+    changed_.notify_all();
+  }
   // Waits for a whole round that begins after this call, at most `deadline`.
   void RunRoundAndWait(std::chrono::milliseconds deadline) {
     MutexLock lock(mutex_);
@@ -177,6 +185,7 @@ void StopWatchdogAtExit() {
       runtime->watchdog.FlushAtExit(SteadyNowNs());
       runtime->effects.WriteStatus(runtime->watchdog.FinalStatus(SteadyNowNs()));
     }
+    runtime->effects.FinishBoardAtExit();
   }
 }
 
@@ -304,12 +313,14 @@ void ReportBeforeReturning() noexcept {
 
 void WriteStatusAtInit() noexcept {
   try {
+    // The watchdog writes it at once: a board that does not answer must hold only the watchdog,
+    // never the thread that created the communicator.
     if (Runtime* runtime = g_runtime.load(std::memory_order_acquire)) {
-      runtime->effects.WaitForFacts(std::chrono::seconds(2));
-      runtime->watchdog.WriteStatusNow(SteadyNowNs());
+      runtime->watchdog.RequestStatus();
+      runtime->rounds.Wake();
     }
   } catch (const std::exception& error) {
-    log::Error("cannot write the status file at communicator creation: {}", error.what());
+    log::Error("cannot ask for the status at communicator creation: {}", error.what());
   }
 }
 

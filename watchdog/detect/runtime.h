@@ -43,9 +43,9 @@ void ReportBeforeReturning() noexcept;
 // process (NCCLGUARD_ACTION=exit).
 void WaitIfExiting() noexcept;
 
-// Puts this process on record in the job directory now (its status file), from the thread that
-// completed a communicator's initialisation: a process that dies before the watchdog's next status
-// interval is then known to have been part of the job.
+// Has the watchdog put this process on record now (its status on the job board), for the thread
+// that completed a communicator's initialisation, which does not wait for it: a process that dies
+// before the watchdog's next status interval is then known to have been part of the job.
 void WriteStatusAtInit() noexcept;
 
 }  // namespace ncclguard

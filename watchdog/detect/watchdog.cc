@@ -105,7 +105,10 @@ void Watchdog::PollOnce(std::int64_t now_ns, std::optional<std::int64_t> due_ns)
   CheckInitializations(now_ns);
 
   AnswerDumpRequest(now_ns);
-  if (now_ns >= next_status_ns_ && effects_.JobDirectoryKnown()) {
+  if ((now_ns >= next_status_ns_ || status_requested_.load(std::memory_order_acquire)) &&
+      effects_.JobDirectoryKnown()) {
+    // Cleared before the status is built: a communicator created meanwhile asks for another.
+    status_requested_.store(false, std::memory_order_release);
     int job_processes = 0;
     for (CommState* comm : registry_.All()) job_processes = std::max(job_processes, comm->nranks.load());
     status_interval_ns_ = static_cast<std::int64_t>(
@@ -116,6 +119,10 @@ void Watchdog::PollOnce(std::int64_t now_ns, std::optional<std::int64_t> due_ns)
       Activity activity(*this, "writing the status file");
       WriteStatusNow(now_ns);
     }
+  }
+  // Every round: the board is looked at after each status, apart from the rounds, and a request
+  // found there is answered at the next round, not a status interval later.
+  if (effects_.JobDirectoryKnown()) {
     const std::int64_t requested_ns = effects_.TakePeerDumpRequest();
     if (requested_ns != 0) AnswerPeerRequest(requested_ns, now_ns);
   }
@@ -144,8 +151,7 @@ void Watchdog::AnswerDumpRequest(std::int64_t now_ns) {
 
 void Watchdog::ReleaseClosedCommunicators(std::int64_t now_ns) {
   const std::int64_t keep_ns = status_interval_ns_ > 0 ? status_interval_ns_ : ToNs(config_.status_interval);
-  // An application thread writes the status file when a communicator is created (WriteStatusNow):
-  // it must not walk a ring or a state freed here.
+  // A status built on another thread (WriteStatusNow) must not walk a ring or a state freed here.
   MutexLock lock(status_mutex_);
   for (CommState* comm : registry_.All()) {
     const CommLifecycle lifecycle = comm->lifecycle.load(std::memory_order_acquire);
@@ -196,8 +202,8 @@ void Watchdog::FlushAtExit(std::int64_t now_ns) {
 
 void Watchdog::FreeRing(CommState& comm) {
   // The destroy or abort gave every operation its final state before publishing the lifecycle: no
-  // application thread uses the ring any more, and the other reader (a status written by an
-  // application thread) is held off by the status lock that the caller holds.
+  // application thread uses the ring any more, and the other reader (a status being built) is
+  // held off by the status lock that the caller holds.
   for (std::size_t slot = 0; slot < comm.ring_size; ++slot) {
     for (GpuEvent event : {comm.ring[slot].start_event, comm.ring[slot].end_event}) {
       if (event != nullptr) events_.Destroy(comm.context, event);

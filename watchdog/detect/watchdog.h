@@ -106,10 +106,12 @@ class Watchdog {
   std::string Dump(const std::string& reason, const std::optional<StallSnapshot>& stall,
                    std::int64_t steady_now_ns);
 
-  // Writes this process's status file now (once the job directory is known), from any thread:
-  // a communicator's initialisation completed, and the process must be on record before it can
-  // die.
+  // Writes this process's status now (once the job directory is known). On the watchdog's thread:
+  // a board that does not answer holds only the watchdog.
   void WriteStatusNow(std::int64_t steady_now_ns);
+  // Has the next round write the status whatever the interval says (from any thread, lock-free): a
+  // communicator's initialisation completed, and the process must be on record before it can die.
+  void RequestStatus() noexcept { status_requested_.store(true, std::memory_order_release); }
 
   // At exit, once the watchdog thread has stopped: reports the asynchronous errors the
   // application saw but the watchdog did not yet, and writes the dump a failed call asked for.
@@ -179,7 +181,9 @@ class Watchdog {
   std::atomic<const char*> activity_{nullptr};
   std::atomic<std::int64_t> activity_since_ns_{0};
   std::int64_t next_status_ns_ = 0;
-  // Status files are written by the watchdog thread and at communicator creation.
+  std::atomic<bool> status_requested_{false};
+  // Held while a status is built and handed to the effects, which publish it on a thread of their
+  // own: never across a board call (the exit hook builds the last status on the application's thread).
   Mutex status_mutex_;
   std::int64_t status_interval_ns_ = 0;
   std::atomic<std::uint64_t> dump_signals_{0};

@@ -1,0 +1,115 @@
+// A job board that stops answering, end to end: train_loop jobs on the emulator with
+// libncclguard.so preloaded and a real redis-server as their board, stopped (SIGSTOP) before the
+// job starts. The board's calls are the watchdog's business: the application's threads never make
+// one and never wait for one.
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "tests/support/process.h"
+#include "tests/support/redis_server.h"
+#include "tests/support/train_loop_output.h"
+
+using ncclguard::testing::EmulatorJobEnvironment;
+using ncclguard::testing::LogLinesOf;
+using ncclguard::testing::ProcessOptions;
+using ncclguard::testing::ProcessResult;
+using ncclguard::testing::RankPids;
+using ncclguard::testing::RedisServer;
+using ncclguard::testing::RunProcess;
+using ncclguard::testing::TemporaryDirectory;
+
+namespace {
+
+constexpr int kRanks = 4;
+constexpr char kJobId[] = "e2e";
+
+struct Timed {
+  ProcessResult result;
+  double seconds = 0;
+};
+
+// An 80-step train_loop job of 4 ranks with ncclguard preloaded, in a job directory of its own;
+// `store` is NCCLGUARD_STORE ("" for the job directory).
+Timed RunJob(const std::string& store) {
+  TemporaryDirectory dump_dir;
+  ProcessOptions options;
+  options.timeout_seconds = 60;
+  options.environment = EmulatorJobEnvironment(EMULATOR_LIBRARY_DIR, dump_dir.path(), kJobId);
+  options.environment["LD_PRELOAD"] = PRELOAD_LIBRARY;
+  if (!store.empty()) options.environment["NCCLGUARD_STORE"] = store;
+  const auto start = std::chrono::steady_clock::now();
+  Timed run;
+  run.result = RunProcess({TRAIN_LOOP, "--ranks", std::to_string(kRanks), "--steps", "80", "--timeout", "50"},
+                          options);
+  run.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return run;
+}
+
+double Median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  return values[values.size() / 2];
+}
+
+// How many statuses the board holds, whatever its keys are named: the fields of every status hash.
+long long StatusesOnBoard(const RedisServer& redis) {
+  const std::string answer =
+      redis.Run({"EVAL",
+                 "local n = 0 for _, key in ipairs(redis.call('KEYS', '*:status')) do n = n + "
+                 "redis.call('HLEN', key) end return n",
+                 "0"});
+  if (answer.size() < 2 || answer[0] != ':') return -1;
+  return std::stoll(answer.substr(1));
+}
+
+}  // namespace
+
+TEST_CASE("a Redis board stopped before the job costs the job no time, and gets the statuses once it answers",
+          "[board]") {
+  RedisServer redis;
+  INFO(redis.why_not_started());
+  REQUIRE(redis.started());
+  redis.Stop();
+  // Taken in turns, so that the machine's load falls on both alike; the medians of five each.
+  constexpr int kRuns = 5;
+  std::vector<double> without_redis;
+  std::vector<double> stopped_redis;
+  for (int run = 0; run < kRuns; ++run) {
+    const Timed plain = RunJob("");
+    INFO("job directory board, run " << run << ":\n" << plain.result.out << plain.result.err);
+    REQUIRE(plain.result.exit_code == 0);
+    without_redis.push_back(plain.seconds);
+
+    const Timed stuck = RunJob(redis.Url());
+    INFO("stopped Redis board, run " << run << ":\n" << stuck.result.out << stuck.result.err);
+    REQUIRE(stuck.result.exit_code == 0);
+    stopped_redis.push_back(stuck.seconds);
+    // The first NCCL call did not wait for the P2P record of an earlier attempt, and said so.
+    const std::map<int, int> pids = RankPids(stuck.result.out);
+    REQUIRE(pids.size() == kRanks);
+    for (const auto& [rank, pid] : pids) {
+      INFO("rank " << rank);
+      CHECK(LogLinesOf(stuck.result.err, pid, "did not answer within").size() == 1);
+    }
+  }
+  const double plain = Median(without_redis);
+  const double stuck = Median(stopped_redis);
+  INFO("median wall time: " << plain << " s on the job directory, " << stuck << " s on a stopped Redis");
+  // 5 %, and 50 ms for the noise of starting processes on a loaded machine.
+  CHECK(stuck <= plain * 1.05 + 0.05);
+
+  // Each process's status at its communicator's creation was sent before the job ended: the board
+  // holds it once it answers again.
+  redis.Continue();
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (StatusesOnBoard(redis) < kRuns * kRanks && std::chrono::steady_clock::now() < give_up) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  CHECK(StatusesOnBoard(redis) == kRuns * kRanks);
+}
