@@ -64,6 +64,9 @@
 #include "watchdog/common/files.h"
 #include "watchdog/common/log.h"
 #include "watchdog/common/version.h"
+#include "watchdog/recover/p2p_policy.h"
+#include "watchdog/recover/p2p_verdict.h"
+#include "watchdog/report/job_board.h"
 #include "watchdog/report/job_dir.h"
 #include "watchdog/report/job_id.h"
 
@@ -398,6 +401,31 @@ std::string PinJobId() {
   return job_id;
 }
 
+// After an attempt that exited with kRestartExitCode: a P2P verdict that it recorded is handed to
+// the next attempt in its environment (NCCLGUARD_P2P_VERDICT), so that the next attempt starts with P2P
+// off whether or not its job board answers at its first NCCL call, where the application waits for
+// the board only briefly. The launcher may wait for the board: no attempt runs meanwhile.
+void HandOverP2pVerdict(const std::string& job_id) {
+  const Config config = ParseConfig(ReadProcessEnvironment);
+  if (config.p2p != P2pMode::kAuto) return;
+  absl::StatusOr<std::shared_ptr<JobBoard>> board =
+      OpenJobBoard(config.store, JobDirectory(config, job_id), job_id,
+                   BoardIdentity{.host = log::HostName(), .pid = static_cast<int>(getpid())});
+  if (!board.ok()) return;  // the attempts said so themselves
+  const absl::StatusOr<P2pVerdictRecord> verdict = ReadP2pVerdict(*board, job_id);
+  if (!verdict.ok()) {
+    if (!absl::IsNotFound(verdict.status())) {
+      std::cerr << "ncclguard run: no P2P verdict handed to the next attempt: "
+                << EscapeControlCharacters(std::string(verdict.status().message())) << '\n';
+    }
+    return;
+  }
+  const std::string described = DescribeP2pVerdictRecord(*verdict);
+  if (setenv("NCCLGUARD_P2P_VERDICT", described.c_str(), 1) != 0) Fail("setenv");
+  std::cerr << "ncclguard run: P2P verdict handed to the next attempt (NCCLGUARD_P2P_VERDICT): "
+            << EscapeControlCharacters(described) << '\n';
+}
+
 int Run(const RunOptions& options) {
   std::error_code error;
   const std::filesystem::path library =
@@ -459,6 +487,7 @@ int Run(const RunOptions& options) {
                 << SignalName(supervisor.stop_signal()) << '\n';
       return exit_code;
     }
+    if (attempt < attempts) HandOverP2pVerdict(job_id);
   }
   std::cerr << "ncclguard run: giving up: exit code " << kRestartExitCode << " after " << options.max_restarts
             << " restarts (--max-restarts " << options.max_restarts << ")\n";

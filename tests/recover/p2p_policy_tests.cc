@@ -137,6 +137,23 @@ TEST_CASE("a verdict of another launch under the same job id is another job's: r
   CHECK(DecideP2p(inputs).set_environment == kDisable);
 }
 
+TEST_CASE("auto disables P2P for the verdict `ncclguard run` handed over, without the board's record",
+          "[p2p_policy]") {
+  P2pPolicyInputs inputs = Inputs(P2pMode::kAuto);
+  inputs.job_id = "slurm-42.0";
+  inputs.handed_over_verdict = DescribeP2pVerdictRecord(Verdict());
+  const P2pDecision decision = DecideP2p(inputs);
+  CHECK(decision.set_environment == kDisable);
+  CHECK(decision.warnings ==
+        std::vector<std::string>{
+            "NCCL_P2P_DISABLE=1 set before the first communicator: an earlier attempt of job slurm-42.0 found P2P at "
+            "fault (4865c4aaa8a6022e: stuck inside NCCL with P2P in use on NVIDIA GeForce RTX 4090 GPUs, recorded by "
+            "rank 1 on node3, pid 4211; NCCLGUARD_P2P_VERDICT)"});
+  // Not under `on`, like any verdict.
+  inputs.mode = P2pMode::kOn;
+  CHECK(DecideP2p(inputs).set_environment.empty());
+}
+
 TEST_CASE("auto disables P2P for a matching disable entry", "[p2p_policy]") {
   P2pPolicyInputs inputs = Inputs(P2pMode::kAuto);
   inputs.facts.cuda.gpus = {GpuFacts{.device = 0, .name = "NVIDIA H100 80GB HBM3"}};

@@ -30,6 +30,7 @@ class RedisServer {
   bool started() const { return pid_ > 0; }
   const std::string& why_not_started() const { return why_; }
   int port() const { return port_; }
+  pid_t pid() const { return pid_; }
   static constexpr int kDatabases = 256;
   std::string Url(int database = 0) const;      // redis://127.0.0.1:<port>/<database>
   std::string Ipv6Url(int database = 0) const;  // redis://[::1]:<port>/<database>

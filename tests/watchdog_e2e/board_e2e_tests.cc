@@ -4,6 +4,8 @@
 // one and never wait for one.
 #include <algorithm>
 #include <chrono>
+#include <cstddef>
+#include <fstream>
 #include <map>
 #include <optional>
 #include <string>
@@ -112,4 +114,58 @@ TEST_CASE("a Redis board stopped before the job costs the job no time, and gets 
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   CHECK(StatusesOnBoard(redis) == kRuns * kRanks);
+}
+
+TEST_CASE("a restart under `ncclguard run` starts with P2P off although its Redis board no longer answers",
+          "[board][reinit]") {
+  RedisServer redis;
+  INFO(redis.why_not_started());
+  REQUIRE(redis.started());
+  TemporaryDirectory dump_dir;
+  // The first attempt's P2P transfers stall; the second attempt's board is stopped as it starts, after
+  // the launcher read the first attempt's record (a Redis that froze between the two).
+  const std::string script = dump_dir.path() + "/attempt.sh";
+  {
+    std::ofstream file(script);
+    file << "if [ -e \"$ATTEMPT_MARKER\" ]; then kill -STOP " << redis.pid()
+         << "; else : > \"$ATTEMPT_MARKER\"; fi\n"
+         << "exec \"$@\"\n";
+  }
+  ProcessOptions options;
+  options.timeout_seconds = 100;
+  options.environment = EmulatorJobEnvironment(EMULATOR_LIBRARY_DIR, dump_dir.path(), kJobId);
+  options.environment["ATTEMPT_MARKER"] = dump_dir.path() + "/first-attempt-ran";
+  options.environment["NCCLGUARD_STORE"] = redis.Url();
+  options.environment["NCCLGUARD_ACTION"] = "reinit";
+  options.environment["NCCLGUARD_TIMEOUT"] = "1";
+  options.environment["NCCLGUARD_POLL_INTERVAL"] = "0.05";
+  options.environment["NCCLGUARD_STATUS_INTERVAL"] = "0.2";
+  options.environment["NCCLEMU_FAULTS"] = "p2p_stall:after=0";
+  options.environment["NCCLEMU_DRIVER_VERSION"] = "545.23.08";
+  options.environment["NCCL_DEBUG"] = "INFO";
+  const ProcessResult result =
+      RunProcess({NCCLGUARD_CLI, "run", "--max-restarts", "1", "--", "/bin/sh", script, TRAIN_LOOP, "--ranks",
+                  std::to_string(kRanks), "--steps", "20", "--timeout", "15"},
+                 options);
+  redis.Continue();
+  INFO("exit code " << result.exit_code << "\nstdout:\n" << result.out << "\nstderr:\n" << result.err);
+  REQUIRE_FALSE(result.timed_out);
+  CHECK(result.exit_code == 0);
+  const std::size_t first_end = result.out.find("train_loop: job failed");
+  REQUIRE(first_end != std::string::npos);
+  const std::string first = result.out.substr(0, first_end);
+  const std::string second = result.out.substr(first_end);
+  CHECK(first.find(" via P2P/") != std::string::npos);
+  CHECK(second.find(" via SHM/") != std::string::npos);
+  CHECK(second.find(" via P2P/") == std::string::npos);
+  const std::map<int, int> pids = RankPids(second);
+  REQUIRE(pids.size() == kRanks);
+  for (const auto& [rank, pid] : pids) {
+    INFO("second attempt, rank " << rank);
+    CHECK(LogLinesOf(result.err, pid,
+                     std::string(
+                         "NCCL_P2P_DISABLE=1 set before the first communicator: an earlier attempt of job ") +
+                         kJobId + " found P2P at fault")
+              .size() == 1);
+  }
 }

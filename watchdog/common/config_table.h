@@ -55,6 +55,10 @@
     "when an earlier attempt of this job recorded a `p2p_suspect` verdict or a known-bad entry "     \
     "with action `disable` matches; `on` never sets it. A `NCCL_P2P_DISABLE` or `NCCL_P2P_LEVEL` "   \
     "set by the user always wins.")                                                                  \
+  X(P2P_VERDICT, p2p_verdict, std::string, "",                                                       \
+    "Set by `ncclguard run` for the attempts after one that recorded a `p2p_suspect` verdict: "      \
+    "what the record says. Under `NCCLGUARD_P2P=auto` the process then turns P2P off without "       \
+    "waiting for the job board at its first NCCL call.")                                             \
   X(KNOWN_BAD_FILE, known_bad_file, std::string, "",                                                 \
     "The known-bad configurations to check at the first init. Default: the file shipped with "       \
     "ncclguard, `share/ncclguard/known-bad.json` beside its `lib/`.")                                \

@@ -110,6 +110,12 @@ void ReadEarlierVerdict(const Config& config, P2pPolicyInputs& inputs, std::chro
   inputs.job_id_known = job_id.has_value();
   inputs.launch_id = LaunchId(inputs.read_environment);
   if (inputs.mode != P2pMode::kAuto || !job_id) return;
+  inputs.job_id = *job_id;
+  // The launcher read the record already, waiting as long as the board needed: nothing to ask.
+  if (!config.p2p_verdict.empty()) {
+    inputs.handed_over_verdict = config.p2p_verdict;
+    return;
+  }
   absl::StatusOr<std::shared_ptr<JobBoard>> board =
       OpenJobBoard(config.store, JobDirectory(config, *job_id), *job_id,
                    BoardIdentity{.host = log::HostName(), .pid = static_cast<int>(getpid())});
@@ -130,6 +136,11 @@ void ReadEarlierVerdict(const Config& config, P2pPolicyInputs& inputs, std::chro
         fmt::format("the job board {} did not answer within {} ms", (*board)->Where(), deadline.count()));
   }
   inputs.verdict = std::move(verdict);
+}
+
+std::string DescribeP2pVerdictRecord(const P2pVerdictRecord& record) {
+  return fmt::format("{}: {}, recorded by rank {} on {}, pid {}", record.comm, record.message, record.rank,
+                     record.host, record.pid);
 }
 
 P2pDecision DecideP2p(const P2pPolicyInputs& inputs) {
@@ -171,10 +182,12 @@ P2pDecision DecideP2p(const P2pPolicyInputs& inputs) {
                       record.pid, inputs.launch_id));
     } else if (inputs.verdict && inputs.verdict->ok()) {
       const P2pVerdictRecord& record = **inputs.verdict;
+      reasons.push_back(fmt::format("an earlier attempt of job {} found P2P at fault ({})", record.job_id,
+                                    DescribeP2pVerdictRecord(record)));
+    } else if (!inputs.handed_over_verdict.empty()) {
       reasons.push_back(
-          fmt::format("an earlier attempt of job {} found P2P at fault ({}: {}, recorded by rank {} "
-                      "on {}, pid {})",
-                      record.job_id, record.comm, record.message, record.rank, record.host, record.pid));
+          fmt::format("an earlier attempt of job {} found P2P at fault ({}; NCCLGUARD_P2P_VERDICT)",
+                      inputs.job_id, inputs.handed_over_verdict));
     } else if (inputs.verdict && !absl::IsNotFound(inputs.verdict->status())) {
       decision.warnings.push_back(fmt::format("P2P verdict of an earlier attempt not used: {}",
                                               std::string(inputs.verdict->status().message())));

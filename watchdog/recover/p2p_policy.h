@@ -42,6 +42,10 @@ struct P2pPolicyInputs {
   bool job_id_known = false;
   // This process's LaunchId: a record of another launch under the same job id is another job's.
   std::string launch_id;
+  std::string job_id;
+  // What `ncclguard run` handed over of the record of an earlier attempt (NCCLGUARD_P2P_VERDICT,
+  // DescribeP2pVerdictRecord); "" when it did not. The board is then not asked.
+  std::string handed_over_verdict;
   // ReadP2pVerdict's answer; std::nullopt when it was not asked (not auto, or no job id).
   std::optional<absl::StatusOr<P2pVerdictRecord>> verdict;
   std::vector<KnownBadEntry> known_bad;
@@ -54,10 +58,14 @@ struct P2pDecision {
   std::vector<std::string> infos;        // log lines (INFO)
 };
 
+// "<comm>: <message>, recorded by rank R on HOST, pid P": the record, for a log line.
+std::string DescribeP2pVerdictRecord(const P2pVerdictRecord& record);
+
 // Reads what the job board says for the decision: whether the job is named before its first
-// communicator and, under NCCLGUARD_P2P=auto, the record of an earlier attempt, waiting for a board
-// that is not the job directory at most `deadline` (then the verdict is Unavailable, saying so; the
-// read goes on, unwaited for, on a thread of its own).
+// communicator and, under NCCLGUARD_P2P=auto, the record of an earlier attempt (handed over by
+// `ncclguard run`, NCCLGUARD_P2P_VERDICT, or else read on the board), waiting for a board that is
+// not the job directory at most `deadline` (then the verdict is Unavailable, saying so; the read
+// goes on, unwaited for, on a thread of its own).
 void ReadEarlierVerdict(const Config& config, P2pPolicyInputs& inputs,
                         std::chrono::milliseconds deadline = kWriteDeadline);
 
