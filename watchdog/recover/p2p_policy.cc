@@ -1,15 +1,20 @@
 #include "watchdog/recover/p2p_policy.h"
 
+#include <pthread.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <cstdlib>
 #include <exception>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -20,6 +25,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_join.h"
 #include "watchdog/common/config.h"
+#include "watchdog/common/exit_gate.h"
 #include "watchdog/common/files.h"
 #include "watchdog/common/log.h"
 #include "watchdog/diagnose/known_bad.h"
@@ -65,6 +71,44 @@ std::string UserP2pSettings(const P2pPolicyInputs& inputs, EnvironmentVariables*
     }
   }
   return absl::StrJoin(settings, ", ");
+}
+
+// A Redis board's record, read on a thread of its own and waited for at most `deadline`
+// (DeadlineExceeded after). Unlike RunWithDeadline's work, the read holds no ExitPass while the
+// server keeps it waiting (its parse takes one): a server that does not answer must hold neither
+// the first NCCL call nor the application's exit.
+absl::StatusOr<P2pVerdictRecord> ReadFromServer(std::shared_ptr<JobBoard> board, std::string job_id,
+                                                std::chrono::milliseconds deadline) {
+  struct Shared {
+    std::mutex mutex;
+    std::condition_variable done;
+    std::optional<absl::StatusOr<P2pVerdictRecord>> result;
+  };
+  auto shared = std::make_shared<Shared>();
+  // With every signal blocked, so the application's signals go to its own threads.
+  sigset_t all;
+  sigset_t previous;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &previous);
+  try {
+    std::thread([shared, board = std::move(board), job_id = std::move(job_id)] {
+      MarkOwnThread();
+      absl::StatusOr<P2pVerdictRecord> result = ReadP2pVerdictUnbounded(board, job_id);
+      const std::lock_guard<std::mutex> lock(shared->mutex);
+      shared->result = std::move(result);
+      shared->done.notify_all();
+    }).detach();
+  } catch (const std::exception& error) {
+    pthread_sigmask(SIG_SETMASK, &previous, nullptr);
+    return absl::UnavailableError(fmt::format("cannot start a thread to read it: {}", error.what()));
+  }
+  pthread_sigmask(SIG_SETMASK, &previous, nullptr);
+  std::unique_lock<std::mutex> lock(shared->mutex);
+  if (!shared->done.wait_for(lock, deadline, [&] { return shared->result.has_value(); })) {
+    return absl::DeadlineExceededError("no answer in time");
+  }
+  // NOLINTNEXTLINE(bugprone-unchecked-optional-access): the wait returned with a result
+  return std::move(*shared->result);
 }
 
 }  // namespace
@@ -129,8 +173,7 @@ void ReadEarlierVerdict(const Config& config, P2pPolicyInputs& inputs, std::chro
     inputs.verdict = ReadP2pVerdict(*board, *job_id);
     return;
   }
-  absl::StatusOr<P2pVerdictRecord> verdict = RunWithDeadline<P2pVerdictRecord>(
-      [board = *board, id = *job_id] { return ReadP2pVerdict(board, id); }, deadline);
+  absl::StatusOr<P2pVerdictRecord> verdict = ReadFromServer(*board, *job_id, deadline);
   if (absl::IsDeadlineExceeded(verdict.status())) {
     verdict = absl::UnavailableError(
         fmt::format("the job board {} did not answer within {} ms", (*board)->Where(), deadline.count()));

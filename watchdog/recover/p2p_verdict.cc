@@ -121,4 +121,13 @@ absl::StatusOr<P2pVerdictRecord> ReadP2pVerdict(const std::shared_ptr<JobBoard>&
   }
 }
 
+absl::StatusOr<P2pVerdictRecord> ReadP2pVerdictUnbounded(const std::shared_ptr<JobBoard>& board,
+                                                         const std::string& job_id) noexcept {
+  try {
+    return ReadNow(board, job_id);
+  } catch (...) {
+    return absl::ResourceExhaustedError(absl::StrCat("cannot read ", board->Where(), "/", kP2pVerdictFile));
+  }
+}
+
 }  // namespace ncclguard

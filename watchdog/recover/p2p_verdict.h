@@ -45,4 +45,9 @@ absl::Status WriteP2pVerdict(const std::shared_ptr<JobBoard>& board, const P2pVe
 absl::StatusOr<P2pVerdictRecord> ReadP2pVerdict(const std::shared_ptr<JobBoard>& board,
                                                 const std::string& job_id) noexcept;
 
+// The same answers as ReadP2pVerdict, from the calling thread, for as long as the board takes: for
+// a caller that bounds the wait itself.
+absl::StatusOr<P2pVerdictRecord> ReadP2pVerdictUnbounded(const std::shared_ptr<JobBoard>& board,
+                                                         const std::string& job_id) noexcept;
+
 }  // namespace ncclguard
