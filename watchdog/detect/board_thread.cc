@@ -16,6 +16,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "watchdog/common/clock.h"
+#include "watchdog/common/exit_gate.h"
 #include "watchdog/common/log.h"
 #include "watchdog/common/mutex.h"
 #include "watchdog/report/facts.h"
@@ -103,6 +104,10 @@ void BoardThread::Stop() {
 
 void BoardThread::Run() {
   pthread_setname_np(pthread_self(), "ncclguard-board");
+  // Its log lines park it once the application's exit has begun. It holds no ExitPass across a
+  // board call: the exit would wait for a board that does not answer. Stop() comes before the exit
+  // gate closes, and nothing is taken or formatted after it.
+  MarkOwnThread();
   for (;;) {
     Work work;
     std::uint64_t number = 0;
@@ -126,6 +131,10 @@ void BoardThread::Run() {
       last_failed_ = !published;
     }
     changed_.notify_all();
+    {
+      MutexLock lock(mutex_);
+      if (stopped_) continue;  // the call ended after the exit began: back to waiting for ever
+    }
     LookForRequests(*work.board);
   }
 }
