@@ -552,7 +552,8 @@ std::optional<std::string> Watchdog::RecordP2pVerdict(CommState* culprit, const 
     }
   }
   const absl::StatusOr<std::string> path = effects_.RecordP2pVerdict(P2pVerdictRecord{
-      .job_id = "",
+      .job_id = "",  // the job id and the launch id are the effects' to fill in
+      .launch = "",
       .message = verdict.message,
       .comm = verdict.comm,
       .seq = verdict.seq,
