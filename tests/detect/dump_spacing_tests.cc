@@ -11,6 +11,7 @@
 #include "watchdog/state/registry.h"
 
 using namespace ncclguard;
+using ncclguard::testing::EnqueueAllReduce;
 using ncclguard::testing::FakeGpuEvents;
 using ncclguard::testing::RecordingEffects;
 
@@ -45,22 +46,7 @@ struct StragglerFixture {
   // One step of the job: this rank's AllReduce starts at `start` and waits `wait` for the
   // straggler; the watchdog polls every 100 ms.
   void Step(std::int64_t start, std::int64_t wait) {
-    const std::uint64_t seq = comm->last_enqueued.load() + 1;
-    OpRecord& op = comm->Slot(seq);
-    op.api = Api::ncclAllReduce;
-    op.datatype = ncclFloat32;
-    op.count = 1024;
-    op.reduction = ncclSum;
-    op.enqueue_ns = start;
-    op.start_event = events.Create();
-    op.end_event = events.Create();
-    events.Record(op.start_event, nullptr);
-    events.Record(op.end_event, nullptr);
-    op.start_recorded = true;
-    op.end_recorded = true;
-    op.seq = seq;
-    op.state.store(OpState::kEnqueued);
-    comm->last_enqueued = seq;
+    OpRecord& op = EnqueueAllReduce(*comm, events, start);
     events.Reach(op.start_event);
     for (std::int64_t now = start; now < start + wait; now += 100 * kMillisecond) watchdog.PollOnce(now, now);
     events.Reach(op.end_event);

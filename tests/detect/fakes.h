@@ -3,6 +3,8 @@
 #pragma once
 
 #include <atomic>
+#include <cstddef>
+#include <cstdint>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -13,6 +15,7 @@
 
 #include "watchdog/detect/watchdog.h"
 #include "watchdog/state/gpu_events.h"
+#include "watchdog/state/records.h"
 
 namespace ncclguard::testing {
 
@@ -160,5 +163,28 @@ class RecordingEffects final : public WatchdogEffects {
   [[noreturn]] void Exit(int code) override { throw ExitCalled(code); }
   std::int64_t WallNowNs() override { return wall_ns; }
 };
+
+// Puts an AllReduce handed to NCCL at `enqueued_at` into `comm`'s ring, its CUDA events recorded
+// (neither reached yet): what the shim's wrapper leaves for the watchdog.
+inline OpRecord& EnqueueAllReduce(CommState& comm, FakeGpuEvents& events, std::int64_t enqueued_at,
+                                  ncclDataType_t datatype = ncclFloat32, std::size_t count = 1024) {
+  const std::uint64_t seq = comm.last_enqueued.load() + 1;
+  OpRecord& op = comm.Slot(seq);
+  op.api = Api::ncclAllReduce;
+  op.datatype = datatype;
+  op.count = count;
+  op.reduction = ncclSum;
+  op.enqueue_ns = enqueued_at;
+  op.start_event = events.Create();
+  op.end_event = events.Create();
+  events.Record(op.start_event, nullptr);
+  events.Record(op.end_event, nullptr);
+  op.start_recorded = true;
+  op.end_recorded = true;
+  op.seq = seq;
+  op.state.store(OpState::kEnqueued);
+  comm.last_enqueued = seq;
+  return op;
+}
 
 }  // namespace ncclguard::testing

@@ -11,6 +11,7 @@
 #include "watchdog/state/registry.h"
 
 using namespace ncclguard;
+using ncclguard::testing::EnqueueAllReduce;
 using ncclguard::testing::FakeGpuEvents;
 using ncclguard::testing::RecordingEffects;
 
@@ -35,22 +36,7 @@ struct PauseFixture {
 
   // An AllReduce handed to NCCL at `enqueued_at`, its events recorded and its start reached.
   OpRecord& EnqueueStarted(std::int64_t enqueued_at) {
-    const std::uint64_t seq = comm->last_enqueued.load() + 1;
-    OpRecord& op = comm->Slot(seq);
-    op.api = Api::ncclAllReduce;
-    op.datatype = ncclFloat32;
-    op.count = 1024;
-    op.reduction = ncclSum;
-    op.enqueue_ns = enqueued_at;
-    op.start_event = events.Create();
-    op.end_event = events.Create();
-    events.Record(op.start_event, nullptr);
-    events.Record(op.end_event, nullptr);
-    op.start_recorded = true;
-    op.end_recorded = true;
-    op.seq = seq;
-    op.state.store(OpState::kEnqueued);
-    comm->last_enqueued = seq;
+    OpRecord& op = EnqueueAllReduce(*comm, events, enqueued_at);
     events.Reach(op.start_event);
     return op;
   }

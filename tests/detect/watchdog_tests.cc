@@ -11,6 +11,7 @@
 
 using namespace ncclguard;
 using ncclguard::testing::ExitCalled;
+using ncclguard::testing::EnqueueAllReduce;
 using ncclguard::testing::FakeGpuEvents;
 using ncclguard::testing::RecordingEffects;
 
@@ -40,23 +41,7 @@ struct Fixture {
 
   // An AllReduce handed to NCCL at `enqueued_at`, its events recorded.
   std::uint64_t Enqueue(std::int64_t enqueued_at) {
-    const std::uint64_t seq = comm->last_enqueued.load() + 1;
-    OpRecord& op = comm->Slot(seq);
-    op.api = Api::ncclAllReduce;
-    op.datatype = ncclBfloat16;
-    op.count = 4096;
-    op.reduction = ncclSum;
-    op.enqueue_ns = enqueued_at;
-    op.start_event = events.Create();
-    op.end_event = events.Create();
-    events.Record(op.start_event, nullptr);
-    events.Record(op.end_event, nullptr);
-    op.start_recorded = true;
-    op.end_recorded = true;
-    op.seq = seq;
-    op.state.store(OpState::kEnqueued);
-    comm->last_enqueued = seq;
-    return seq;
+    return EnqueueAllReduce(*comm, events, enqueued_at, ncclBfloat16, 4096).seq;
   }
 
   Config config;
