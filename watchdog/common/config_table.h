@@ -77,7 +77,9 @@
   X(STORE, store, std::string, "",                                                                   \
     "The job board where the processes of a job publish their status, ask each other for dumps and " \
     "meet to recover: empty or `dir` for the job directory, `redis://host[:port][/db]` for a Redis " \
-    "server (for jobs of thousands of ranks; needs libhiredis). Dumps stay files of the job "        \
+    "server (for jobs of thousands of ranks; needs libhiredis; an IPv6 address in brackets, "        \
+    "`redis://[::1]:6379/0`; `rediss://` for TLS where hiredis's SSL library is installed; the "     \
+    "credentials in NCCLGUARD_STORE_AUTH_FILE, never in the URL). Dumps stay files of the job "      \
     "directory either way.")                                                                         \
   X(STORE_AUTH_FILE, store_auth_file, std::string, "",                                               \
     "File holding the Redis board's credentials, never the URL: one line, the password "             \
