@@ -119,6 +119,21 @@ struct Member {
   CUevent done = nullptr;     // recorded after the replay and its gates
 };
 
+// One rank's communicator on the private instance at `slot`, made as the application made it:
+// with its configuration (blocking or not, CTA counts, network, name...) where it gave one.
+ncclResult_t InitOnPrivateInstance(int slot, bool config_known, ncclComm_t* comm, int nranks,
+                                   const ncclUniqueId& id, int rank, KeptConfig& kept) {
+  if (kept.present && config_known) {
+    return CallRealNccl(slot, Api::ncclCommInitRankConfig, [&](void* function) {
+      return reinterpret_cast<decltype(&::ncclCommInitRankConfig)>(function)(comm, nranks, id, rank,
+                                                                             &kept.config);
+    });
+  }
+  return CallRealNccl(slot, Api::ncclCommInitRank, [&](void* function) {
+    return reinterpret_cast<decltype(&::ncclCommInitRank)>(function)(comm, nranks, id, rank);
+  });
+}
+
 // The ranks of `comm`'s communicator in this process: `comm`, then the others with its id (made by
 // ncclCommInitAll, by a group of ncclCommInitRank, by one thread per GPU). One thread that drives
 // several ranks must create and launch them in one group, so they are recovered together or not
@@ -299,17 +314,8 @@ absl::Status Recovery::CreateCommunicators(const ncclUniqueId& id) {
           for (Rank& rank : ranks) {
             // NCCL takes the device of the calling thread's context at the call.
             CudaContextScope scope(*driver, rank.context);
-            const ncclResult_t called =
-                rank.config.present && config_known
-                    ? CallRealNccl(slot, Api::ncclCommInitRankConfig,
-                                   [&](void* function) {
-                                     return reinterpret_cast<decltype(&::ncclCommInitRankConfig)>(function)(
-                                         &rank.comm, rank.nranks, id, rank.rank, &rank.config.config);
-                                   })
-                    : CallRealNccl(slot, Api::ncclCommInitRank, [&](void* function) {
-                        return reinterpret_cast<decltype(&::ncclCommInitRank)>(function)(
-                            &rank.comm, rank.nranks, id, rank.rank);
-                      });
+            const ncclResult_t called = InitOnPrivateInstance(slot, config_known, &rank.comm, rank.nranks, id,
+                                                              rank.rank, rank.config);
             if (called != ncclSuccess && called != ncclInProgress) return called;
           }
           return ncclSuccess;
