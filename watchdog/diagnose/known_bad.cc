@@ -307,9 +307,11 @@ std::string KnownBadPath(const Config& config) {
 }
 
 const KnownBadList& ProcessKnownBad() noexcept {
-  // Deliberately leaked: made at the first stall, it would be destroyed at exit before ncclguard's
-  // exit hooks have stopped its threads.
-  static const KnownBadList* list = new KnownBadList([] {
+  // Never destroyed: made at the first stall, it would be destroyed at exit before ncclguard's exit
+  // hooks have stopped its threads. In static storage, so that making it allocates nothing that
+  // could fail in this noexcept function.
+  alignas(KnownBadList) static unsigned char storage[sizeof(KnownBadList)];
+  static const KnownBadList* list = new (storage) KnownBadList([] {
     KnownBadList loaded;
     try {
       loaded.path = KnownBadPath(GetConfig());
