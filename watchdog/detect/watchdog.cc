@@ -24,6 +24,7 @@
 #include "watchdog/common/describe.h"
 #include "watchdog/common/log.h"
 #include "watchdog/common/mutex.h"
+#include "watchdog/detect/dump_spacing.h"
 #include "watchdog/detect/progress.h"
 #include "watchdog/diagnose/verdicts.h"
 #include "watchdog/recover/held_operations.h"

@@ -1,6 +1,5 @@
 #include "watchdog/recover/p2p_policy.h"
 
-#include <pthread.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <unistd.h>

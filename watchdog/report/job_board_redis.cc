@@ -10,7 +10,6 @@
 //   dump-requests   list: "<name>\n<document>" per request, oldest first; its length is the
 //                   generation a watcher compares, so a quiet job's look is one LLEN
 //   records:<folder> hash: name -> a small record (the P2P verdict, a recovery meeting's files)
-#include <sys/types.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -32,7 +31,6 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "watchdog/common/clock.h"
-#include "watchdog/common/log.h"
 #include "watchdog/common/mutex.h"
 #include "watchdog/report/facts.h"
 #include "watchdog/report/job_board.h"

@@ -12,7 +12,6 @@
 #endif
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/time.h>
 #include <sys/types.h>
 #include <time.h>
 #include <unistd.h>
@@ -34,6 +33,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "watchdog/common/log.h"
+#include "watchdog/common/mutex.h"
 #include "watchdog/report/job_board.h"
 
 #define NCCLGUARD_STRINGIFY_INNER(x) #x

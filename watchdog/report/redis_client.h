@@ -17,7 +17,7 @@
 #include "watchdog/common/mutex.h"
 #include "watchdog/report/job_board.h"
 
-struct redisContext;
+struct redisContext;  // NOLINT(readability-identifier-naming): hiredis's own name
 
 namespace ncclguard {
 
