@@ -21,6 +21,7 @@
 #include "tests/support/redis_server.h"
 #include "tests/support/train_loop_output.h"
 
+using ncclguard::testing::BoardAclUser;
 using ncclguard::testing::EmulatorJobEnvironment;
 using ncclguard::testing::LogLinesOf;
 using ncclguard::testing::ProcessOptions;
@@ -150,27 +151,7 @@ TEST_CASE("a job whose ACL user may only touch its own keys works, and another u
   const std::string uid = std::to_string(getuid());
   // docs/deploying.md's pattern: one ACL user per cluster user, its keys only, the board's commands.
   auto add_user = [&](const std::string& name, const std::string& owner) {
-    return redis.Run({"ACL",
-                      "SETUSER",
-                      name,
-                      "reset",
-                      "on",
-                      ">" + name + "-Pw",
-                      "~ncclguard:{" + owner + ":*",
-                      "resetchannels",
-                      "+@connection",
-                      "+select",
-                      "+hset",
-                      "+hsetnx",
-                      "+hget",
-                      "+hmget",
-                      "+hkeys",
-                      "+hlen",
-                      "+hgetall",
-                      "+rpush",
-                      "+llen",
-                      "+lrange",
-                      "+expire"});
+    return redis.Run(BoardAclUser(name, name + "-Pw", owner));
   };
   REQUIRE(add_user("trainer", uid) == "+OK");
   REQUIRE(add_user("neighbour", std::to_string(getuid() + 1)) == "+OK");

@@ -24,6 +24,7 @@
 namespace ncclguard {
 namespace {
 
+using testing::BoardAclUser;
 using testing::RedisServer;
 using testing::RedisServerOptions;
 using testing::TemporaryDirectory;
@@ -189,27 +190,7 @@ TEST_CASE("an ACL user limited to its own keys: its job works, other users' keys
   const std::string other_uid = std::to_string(getuid() + 1);
   // The pattern docs/deploying.md gives: the user's keys, the commands of the board, nothing else.
   auto add_user = [&](const std::string& name, const std::string& owner) {
-    return redis.Run({"ACL",
-                      "SETUSER",
-                      name,
-                      "reset",
-                      "on",
-                      ">" + name + "-password",
-                      "~ncclguard:{" + owner + ":*",
-                      "resetchannels",
-                      "+@connection",
-                      "+select",
-                      "+hset",
-                      "+hsetnx",
-                      "+hget",
-                      "+hmget",
-                      "+hkeys",
-                      "+hlen",
-                      "+hgetall",
-                      "+rpush",
-                      "+llen",
-                      "+lrange",
-                      "+expire"});
+    return redis.Run(BoardAclUser(name, name + "-password", owner));
   };
   REQUIRE(add_user("alice", uid) == "+OK");
   REQUIRE(add_user("mallory", other_uid) == "+OK");

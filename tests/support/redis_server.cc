@@ -239,4 +239,29 @@ std::vector<std::string> AnalyzeTarget(const std::string& job_dir) {
   return {store + "/" + job_id, "--dump-dir", job_dir};
 }
 
+std::vector<std::string> BoardAclUser(const std::string& name, const std::string& password,
+                                      const std::string& owner) {
+  return {"ACL",
+          "SETUSER",
+          name,
+          "reset",
+          "on",
+          ">" + password,
+          "~ncclguard:{" + owner + ":*",
+          "resetchannels",
+          "+@connection",
+          "+select",
+          "+hset",
+          "+hsetnx",
+          "+hget",
+          "+hmget",
+          "+hkeys",
+          "+hlen",
+          "+hgetall",
+          "+rpush",
+          "+llen",
+          "+lrange",
+          "+expire"};
+}
+
 }  // namespace ncclguard::testing

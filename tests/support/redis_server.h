@@ -74,4 +74,9 @@ std::string TestStore(const std::string& dump_dir = "");
 // redis://.../<job id> with --dump-dir set to that directory.
 std::vector<std::string> AnalyzeTarget(const std::string& job_dir);
 
+// The ACL SETUSER command that docs/deploying.md gives for one cluster user: `name`, with
+// `password`, may touch only the board's keys of uid `owner`, with only the commands the board uses.
+std::vector<std::string> BoardAclUser(const std::string& name, const std::string& password,
+                                      const std::string& owner);
+
 }  // namespace ncclguard::testing
