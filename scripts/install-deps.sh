@@ -11,7 +11,7 @@ packages=(
   libunwind-dev libdw-dev
   libhiredis-dev redis-server
   clang clang-format clang-tidy
-  strace
+  strace valgrind
 )
 # Lmod, for the tests of the modulefiles. Debian's Lmod and Environment Modules conflict: a machine
 # that has the latter keeps it, and those tests are skipped there.
