@@ -37,6 +37,24 @@ Registry::~Registry() {
 }
 
 CommState* Registry::Find(ncclComm_t handle) const noexcept {
+  // A thread issues its collectives on a few communicators, mostly one after the other: the last
+  // answer is kept per thread, good until the table changes. Plain data: no TLS constructor.
+  struct LastFound {
+    const Registry* registry;
+    ncclComm_t handle;
+    CommState* state;
+    std::uint64_t generation;
+  };
+  static thread_local LastFound t_last;
+  // Read before the table: an answer found after a change is only kept until the next look.
+  const std::uint64_t generation = generation_.load(std::memory_order_acquire);
+  if (t_last.registry == this && t_last.handle == handle && t_last.generation == generation) return t_last.state;
+  CommState* state = FindInTable(handle);
+  t_last = {this, handle, state, generation};
+  return state;
+}
+
+CommState* Registry::FindInTable(ncclComm_t handle) const noexcept {
   if (handle == nullptr) return nullptr;
   for (std::size_t probe = 0, i = HashOf(handle) % kCapacity; probe < kCapacity;
        ++probe, i = (i + 1) % kCapacity) {
@@ -63,6 +81,7 @@ std::size_t Registry::SlotForLocked(ncclComm_t handle) const {
 void Registry::PublishLocked(std::size_t slot, ncclComm_t handle, CommState* state) {
   values_[slot].store(state, std::memory_order_release);
   keys_[slot].store(handle, std::memory_order_release);
+  generation_.fetch_add(1, std::memory_order_acq_rel);
 }
 
 CommState* Registry::Add(ncclComm_t handle, int library, std::size_t ring_size,
@@ -118,6 +137,7 @@ void Registry::UnlinkLocked(CommState* state) noexcept {
   }
   keys_[i].store(Tombstone(), std::memory_order_release);
   values_[i].store(nullptr, std::memory_order_release);
+  generation_.fetch_add(1, std::memory_order_acq_rel);
   // Tombstones just before an empty slot end no probe sequence: emptying them keeps lookups of
   // unknown handles short. (A key past an empty slot never probed through it.)
   while (keys_[(i + 1) % kCapacity].load(std::memory_order_relaxed) == nullptr &&
@@ -175,6 +195,7 @@ void Registry::ForgetAfterFork() noexcept {
     keys_[i].store(nullptr, std::memory_order_relaxed);
     values_[i].store(nullptr, std::memory_order_relaxed);
   }
+  generation_.fetch_add(1, std::memory_order_relaxed);  // the forking thread's last answer is the parent's
   new (&all_) std::vector<CommState*>();  // the parent's vector is leaked with its states
   for (bool& used : pending_used_) used = false;
 }

@@ -42,7 +42,8 @@ class Registry {
   Registry(const Registry&) = delete;
   Registry& operator=(const Registry&) = delete;
 
-  // The state of `handle`, or nullptr when ncclguard does not know it. Lock-free.
+  // The state of `handle`, or nullptr when ncclguard does not know it. Lock-free; no lookup in the
+  // table while the thread asks about the communicator it asked about last and nothing changed.
   CommState* Find(ncclComm_t handle) const noexcept;
 
   // Registers a communicator (a handle may be reused by NCCL after a destroy: the newest wins).
@@ -80,6 +81,7 @@ class Registry {
   // A slot whose communicator was unlinked: probing goes on past it, Add reuses it.
   static ncclComm_t Tombstone() noexcept { return reinterpret_cast<ncclComm_t>(~std::uintptr_t{0}); }
 
+  CommState* FindInTable(ncclComm_t handle) const noexcept;
   // Where `handle` is, or would go; kCapacity when the table is full.
   std::size_t SlotForLocked(ncclComm_t handle) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   void PublishLocked(std::size_t slot, ncclComm_t handle, CommState* state)
@@ -89,6 +91,9 @@ class Registry {
   static constexpr std::size_t kMaxPendingInits = 64;
   std::atomic<ncclComm_t> keys_[kCapacity] = {};
   std::atomic<CommState*> values_[kCapacity] = {};
+  // Changed with every key published or unlinked: a thread's last answer of Find is still right
+  // while it is unchanged.
+  std::atomic<std::uint64_t> generation_{1};
   // Writers of keys_ and values_ hold it too; readers (Find) do not.
   mutable Mutex mutex_;
   std::vector<CommState*> all_ ABSL_GUARDED_BY(mutex_);
