@@ -22,6 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "tests/support/process.h"
 #include "watchdog/common/clock.h"
+#include "watchdog/detect/stall_decision.h"
 #include "watchdog/diagnose/verdicts.h"
 #include "watchdog/report/dump.h"
 #include "watchdog/report/dump_reader.h"

@@ -26,6 +26,7 @@
 #include "watchdog/common/mutex.h"
 #include "watchdog/detect/dump_spacing.h"
 #include "watchdog/detect/progress.h"
+#include "watchdog/detect/stall_decision.h"
 #include "watchdog/diagnose/verdicts.h"
 #include "watchdog/recover/held_operations.h"
 #include "watchdog/recover/in_process.h"
@@ -62,11 +63,6 @@ VerdictKind VerdictAbout(const CommState& comm, const std::vector<Verdict>& verd
                                   [&comm](const Verdict& verdict) { return verdict.comm == comm.id; });
   if (about != verdicts.end()) return about->kind;
   return verdicts.empty() ? VerdictKind::kUnknown : verdicts[0].kind;
-}
-
-// What a communicator re-created with P2P off can mend.
-bool Mendable(VerdictKind verdict) {
-  return verdict == VerdictKind::kStuckInsideNccl || verdict == VerdictKind::kP2pSuspect;
 }
 
 // A probation operation's host function, still queued on its stream (one the application aborted
@@ -405,66 +401,60 @@ void Watchdog::OnStall(CommState* comm, const Stall& stall, std::int64_t now_ns)
 
 void Watchdog::DecideOnStall(CommState* comm, const Stall& stall, const std::vector<Verdict>& verdicts,
                              std::int64_t now_ns) {
-  // Without a verdict (no job directory), the timeout alone decides, as it always would; so it
-  // does for an initialisation, which has no communicator to wait on yet.
-  const bool act_now = comm == nullptr || verdicts.empty() || ActOnTimeout(verdicts) ||
-                       stall.seconds >= config_.hard_timeout.value;
-  if (comm != nullptr && AwaitSettledVerdict(*comm, stall, verdicts, now_ns)) return;
-  if (act_now) {
-    if (comm != nullptr) comm->stall_acted_on = true;
-    if (comm != nullptr && TryRecoverInProcess(*comm, stall, verdicts)) return;
-    Act(comm, "the stall", verdicts);
-    return;
+  StallFacts facts;
+  facts.has_comm = comm != nullptr;
+  facts.verdicts = verdicts;
+  facts.stall_ns = static_cast<std::int64_t>(stall.seconds * 1e9);
+  facts.now_ns = now_ns;
+  facts.in_process_recovery = config_.recover == RecoverMode::kInProcess;
+  facts.timeout_ns = ToNs(config_.timeout);
+  facts.hard_timeout_ns = ToNs(config_.hard_timeout);
+  facts.status_interval_ns = status_interval_ns_ > 0 ? status_interval_ns_ : ToNs(config_.status_interval);
+  facts.poll_interval_ns = ToNs(config_.poll_interval);
+  ProbationOp* probation = nullptr;
+  if (comm != nullptr) {
+    facts.verdict_about_comm = VerdictAbout(*comm, verdicts);
+    facts.first_look = now_ns == comm->stall_reported_ns;
+    if (facts.in_process_recovery) probation = PendingProbationOp(*comm, stall.seq);
+    facts.on_probation = probation != nullptr;
+    comm->verdict_settling = false;
   }
-  // The late ranks answer this stall's dump request at their next status round, with their stacks:
-  // the first look again comes once those dumps can be on disk, the later ones every timeout.
-  const std::int64_t interval_ns =
-      status_interval_ns_ > 0 ? status_interval_ns_ : ToNs(config_.status_interval);
-  const std::int64_t first_look_ns =
-      std::min(interval_ns + 2 * ToNs(config_.poll_interval), ToNs(config_.timeout));
-  comm->stall_recheck_ns =
-      now_ns + (now_ns == comm->stall_reported_ns ? first_look_ns : ToNs(config_.timeout));
-  if (config_.action != Action::kWarn) {
-    log::Warn(
-        "not acting yet (NCCLGUARD_ACTION={}): the late rank is busy outside NCCL or stopped; acting after "
-        "NCCLGUARD_HARD_TIMEOUT={} s unless that changes",
-        ActionName(config_.action), config_.hard_timeout.value);
+  const StallDecision decision = ncclguard::DecideOnStall(facts);
+  switch (decision.step) {
+    case StallDecision::Step::kSettleVerdict:
+      comm->verdict_settling = true;
+      comm->stall_recheck_ns = decision.look_again_ns;
+      return;
+    case StallDecision::Step::kRecoverInProcess:
+      comm->stall_acted_on = true;
+      if (RecoverStalledOnProbation(*comm, *probation, stall, decision.not_mendable)) return;
+      Act(comm, "the stall", verdicts);
+      return;
+    case StallDecision::Step::kAct:
+      if (comm != nullptr) comm->stall_acted_on = true;
+      Act(comm, "the stall", verdicts);
+      return;
+    case StallDecision::Step::kWaitForLateRank:
+      comm->stall_recheck_ns = decision.look_again_ns;
+      if (config_.action != Action::kWarn) {
+        log::Warn(
+            "not acting yet (NCCLGUARD_ACTION={}): the late rank is busy outside NCCL or stopped; acting after "
+            "NCCLGUARD_HARD_TIMEOUT={} s unless that changes",
+            ActionName(config_.action), config_.hard_timeout.value);
+      }
+      return;
   }
 }
 
-bool Watchdog::AwaitSettledVerdict(CommState& comm, const Stall& stall, const std::vector<Verdict>& verdicts,
-                                   std::int64_t now_ns) {
-  comm.verdict_settling = false;
-  if (config_.recover != RecoverMode::kInProcess || PendingProbationOp(comm, stall.seq) == nullptr ||
-      Mendable(VerdictAbout(comm, verdicts))) {
-    return false;
-  }
-  const std::int64_t interval_ns =
-      status_interval_ns_ > 0 ? status_interval_ns_ : ToNs(config_.status_interval);
-  if (static_cast<std::int64_t>(stall.seconds * 1e9) >= ToNs(config_.timeout) + 2 * interval_ns) return false;
-  comm.verdict_settling = true;
-  comm.stall_recheck_ns = now_ns + interval_ns / 2;
-  return true;
-}
-
-bool Watchdog::TryRecoverInProcess(CommState& comm, const Stall& stall,
-                                   const std::vector<Verdict>& verdicts) {
-  if (config_.recover != RecoverMode::kInProcess) return false;
-  ProbationOp* op = PendingProbationOp(comm, stall.seq);
-  if (op == nullptr) return false;  // outside probation nothing changes
-  const VerdictKind verdict = VerdictAbout(comm, verdicts);
-  std::string not_ready;
-  if (!Mendable(verdict)) {
-    not_ready = fmt::format("its verdict is {}, which a communicator with P2P off does not mend",
-                            VerdictKindName(verdict));
-  }
+bool Watchdog::RecoverStalledOnProbation(CommState& comm, ProbationOp& op, const Stall& stall,
+                                const std::string& not_mendable) {
   const std::string what = fmt::format("comm {} #{} {}", comm.id, stall.seq, OperationName(stall.api));
   log::Warn("{} stalled on probation: recovering it in-process (NCCLGUARD_RECOVER=inprocess){}", what,
-            not_ready.empty() ? "" : fmt::format("; this rank cannot: {}", not_ready));
+            not_mendable.empty() ? "" : fmt::format("; this rank cannot: {}", not_mendable));
   RecoveryOutcome outcome;
   {
     Activity activity(*this, "recovering a communicator in-process");
-    outcome = effects_.RecoverInProcess(comm, *op, not_ready);
+    outcome = effects_.RecoverInProcess(comm, op, not_mendable);
   }
   switch (outcome.result) {
     case RecoveryOutcome::Result::kRecovered: {

@@ -134,20 +134,14 @@ class Watchdog {
   void FreeRing(CommState& comm);  // its CUDA events too
   void CheckInitializations(std::int64_t now_ns);
   void OnStall(CommState* comm, const Stall& stall, std::int64_t now_ns);
-  // Acts on a stall when its verdict says to, or once NCCLGUARD_HARD_TIMEOUT has passed; else
-  // says why it waits and when it will look again.
+  // Gathers the facts of a stall and carries out what DecideOnStall (stall_decision.h) says.
   void DecideOnStall(CommState* comm, const Stall& stall, const std::vector<Verdict>& verdicts,
                      std::int64_t now_ns);
-  // NCCLGUARD_RECOVER=inprocess: a rank's verdict may rest on a peer's status file written before
-  // the stall, and one rank that votes not ready makes every rank fall back. For an operation on
-  // probation whose verdict P2P off would not mend, the decision waits (true) until two status
-  // intervals past the timeout, rechecking the verdict every half interval, silently.
-  bool AwaitSettledVerdict(CommState& comm, const Stall& stall, const std::vector<Verdict>& verdicts,
-                           std::int64_t now_ns);
-  // NCCLGUARD_RECOVER=inprocess, for a stall of an operation on probation: recovers the
-  // communicator in-process, all ranks or none. True when the stall is dealt with (recovered, or
-  // the process is exiting); false when it fell back and the stall goes on as without recovery.
-  bool TryRecoverInProcess(CommState& comm, const Stall& stall, const std::vector<Verdict>& verdicts);
+  // NCCLGUARD_RECOVER=inprocess, for a stall of operation `op` on probation: recovers the
+  // communicator in-process, all ranks or none (`not_mendable`: why this rank votes not ready).
+  // True when the stall is dealt with (recovered, or the process is exiting); false when it fell
+  // back and the stall goes on as without recovery.
+  bool RecoverStalledOnProbation(CommState& comm, ProbationOp& op, const Stall& stall, const std::string& not_mendable);
   std::vector<Verdict> CurrentVerdicts(const StallSnapshot& stall, std::int64_t now_ns);
   // Reports the communicator's asynchronous error unless reported already; acts on it when `act`
   // (not for a communicator already closed, nor at exit). True when it reported one.

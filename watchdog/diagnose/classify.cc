@@ -139,10 +139,4 @@ std::vector<Verdict> Classify(JobView& job, const std::vector<KnownBadEntry>& kn
   return ClassifyAsIs(job, known_bad);
 }
 
-bool ActOnTimeout(const std::vector<Verdict>& verdicts) {
-  // Waiting longer is worth it only while every late rank is alive and will come back.
-  return verdicts.empty() || verdicts.front().kind != VerdictKind::kRankNotJoined ||
-         !verdicts.front().late_ranks_busy_outside_nccl;
-}
-
 }  // namespace ncclguard

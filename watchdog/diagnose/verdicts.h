@@ -78,11 +78,4 @@ std::vector<Verdict> Classify(JobView& job, const std::vector<KnownBadEntry>& kn
 //  "time", "processes", "problems"} — documented in docs/verdicts.md.
 nlohmann::json VerdictsToJson(const JobView& job, const std::vector<Verdict>& verdicts);
 
-// Whether NCCLGUARD_TIMEOUT is enough to act on a stall with these verdicts: true for
-// stuck_inside_nccl, p2p_suspect, stuck_in_init, rank_dead and unknown (the timeout alone then
-// decides, as without a job directory); false while the first verdict is a
-// rank_not_joined whose late ranks are alive and busy outside NCCL or stopped (then the watchdog warns
-// periodically and acts only after NCCLGUARD_HARD_TIMEOUT).
-bool ActOnTimeout(const std::vector<Verdict>& verdicts);
-
 }  // namespace ncclguard
