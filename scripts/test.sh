@@ -1,23 +1,72 @@
 #!/usr/bin/env bash
-# Installs what is needed, builds ncclguard, and runs every test: the full suite, then the core
-# and shim tests again under AddressSanitizer+UndefinedBehaviorSanitizer and ThreadSanitizer, then
-# the static checks (formatting, clang's thread-safety analysis, clang-tidy on changed files).
+# Installs what is needed, builds ncclguard, and runs its tests, by tier (cmake/TestTiers.cmake):
+#
+#   scripts/test.sh --quick   unit and ABI tests only: the edit loop, minutes
+#   scripts/test.sh           what CI runs: the quick and standard tiers, then the core and shim
+#                             tests again under AddressSanitizer+UndefinedBehaviorSanitizer and
+#                             ThreadSanitizer, then the static checks (formatting, clang's
+#                             thread-safety analysis, clang-tidy on changed files)
+#   scripts/test.sh --full    the same with the full tier too (the end-to-end suites on Redis)
+#
+# Prints at the end how long each stage took.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=$(nproc)
+tier=default
+case "${1:-}" in
+  --quick) tier=quick ;;
+  --full) tier=full ;;
+  "") ;;
+  *)
+    echo "usage: $0 [--quick | --full]" >&2
+    exit 2
+    ;;
+esac
 
+stages=()
+stage_start=$SECONDS
+current=""
+# stage <name>: ends the stage under way (its time is kept) and starts the next.
+stage() {
+  [[ -n $current ]] && stages+=("$(printf '%6d s  %s' $((SECONDS - stage_start)) "$current")")
+  current=$1
+  stage_start=$SECONDS
+  echo "== $1"
+}
+report_stages() {
+  local status=$? outcome=""
+  ((status == 0)) || outcome=" (failed)"
+  [[ -n $current ]] && stages+=("$(printf '%6d s  %s%s' $((SECONDS - stage_start)) "$current" "$outcome")")
+  echo "== time per stage (tier $tier)"
+  printf '%s\n' "${stages[@]}"
+  printf '%6d s  in all\n' "$SECONDS"
+}
+trap 'report_stages' EXIT
+
+stage "dependencies"
 scripts/install-deps.sh
 
+stage "build (RelWithDebInfo)"
 cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo
 cmake --build build -j "$jobs"
-(cd build && ctest --output-on-failure -j "$jobs")
+
+case $tier in
+  quick) selection=(-L '^quick$') ;;
+  default) selection=(-LE '^full$') ;;
+  full) selection=() ;;
+esac
+stage "tests, tier $tier"
+(cd build && ctest --output-on-failure -j "$jobs" "${selection[@]}")
+[[ $tier == quick ]] && exit 0
 
 # The sanitizer builds compile only the core, the shim and their tests (no emulator, no examples).
 for sanitizer in address,undefined thread; do
   dir="build-${sanitizer%%,*}"
+  stage "sanitizer build and tests ($sanitizer)"
   cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=Debug -DNCCLGUARD_SANITIZE="$sanitizer"
   cmake --build "$dir" -j "$jobs" --target sanitized_tests
   (cd "$dir" && ctest --output-on-failure -j "$jobs" -L sanitized)
 done
 
+stage "static checks"
 scripts/check-static.sh
