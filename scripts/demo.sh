@@ -7,8 +7,8 @@ cd "$(dirname "$0")/.."
 jobs=$(nproc)
 log=build/demo-build.log
 
-echo "demo: checking what the build needs, installing what is missing (scripts/install-deps.sh)"
-scripts/install-deps.sh
+echo "demo: checking what the build and the demo need, installing what is missing (scripts/install-deps.sh --demo)"
+scripts/install-deps.sh --demo
 
 echo "demo: configuring build/"
 cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null

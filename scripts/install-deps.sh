@@ -1,23 +1,41 @@
 #!/usr/bin/env bash
-# Installs what ncclguard needs to build and test on Debian 12. Idempotent and
-# non-interactive: packages already present are not touched, and apt's lists are
-# refreshed only when something is missing.
+# install-deps.sh [--demo]
+# Installs what ncclguard needs on Debian 12. With --demo, only what building it and running
+# scripts/demo-run.sh need; by default also what the tests and the static checks add (Redis,
+# strace, Lmod, clang and its tools). Idempotent and non-interactive: packages already present are
+# not touched, and apt's lists are refreshed only when something is missing.
 set -euo pipefail
 
+demo=0
+case ${1:-} in
+  --demo) demo=1 ;;
+  "") ;;
+  *) echo "usage: install-deps.sh [--demo]" >&2; exit 2 ;;
+esac
+
+# To configure and build (CMake asks for Catch2 and Google Benchmark even when only the library is
+# built), and python3 for the demo's reading of a dump.
 packages=(
   build-essential cmake binutils python3
   libspdlog-dev libfmt-dev libabsl-dev catch2 nlohmann-json3-dev libsimdjson-dev libcli11-dev
   libbenchmark-dev
   libunwind-dev libdw-dev
-  libhiredis-dev redis-server
-  clang clang-format clang-tidy
-  strace valgrind
+  libhiredis-dev
 )
-# Lmod, for the tests of the modulefiles. Debian's Lmod and Environment Modules conflict: a machine
-# that has the latter keeps it, and those tests are skipped there.
-if ! dpkg-query -W -f='${Status}' environment-modules 2>/dev/null | grep -q "install ok installed"; then
-  packages+=(lmod)
+if ((!demo)); then
+  # The tests (a Redis board), the benchmarks (strace counts the job directory's file operations,
+  # valgrind's callgrind the instructions per collective) and the static checks
+  # (scripts/check-static.sh).
+  packages+=(redis-server strace valgrind clang clang-format clang-tidy)
+  # Lmod, for the tests of the modulefiles. Debian's Lmod and Environment Modules conflict: a
+  # machine that has the latter keeps it, and those tests are skipped there.
+  if ! dpkg-query -W -f='${Status}' environment-modules 2>/dev/null | grep -q "install ok installed"; then
+    packages+=(lmod)
+  fi
 fi
+
+sudo=""
+[[ $(id -u) -eq 0 ]] || sudo="sudo"
 
 missing=()
 for p in "${packages[@]}"; do
@@ -25,8 +43,6 @@ for p in "${packages[@]}"; do
 done
 
 if ((${#missing[@]})); then
-  sudo=""
-  [[ $(id -u) -eq 0 ]] || sudo="sudo"
   echo "ncclguard: installing ${missing[*]}" >&2
   $sudo apt-get update -q
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
@@ -34,9 +50,7 @@ fi
 
 # A clang-tidy that has misc-include-cleaner (clang-tidy 17 and later), where Debian offers one;
 # without it scripts/check-static.sh runs Debian 12's clang-tidy 14, which lacks that check.
-if ! command -v clang-tidy-19 >/dev/null 2>&1 && apt-cache show clang-tidy-19 >/dev/null 2>&1; then
-  sudo=""
-  [[ $(id -u) -eq 0 ]] || sudo="sudo"
+if ((!demo)) && ! command -v clang-tidy-19 >/dev/null 2>&1 && apt-cache show clang-tidy-19 >/dev/null 2>&1; then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends clang-tidy-19 ||
     echo "ncclguard: clang-tidy-19 could not be installed; using clang-tidy" >&2
 fi
