@@ -19,13 +19,24 @@ cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 targets=(ncclguard ncclguard_cli emu_cuda emu_cudart emu_nccl emu_nvml train_loop)
 if grep -q '^NCCLGUARD_NVCC:FILEPATH=/' build/CMakeCache.txt; then targets+=(cudart_nccl_program); fi
 
+# One line per target built, as it is built (each target's dependencies say "Built target" again:
+# said once), so that a long build is seen to progress; the compiler's output goes to the log, its
+# end shown on failure. Read by bash, line by line: awk (Debian's mawk) reads a pipe in blocks, which
+# held every line back until the build ended.
+progress() {
+  local line
+  local -A seen=()
+  while IFS= read -r line; do
+    [[ $line =~ ^\[\ *[0-9]+%\]\ Built\ target\ (.+)$ ]] || continue
+    [[ -z ${seen[${BASH_REMATCH[1]}]:-} ]] || continue
+    seen[${BASH_REMATCH[1]}]=1
+    echo "demo:   built ${BASH_REMATCH[1]}"
+  done
+}
+
 start=$(date +%s)
 echo "demo: building the ${#targets[@]} targets the demo needs with $jobs jobs (${targets[*]}); the log: $log"
-# One line per target built (once: each of the targets lists what it depends on again), so that a
-# long build is seen to progress; the compiler's output goes to the log, its end shown on failure.
-if ! cmake --build build -j "$jobs" --target "${targets[@]}" 2>&1 | tee "$log" |
-  { grep --line-buffered -E '^\[ *[0-9]+%\] Built target ' || true; } |
-  sed -u -E 's/^.*Built target /demo:   built /' | awk '!seen[$0]++ { print; fflush() }'; then
+if ! cmake --build build -j "$jobs" --target "${targets[@]}" 2>&1 | tee "$log" | progress; then
   tail -n 40 "$log" >&2
   echo "demo: the build failed; the whole log is $log" >&2
   exit 1
