@@ -70,15 +70,15 @@ TEST_CASE("a bad value names the variable, the value and the default used", "[co
         "default 'warn'");
 }
 
-TEST_CASE("the README's table of variables is the configuration table", "[config]") {
-  const std::string readme = ncclguard::testing::ReadFile(README_PATH);
+TEST_CASE("the table of variables in docs/settings.md is the configuration table", "[config]") {
+  const std::string doc = ncclguard::testing::ReadFile(SETTINGS_DOC_PATH);
   const std::string begin = "<!-- settings-table-begin -->\n";
   const std::string end = "<!-- settings-table-end -->";
-  const size_t from = readme.find(begin);
-  const size_t to = readme.find(end);
+  const size_t from = doc.find(begin);
+  const size_t to = doc.find(end);
   REQUIRE(from != std::string::npos);
   REQUIRE(to != std::string::npos);
-  CHECK(readme.substr(from + begin.size(), to - from - begin.size()) ==
+  CHECK(doc.substr(from + begin.size(), to - from - begin.size()) ==
         ncclguard::OptionsMarkdownTable());
 }
 

@@ -1,4 +1,4 @@
-// Prints the README's table of settings from the configuration table:
+// Prints the table of settings of docs/settings.md from the configuration table:
 //   build/tests/shim/print_settings_table  (paste between the settings-table markers)
 #include <cstdio>
 

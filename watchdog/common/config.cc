@@ -148,7 +148,7 @@ std::string RangeBound(double bound) {
   return absl::StrCat(bound);
 }
 
-// The README's type column: the type, and the range of a numeric setting.
+// The type column of docs/settings.md: the type, and the range of a numeric setting.
 template <typename T>
 std::string TypeText(std::string_view variable, const T* field) {
   const std::optional<SettingRange> range = RangeOf(variable);

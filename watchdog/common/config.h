@@ -67,7 +67,7 @@ struct SettingRange {
 };
 std::optional<SettingRange> RangeOf(std::string_view variable);
 
-// The README's table of variables, generated from config_table.h.
+// The table of variables in docs/settings.md, generated from config_table.h.
 std::string OptionsMarkdownTable();
 
 std::string_view LogLevelName(LogLevel level);

@@ -1,6 +1,6 @@
 // The one table of ncclguard's settings: every NCCLGUARD_* environment variable, its type, its
 // default and one line of documentation. The parser, the start-up log of effective values and the
-// README's table of variables all come from these rows (a test compares the README with them).
+// table of variables in docs/settings.md all come from these rows (a test compares the two).
 //
 // Row: X(NAME after "NCCLGUARD_", field, type, default, documentation)
 #pragma once

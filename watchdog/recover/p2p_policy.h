@@ -1,7 +1,7 @@
 // Whether NCCL's P2P transport is turned off in this process, decided once at its first
 // intercepted NCCL call, before any communicator exists: NCCL reads NCCL_P2P_DISABLE and
 // NCCL_P2P_LEVEL at its first communicator initialisation and caches them, so a variable set any
-// later changes nothing (docs/known-bad.md, NCCLGUARD_P2P in the README).
+// later changes nothing (docs/known-bad.md, NCCLGUARD_P2P in docs/settings.md).
 #pragma once
 
 #include <chrono>
