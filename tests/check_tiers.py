@@ -12,6 +12,9 @@ listing = json.loads(subprocess.run([ctest, "--show-only=json-v1"], check=True, 
 wrong = []
 counts = {tier: 0 for tier in sorted(tiers)}
 for test in listing["tests"]:
+    # A test program not built yet stands in as one placeholder (catch_discover_tests).
+    if test["name"].endswith("_NOT_BUILT"):
+        continue
     labels = next((p["value"] for p in test.get("properties", []) if p["name"] == "LABELS"), [])
     in_tiers = [label for label in labels if label in tiers]
     if len(in_tiers) != 1:
