@@ -44,7 +44,8 @@
 namespace ncclguard {
 namespace {
 
-constexpr double kDefaultStatusIntervalSeconds = 2;  // NCCLGUARD_STATUS_INTERVAL's default
+// NCCLGUARD_STATUS_INTERVAL's default.
+double DefaultStatusIntervalSeconds() { return Config{}.status_interval.value; }
 constexpr std::size_t kMaxEvidenceLines = 8;
 constexpr std::size_t kMaxEvidenceValueChars = 160;
 constexpr std::size_t kMaxRankRanges = 12;
@@ -146,7 +147,7 @@ std::string ProcessState(const JobView& job, const ProcessView& process) {
   }
   // On another host: only the status file's age tells.
   const double age_seconds = static_cast<double>(job.now_ns - process.last_seen_ns) / 1e9;
-  return age_seconds <= 3 * job.status_interval_seconds ? "alive" : "stale";
+  return age_seconds <= kStaleIntervals * job.status_interval_seconds ? "alive" : "stale";
 }
 
 std::string LastCompleted(const ProcessView& process) {
@@ -264,7 +265,7 @@ int Analyze(const AnalyzeOptions& options) {
     std::cerr << "ncclguard analyze: " << board.status().message() << '\n';
     return kExitUsage;
   }
-  const double given_interval = options.status_interval_seconds.value_or(kDefaultStatusIntervalSeconds);
+  const double given_interval = options.status_interval_seconds.value_or(DefaultStatusIntervalSeconds());
   JobReadLimits limits;
   limits.deadline = std::chrono::milliseconds(static_cast<std::int64_t>(options.deadline_seconds * 1000));
   g_view_left_to_exit = new absl::StatusOr<JobView>(
@@ -290,7 +291,7 @@ int Analyze(const AnalyzeOptions& options) {
     // with them.
     const std::size_t processes = job->processes.size() + job->not_read.processes;
     job->status_interval_seconds = StatusIntervalSeconds(
-        kDefaultStatusIntervalSeconds, static_cast<int>(processes), (*board)->StatusWritesPerSecond());
+        DefaultStatusIntervalSeconds(), static_cast<int>(processes), (*board)->StatusWritesPerSecond());
   }
 
   // The command's log is not started: say here that P2P verdicts lack part of their evidence.

@@ -62,10 +62,14 @@ struct NotRead {
   bool SomeProcessMissing() const { return processes > 0 || listing_cut_short; }
 };
 
+// A status that has not been rewritten for this many intervals belongs to a process that ended
+// or hangs outside the watchdog's reach.
+inline constexpr double kStaleIntervals = 3;
+
 struct JobView {
   std::string directory;
   std::int64_t now_ns = 0;             // when it was read (epoch ns)
-  double status_interval_seconds = 2;  // a status older than 3 intervals is stale
+  double status_interval_seconds = 2;  // a status older than kStaleIntervals intervals is stale
   std::vector<ProcessView> processes;
   std::vector<std::string> problems;  // files that could not be read, and why
   NotRead not_read;                   // files left unread by the deadline or a cap (also in problems)

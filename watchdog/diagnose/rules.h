@@ -24,9 +24,6 @@ namespace ncclguard::classifier {
 
 using Json = nlohmann::json;
 
-// A status that has not been rewritten for this many intervals belongs to a process that ended
-// or hangs outside the watchdog's reach.
-inline constexpr double kStaleIntervals = 3;
 // Per-rank clauses in one message; the evidence lists every rank.
 inline constexpr size_t kMaxClauses = 3;
 
