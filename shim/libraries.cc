@@ -11,9 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "watchdog/common/config.h"
-#include "watchdog/common/log.h"
 #include "watchdog/common/nccl_api.h"
+#include "watchdog/record/hooks.h"
 
 #define NCCLGUARD_UNINSTRUMENTED no_sanitize("address", "undefined", "thread")
 // glibc's dlsym, found on first use; dlsym.cc's trampoline jumps through it.
@@ -140,7 +139,7 @@ void ResolveDefaultLibrary() {
   Library& library = g_libraries[0];
   if (library.known.load(std::memory_order_acquire)) return;
 
-  const std::string& configured = GetConfig().nccl_library;
+  const std::string configured = hooks::NcclLibraryOfUser();
   if (!configured.empty()) {
     std::string problem;
     if (void* handle = OpenConfiguredNccl(configured, &problem)) {
@@ -149,11 +148,7 @@ void ResolveDefaultLibrary() {
       Publish(library, handle, map, map != nullptr ? map->l_name : configured.c_str());
       return;
     }
-    // Said once, and only once the log exists (a dlsym() lookup may come before the first call).
-    static std::atomic<bool> reported{false};
-    if (log::Get() != nullptr && !reported.exchange(true)) {
-      log::Error("NCCLGUARD_NCCL_LIBRARY='{}' {}; looking for the process's own NCCL", configured, problem);
-    }
+    hooks::ReportNcclLibraryProblem(configured, problem);
   }
 
   // The usual case: the application or a library it loaded globally links libnccl.

@@ -12,7 +12,6 @@
 #include "absl/functional/function_ref.h"
 #include "shim/calls.h"
 #include "shim/libraries.h"
-#include "watchdog/common/comm_handle.h"
 #include "watchdog/common/libraries.h"
 #include "watchdog/common/nccl_api.h"
 #include "watchdog/common/nccl_api_table.h"
@@ -91,9 +90,7 @@ Result MissingFunctionResult() {
 template <typename T>
 T RealArgument(T value, int* library) noexcept {
   if constexpr (std::is_same_v<T, ncclComm_t>) {
-    // While in-process recovery re-points handles, calls that name a communicator wait for it.
-    if (g_recoveries_under_way.load(std::memory_order_relaxed) > 0) hooks::WaitForRecoveries();
-    return ResolveComm(value, library);
+    return hooks::ResolveCommunicator(value, library);
   } else {
     return value;
   }

@@ -14,7 +14,6 @@ namespace ncclguard {
 
 class RealLibraries {
  public:
-  virtual ~RealLibraries() = default;
   // The real function of `api` in the NCCL library of `slot`; nullptr when that library lacks it
   // or no library can be found.
   virtual void* Function(int slot, Api api) noexcept = 0;
@@ -34,6 +33,11 @@ class RealLibraries {
   // ncclguard's wrappers, then reach that library too (not the process's default NCCL) and are
   // not reported as calls of their own.
   virtual void CallAs(int slot, Api api, absl::FunctionRef<void()> call) noexcept = 0;
+
+ protected:
+  // Never deleted through this interface; not virtual, so that the shim's instance, a global in
+  // libncclguard.so, has no destructor to register when the library is loaded.
+  ~RealLibraries() = default;
 };
 
 // Called by the shim before any call reaches the core. A program that links the core without the

@@ -120,6 +120,10 @@ void NestedCall(Api api, Api outer) noexcept {
 
 void WaitIfExiting() noexcept { ::ncclguard::WaitIfExiting(); }
 
+namespace {
+
+// Waits, a bounded time, until no in-process recovery is under way (g_recoveries_under_way), unless
+// this thread is the one recovering.
 void WaitForRecoveries() noexcept {
   if (OnRecoveringThread()) return;
   // A recovery ends within its deadlines (the meeting, the new communicator, the replay); this
@@ -128,6 +132,29 @@ void WaitForRecoveries() noexcept {
   const std::int64_t give_up = SteadyNowNs() + kLongestWaitNs;
   while (g_recoveries_under_way.load(std::memory_order_seq_cst) > 0 && SteadyNowNs() < give_up) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+}  // namespace
+
+ncclComm_t ResolveCommunicator(ncclComm_t comm, int* library) noexcept {
+  if (g_recoveries_under_way.load(std::memory_order_relaxed) > 0) WaitForRecoveries();
+  return ResolveComm(comm, library);
+}
+
+std::string NcclLibraryOfUser() noexcept {
+  try {
+    return GetConfig().nccl_library;
+  } catch (...) {
+    return "";
+  }
+}
+
+void ReportNcclLibraryProblem(const std::string& configured, const std::string& problem) noexcept {
+  // A dlsym() lookup may come before the first call, and the log.
+  static std::atomic<bool> reported{false};
+  if (log::Get() != nullptr && !reported.exchange(true)) {
+    log::Error("NCCLGUARD_NCCL_LIBRARY='{}' {}; looking for the process's own NCCL", configured, problem);
   }
 }
 

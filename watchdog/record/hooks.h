@@ -1,5 +1,6 @@
 // The core's door: everything the shim calls, and nothing else. Plain functions, no templates;
-// sorting a call's arguments by type is the shim's (shim/calls.h).
+// sorting a call's arguments by type is the shim's (shim/calls.h). libncclguard.so's front end
+// reaches them through one table (door_entries.h): a function added here is added there too.
 //
 // The shim decides nothing: whether ncclguard is on, what is logged and what a call means are
 // settled behind these functions.
@@ -39,8 +40,8 @@ struct Ticket {
 };
 
 // Every wrapper first turns each communicator it is given into the real one behind it, and the
-// library slot to call: ResolveComm (common/comm_handle.h), inlined, leaves NCCL's own
-// communicators and null as they are. The core only ever sees real communicators.
+// library slot to call: hooks::ResolveCommunicator leaves NCCL's own communicators and null as they
+// are. The core only ever sees real communicators.
 
 // An operation's arguments, found by type: every collective and point-to-point call has exactly
 // one count, datatype and communicator, at most one reduction and at most one int (root or peer).
@@ -134,9 +135,16 @@ void ReportMissingFunction(Api api, int library) noexcept;
 // process (NCCLGUARD_ACTION=exit).
 void WaitIfExiting() noexcept;
 
-// Waits, a bounded time, until no in-process recovery is under way (g_recoveries_under_way), unless
-// this thread is the one recovering.
-void WaitForRecoveries() noexcept;
+// The communicator NCCL must see for `comm` (ResolveComm, common/comm_handle.h), with `*library`
+// set to the slot that serves it when `comm` is one of ncclguard's handles. While an in-process
+// recovery re-points handles, first waits a bounded time for it, unless this thread is the one
+// recovering.
+ncclComm_t ResolveCommunicator(ncclComm_t comm, int* library) noexcept;
+
+// NCCLGUARD_NCCL_LIBRARY: the NCCL library the user named, "" when none. Starts nothing.
+std::string NcclLibraryOfUser() noexcept;
+// Logs once, when the log exists, that the library the user named was not used, and why.
+void ReportNcclLibraryProblem(const std::string& configured, const std::string& problem) noexcept;
 
 // Around the real call: how many threads are inside NCCL, and in which function.
 void EnterNccl(Api api) noexcept;

@@ -17,6 +17,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "watchdog/common/config.h"
+#include "watchdog/common/libraries.h"
 #include "watchdog/common/log.h"
 #include "watchdog/common/profile_events.h"
 #include "watchdog/record/hooks.h"
@@ -36,11 +37,13 @@ std::mutex g_mutex;
 std::string g_user_plugin;  // what NCCL_PROFILER_PLUGIN named before we pointed it at ourselves
 std::string g_own_plugin;   // what we pointed it at
 
-// The shared object this code is part of, as NCCL can dlopen() it: libncclguard.so's path, or
-// STATIC_PLUGIN where the core is linked into a program.
+// The shared object that serves NCCL's profiler (shim/profiler.cc), as NCCL can dlopen() it:
+// libncclguard.so's path, or STATIC_PLUGIN where the shim is linked into a program. Found from the
+// libraries the shim handed the core (an object of the shim's), not from this code, which is in
+// libncclguard-core.so when the shim is libncclguard.so's front end.
 std::string OwnPlugin() {
   Dl_info info{};
-  if (dladdr(reinterpret_cast<void*>(&PointNcclAtOwnProfiler), &info) != 0 && info.dli_fname != nullptr &&
+  if (dladdr(static_cast<const void*>(&Real()), &info) != 0 && info.dli_fname != nullptr &&
       absl::EndsWith(info.dli_fname, ".so")) {
     // As loaded, which may be relative to a directory the application leaves before NCCL's first
     // communicator (LD_PRELOAD=./libncclguard.so).
