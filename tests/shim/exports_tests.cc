@@ -1,5 +1,7 @@
-// The dynamic symbols of libncclguard.so are exactly the table's NCCL functions plus dlsym, and
-// every row of the table is a function the real NCCL of this machine exports.
+// The dynamic symbols of libncclguard.so are exactly the table's NCCL functions plus dlsym and
+// NCCL's profiler structures, those of its core the door's table alone; the front end needs the C
+// and C++ runtimes only and runs nothing at load; every row of the table is a function the real
+// NCCL of this machine exports.
 #include <set>
 #include <sstream>
 
@@ -23,7 +25,59 @@ std::set<std::string> DefinedDynamicSymbols(const std::string& library) {
   return names;
 }
 
+std::vector<std::string> Needed(const std::string& library) {
+  const auto result = ncclguard::testing::RunProcess({READELF_EXECUTABLE, "-d", library});
+  REQUIRE(result.exit_code == 0);
+  std::vector<std::string> needed;
+  for (const std::string& line : ncclguard::testing::SplitLines(result.out)) {
+    const size_t open = line.find("(NEEDED)");
+    if (open == std::string::npos) continue;
+    const size_t from = line.find('[');
+    const size_t to = line.find(']');
+    if (from != std::string::npos && to > from) needed.push_back(line.substr(from + 1, to - from - 1));
+  }
+  return needed;
+}
+
 }  // namespace
+
+TEST_CASE("libncclguard.so needs the C and C++ runtimes only", "[exports]") {
+  // Preloaded into every program of a shell: anything more is loaded and relocated at every start.
+  const std::set<std::string> runtimes = {"libc.so.6",
+                                          "libm.so.6",
+                                          "libstdc++.so.6",
+                                          "libgcc_s.so.1",
+                                          "ld-linux-x86-64.so.2",
+                                          "ld-linux-aarch64.so.1"};
+  for (const std::string& library : Needed(PRELOAD_LIBRARY)) {
+    INFO(library);
+    CHECK(runtimes.count(library) == 1);
+  }
+}
+
+TEST_CASE("libncclguard.so runs nothing when it is loaded", "[exports]") {
+  // The toolchain's frame_dummy is the one initialiser allowed: 8 bytes of .init_array, no
+  // initialisers of ours (a global with a constructor or a destructor, iostream).
+  const auto result = ncclguard::testing::RunProcess({READELF_EXECUTABLE, "-W", "-S", PRELOAD_LIBRARY});
+  REQUIRE(result.exit_code == 0);
+  for (const std::string& line : ncclguard::testing::SplitLines(result.out)) {
+    INFO(line);
+    CHECK(line.find(" .ctors ") == std::string::npos);
+    const size_t at = line.find(" .init_array ");
+    if (at == std::string::npos) continue;
+    std::istringstream fields(line.substr(at));
+    std::string name, type, address, offset, size;
+    fields >> name >> type >> address >> offset >> size;
+    CHECK(std::stoul(size, nullptr, 16) <= 8);
+  }
+  const auto symbols = ncclguard::testing::RunProcess({NM_EXECUTABLE, PRELOAD_LIBRARY});
+  REQUIRE(symbols.exit_code == 0);
+  CHECK(symbols.out.find("_GLOBAL__sub_I_") == std::string::npos);
+}
+
+TEST_CASE("libncclguard-core.so exports the door's table, nothing else", "[exports]") {
+  CHECK(DefinedDynamicSymbols(CORE_LIBRARY) == std::set<std::string>{"ncclguard_core_entries"});
+}
 
 TEST_CASE(
     "libncclguard.so exports the table's NCCL functions, NCCL's profiler plugin and dlsym, nothing else",
@@ -54,26 +108,19 @@ TEST_CASE("every table row is a function of nccl.h and of the real libnccl", "[e
   }
 }
 
-TEST_CASE("libncclguard.so needs neither libnccl nor the CUDA libraries", "[exports]") {
+TEST_CASE("ncclguard's libraries need neither libnccl nor the CUDA libraries", "[exports]") {
   // They are the application's, found at run time: NEEDED entries would load them into every
   // preloaded process, or the wrong copies.
-  const auto result = ncclguard::testing::RunProcess({READELF_EXECUTABLE, "-d", PRELOAD_LIBRARY});
-  REQUIRE(result.exit_code == 0);
-  std::vector<std::string> needed;
-  for (const std::string& line : ncclguard::testing::SplitLines(result.out)) {
-    const size_t open = line.find("(NEEDED)");
-    if (open == std::string::npos) continue;
-    const size_t from = line.find('[');
-    const size_t to = line.find(']');
-    if (from != std::string::npos && to > from) needed.push_back(line.substr(from + 1, to - from - 1));
-  }
-  CHECK_FALSE(needed.empty());
-  for (const std::string& library : needed) {
-    INFO(library);
-    CHECK(library.find("libnccl") == std::string::npos);
-    CHECK(library.find("libcuda") == std::string::npos);
-    CHECK(library.find("libnvidia-ml") == std::string::npos);
-    CHECK(library.find("fmt") == std::string::npos);     // compiled in, hidden
-    CHECK(library.find("spdlog") == std::string::npos);  // likewise
+  for (const std::string& object : {std::string(PRELOAD_LIBRARY), std::string(CORE_LIBRARY)}) {
+    const std::vector<std::string> needed = Needed(object);
+    CHECK_FALSE(needed.empty());
+    for (const std::string& library : needed) {
+      INFO(object << ": " << library);
+      CHECK(library.find("libnccl") == std::string::npos);
+      CHECK(library.find("libcuda") == std::string::npos);
+      CHECK(library.find("libnvidia-ml") == std::string::npos);
+      CHECK(library.find("fmt") == std::string::npos);     // compiled in, hidden
+      CHECK(library.find("spdlog") == std::string::npos);  // likewise
+    }
   }
 }

@@ -1,0 +1,74 @@
+// libncclguard.so is a front end that loads its core at the first NCCL call: a process that never
+// calls NCCL maps neither the core nor what the core needs, and a missing core leaves NCCL calls
+// passing through, said once.
+#include <filesystem>
+
+#include <catch2/catch.hpp>
+
+#include "tests/support/process.h"
+
+using ncclguard::testing::CountOccurrences;
+using ncclguard::testing::ProcessOptions;
+using ncclguard::testing::ProcessResult;
+using ncclguard::testing::RunProcess;
+using ncclguard::testing::TemporaryDirectory;
+
+namespace {
+
+ProcessResult RunProbe(const std::string& mode, const std::string& preload,
+                       const std::string& library_path = "") {
+  ProcessOptions options;
+  options.environment["LD_LIBRARY_PATH"] =
+      library_path.empty() ? REAL_NCCL_DIR : library_path + ":" REAL_NCCL_DIR;
+  if (!preload.empty()) options.environment["LD_PRELOAD"] = preload;
+  std::vector<std::string> argv = {LAZY_PROBE};
+  if (!mode.empty()) argv.push_back(mode);
+  ProcessResult result = RunProcess(argv, options);
+  INFO("stdout:\n" << result.out << "\nstderr:\n" << result.err);
+  REQUIRE(result.exit_code == 0);
+  return result;
+}
+
+// The line of `out` that starts with `prefix`, "" when none.
+std::string Line(const std::string& out, const std::string& prefix) {
+  for (const std::string& line : ncclguard::testing::SplitLines(out)) {
+    if (line.rfind(prefix, 0) == 0) return line;
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("a process that never calls NCCL does not map the core", "[lazy]") {
+  const ProcessResult result = RunProbe("", PRELOAD_LIBRARY);
+  CHECK(result.out == "start core=0 absl=0 simdjson=0 front_end=1\n");
+  CHECK(result.err.empty());
+}
+
+TEST_CASE("the first NCCL call loads the core", "[lazy]") {
+  const ProcessResult result = RunProbe("call", PRELOAD_LIBRARY);
+  const ProcessResult direct = RunProbe("call", "");
+  CHECK(result.out.find("start core=0 absl=0 simdjson=0 front_end=1\n") == 0);
+  CHECK(result.out.find("after_call core=1 absl=1 simdjson=1 front_end=1\n") != std::string::npos);
+  // The same answer as NCCL's own.
+  CHECK(Line(result.out, "version ") == Line(direct.out, "version "));
+  CHECK(Line(result.out, "version ").find(" result 0") != std::string::npos);
+}
+
+TEST_CASE("a missing core is said once and NCCL calls pass through", "[lazy]") {
+  TemporaryDirectory directory;
+  const std::string alone = directory.path() + "/libncclguard.so";
+  std::filesystem::copy_file(PRELOAD_LIBRARY, alone);
+  // The core is in the library path, yet only looked for beside the front end.
+  const std::string core_directory = std::filesystem::path(CORE_LIBRARY).parent_path();
+  const ProcessResult result = RunProbe("call", alone, core_directory);
+  const ProcessResult direct = RunProbe("call", "");
+  INFO(result.err);
+  CHECK(CountOccurrences(result.err, "\n") == 1);
+  CHECK(CountOccurrences(result.err, "ncclguard: cannot load its core " + directory.path() +
+                                         "/libncclguard-core.so (") == 1);
+  CHECK(CountOccurrences(result.err, "cannot open shared object file") == 1);  // dlerror()'s words
+  CHECK(result.out.find("after_call core=0 absl=0 simdjson=0 front_end=1\n") != std::string::npos);
+  CHECK(Line(result.out, "version ") == Line(direct.out, "version "));
+  CHECK(Line(result.out, "version ").find(" result 0") != std::string::npos);
+}
