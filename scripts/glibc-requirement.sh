@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # glibc-requirement.sh PREFIX [--check FILE...]
 # Prints the newest glibc (GLIBC_x.y) and libstdc++ (GLIBCXX_x.y.z) symbol versions that the
-# ncclguard installed in PREFIX needs: the library, the command and the private libraries beside
-# them. Every process of a node that preloads the library needs at least these; they are set by
+# ncclguard installed in PREFIX needs: the preloaded front end, its core, the command and the private
+# libraries beside them. Every process of a node that preloads the library needs at least these; they are set by
 # the machine it was built on. With --check, fails unless each FILE names exactly these versions.
 set -euo pipefail
 prefix=${1:?usage: glibc-requirement.sh PREFIX [--check FILE...]}
 shift
 
 shopt -s nullglob
-objects=("$prefix"/lib*/libncclguard.so "$prefix"/bin/ncclguard "$prefix"/lib*/ncclguard/*.so*)
+objects=("$prefix"/lib*/libncclguard.so "$prefix"/lib*/libncclguard-core.so "$prefix"/bin/ncclguard
+  "$prefix"/lib*/ncclguard/*.so*)
 if [[ ! -f ${objects[0]:-} ]]; then
   echo "glibc-requirement.sh: no libncclguard.so in $prefix/lib*" >&2
   exit 2

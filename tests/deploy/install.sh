@@ -10,6 +10,7 @@ rm -rf "$prefix"
 status=0
 expected=(
   "$libdir/libncclguard.so"
+  "$libdir/libncclguard-core.so"
   "$bindir/ncclguard"
   "$datadir/ncclguard/known-bad.json"
   "$docdir/README.md"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# private_libraries.sh PREFIX LIBDIR BINDIR: the installed library and command need nothing beyond
-# glibc, libstdc++ and libgcc that is not installed with them, and find it there.
+# private_libraries.sh PREFIX LIBDIR BINDIR: the installed core and command need nothing beyond
+# glibc, libstdc++ and libgcc that is not installed with them, and find it there; the preloaded
+# front end needs nothing beyond them at all.
 set -euo pipefail
 prefix=$1 libdir=$2 bindir=$3
 private=$(realpath --no-symlinks "$prefix/$libdir/ncclguard")
@@ -9,7 +10,8 @@ system='^(ld-linux[-a-z0-9_.]*\.so\.[0-9]+|linux-vdso\.so\.1|libc\.so\.6|libm\.s
 
 status=0
 shopt -s nullglob
-objects=("$prefix/$libdir/libncclguard.so" "$prefix/$bindir/ncclguard" "$private"/*)
+objects=("$prefix/$libdir/libncclguard.so" "$prefix/$libdir/libncclguard-core.so" "$prefix/$bindir/ncclguard"
+  "$private"/*)
 
 # Every dependency of every installed object, whatever this machine has: a system library or a
 # private one.
@@ -20,6 +22,9 @@ for object in "${objects[@]}"; do
       { echo "$object needs $needed, which is neither a system library nor installed"; status=1; }
   done < <(readelf -d "$object" | sed -n 's/.*(NEEDED).*\[\(.*\)\]$/\1/p')
 done
+while read -r needed; do
+  [[ $needed =~ $system ]] || { echo "libncclguard.so needs $needed, not a system library"; status=1; }
+done < <(readelf -d "$prefix/$libdir/libncclguard.so" | sed -n 's/.*(NEEDED).*\[\(.*\)\]$/\1/p')
 for object in "$private"/*; do
   [[ $(basename "$object") =~ $system ]] && { echo "a system library was installed: $object"; status=1; }
 done
@@ -27,7 +32,7 @@ done
 # And ld.so loads those private copies, even though this machine has its own, and even when the
 # job's library path names the system's directory first.
 system_libdir=/usr/lib/$(gcc -print-multiarch 2>/dev/null || true)
-for object in "$prefix/$libdir/libncclguard.so" "$prefix/$bindir/ncclguard"; do
+for object in "$prefix/$libdir/libncclguard-core.so" "$prefix/$bindir/ncclguard"; do
   resolved=$(LD_LIBRARY_PATH=$system_libdir ldd "$object")
   while read -r name _ path _; do
     [[ $name =~ $system ]] && continue
