@@ -255,7 +255,7 @@ int AdoptLibrary(void* dl_handle, const std::string& path) noexcept {
   return -1;
 }
 
-std::string LibraryPath(int slot) {
+const char* LibraryPath(int slot) noexcept {
   const Library& library = g_libraries[slot];
   return library.known.load(std::memory_order_acquire) ? library.path : "";
 }

@@ -34,8 +34,9 @@ int SlotForLookup(void* handle, Api api, void* real_function) noexcept;
 // A library the core dlopen()ed itself, given a slot of its own (RealLibraries::AdoptLibrary).
 int AdoptLibrary(void* dl_handle, const std::string& path) noexcept;
 
-// Path of the library in `slot` ("" while unknown) and its NCCL version code (0 while unknown).
-std::string LibraryPath(int slot);
+// Path of the library in `slot` ("" while unknown; never changes once known) and its NCCL version
+// code (0 while unknown).
+const char* LibraryPath(int slot) noexcept;
 int LibraryVersion(int slot) noexcept;
 
 // The functions above, as the core's way to the real libraries (handed to it at its start);

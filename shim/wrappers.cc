@@ -61,7 +61,7 @@ class CallScope {
 class ShimLibraries final : public RealLibraries {
  public:
   void* Function(int slot, Api api) noexcept override { return RealFunction(slot, api); }
-  std::string Path(int slot) override { return LibraryPath(slot); }
+  const char* Path(int slot) noexcept override { return LibraryPath(slot); }
   int Version(int slot) noexcept override { return LibraryVersion(slot); }
   void* Symbol(void* handle, const char* name) noexcept override { return RealDlsym()(handle, name); }
   int AdoptLibrary(void* dl_handle, const std::string& path) noexcept override {

@@ -14,7 +14,7 @@ namespace {
 class NoLibraries final : public RealLibraries {
  public:
   void* Function(int, Api) noexcept override { return nullptr; }
-  std::string Path(int) override { return ""; }
+  const char* Path(int) noexcept override { return ""; }
   int Version(int) noexcept override { return 0; }
   void* Symbol(void* handle, const char* name) noexcept override { return dlsym(handle, name); }
   int AdoptLibrary(void*, const std::string&) noexcept override { return -1; }

@@ -17,8 +17,10 @@ class RealLibraries {
   // The real function of `api` in the NCCL library of `slot`; nullptr when that library lacks it
   // or no library can be found.
   virtual void* Function(int slot, Api api) noexcept = 0;
-  // Path of the library in `slot` ("" while unknown) and its NCCL version code (0 while unknown).
-  virtual std::string Path(int slot) = 0;
+  // Path of the library in `slot` ("" while unknown), valid for the process's life, and its NCCL
+  // version code (0 while unknown). Plain characters: libncclguard.so's front end and its core may
+  // each have a C++ runtime of their own, so nothing one of them allocates crosses this interface.
+  virtual const char* Path(int slot) noexcept = 0;
   virtual int Version(int slot) noexcept = 0;
   // glibc's dlsym(), for CUDA and NVML lookups: a lookup by name from inside libncclguard would
   // reach ncclguard's own interposed dlsym().

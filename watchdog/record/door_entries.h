@@ -36,10 +36,10 @@
   X(resolve_communicator, hooks::ResolveCommunicator, ncclComm_t, (ncclComm_t comm, int* library),           \
     (comm, library), comm)                                                                                   \
   X(nested_call, hooks::NestedCall, void, (Api api, Api outer), (api, outer), )                              \
-  X(nccl_library_of_user, hooks::NcclLibraryOfUser, std::string, (), (), std::string())                      \
+  X(nccl_library_of_user, hooks::NcclLibraryOfUser, const char*, (), (), "")                                 \
   X(report_nccl_library_problem, hooks::ReportNcclLibraryProblem, void,                                      \
     (const std::string& configured, const std::string& problem), (configured, problem), )                    \
-  X(profiler_plugin_of_user, hooks::ProfilerPluginOfUser, std::string, (), (), std::string())                \
+  X(profiler_plugin_of_user, hooks::ProfilerPluginOfUser, const char*, (), (), "")                           \
   X(report_profiler_plugin_of_user, hooks::ReportProfilerPluginOfUser, void,                                 \
     (const std::string& name, const char* plugin_name, bool opened, const char* wanted, const char* error),  \
     (name, plugin_name, opened, wanted, error), )                                                            \

@@ -142,9 +142,9 @@ ncclComm_t ResolveCommunicator(ncclComm_t comm, int* library) noexcept {
   return ResolveComm(comm, library);
 }
 
-std::string NcclLibraryOfUser() noexcept {
+const char* NcclLibraryOfUser() noexcept {
   try {
-    return GetConfig().nccl_library;
+    return GetConfig().nccl_library.c_str();  // parsed once, kept for the process
   } catch (...) {
     return "";
   }

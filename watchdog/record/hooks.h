@@ -103,7 +103,9 @@ void NestedCall(Api api, Api outer) noexcept;
 
 // The profiler plugin the user named in NCCL_PROFILER_PLUGIN before ncclguard pointed NCCL at its
 // own (profiler_plugin.cc); "" when none. The shim loads it and forwards NCCL's events to it.
-std::string ProfilerPluginOfUser() noexcept;
+// Valid until ncclguard starts again (in a forked child). Plain characters, as every string the door
+// returns: libncclguard.so's front end and its core may each have a C++ runtime of their own.
+const char* ProfilerPluginOfUser() noexcept;
 // What became of loading it: `opened` the library, `plugin_name` its plugin's name (nullptr when
 // it has none of the structures `wanted` names, those of the version NCCL speaks), `error`
 // dlerror()'s text. Logged once.
@@ -142,7 +144,7 @@ void WaitIfExiting() noexcept;
 ncclComm_t ResolveCommunicator(ncclComm_t comm, int* library) noexcept;
 
 // NCCLGUARD_NCCL_LIBRARY: the NCCL library the user named, "" when none. Starts nothing.
-std::string NcclLibraryOfUser() noexcept;
+const char* NcclLibraryOfUser() noexcept;
 // Logs once, when the log exists, that the library the user named was not used, and why.
 void ReportNcclLibraryProblem(const std::string& configured, const std::string& problem) noexcept;
 

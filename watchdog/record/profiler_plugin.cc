@@ -104,9 +104,9 @@ void PointNcclAtOwnProfiler(const Config& config, const std::vector<NcclConfigFi
 
 namespace hooks {
 
-std::string ProfilerPluginOfUser() noexcept {
+const char* ProfilerPluginOfUser() noexcept {
   std::lock_guard<std::mutex> lock(g_mutex);
-  return g_user_plugin;
+  return g_user_plugin.c_str();
 }
 
 void ReportProfilerPluginOfUser(const std::string& name, const char* plugin_name, bool opened,
