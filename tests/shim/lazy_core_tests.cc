@@ -72,3 +72,18 @@ TEST_CASE("a missing core is said once and NCCL calls pass through", "[lazy]") {
   CHECK(Line(result.out, "version ") == Line(direct.out, "version "));
   CHECK(Line(result.out, "version ").find(" result 0") != std::string::npos);
 }
+
+TEST_CASE("a core of another build is refused, said once, and NCCL calls pass through", "[lazy]") {
+  TemporaryDirectory directory;
+  const std::string front_end = directory.path() + "/libncclguard.so";
+  std::filesystem::copy_file(PRELOAD_LIBRARY, front_end);
+  std::filesystem::copy_file(STALE_CORE, directory.path() + "/libncclguard-core.so");
+  const ProcessResult result = RunProbe("call", front_end);
+  const ProcessResult direct = RunProbe("call", "");
+  INFO(result.err);
+  CHECK(CountOccurrences(result.err, "\n") == 1);
+  CHECK(CountOccurrences(result.err, "ncclguard: cannot use its core " + directory.path() +
+                                         "/libncclguard-core.so (it comes from another build") == 1);
+  CHECK(Line(result.out, "version ") == Line(direct.out, "version "));
+  CHECK(Line(result.out, "version ").find(" result 0") != std::string::npos);
+}
