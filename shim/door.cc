@@ -6,13 +6,13 @@
 // forwarded unchanged (the door's `without_core` answers). Only in the preload library: the tests
 // and the command line tool link the core itself.
 #include <dlfcn.h>
+#include <limits.h>
 #include <pthread.h>
+#include <stdlib.h>
 #include <unistd.h>
 
 #include <atomic>
-#include <climits>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 
 #include "shim/libraries.h"
@@ -68,9 +68,7 @@ const DoorEntries* Load() {
   }
   const auto* entries = static_cast<const DoorEntries*>(RealDlsym()(handle, kDoorEntriesSymbol));
   if (entries == nullptr) {
-    Say("cannot use its core", path,
-        "it has no "
-        "ncclguard_core_entries");
+    Say("cannot use its core", path, "it has no ncclguard_core_entries");
     return nullptr;
   }
   if (entries->abi != DoorAbi()) {

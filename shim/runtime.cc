@@ -9,6 +9,7 @@
 // all on an older node (every program there would fail to start). ncclguard never asks for a
 // random device; this hidden definition, from getrandom() (glibc 2.25), is what the runtime binds
 // to instead.
+// NOLINTNEXTLINE(readability-identifier-naming): glibc's name, which the runtime calls.
 extern "C" __attribute__((visibility("hidden"))) std::uint32_t arc4random() noexcept {
   std::uint32_t value = 0;
   while (getrandom(&value, sizeof(value), 0) != static_cast<long>(sizeof(value))) {

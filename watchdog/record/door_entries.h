@@ -75,10 +75,12 @@ namespace ncclguard {
 // What the core exports under kDoorEntriesSymbol, and nothing else.
 struct DoorEntries {
   std::uint64_t abi;  // DoorAbi() of the build that made the core
+// NOLINTBEGIN(bugprone-macro-parentheses): `field` is a member's name.
 #define NCCLGUARD_DOOR_FIELD(field, function, result, parameters, arguments, without_core) \
   decltype(&::ncclguard::function) field;
   NCCLGUARD_FOR_EACH_DOOR_FUNCTION(NCCLGUARD_DOOR_FIELD)
 #undef NCCLGUARD_DOOR_FIELD
+  // NOLINTEND(bugprone-macro-parentheses)
 };
 
 inline constexpr char kDoorEntriesSymbol[] = "ncclguard_core_entries";

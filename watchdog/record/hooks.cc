@@ -3,6 +3,7 @@
 // operations.cc's.
 #include "watchdog/record/hooks.h"
 
+#include <nccl.h>
 #include <pthread.h>
 #include <sys/types.h>
 #include <unistd.h>
