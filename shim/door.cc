@@ -67,12 +67,15 @@ const DoorEntries* Load() {
     return nullptr;
   }
   const auto* entries = static_cast<const DoorEntries*>(RealDlsym()(handle, kDoorEntriesSymbol));
+  const char* refused = nullptr;
   if (entries == nullptr) {
-    Say("cannot use its core", path, "it has no ncclguard_core_entries");
-    return nullptr;
+    refused = "it has no ncclguard_core_entries";
+  } else if (entries->abi != DoorAbi()) {
+    refused = "it comes from another build of ncclguard than libncclguard.so";
   }
-  if (entries->abi != DoorAbi()) {
-    Say("cannot use its core", path, "it comes from another build of ncclguard than libncclguard.so");
+  if (refused != nullptr) {
+    Say("cannot use its core", path, refused);
+    dlclose(handle);  // nothing of it was called
     return nullptr;
   }
   return entries;  // the handle stays open for the process's life
