@@ -6,12 +6,12 @@
 // forwarded unchanged (the door's `without_core` answers). Only in the preload library: the tests
 // and the command line tool link the core itself.
 #include <dlfcn.h>
-#include <limits.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cstddef>
 #include <cstdio>
 #include <cstring>
 
@@ -42,21 +42,26 @@ void Say(const char* what, const char* path, const char* why) {
 
 // The core's file: beside this library's real file (symbolic links resolved), never looked up
 // through LD_LIBRARY_PATH. False when this library cannot name itself.
-bool CorePath(char (&path)[PATH_MAX]) {
+constexpr std::size_t kPathLength = 4096;  // Linux's PATH_MAX
+
+bool CorePath(char (&path)[kPathLength]) {
   Dl_info info{};
   if (dladdr(reinterpret_cast<const void*>(&CorePath), &info) == 0 || info.dli_fname == nullptr) return false;
-  char own[PATH_MAX];
-  if (realpath(info.dli_fname, own) == nullptr) return false;
+  char* own = realpath(info.dli_fname, nullptr);
+  if (own == nullptr) return false;
   char* slash = std::strrchr(own, '/');
-  if (slash == nullptr) return false;
-  *slash = '\0';
-  const int length = std::snprintf(path, sizeof(path), "%s/%s", own, NCCLGUARD_CORE_FILE);
+  int length = -1;
+  if (slash != nullptr) {
+    *slash = '\0';
+    length = std::snprintf(path, sizeof(path), "%s/%s", own, NCCLGUARD_CORE_FILE);
+  }
+  free(own);
   return length > 0 && length < static_cast<int>(sizeof(path));
 }
 
 // Called with g_load_mutex held: the core's table, or nullptr after saying why there is none.
 const DoorEntries* Load() {
-  char path[PATH_MAX];
+  char path[kPathLength];
   if (!CorePath(path)) {
     Say("cannot find its core", NCCLGUARD_CORE_FILE, "libncclguard.so cannot name its own file");
     return nullptr;

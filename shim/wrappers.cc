@@ -4,7 +4,6 @@
 
 #include <nccl.h>
 
-#include <atomic>
 #include <string>
 #include <type_traits>
 #include <utility>
