@@ -33,6 +33,7 @@
 #include "watchdog/common/escape.h"
 #include "watchdog/common/files.h"
 #include "watchdog/common/ranks.h"
+#include "watchdog/common/temporaries.h"
 #include "watchdog/diagnose/job_view.h"
 #include "watchdog/diagnose/known_bad.h"
 #include "watchdog/diagnose/op_states.h"
@@ -271,6 +272,8 @@ int Analyze(const AnalyzeOptions& options) {
   g_view_left_to_exit = new absl::StatusOr<JobView>(
       ReadJob(*board, WallNowNs(), given_interval, JobDirectoryOrigin::kNamedByUser, limits));
   absl::StatusOr<JobView>& job = *g_view_left_to_exit;
+  // The job's processes never list the directory; this command just did (temporaries.h).
+  (void)RemoveAbandonedTemporaries((*board)->Directory(), kReadDeadline);
   if (!job.ok()) {
     std::cerr << "ncclguard analyze: cannot read " << options.directory << ": " << job.status().message()
               << '\n';

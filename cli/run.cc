@@ -63,6 +63,7 @@
 #include "watchdog/common/escape.h"
 #include "watchdog/common/files.h"
 #include "watchdog/common/log.h"
+#include "watchdog/common/temporaries.h"
 #include "watchdog/common/version.h"
 #include "watchdog/recover/p2p_policy.h"
 #include "watchdog/recover/p2p_verdict.h"
@@ -426,6 +427,12 @@ void HandOverP2pVerdict(const std::string& job_id) {
             << EscapeControlCharacters(described) << '\n';
 }
 
+// After an attempt: the temporary files its processes of this host left when killed in a write,
+// which the processes themselves never look for (temporaries.h).
+void RemoveAttemptTemporaries(const std::string& job_id) {
+  (void)RemoveAbandonedTemporaries(JobDirectory(ParseConfig(ReadProcessEnvironment), job_id), kReadDeadline);
+}
+
 int Run(const RunOptions& options) {
   std::error_code error;
   const std::filesystem::path library =
@@ -481,6 +488,7 @@ int Run(const RunOptions& options) {
                 << kRestartExitCode << " (ncclguard restart)\n";
     }
     exit_code = ExitCode(supervisor.Wait(supervisor.Start(options.command)));
+    RemoveAttemptTemporaries(job_id);
     if (exit_code != kRestartExitCode) return exit_code;
     if (supervisor.stop_signal() != 0) {
       std::cerr << "ncclguard run: exit code " << kRestartExitCode << ", not restarting after "

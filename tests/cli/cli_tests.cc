@@ -3,6 +3,9 @@
 // status, the text, the --json document and the --trace file.
 #include <catch2/catch.hpp>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstddef>
 #include <filesystem>
@@ -88,6 +91,28 @@ TEST_CASE("a healthy job exits 0 and says so") {
   CHECK(result.exit_code == kHealthy);
   CHECK(result.out.find("HEALTHY") != std::string::npos);
   CHECK(result.out.find("4 processes") != std::string::npos);
+}
+
+// The job's processes never list the job directory; analyze, which reads it all, removes the
+// temporaries that killed writers left: .tmp-<name>~<host>~<pid>~<n> (temporaries.h).
+TEST_CASE("analyze removes the temporaries of gone writers of this host, and reads none of them") {
+  Job job(Scenario(SyntheticJob::Scenario::kHealthy));
+  char host[256] = {};
+  REQUIRE(gethostname(host, sizeof(host) - 1) == 0);
+  const pid_t ended = fork();
+  if (ended == 0) _exit(0);
+  REQUIRE(ended > 0);
+  REQUIRE(waitpid(ended, nullptr, 0) == ended);
+  const std::string gone = job.path + "/.tmp-status-a-1.json~" + host + "~" + std::to_string(ended) + "~0";
+  const std::string alive =
+      job.path + "/.tmp-status-a-2.json~" + host + "~" + std::to_string(getpid()) + "~0";
+  for (const std::string& path : {gone, alive}) std::ofstream(path) << "{\"format\":";
+  const ProcessResult result = Ncclguard({"analyze", job.path});
+  INFO(Transcript(result));
+  CHECK(result.exit_code == kHealthy);
+  CHECK(result.out.find("4 processes") != std::string::npos);
+  CHECK_FALSE(std::filesystem::exists(gone));
+  CHECK(std::filesystem::exists(alive));
 }
 
 TEST_CASE("a one-process job is counted in the singular") {

@@ -4,6 +4,7 @@
 // test run cannot change what the command does.
 #include <signal.h>
 #include <sys/types.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <filesystem>
@@ -278,6 +279,35 @@ TEST_CASE("every attempt belongs to the same job") {
     for (const std::string& line : log) CHECK(Field(line, "NCCLGUARD_LAUNCH_ID") == "slurm-4242");
     CHECK(CountOccurrences(result.err, "(job id slurm-4242,") == 1);
   }
+}
+
+// The job's processes never list the job directory: run, after each attempt, removes the
+// temporaries its processes of this host left when killed in a write (temporaries.h).
+TEST_CASE("after an attempt, run removes the temporaries its gone processes left") {
+  Scripts scripts;
+  // A temporary of the script's own shell (gone when run looks) and one of run itself (alive).
+  scripts.Write("leaving.sh",
+                "#!/bin/sh\n"
+                "mkdir -p -m 700 \"$1\"\n"
+                ": > \"$1/.tmp-status-a.json~$2~$$~0\"\n"
+                ": > \"$1/.tmp-status-b.json~$2~$PPID~0\"\n"
+                "echo $PPID > \"$1/run-pid\"\n");
+  char host[256] = {};
+  REQUIRE(gethostname(host, sizeof(host) - 1) == 0);
+  const std::string job_dir = scripts.directory.path() + "/dumps/cleanup-job";
+  const ProcessResult result = NcclguardRun(
+      {"--", scripts.Path("leaving.sh"), job_dir, host},
+      {{"NCCLGUARD_DUMP_DIR", scripts.directory.path() + "/dumps"}, {"NCCLGUARD_JOB_ID", "cleanup-job"}});
+  INFO(Transcript(result));
+  REQUIRE(result.exit_code == 0);
+  const std::string run_pid =
+      ReadFile(job_dir + "/run-pid").substr(0, ReadFile(job_dir + "/run-pid").find('\n'));
+  std::vector<std::string> left;
+  for (const auto& entry : std::filesystem::directory_iterator(job_dir)) {
+    if (entry.path().filename().string().rfind(".tmp-", 0) == 0) left.push_back(entry.path().filename());
+  }
+  REQUIRE(left.size() == 1);
+  CHECK(left[0] == ".tmp-status-b.json~" + std::string(host) + "~" + run_pid + "~0");
 }
 
 TEST_CASE("with --redis, every attempt has the same Redis job board, and it ends with run") {

@@ -366,33 +366,6 @@ TEST_CASE("a status file of this build read by itself: a checksum, then spaces t
   CHECK(content.find_last_not_of(' ') < content.size() - 1);
 }
 
-TEST_CASE("temporary files a killed writer of this host left are removed at the first write", "[job_dir]") {
-  TemporaryDirectory temporary;
-  const std::string job_dir = temporary.path() + "/job";
-  fs::create_directories(job_dir);
-  fs::permissions(job_dir, fs::perms::owner_all);
-  const pid_t ended = fork();
-  if (ended == 0) _exit(0);
-  REQUIRE(ended > 0);
-  REQUIRE(waitpid(ended, nullptr, 0) == ended);
-  const std::string host = SafeFileName(OwnHost());
-  const std::string dead =
-      ".tmp-status-" + host + "-" + std::to_string(ended) + ".json." + std::to_string(ended) + ".3";
-  const std::string alive =
-      ".tmp-status-" + host + "-" + std::to_string(getpid()) + ".json." + std::to_string(getpid()) + ".9";
-  const std::string elsewhere = ".tmp-status-another-host-5.json." + std::to_string(ended) + ".1";
-  for (const std::string& name : {dead, alive, elsewhere}) std::ofstream(job_dir + "/" + name);  // zero bytes
-  REQUIRE(WriteStatus(job_dir, ProcessSnapshot{}, Identity(OwnHost(), 424242)).ok());
-  CHECK_FALSE(fs::exists(job_dir + "/" + dead));
-  CHECK(fs::exists(job_dir + "/" + alive));
-  CHECK(fs::exists(job_dir + "/" + elsewhere));
-  // None of them is read as a status.
-  const absl::StatusOr<StatusScan> scan = ReadStatuses(job_dir);
-  REQUIRE(scan.ok());
-  CHECK(scan->statuses.size() == 1);
-  CHECK(scan->problems.empty());
-}
-
 // A process writes one status file; a tool writing a synthetic job of 100,000 writes as many, and
 // the table of files kept open for rewriting drops the old ones: their descriptors go with them.
 TEST_CASE("status files dropped from the table of open files are closed", "[job_dir]") {
@@ -789,6 +762,20 @@ TEST_CASE("at the first look, only requests made since this process started are 
   WriteRawRequest(job_dir, "dump-request-peer-4-1", "peer", 4, 2000);  // made after we started
   SetGeneration(job_dir, "dump-request-peer-4-1");
   DumpRequestWatcher watcher(job_dir, "me", 1, /*fresh_since_ns=*/1000);
+  CHECK(RequestNames(*watcher.Poll()) == std::vector<std::string>{"dump-request-peer-4-1"});
+  CHECK(watcher.Poll()->empty());
+}
+
+TEST_CASE("requests older than the one the first look found are old, though never listed", "[job_dir]") {
+  TemporaryDirectory temporary;
+  const std::string job_dir = temporary.path() + "/job";
+  WriteRawRequest(job_dir, "dump-request-old-3-1", "old", 3, 100);
+  WriteRawRequest(job_dir, "dump-request-old-3-2", "old", 3, 200);
+  SetGeneration(job_dir, "dump-request-old-3-2");
+  DumpRequestWatcher watcher(job_dir, "me", 1, /*fresh_since_ns=*/1000);
+  CHECK(watcher.Poll()->empty());
+  WriteRawRequest(job_dir, "dump-request-peer-4-1", "peer", 4, 2000);
+  SetGeneration(job_dir, "dump-request-peer-4-1");
   CHECK(RequestNames(*watcher.Poll()) == std::vector<std::string>{"dump-request-peer-4-1"});
   CHECK(watcher.Poll()->empty());
 }

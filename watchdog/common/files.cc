@@ -33,6 +33,7 @@
 #include "absl/strings/string_view.h"
 #include "watchdog/common/exit_gate.h"
 #include "watchdog/common/log.h"
+#include "watchdog/common/temporaries.h"
 
 namespace ncclguard {
 namespace {
@@ -131,7 +132,9 @@ bool OnNfs(int fd) {
 absl::StatusOr<std::string> WriteTemporaryFile(int directory_fd, const std::string& directory,
                                                const std::string& name, const std::string& content,
                                                bool durable, int* kept_fd = nullptr) {
-  std::string temporary = absl::StrCat(".tmp-", name, ".", getpid(), ".", g_temporary_counter.fetch_add(1));
+  // Named after its writer: `ncclguard analyze` tells a killed writer's from one being written.
+  std::string temporary = TemporaryName(name, SafeFileName(log::HostName()), static_cast<int>(getpid()),
+                                        g_temporary_counter.fetch_add(1));
   const int fd =
       openat(directory_fd, temporary.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
   if (fd < 0) return ErrnoError(absl::StrCat("cannot create a file in ", directory), errno);

@@ -1,8 +1,6 @@
 #include "watchdog/report/job_dir.h"
 
-#include <dirent.h>
 #include <fcntl.h>
-#include <signal.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -15,6 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -35,7 +34,6 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "watchdog/common/clock.h"
 #include "watchdog/common/config.h"
@@ -268,43 +266,37 @@ StatusFiles& GetStatusFiles() {
   return *current;
 }
 
-// What a writer killed while creating its status file left: a temporary file
-// (.tmp-status-<host>-<pid>.json.<writer pid>.<n>) that nobody reads (readers skip hidden files)
-// and nobody would remove. Those of this host whose writer is gone are removed; a process id on
-// another host says nothing here. Once per status file, at its first write.
-void RemoveLeftTemporaries(const std::string& job_dir, const std::string& host) {
-  const std::string prefix = absl::StrCat(".tmp-", kStatusPrefix, host, "-");
-  (void)RunWithDeadline<bool>(
-      [job_dir, prefix]() -> absl::StatusOr<bool> {
-        absl::StatusOr<int> directory_fd = OpenPrivateDirectory(job_dir, /*create=*/false);
-        if (!directory_fd.ok()) return directory_fd.status();
-        const ScopedFd directory(*directory_fd);
-        DIR* listing = fdopendir(dup(directory.get()));
-        if (listing == nullptr) return false;
-        std::vector<std::string> left;
-        while (const dirent* entry = readdir(listing)) {
-          const absl::string_view name = entry->d_name;
-          if (!absl::StartsWith(name, prefix)) continue;
-          // ".json.<writer pid>.<n>"
-          const std::vector<absl::string_view> parts = absl::StrSplit(name.substr(prefix.size()), '.');
-          int writer = 0;
-          if (parts.size() >= 3 && absl::SimpleAtoi(parts[parts.size() - 2], &writer) && writer > 0 &&
-              kill(writer, 0) != 0 && errno == ESRCH) {
-            left.emplace_back(name);
-          }
-        }
-        closedir(listing);
-        for (const std::string& name : left) unlinkat(directory.get(), name.c_str(), 0);
-        return true;
-      },
-      kWriteDeadline);
+// When the request `name` (a generation) was made; an error when it cannot be told.
+absl::StatusOr<std::int64_t> RequestTime(const std::string& job_dir, const std::string& name) {
+  if (!absl::StartsWith(name, kRequestPrefix) || absl::StrContains(name, "/"))
+    return absl::InvalidArgumentError("the generation names no request");
+  absl::StatusOr<int> directory_fd = OpenPrivateDirectory(absl::StrCat(job_dir, "/", kDumpRequestsDirectory),
+                                                          /*create=*/false, /*levels_below_job_directory=*/1);
+  if (!directory_fd.ok()) return directory_fd.status();
+  const ScopedFd directory(*directory_fd);
+  const absl::StatusOr<std::string> content = ReadFileAt(directory.get(), name, kMaxReadBytes);
+  if (!content.ok()) return content.status();
+  const DumpRequest request = ParseDumpRequest(name, content);
+  if (request.time_ns <= 0) return absl::InvalidArgumentError("the request says not when it was made");
+  return request.time_ns;
 }
 
 struct PollOutcome {
   std::string generation;
   bool listed = false;
-  std::vector<DumpRequest> fresh;  // when listed: every request not handled before
+  std::vector<DumpRequest> fresh;                    // when listed: every request not handled before
+  std::optional<std::int64_t> unlisted_baseline_ns;  // the first look, made without a listing
 };
+
+// The first look of a watcher whose sieve is `sieve`: whether it can do without a listing.
+std::optional<std::int64_t> UnlistedBaseline(const std::string& job_dir, const RequestSieve& sieve,
+                                             const std::string& generation) {
+  if (sieve.baseline_taken()) return std::nullopt;
+  if (generation.empty()) return std::numeric_limits<std::int64_t>::min();  // nobody has asked
+  const absl::StatusOr<std::int64_t> made = RequestTime(job_dir, generation);
+  if (!made.ok() || *made >= sieve.fresh_since_ns()) return std::nullopt;
+  return *made;
+}
 
 }  // namespace
 
@@ -392,7 +384,6 @@ absl::StatusOr<std::string> WriteStatus(const std::string& job_dir, const Proces
         if (files.by_path.size() > kMaxStatusFiles) files.by_path.clear();
         entry = files.by_path.try_emplace(absl::StrCat(job_dir, "/", name)).first;
         entry->second = std::make_unique<InPlaceFile>(job_dir, name);
-        RemoveLeftTemporaries(job_dir, SafeFileName(facts.host));
       }
       file = entry->second.get();
     }
@@ -503,14 +494,21 @@ std::vector<DumpRequest> RequestSieve::Sift(std::vector<DumpRequest> listed, con
   for (DumpRequest& request : listed) {
     if (!handled_.insert(request.name).second) continue;
     const bool own = request.host == own_host_ && request.pid == own_pid_;
-    if (!own && (baseline_taken_ || request.time_ns >= fresh_since_ns_))
-      reported.push_back(std::move(request));
+    const bool old = baseline_taken_ ? request.time_ns < old_before_ns_ : request.time_ns < fresh_since_ns_;
+    if (!own && !old) reported.push_back(std::move(request));
   }
   baseline_taken_ = true;
   // A listing that does not show the request the generation names is older than the generation
   // (a shared file system's cached directory): list again next time.
   if (generation.empty() || handled_.contains(generation)) seen_generation_ = generation;
   return reported;
+}
+
+void RequestSieve::TakeUnlistedBaseline(const std::string& generation, std::int64_t made_ns) {
+  baseline_taken_ = true;
+  seen_generation_ = generation;
+  if (!generation.empty()) handled_.insert(generation);
+  old_before_ns_ = std::min(made_ns, fresh_since_ns_);
 }
 
 DumpRequestWatcher::DumpRequestWatcher(std::string job_dir, const std::string& own_host, int own_pid,
@@ -531,6 +529,8 @@ absl::StatusOr<std::vector<DumpRequest>> DumpRequestWatcher::Poll() noexcept {
           if (!generation.ok()) return generation.status();
           outcome.generation = *generation;
           if (!sieve.MustList(outcome.generation)) return outcome;
+          outcome.unlisted_baseline_ns = UnlistedBaseline(job_dir, sieve, outcome.generation);
+          if (outcome.unlisted_baseline_ns) return outcome;
           absl::StatusOr<std::vector<DumpRequest>> fresh = ListRequestsNow(job_dir, sieve.handled());
           if (!fresh.ok()) return fresh.status();
           outcome.listed = true;
@@ -539,6 +539,10 @@ absl::StatusOr<std::vector<DumpRequest>> DumpRequestWatcher::Poll() noexcept {
         },
         kReadDeadline);
     if (!outcome.ok()) return outcome.status();
+    if (const std::optional<std::int64_t> made_ns = outcome->unlisted_baseline_ns; made_ns.has_value()) {
+      sieve_.TakeUnlistedBaseline(outcome->generation, *made_ns);
+      return std::vector<DumpRequest>();
+    }
     if (!outcome->listed) return std::vector<DumpRequest>();
     return sieve_.Sift(std::move(outcome->fresh), outcome->generation);
   } catch (...) {

@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <set>
@@ -42,8 +43,9 @@ double StatusIntervalSeconds(double configured_seconds, int job_processes,
 // its latest operations (for the first kMaxSignedCommunicators communicators), and the facts that
 // do not change while it runs (environment, kernel, drivers, GPUs: collected once by the caller,
 // CollectMatchingFacts; memory figures are not written). Rewritten in place (InPlaceFile), ending
-// with a checksum that tells a reader a rewrite it saw half done, or one a crash cut off. At its
-// first write, the temporary files that killed writers of this host left are removed.
+// with a checksum that tells a reader a rewrite it saw half done, or one a crash cut off. Never
+// lists the job directory: the temporaries of killed writers are left to the tools that read the
+// whole job (RemoveAbandonedTemporaries).
 absl::StatusOr<std::string> WriteStatus(const std::string& job_dir, const ProcessSnapshot& snapshot,
                                         const ProcessFacts& facts) noexcept;
 
@@ -140,6 +142,12 @@ class RequestSieve {
   }
   // The requests already reported or passed over: a listing may leave them out.
   const std::set<std::string>& handled() const { return handled_; }
+  bool baseline_taken() const { return baseline_taken_; }
+  std::int64_t fresh_since_ns() const { return fresh_since_ns_; }
+  // The first look without a listing, so that a job's start lists nothing: nobody has asked yet
+  // (`generation` ""), or the latest request, `generation`, was made at `made_ns`, before this
+  // process started. Requests listed later that were made before it are an earlier launch's.
+  void TakeUnlistedBaseline(const std::string& generation, std::int64_t made_ns);
   // Takes note of a listing made when the latest request was `generation`; returns what to report.
   std::vector<DumpRequest> Sift(std::vector<DumpRequest> listed, const std::string& generation);
 
@@ -148,6 +156,7 @@ class RequestSieve {
   int own_pid_;
   std::int64_t fresh_since_ns_;
   bool baseline_taken_ = false;
+  std::int64_t old_before_ns_ = std::numeric_limits<std::int64_t>::min();  // after the baseline
   std::string seen_generation_;
   std::set<std::string> handled_;
 };
@@ -167,7 +176,9 @@ absl::StatusOr<std::vector<DumpRequest>> PendingDumpRequests(
 // keeps open (created empty when missing), and lists the requests directory only when it changed,
 // so a quiet job costs the file system one pread() per process per interval and one open() every
 // kInPlaceChecks intervals. The first call takes note of the requests already there (left by an earlier
-// launch with the same job id) without reporting them. This process's own requests are never reported.
+// launch with the same job id) without reporting them, and without listing them: it reads the one
+// request the generation names, and lists only when that one is newer than this process. This
+// process's own requests are never reported.
 class DumpRequestWatcher {
  public:
   // Requests already in the directory at the first call are taken as old (an earlier launch with
