@@ -381,6 +381,32 @@ TEST_CASE("status files dropped from the table of open files are closed", "[job_
   CHECK(open_descriptors() < before + 20);
 }
 
+// A tool writing many processes' statuses side by side (the synthetic job): one thread's new
+// file drops the table's entries while another thread still writes through one of them, which
+// must stay alive until that write ends (a use after free that the sanitizer builds catch).
+TEST_CASE("status files written side by side by several threads", "[job_dir]") {
+  TemporaryDirectory temporary;
+  const std::string job_dir = temporary.path() + "/job";
+  constexpr int kThreads = 3;
+  constexpr int kFilesEach = 60;
+  std::atomic<int> failures{0};
+  std::vector<std::thread> writers;
+  for (int thread = 0; thread < kThreads; ++thread) {
+    writers.emplace_back([&, thread] {
+      for (int i = 0; i < kFilesEach; ++i) {
+        if (!WriteStatus(job_dir, BusySnapshot(1), Identity("node", thread * kFilesEach + i + 1)).ok())
+          failures.fetch_add(1);
+      }
+    });
+  }
+  for (std::thread& writer : writers) writer.join();
+  CHECK(failures.load() == 0);
+  const absl::StatusOr<StatusScan> scan = ReadStatuses(job_dir);
+  REQUIRE(scan.ok());
+  CHECK(scan->statuses.size() == kThreads * kFilesEach);
+  CHECK(scan->problems.empty());
+}
+
 TEST_CASE("a status file whose directory was removed under the job is written again", "[job_dir]") {
   TemporaryDirectory temporary;
   const std::string job_dir = temporary.path() + "/job";

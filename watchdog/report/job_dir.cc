@@ -251,7 +251,8 @@ absl::StatusOr<std::string> ReadGeneration(PolledFile& generation) {
 constexpr std::size_t kMaxStatusFiles = 16;
 struct StatusFiles {
   std::mutex mutex;
-  std::map<std::string, std::unique_ptr<InPlaceFile>> by_path;
+  // Shared: a writer keeps its file while another thread's new file drops the table's entries.
+  std::map<std::string, std::shared_ptr<InPlaceFile>> by_path;
   pid_t pid = getpid();
 };
 
@@ -374,7 +375,7 @@ absl::StatusOr<std::string> WriteStatus(const std::string& job_dir, const Proces
   if (!content.ok()) return content.status();
   try {
     const std::string name = StatusName(facts);
-    InPlaceFile* file = nullptr;
+    std::shared_ptr<InPlaceFile> file;
     {
       StatusFiles& files = GetStatusFiles();
       std::lock_guard<std::mutex> lock(files.mutex);
@@ -383,9 +384,9 @@ absl::StatusOr<std::string> WriteStatus(const std::string& job_dir, const Proces
         // A few at most (a process writes one; tests write several): the oldest go.
         if (files.by_path.size() > kMaxStatusFiles) files.by_path.clear();
         entry = files.by_path.try_emplace(absl::StrCat(job_dir, "/", name)).first;
-        entry->second = std::make_unique<InPlaceFile>(job_dir, name);
+        entry->second = std::make_shared<InPlaceFile>(job_dir, name);
       }
-      file = entry->second.get();
+      file = entry->second;
     }
     // Not fsync()ed (but on NFS, where other hosts would not see it otherwise): a status file is
     // rewritten every few seconds; flushing every rewrite would cost every rank a disk round trip.
