@@ -1,9 +1,13 @@
 #include "cli/synthetic_job.h"
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -148,6 +152,17 @@ ProcessSnapshot RankSnapshot(const SyntheticJob& job, const Timeline& timeline, 
   return snapshot;
 }
 
+// Rank `rank`'s status, and its dump unless it is the rank that is gone.
+absl::Status WriteRank(JobBoard& board, const SyntheticJob& job, const Timeline& timeline, int rank) {
+  const ProcessSnapshot snapshot = RankSnapshot(job, timeline, rank);
+  const ProcessFacts facts = Facts(job, rank);
+  if (absl::Status status = board.PublishStatus(snapshot, facts); !status.ok()) return status;
+  const bool late = job.scenario == SyntheticJob::Scenario::kRankNotJoined && rank == job.late_rank;
+  const bool dead = late && job.late_rank_state == SyntheticJob::LateRank::kGone;
+  if (dead) return absl::OkStatus();
+  return WriteDump(board.Directory(), snapshot, facts).status();
+}
+
 }  // namespace
 
 absl::Status WriteSyntheticJob(const std::string& job_dir, const SyntheticJob& job) {
@@ -172,17 +187,28 @@ absl::Status WriteSyntheticJob(const std::shared_ptr<JobBoard>& board, const Syn
   timeline.base_ns =
       timeline.now_ns - stalled_ns - kLaunchNs - static_cast<std::int64_t>(timeline.last) * kStepNs;
 
-  for (int rank = 0; rank < job.ranks; ++rank) {
-    const ProcessSnapshot snapshot = RankSnapshot(job, timeline, rank);
-    const ProcessFacts facts = Facts(job, rank);
-    if (absl::Status status = board->PublishStatus(snapshot, facts); !status.ok()) return status;
-    const bool late = job.scenario == SyntheticJob::Scenario::kRankNotJoined && rank == job.late_rank;
-    const bool dead = late && job.late_rank_state == SyntheticJob::LateRank::kGone;
-    if (!dead) {
-      if (DumpResult dump = WriteDump(board->Directory(), snapshot, facts); !dump.ok()) return dump.status();
+  // Side by side, as a job's ranks write theirs: each dump is fsync()ed (file and directory), and
+  // one writer after another would wait for every flush alone. Fewer writers than the file work a
+  // process may run at once (files.h).
+  constexpr int kWriters = 3;
+  std::atomic<int> next_rank{0};
+  std::mutex failure_mutex;
+  absl::Status failure;
+  const auto write_ranks = [&] {
+    for (int rank = next_rank.fetch_add(1); rank < job.ranks; rank = next_rank.fetch_add(1)) {
+      absl::Status written = WriteRank(*board, job, timeline, rank);
+      if (written.ok()) continue;
+      const std::lock_guard<std::mutex> lock(failure_mutex);
+      if (failure.ok()) failure = std::move(written);
+      next_rank.store(job.ranks);  // the others stop too
+      return;
     }
-  }
-  return absl::OkStatus();
+  };
+  std::vector<std::thread> writers;
+  writers.reserve(kWriters);
+  for (int i = 0; i < kWriters; ++i) writers.emplace_back(write_ranks);
+  for (std::thread& writer : writers) writer.join();
+  return failure;
 }
 
 }  // namespace ncclguard
