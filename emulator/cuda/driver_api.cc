@@ -23,10 +23,14 @@ namespace {
 
 using EventPtr = std::shared_ptr<CUevent_st>;
 
+// Driver calls the calling thread has made: what a test counts of the calls a library adds on an
+// application's thread (cuEmuThreadDriverCalls, below).
+thread_local unsigned long long t_driver_calls = 0;
+
 // Takes the driver lock for the length of one API call; most calls must come after cuInit.
 // User objects released during the call are destroyed after it, without the lock.
 struct Driver {
-  Driver() : s(ncclemu::state()), lock(s.mutex) {}
+  Driver() : s(ncclemu::state()), lock(s.mutex) { ++t_driver_calls; }
   ~Driver() {
     if (!lock.owns_lock()) lock.lock();
     std::vector<std::pair<CUhostFn, void*>> destructors;
@@ -1189,4 +1193,9 @@ CUresult cuGraphReleaseUserObject(CUgraph graph, CUuserObject object, unsigned i
   if (held->second == 0) graph->user_objects.erase(held);
   ncclemu::releaseUserObject(d.s, object, count);
   return CUDA_SUCCESS;
+}
+
+// Not CUDA's: the emulator's count of the driver calls made on the calling thread so far.
+extern "C" __attribute__((visibility("default"))) unsigned long long cuEmuThreadDriverCalls() {
+  return t_driver_calls;
 }
