@@ -108,6 +108,8 @@ void LoadUserPlugin(int version) {
 // What ncclguard records (hooks::profiler): the operations, their kernel channels and, over the
 // network, their proxy operations and steps. NCCL starts the parents of these (Group, API events)
 // too; the activation mask is one int for the process, which ncclguard ORs these into.
+// NCCL starts the Coll and P2p API events of a call whenever the mask has one of these; version 4
+// (NCCL 2.26, 2.27) has none.
 constexpr int kRecorded =
     ncclProfileColl | ncclProfileP2p | ncclProfileKernelCh | ncclProfileProxyOp | ncclProfileProxyStep;
 
@@ -170,12 +172,13 @@ Handle* NewHandle(std::uint64_t type) {
 // A communicator's context, whichever version NCCL speaks; `init_user` initialises the user's
 // plugin, when there is one, into the slot it is given.
 template <typename InitUser>
-ncclResult_t InitContext(void** context, int* mask, int ranks, int rank, bool user, InitUser init_user) {
+ncclResult_t InitContext(void** context, int* mask, int ranks, int rank, bool api_events, bool user,
+                         InitUser init_user) {
   static std::once_flag handles;
   std::call_once(handles, [] { g_handles = new (std::nothrow) Handle[kHandles]; });
   *context = nullptr;
   if (g_handles == nullptr) return ncclSuccess;
-  auto* ours = new (std::nothrow) Context{.profile = hooks::profiler::Open(rank, ranks)};
+  auto* ours = new (std::nothrow) Context{.profile = hooks::profiler::Open(rank, ranks, api_events)};
   if (ours == nullptr) return ncclSuccess;
   // A failed init of theirs leaves them no context: nothing of theirs is called for it.
   if (user && init_user(&ours->user) != ncclSuccess) ours->user = nullptr;
@@ -189,7 +192,7 @@ ncclResult_t Init(void** context, uint64_t comm_id, int* mask, const char* comm_
                   int rank, ncclProfilerLogger_t log) {
   LoadUserPlugin(5);
   const ncclProfiler_t* user = g_user.plugin;
-  return InitContext(context, mask, ranks, rank, user != nullptr, [&](void** theirs) {
+  return InitContext(context, mask, ranks, rank, true, user != nullptr, [&](void** theirs) {
     return user->init(theirs, comm_id, mask, comm_name, nodes, ranks, rank, log);
   });
 }
@@ -198,23 +201,35 @@ ncclResult_t InitV4(void** context, int* mask, const char* comm_name, uint64_t c
                     int ranks, int rank, ncclProfilerLogger_t log) {
   LoadUserPlugin(4);
   const ncclProfiler_v4_t* user = g_user.plugin_v4;
-  return InitContext(context, mask, ranks, rank, user != nullptr, [&](void** theirs) {
+  return InitContext(context, mask, ranks, rank, false, user != nullptr, [&](void** theirs) {
     return user->init(theirs, mask, comm_name, comm_hash, nodes, ranks, rank, log);
   });
 }
 
 ProfileRef Record(const Context& context, const Handle* parent, const ncclProfilerEventDescr_t& event) {
   const ProfileRef parent_ref = parent != nullptr ? parent->recorded : ProfileRef{};
+  // A task's parent is its API event (version 5; version 4's is the Group, which ties nothing).
+  const ProfileRef api =
+      parent != nullptr && (parent->type == ncclProfileCollApi || parent->type == ncclProfileP2pApi)
+          ? parent_ref
+          : ProfileRef{};
   switch (event.type) {
+    case ncclProfileCollApi:
+      return hooks::profiler::StartApi(context.profile, event.collApi.graphCaptured != 0);
+    case ncclProfileP2pApi:
+      return hooks::profiler::StartApi(context.profile, event.p2pApi.graphCaptured != 0);
     case ncclProfileColl:
-      return hooks::profiler::StartOp(context.profile, {.func = event.coll.func,
-                                                        .nccl_seq = event.coll.seqNumber,
-                                                        .algo = event.coll.algo,
-                                                        .proto = event.coll.proto,
-                                                        .channels = event.coll.nChannels});
+      return hooks::profiler::StartOp(context.profile,
+                                      {.func = event.coll.func,
+                                       .nccl_seq = event.coll.seqNumber,
+                                       .algo = event.coll.algo,
+                                       .proto = event.coll.proto,
+                                       .channels = event.coll.nChannels},
+                                      api);
     case ncclProfileP2p:
       return hooks::profiler::StartOp(
-          context.profile, {.func = event.p2p.func, .channels = event.p2p.nChannels, .peer = event.p2p.peer});
+          context.profile, {.func = event.p2p.func, .channels = event.p2p.nChannels, .peer = event.p2p.peer},
+          api);
     case ncclProfileKernelCh:
       return hooks::profiler::StartChannel(parent_ref, event.kernelCh.channelId,
                                            static_cast<std::int64_t>(event.kernelCh.pTimer));

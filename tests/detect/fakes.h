@@ -28,20 +28,24 @@ class FakeGpuEvents final : public GpuEvents {
   GpuContext CurrentContext() override { return reinterpret_cast<GpuContext>(0xc0); }
   bool IsCapturing(GpuStream stream) override {
     std::lock_guard<std::mutex> lock(mutex_);
+    ++calls_;
     return capturing.count(stream) != 0;
   }
   GpuEvent Create() override {
     std::lock_guard<std::mutex> lock(mutex_);
+    ++calls_;
     return reinterpret_cast<GpuEvent>(++next_event_);
   }
   bool Record(GpuEvent event, GpuStream) override {
     std::lock_guard<std::mutex> lock(mutex_);
+    ++calls_;
     recorded_.push_back(event);
     reached_.erase(event);  // a record moves the event to the new point of the stream
     return true;
   }
   EventStatus Query(GpuContext, GpuEvent event) override {
     std::lock_guard<std::mutex> lock(mutex_);
+    ++calls_;
     ++queries_[event];
     return reached_.count(event) != 0 || reach_everything_ ? EventStatus::kReached : EventStatus::kNotReached;
   }
@@ -69,6 +73,11 @@ class FakeGpuEvents final : public GpuEvents {
     std::lock_guard<std::mutex> lock(mutex_);
     return destroyed_;
   }
+  // Calls that would reach the driver: capture queries, creations, records and queries.
+  int Calls() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return calls_;
+  }
   std::vector<GpuEvent> Recorded() {
     std::lock_guard<std::mutex> lock(mutex_);
     return recorded_;
@@ -82,6 +91,7 @@ class FakeGpuEvents final : public GpuEvents {
   std::vector<GpuEvent> destroyed_;
   std::map<GpuEvent, int> queries_;
   bool reach_everything_ = false;
+  int calls_ = 0;
 };
 
 struct ExitCalled : std::runtime_error {

@@ -19,7 +19,7 @@ ProfiledOpStart AllReduce(std::uint64_t nccl_seq) {
 TEST_CASE("a profile keeps each operation's channels, proxy operations and the step each waits on",
           "[profiles]") {
   CommProfile profile("4865c4aaa8a6022e", 1);
-  const ProfileRef op = profile.StartOp(AllReduce(7), 12);
+  const ProfileRef op = profile.StartOp(AllReduce(7), {});
   const ProfileRef channel0 = CommProfile::StartChannel(op, 0, 1000);
   const ProfileRef channel1 = CommProfile::StartChannel(op, 1, 1001);
   CommProfile::StopChannel(channel1, 2000);
@@ -40,7 +40,7 @@ TEST_CASE("a profile keeps each operation's channels, proxy operations and the s
   const OpProfileSnapshot& recorded = snapshot.ops[0];
   CHECK(recorded.func == "AllReduce");
   CHECK(recorded.nccl_seq == 7);
-  CHECK(recorded.seq == 12);
+  CHECK(recorded.seq == 0);  // no API event tied it to an operation
   REQUIRE(recorded.kernel_channels.size() == 2);
   CHECK_FALSE(recorded.kernel_channels[0].stopped);
   CHECK(recorded.kernel_channels[1].stopped);
@@ -58,10 +58,10 @@ TEST_CASE("a profile keeps each operation's channels, proxy operations and the s
 
 TEST_CASE("events for an operation whose slot a newer one took are dropped", "[profiles]") {
   CommProfile profile("c0ffee", 0);
-  const ProfileRef first = profile.StartOp(AllReduce(0), 1);
+  const ProfileRef first = profile.StartOp(AllReduce(0), {});
   const ProfileRef channel = CommProfile::StartChannel(first, 0, 10);
   const ProfileRef proxy = CommProfile::StartProxyOp(first, 0, 1, false, 2);
-  for (int op = 1; op <= kProfiledOps; ++op) profile.StartOp(AllReduce(op), 0);
+  for (int op = 1; op <= kProfiledOps; ++op) profile.StartOp(AllReduce(op), {});
   // All three refer to the first operation, whose slot the ninth reuses.
   CommProfile::StopChannel(channel, 20);
   CHECK_FALSE(CommProfile::StartStep(proxy, 0).valid());
@@ -77,7 +77,7 @@ TEST_CASE("events for an operation whose slot a newer one took are dropped", "[p
 
 TEST_CASE("channel and proxy operation numbers beyond the bounds are refused, not written", "[profiles]") {
   CommProfile profile("c0ffee", 0);
-  const ProfileRef op = profile.StartOp(AllReduce(0), 0);
+  const ProfileRef op = profile.StartOp(AllReduce(0), {});
   CHECK_FALSE(CommProfile::StartChannel(op, kProfiledChannels, 1).valid());
   CHECK_FALSE(CommProfile::StartChannel(op, -1, 1).valid());
   for (int proxy = 0; proxy < kProfiledProxyOps; ++proxy)
@@ -90,7 +90,7 @@ TEST_CASE("NCCL's threads record into one profile while another thread takes sna
   CommProfile profile("c0ffee", 0);
   std::thread proxy([&] {
     for (int op = 0; op < 2000; ++op) {
-      const ProfileRef started = profile.StartOp(AllReduce(op), 0);
+      const ProfileRef started = profile.StartOp(AllReduce(op), {});
       const ProfileRef send = CommProfile::StartProxyOp(started, 0, 1, true, 4);
       for (int step = 0; step < 4; ++step) {
         const ProfileRef recorded = CommProfile::StartStep(send, step);
@@ -110,7 +110,7 @@ TEST_CASE("the table keeps finalized profiles for the dumps, up to its bound", "
   ProfileTable table;
   CommProfile* first = table.Open("aaaa", 0);
   REQUIRE(first != nullptr);
-  first->StartOp(AllReduce(3), 0);
+  first->StartOp(AllReduce(3), {});
   table.Close(first);
   REQUIRE(table.Find("aaaa", 0).has_value());
   CHECK(table.Find("aaaa", 0)->ops.size() == 1);

@@ -55,6 +55,7 @@ inline std::optional<StepWait> StepWaitNamed(std::string_view name) {
 }
 
 class CommProfile;  // state/profiles.h
+struct OpRecord;    // state/records.h
 
 // A reference to an operation, or to one of its kernel channels, proxy operations or steps.
 struct ProfileRef {
@@ -63,6 +64,10 @@ struct ProfileRef {
   std::int16_t slot = -1;
   std::int16_t proxy = -1;
   std::int32_t index = -1;  // the channel (kernel channel) or the step (proxy step)
+  // The ring record of ncclguard's operation it belongs to, while that holds operation
+  // `record_seq`: NCCL's API event ties it, and the events below the API event inherit it.
+  OpRecord* record = nullptr;
+  std::uint64_t record_seq = 0;
   bool valid() const { return comm != nullptr && slot >= 0; }
 };
 

@@ -67,6 +67,26 @@ Stall Describe(const CommState& comm, const OpRecord& op, std::uint64_t seq) {
   return stall;
 }
 
+// An operation NCCL's profiler times: its kernel channels' counts, which the proxy thread keeps in
+// the record (state/profiles.cc), say where it is. Whether it finished.
+bool AdvanceProfiled(CommState& comm, OpRecord& op, OpState state, std::uint64_t seq, std::int64_t now_ns) {
+  if (state == OpState::kEnqueued && ProfiledStarted(op)) {
+    op.start_ns.store(now_ns, std::memory_order_relaxed);
+    if (op.state.compare_exchange_strong(state, OpState::kStarted, std::memory_order_acq_rel)) {
+      state = OpState::kStarted;
+      RaiseTo(comm.last_started, seq);
+    }
+  }
+  // As with events: channels that an abort stopped say nothing of completion.
+  if (state != OpState::kStarted || !ProfiledCompleted(op) || comm.cut_short.load(std::memory_order_seq_cst))
+    return false;
+  op.end_ns.store(now_ns, std::memory_order_relaxed);
+  op.gpu_ms.store(ProfiledGpuMs(op), std::memory_order_relaxed);
+  if (!op.state.compare_exchange_strong(state, OpState::kCompleted, std::memory_order_acq_rel)) return false;
+  RaiseTo(comm.last_completed, seq);
+  return true;
+}
+
 }  // namespace
 
 std::string_view StallKindName(Stall::Kind kind) {
@@ -95,6 +115,14 @@ void AdvanceOperations(CommState& comm, GpuEvents& events, std::int64_t now_ns) 
     }
     const std::uint64_t stream = op.stream.load(std::memory_order_relaxed);
     if (blocked.Contains(stream)) continue;
+    if (op.profiled.load(std::memory_order_relaxed)) {
+      if (AdvanceProfiled(comm, op, state, seq, now_ns)) {
+        if (seq == comm.watch_cursor) ++comm.watch_cursor;
+      } else {
+        blocked.Add(stream);
+      }
+      continue;
+    }
     // A non-blocking communicator took the launch later (ncclInProgress): once it is no longer in
     // progress the kernels are queued, and events recorded now land after them (late, never early).
     if (op.launch_pending.load(std::memory_order_acquire) &&

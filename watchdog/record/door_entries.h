@@ -43,10 +43,14 @@
   X(report_profiler_plugin_of_user, hooks::ReportProfilerPluginOfUser, void,                                 \
     (const std::string& name, const char* plugin_name, bool opened, const char* wanted, const char* error),  \
     (name, plugin_name, opened, wanted, error), )                                                            \
-  X(profiler_open, hooks::profiler::Open, CommProfile*, (int rank, int nranks), (rank, nranks), nullptr)     \
+  X(profiler_open, hooks::profiler::Open, CommProfile*, (int rank, int nranks, bool api_events),            \
+    (rank, nranks, api_events), nullptr)                                                                     \
   X(profiler_close, hooks::profiler::Close, void, (CommProfile* profile), (profile), )                       \
+  X(profiler_start_api, hooks::profiler::StartApi, ProfileRef, (CommProfile* profile, bool graph_captured),  \
+    (profile, graph_captured), ProfileRef{})                                                                 \
   X(profiler_start_op, hooks::profiler::StartOp, ProfileRef,                                                 \
-    (CommProfile* profile, const ProfiledOpStart& start), (profile, start), ProfileRef{})                    \
+    (CommProfile* profile, const ProfiledOpStart& start, const ProfileRef& api), (profile, start, api),      \
+    ProfileRef{})                                                                                            \
   X(profiler_start_channel, hooks::profiler::StartChannel, ProfileRef,                                       \
     (const ProfileRef& op, int channel, std::int64_t gpu_ns), (op, channel, gpu_ns), ProfileRef{})           \
   X(profiler_stop_channel, hooks::profiler::StopChannel, void,                                               \

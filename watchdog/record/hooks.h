@@ -117,10 +117,14 @@ void ReportProfilerPluginOfUser(const std::string& name, const char* plugin_name
 // is ignored.
 namespace profiler {
 // NCCL initialised its profiler for a communicator being created, rank `rank` of `nranks`: its
-// profile, or nullptr when none is kept.
-CommProfile* Open(int rank, int nranks) noexcept;
+// profile, or nullptr when none is kept. `api_events`: NCCL's version of the plugin API sends Coll
+// and P2p API events (version 5 and later), which tie its events to ncclguard's operations.
+CommProfile* Open(int rank, int nranks, bool api_events) noexcept;
 void Close(CommProfile* profile) noexcept;  // NCCL finalized it
-ProfileRef StartOp(CommProfile* profile, const ProfiledOpStart& start) noexcept;
+// A Coll or P2p API event: on the application's thread, inside its call.
+ProfileRef StartApi(CommProfile* profile, bool graph_captured) noexcept;
+// A Coll or P2p event; `api` is its parent's.
+ProfileRef StartOp(CommProfile* profile, const ProfiledOpStart& start, const ProfileRef& api) noexcept;
 ProfileRef StartChannel(const ProfileRef& op, int channel, std::int64_t gpu_ns) noexcept;
 void StopChannel(const ProfileRef& channel, std::int64_t gpu_ns) noexcept;
 ProfileRef StartProxyOp(const ProfileRef& op, int channel, int peer, bool send, int steps) noexcept;

@@ -113,6 +113,17 @@ void NoteFailedCall(Api api, CommState* comm, ncclResult_t result) noexcept {
   ReportBeforeReturning();
 }
 
+// A slot's profiler counters, before its state publishes the operation.
+void ResetProfiled(OpRecord& op, bool profiled) {
+  op.profiled.store(profiled, std::memory_order_relaxed);
+  op.profile_linked.store(false, std::memory_order_relaxed);
+  op.channels_expected.store(0, std::memory_order_relaxed);
+  op.channels_started.store(0, std::memory_order_relaxed);
+  op.channels_stopped.store(0, std::memory_order_relaxed);
+  op.gpu_start_ns.store(0, std::memory_order_relaxed);
+  op.gpu_stop_ns.store(0, std::memory_order_relaxed);
+}
+
 void RecordStart(OpRecord& op) {
   op.start_recorded.store(
       DriverEvents().Record(op.start_event,
@@ -140,23 +151,62 @@ void FinishLaunch(CommState& comm, std::uint64_t seq, ncclResult_t result) {
   // The watchdog may already have seen the GPU reach the start event (kStarted) while NCCL was
   // still returning: the end event is owed in both states. Captured or untimed: nothing to record.
   if (state != OpState::kEnqueued && state != OpState::kStarted) return;
+  const bool profiled = op.profiled.load(std::memory_order_relaxed);
   if (result == ncclInProgress) {
     // Until the watchdog hears otherwise from ncclCommGetAsyncError, the launch is in progress.
     RecordAsyncError(comm, ncclInProgress);
-    op.launch_pending.store(true, std::memory_order_release);
-  } else {
+    // NCCL's profiler tells when its kernels run, whichever thread launches them.
+    if (!profiled) op.launch_pending.store(true, std::memory_order_release);
+  } else if (!profiled) {
     RecordEnd(op);
   }
+}
+
+// Whether NCCL's profiler times a call's kernels (NCCL 2.28 enqueue.cc): a collective unless it is
+// empty (taskAppend drops it); a Send or Recv unless to itself (no proxy operation, hence no
+// kernel channel event: scheduleP2pTasksToPlan's selfSend). AllToAll, Gather and Scatter include
+// a transfer to the rank itself. A one-rank communicator is timed by CUDA events altogether.
+bool NcclProfiles(Api api, const OperationArguments& arguments, int rank) {
+  switch (api) {
+    case Api::ncclSend:
+    case Api::ncclRecv:
+      return arguments.root_or_peer != rank;
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 3)
+    case Api::ncclAlltoAll:
+    case Api::ncclGather:
+    case Api::ncclScatter:
+      return false;
+#endif
+    default:
+      return arguments.count > 0;
+  }
+}
+
+// After the call: an operation to be timed by the profiler that NCCL sent no API event for (a
+// call NCCL times no kernel of) is never told started or completed; it is left untimed rather
+// than reported as a stall.
+void UntimedUnlessProfiled(CommState& comm, std::uint64_t seq) {
+  OpRecord& op = comm.Slot(seq);
+  if (op.seq.load(std::memory_order_relaxed) != seq || !op.profiled.load(std::memory_order_relaxed) ||
+      op.profile_linked.load(std::memory_order_acquire)) {
+    return;
+  }
+  OpState enqueued = OpState::kEnqueued;
+  op.state.compare_exchange_strong(enqueued, OpState::kUntimed, std::memory_order_acq_rel);
 }
 
 // The ring wrapped onto an operation the watchdog has not seen finish yet (it polls only every
 // NCCLGUARD_POLL_INTERVAL): ask the GPU directly, so a fast loop of collectives is not limited
 // to a ring per poll interval. The watchdog's own transitions are compare-and-swaps too.
+// A profiled one needs no driver call: its channels' stops are counted in the record.
 void ReclaimIfFinished(CommState& comm, OpRecord& op) {
   OpState state = op.state.load(std::memory_order_acquire);
   if (state != OpState::kEnqueued && state != OpState::kStarted) return;
-  if (!op.end_recorded.load(std::memory_order_acquire) ||
-      DriverEvents().Query(comm.context, op.end_event) != EventStatus::kReached) {
+  if (op.profiled.load(std::memory_order_relaxed)) {
+    if (!ProfiledCompleted(op) || comm.cut_short.load(std::memory_order_seq_cst)) return;
+    op.gpu_ms.store(ProfiledGpuMs(op), std::memory_order_relaxed);
+  } else if (!op.end_recorded.load(std::memory_order_acquire) ||
+             DriverEvents().Query(comm.context, op.end_event) != EventStatus::kReached) {
     return;
   }
   const std::int64_t now = SteadyNowNs();
@@ -353,10 +403,15 @@ Ticket BeforeOperation(Api api, int library, const OperationArguments& arguments
   op.start_recorded.store(false, std::memory_order_relaxed);
   op.end_recorded.store(false, std::memory_order_relaxed);
   op.launch_pending.store(false, std::memory_order_relaxed);
+  const bool profiled = comm->timing.load(std::memory_order_relaxed) == TimingSource::kProfiler &&
+                        NcclProfiles(api, arguments, comm->rank.load(std::memory_order_relaxed));
+  ResetProfiled(op, profiled);
 
   GpuEvents& events = DriverEvents();
   OpState initial = OpState::kEnqueued;
-  if (!events.Available()) {
+  if (profiled) {
+    // No driver call: NCCL's API event says whether the stream is captured (profiles.cc).
+  } else if (!events.Available()) {
     initial = OpState::kUntimed;
   } else if (events.IsCapturing(arguments.stream)) {
     initial = OpState::kCaptured;  // an event record would be captured into the graph
@@ -380,7 +435,7 @@ Ticket BeforeOperation(Api api, int library, const OperationArguments& arguments
   }
   ticket.probation = claim.op;
   // A held operation's events are recorded by the thread that issues it, around the real call.
-  if (initial == OpState::kEnqueued && !grouped && !claim.held) RecordStart(op);
+  if (initial == OpState::kEnqueued && !grouped && !claim.held && !profiled) RecordStart(op);
   op.seq.store(seq, std::memory_order_relaxed);
   op.state.store(initial, std::memory_order_release);
   comm->last_enqueued.store(seq, std::memory_order_release);
@@ -399,6 +454,7 @@ void AfterOperation(const Ticket& ticket, ncclResult_t result) noexcept {
     if (ticket.comm != nullptr && !Launched(result)) NoteFailedCall(ticket.api, ticket.comm, result);
     return;
   }
+  if (Launched(result)) UntimedUnlessProfiled(*ticket.comm, ticket.seq);
   if (t_group_depth > 0 && Launched(result)) return;  // launched at the outermost ncclGroupEnd
   FinishLaunch(*ticket.comm, ticket.seq, result);
   // Queued on the stream (ncclInProgress: not yet, so the gate could come before it): held.
@@ -415,6 +471,7 @@ Ticket BeforeGroupCall(Api api) noexcept {
     for (const GroupedOperation& grouped : t_grouped) {
       OpRecord& op = grouped.comm->Slot(grouped.seq);
       if (!grouped.held && op.seq.load(std::memory_order_relaxed) == grouped.seq &&
+          !op.profiled.load(std::memory_order_relaxed) &&
           op.state.load(std::memory_order_acquire) == OpState::kEnqueued && api == Api::ncclGroupEnd) {
         RecordStart(op);
       }

@@ -125,7 +125,7 @@ void ReportProfilerPluginOfUser(const std::string& name, const char* plugin_name
 
 namespace profiler {
 
-CommProfile* Open(int rank, int nranks) noexcept {
+CommProfile* Open(int rank, int nranks, bool api_events) noexcept {
   try {
     // The communicator being created, best first: one of that rank and size on this thread (a
     // blocking init); a split or shrink on this thread (its rank and size are NCCL's to choose, so
@@ -153,7 +153,7 @@ CommProfile* Open(int rank, int nranks) noexcept {
     for (const PendingInit& init : GetRegistry().PendingInits()) {
       consider(init.comm_id, init.rank, init.nranks, init.thread == thread);
     }
-    return GetProfileTable().Open(comm_id, rank);
+    return GetProfileTable().Open(comm_id, rank, api_events);
   } catch (...) {
     return nullptr;
   }
@@ -163,8 +163,11 @@ void Close(CommProfile* profile) noexcept {
   if (profile != nullptr) GetProfileTable().Close(profile);
 }
 
-ProfileRef StartOp(CommProfile* profile, const ProfiledOpStart& start) noexcept {
-  return profile != nullptr ? profile->StartOp(start, 0) : ProfileRef{};
+ProfileRef StartApi(CommProfile* profile, bool graph_captured) noexcept {
+  return CommProfile::StartApi(profile, graph_captured);
+}
+ProfileRef StartOp(CommProfile* profile, const ProfiledOpStart& start, const ProfileRef& api) noexcept {
+  return profile != nullptr ? profile->StartOp(start, api) : ProfileRef{};
 }
 ProfileRef StartChannel(const ProfileRef& op, int channel, std::int64_t gpu_ns) noexcept {
   return CommProfile::StartChannel(op, channel, gpu_ns);

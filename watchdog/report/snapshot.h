@@ -44,7 +44,8 @@ struct CommSnapshot {
   std::string parent_id;     // for split/shrink children
   std::string library_path;  // the libnccl serving it
   int nccl_version = 0;
-  std::string state;  // initializing|ready|failed|aborted|revoked|finalized|destroyed
+  std::string state;   // initializing|ready|failed|aborted|revoked|finalized|destroyed
+  std::string timing;  // what times its operations: "profiler" or "cuda_events" (records.h)
   std::int64_t init_start_ns = 0;
   std::int64_t init_end_ns = 0;
   std::uint64_t last_enqueued = 0;   // highest seq enqueued

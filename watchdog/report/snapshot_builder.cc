@@ -106,6 +106,7 @@ CommSnapshot SnapshotOfCommunicator(const CommState& comm, bool with_rings, bool
   copy.created_by = std::string(Describe(comm.created_by).name);
   copy.parent_id = comm.parent_id;
   copy.state = std::string(CommLifecycleName(comm.lifecycle.load(std::memory_order_acquire)));
+  copy.timing = std::string(TimingSourceName(comm.timing.load(std::memory_order_acquire)));
   copy.init_start_ns = comm.init_start_ns + to_wall;
   const std::int64_t init_end = comm.init_end_ns.load(std::memory_order_acquire);
   copy.init_end_ns = init_end == 0 ? 0 : init_end + to_wall;

@@ -255,6 +255,7 @@ OrderedJson CommJson(const CommSnapshot& comm, SnapshotDocument document) {
     json["nccl_version"] = NcclVersionText(comm.nccl_version);
   }
   json["state"] = comm.state;
+  if (!comm.timing.empty()) json["timing"] = comm.timing;
   if (dump) {
     json["init_start_ns"] = comm.init_start_ns;
     json["init_end_ns"] = comm.init_end_ns;
@@ -284,6 +285,8 @@ CommSnapshot ReadComm(const Json& json) {
   json.at("id").get_to(comm.id);
   ReadRanks(json, comm.rank, comm.nranks);
   json.at("state").get_to(comm.state);
+  // Added to format version 2 later.
+  if (const auto timing = json.find("timing"); timing != json.end()) timing->get_to(comm.timing);
   comm.handle = ParseHex(json.at("handle"));
   json.at("device").get_to(comm.device);
   json.at("created_by").get_to(comm.created_by);

@@ -11,6 +11,7 @@
 #include "watchdog/common/clock.h"
 #include "watchdog/common/mutex.h"
 #include "watchdog/common/profile_events.h"
+#include "watchdog/state/records.h"
 
 namespace ncclguard {
 
@@ -26,7 +27,60 @@ CommProfile::ProxyOp* CommProfile::FindProxy(const ProfileRef& ref) {
   return &op->proxies[static_cast<std::size_t>(ref.proxy)];
 }
 
-ProfileRef CommProfile::StartOp(const ProfiledOpStart& start, std::uint64_t seq) noexcept {
+ProfileRef CommProfile::StartApi(CommProfile* profile, bool graph_captured) noexcept {
+  CommState* comm = profile != nullptr ? profile->state() : nullptr;
+  if (comm == nullptr || comm->timing.load(std::memory_order_relaxed) != TimingSource::kProfiler) return {};
+  // NCCL's calls on one communicator do not overlap, and the call claimed its record before it
+  // reached NCCL: the newest is its own, unless the ring had no room for it.
+  const std::uint64_t seq = comm->last_enqueued.load(std::memory_order_acquire);
+  OpRecord& op = comm->Slot(seq);
+  if (op.seq.load(std::memory_order_relaxed) != seq || !op.profiled.load(std::memory_order_relaxed))
+    return {};
+  if (graph_captured) {
+    // Captured, never run now: each replay's events come from a later host callback, with this
+    // call's handles as parents, and are not tied to it.
+    OpState enqueued = OpState::kEnqueued;
+    op.state.compare_exchange_strong(enqueued, OpState::kCaptured, std::memory_order_acq_rel);
+    return {};
+  }
+  op.profile_linked.store(true, std::memory_order_release);
+  return ProfileRef{.comm = profile, .record = &op, .record_seq = seq};
+}
+
+namespace {
+
+// The record `ref` ties to, while it still holds that operation and is unfinished.
+OpRecord* TiedRecord(const ProfileRef& ref) {
+  if (ref.record == nullptr || ref.record->seq.load(std::memory_order_relaxed) != ref.record_seq)
+    return nullptr;
+  return IsFinished(ref.record->state.load(std::memory_order_acquire)) ? nullptr : ref.record;
+}
+
+void LowerTo(std::atomic<std::int64_t>& value, std::int64_t candidate) {
+  std::int64_t current = value.load(std::memory_order_relaxed);
+  while ((current == 0 || candidate < current) &&
+         !value.compare_exchange_weak(current, candidate, std::memory_order_relaxed)) {
+  }
+}
+
+void RaiseTo(std::atomic<std::int64_t>& value, std::int64_t candidate) {
+  std::int64_t current = value.load(std::memory_order_relaxed);
+  while (candidate > current && !value.compare_exchange_weak(current, candidate, std::memory_order_relaxed)) {
+  }
+}
+
+}  // namespace
+
+ProfileRef CommProfile::StartOp(const ProfiledOpStart& start, const ProfileRef& api) noexcept {
+  ProfileRef tied;
+  if (OpRecord* record = TiedRecord(api)) {
+    // Before any of its channels can start: NCCL hands the plan's proxy operations over after
+    // starting its task events.
+    record->channels_expected.fetch_add(static_cast<std::uint32_t>(std::max(start.channels, 0)),
+                                        std::memory_order_release);
+    tied.record = record;
+    tied.record_seq = api.record_seq;
+  }
   MutexLock lock(mutex_);
   const auto slot = static_cast<std::int16_t>(started_++ % kProfiledOps);
   Op& op = ops_[static_cast<std::size_t>(slot)];
@@ -38,18 +92,29 @@ ProfileRef CommProfile::StartOp(const ProfiledOpStart& start, std::uint64_t seq)
   op.algo = start.algo != nullptr ? start.algo : "";
   op.proto = start.proto != nullptr ? start.proto : "";
   op.nccl_seq = start.nccl_seq;
-  op.seq = seq;
+  op.seq = tied.record_seq;
   op.channels = start.channels;
   op.peer = start.peer;
   op.start_ns = WallNowNs();
-  return ProfileRef{.comm = this, .generation = generation, .slot = slot};
+  tied.comm = this;
+  tied.generation = generation;
+  tied.slot = slot;
+  return tied;
 }
 
 ProfileRef CommProfile::StartChannel(const ProfileRef& op_ref, int channel, std::int64_t gpu_ns) noexcept {
-  if (!op_ref.valid() || channel < 0 || channel >= kProfiledChannels) return {};
+  // The record first: the profile's slot may already hold a newer operation (a long queue).
+  if (OpRecord* record = TiedRecord(op_ref)) {
+    LowerTo(record->gpu_start_ns, gpu_ns);
+    record->channels_started.fetch_add(1, std::memory_order_release);
+  }
+  // Not kept in the profile (a channel out of its range, an operation a newer one replaced): its
+  // stop still counts in the record.
+  const ProfileRef record_only{.record = op_ref.record, .record_seq = op_ref.record_seq};
+  if (!op_ref.valid() || channel < 0 || channel >= kProfiledChannels) return record_only;
   MutexLock lock(op_ref.comm->mutex_);
   Op* op = Find(op_ref);
-  if (op == nullptr) return {};
+  if (op == nullptr) return record_only;
   op->kernel_started |= 1U << channel;
   op->kernel[static_cast<std::size_t>(channel)] = ChannelSnapshot{.channel = channel, .gpu_start_ns = gpu_ns};
   ProfileRef ref = op_ref;
@@ -58,6 +123,10 @@ ProfileRef CommProfile::StartChannel(const ProfileRef& op_ref, int channel, std:
 }
 
 void CommProfile::StopChannel(const ProfileRef& channel, std::int64_t gpu_ns) noexcept {
+  if (OpRecord* record = TiedRecord(channel)) {
+    RaiseTo(record->gpu_stop_ns, gpu_ns);
+    record->channels_stopped.fetch_add(1, std::memory_order_release);  // publishes the stop time
+  }
   if (!channel.valid()) return;
   MutexLock lock(channel.comm->mutex_);
   Op* op = Find(channel);
@@ -169,7 +238,7 @@ CommProfileSnapshot CommProfile::Snapshot() const {
 
 namespace ncclguard {
 
-CommProfile* ProfileTable::Open(std::string comm_id, int rank) {
+CommProfile* ProfileTable::Open(std::string comm_id, int rank, bool api_events) {
   MutexLock lock(mutex_);
   // Finalized profiles stay for the dumps, up to the bound: the oldest of them go first.
   while (profiles_.size() >= kMaxProfiles) {
@@ -178,15 +247,34 @@ CommProfile* ProfileTable::Open(std::string comm_id, int rank) {
     if (closed == profiles_.end()) return nullptr;
     profiles_.erase(closed);
   }
-  return profiles_.emplace_back(Entry{std::make_unique<CommProfile>(std::move(comm_id), rank), false})
+  return profiles_
+      .emplace_back(Entry{std::make_unique<CommProfile>(std::move(comm_id), rank, api_events), false})
       .profile.get();
 }
 
 void ProfileTable::Close(CommProfile* profile) {
   MutexLock lock(mutex_);
   for (Entry& entry : profiles_) {
-    if (entry.profile.get() == profile) entry.closed = true;
+    if (entry.profile.get() != profile) continue;
+    entry.closed = true;
+    // NCCL sends nothing more for it; the state may be freed after this.
+    profile->state_.store(nullptr, std::memory_order_release);
   }
+}
+
+CommProfile* ProfileTable::Link(CommState& comm) {
+  MutexLock lock(mutex_);
+  const int rank = comm.rank.load(std::memory_order_relaxed);
+  for (auto entry = profiles_.rbegin(); entry != profiles_.rend(); ++entry) {
+    CommProfile& profile = *entry->profile;
+    if (entry->closed || profile.comm_id() != comm.id || profile.rank() != rank ||
+        profile.state_.load(std::memory_order_relaxed) != nullptr)
+      continue;
+    profile.state_.store(&comm, std::memory_order_release);
+    comm.profile.store(&profile, std::memory_order_release);
+    return &profile;
+  }
+  return nullptr;
 }
 
 std::optional<CommProfileSnapshot> ProfileTable::Find(const std::string& comm_id, int rank) const {

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -23,16 +24,29 @@
 
 namespace ncclguard {
 
+struct CommState;
+
 class CommProfile {
  public:
-  CommProfile(std::string comm_id, int rank) : comm_id_(std::move(comm_id)), rank_(rank) {}
+  // `api_events`: NCCL sends Coll and P2p API events (profiler version 5 and later, NCCL 2.28+).
+  CommProfile(std::string comm_id, int rank, bool api_events = true)
+      : comm_id_(std::move(comm_id)), rank_(rank), api_events_(api_events) {}
   CommProfile(const CommProfile&) = delete;
   CommProfile& operator=(const CommProfile&) = delete;
 
   const std::string& comm_id() const { return comm_id_; }
   int rank() const { return rank_; }
+  bool api_events() const { return api_events_; }
+  // The communicator's state, once linked (ProfileTable::Link): set once, before NCCL's calls
+  // for its operations, so the calling thread reads it without a lock.
+  CommState* state() const { return state_.load(std::memory_order_acquire); }
 
-  ProfileRef StartOp(const ProfiledOpStart& start, std::uint64_t seq) noexcept;
+  // A Coll or P2p API event, on the application's thread inside its call: ties the call's ring
+  // record (the communicator's newest, which the call just claimed) to the events below it, or
+  // marks it captured into a graph. Nothing when the communicator is not timed by the profiler.
+  static ProfileRef StartApi(CommProfile* profile, bool graph_captured) noexcept;
+  // `api`: the Coll or P2p event's parent, whose record it inherits.
+  ProfileRef StartOp(const ProfiledOpStart& start, const ProfileRef& api) noexcept;
   static ProfileRef StartChannel(const ProfileRef& op, int channel, std::int64_t gpu_ns) noexcept;
   static void StopChannel(const ProfileRef& channel, std::int64_t gpu_ns) noexcept;
   static ProfileRef StartProxyOp(const ProfileRef& op, int channel, int peer, bool send, int steps) noexcept;
@@ -81,8 +95,12 @@ class CommProfile {
   // Step `step` of `proxy` while it is in flight; the caller holds the profile's mutex.
   static Step* FindStep(ProxyOp* proxy, int step);
 
+  friend class ProfileTable;
+
   const std::string comm_id_;
   const int rank_;
+  const bool api_events_;
+  std::atomic<CommState*> state_{nullptr};
   mutable Mutex mutex_;
   std::array<Op, kProfiledOps> ops_ ABSL_GUARDED_BY(mutex_){};
   std::uint64_t started_ ABSL_GUARDED_BY(mutex_) = 0;
@@ -94,8 +112,11 @@ class ProfileTable {
  public:
   static constexpr std::size_t kMaxProfiles = 256;
   // nullptr when the table holds kMaxProfiles profiles that NCCL has not finalized.
-  CommProfile* Open(std::string comm_id, int rank);
+  CommProfile* Open(std::string comm_id, int rank, bool api_events = true);
   void Close(CommProfile* profile);
+  // Links `comm` and the newest open profile of its id and rank that is not linked yet, each to
+  // the other; that profile, or nullptr when NCCL opened none for it.
+  CommProfile* Link(CommState& comm);
   // The newest profile of rank `rank` of communicator `comm_id`.
   std::optional<CommProfileSnapshot> Find(const std::string& comm_id, int rank) const;
 

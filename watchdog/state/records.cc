@@ -33,6 +33,10 @@ std::string_view OpStateName(OpState state) {
   return kNames[static_cast<int>(state)];
 }
 
+std::string_view TimingSourceName(TimingSource source) {
+  return source == TimingSource::kProfiler ? "profiler" : "cuda_events";
+}
+
 std::string_view CommLifecycleName(CommLifecycle lifecycle) {
   static constexpr std::string_view kNames[] = {"initializing", "ready",     "failed",   "aborted",
                                                 "revoked",      "finalized", "destroyed"};

@@ -30,6 +30,13 @@ enum class OpState : std::uint8_t {
 constexpr bool IsFinished(OpState state) { return state != OpState::kEnqueued && state != OpState::kStarted; }
 std::string_view OpStateName(OpState state);
 
+// What tells a communicator's operations started and completed on the GPU: NCCL's profiler (its
+// kernel channels' events, from the proxy thread, with the GPU's own timestamps; capture from its
+// API events), where ncclguard serves it and NCCL profiles the communicator's calls, else a pair
+// of CUDA events per operation, recorded on its stream (docs/architecture.md, "Timing").
+enum class TimingSource : std::uint8_t { kCudaEvents, kProfiler };
+std::string_view TimingSourceName(TimingSource source);  // "cuda_events", "profiler"
+
 // One operation in a communicator's ring. Every field is atomic: the application's thread writes
 // the description, the watchdog the progress, and a dump may read everything at any time.
 // Relaxed accesses are published by `state` (release/acquire).
@@ -63,7 +70,35 @@ struct OpRecord {
   // done with them. Written before `state` is published.
   GpuEvent start_event = nullptr;
   GpuEvent end_event = nullptr;
+
+  // Timed by NCCL's profiler (its communicator's source, and a call NCCL profiles): no event is
+  // recorded for it. Its API event ties it to the record (`profile_linked`, the calling thread);
+  // its Coll or P2p events add the kernel channels they launch; the proxy thread counts the
+  // channels started and stopped and keeps the earliest start and latest stop (the GPU's global
+  // timer, ns). Started: a channel started; completed: every channel launched stopped.
+  std::atomic<bool> profiled{false};
+  std::atomic<bool> profile_linked{false};
+  std::atomic<std::uint32_t> channels_expected{0};
+  std::atomic<std::uint32_t> channels_started{0};
+  std::atomic<std::uint32_t> channels_stopped{0};
+  std::atomic<std::int64_t> gpu_start_ns{0};
+  std::atomic<std::int64_t> gpu_stop_ns{0};
 };
+
+// A profiled operation's progress, as its kernel channels told it.
+inline bool ProfiledStarted(const OpRecord& op) {
+  return op.channels_started.load(std::memory_order_acquire) > 0;
+}
+inline bool ProfiledCompleted(const OpRecord& op) {
+  const std::uint32_t expected = op.channels_expected.load(std::memory_order_acquire);
+  return expected > 0 && op.channels_stopped.load(std::memory_order_acquire) >= expected;
+}
+// GPU milliseconds from the first channel's start to the last one's stop; negative when unknown.
+inline float ProfiledGpuMs(const OpRecord& op) {
+  const std::int64_t start = op.gpu_start_ns.load(std::memory_order_relaxed);
+  const std::int64_t stop = op.gpu_stop_ns.load(std::memory_order_relaxed);
+  return start > 0 && stop >= start ? static_cast<float>(static_cast<double>(stop - start) / 1e6) : -1.0F;
+}
 
 enum class CommLifecycle : std::uint8_t {
   kInitializing,
@@ -139,6 +174,7 @@ struct KeptConfig {
 };
 
 struct CommSnapshot;
+class CommProfile;
 
 struct CommState {
   CommState(ncclComm_t handle, int library, std::size_t ring_size)
@@ -226,6 +262,11 @@ struct CommState {
   // ncclInProgress. Its configuration, for a re-creation. Set at registration.
   bool nonblocking = false;
   KeptConfig config;
+
+  // Its timing source (set once its profile is linked, at the end of its creation) and NCCL's
+  // profile of it (state/profiles.h), each pointing at the other.
+  std::atomic<TimingSource> timing{TimingSource::kCudaEvents};
+  std::atomic<CommProfile*> profile{nullptr};
 
   OpRecord& Slot(std::uint64_t seq) { return ring[seq % ring_size]; }
   // The probation slots taken so far (a slot's `state` publishes the rest of it).

@@ -7,13 +7,42 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "watchdog/common/config.h"
 #include "watchdog/common/describe.h"
 #include "watchdog/common/libraries.h"
 #include "watchdog/common/log.h"
 #include "watchdog/common/nccl_api.h"
+#include "watchdog/state/profiles.h"
 #include "watchdog/state/records.h"
 
 namespace ncclguard {
+namespace {
+
+// Links the communicator to NCCL's profile of it and chooses its timing source (records.h): the
+// profiler where NCCL profiles its calls, and says which, once. Before the application's first
+// operation on it: NCCL has initialised its profiler by the time its creation completes.
+void ChooseTimingSource(CommState& comm) {
+  const CommProfile* profile = GetProfileTable().Link(comm);
+  const char* why_not = nullptr;
+  if (profile == nullptr) {
+    why_not = GetConfig().profiler ? "NCCL did not open ncclguard's profiler for it" : "NCCLGUARD_PROFILER=0";
+  } else if (!profile->api_events()) {
+    why_not = "this NCCL's profiler API (version 4) has no API events";
+  } else if (comm.nranks.load(std::memory_order_relaxed) <= 1) {
+    why_not = "NCCL profiles no operation of a one-rank communicator";
+  } else if (GetConfig().recover == RecoverMode::kInProcess) {
+    why_not = "NCCLGUARD_RECOVER=inprocess holds operations on their streams";
+  }
+  const TimingSource source = why_not == nullptr ? TimingSource::kProfiler : TimingSource::kCudaEvents;
+  comm.timing.store(source, std::memory_order_release);
+  if (why_not == nullptr) {
+    log::Info("comm {}: operations timed by NCCL's profiler (kernel channels, GPU timestamps)", comm.id);
+  } else {
+    log::Info("comm {}: operations timed by CUDA events ({})", comm.id, why_not);
+  }
+}
+
+}  // namespace
 
 bool CompleteRegistration(CommState& comm, std::int64_t steady_now_ns) noexcept {
   // Once: the application's thread (blocking init) or the watchdog (non-blocking) may get here.
@@ -38,6 +67,7 @@ bool CompleteRegistration(CommState& comm, std::int64_t steady_now_ns) noexcept 
   if (comm.init_end_ns.load(std::memory_order_acquire) == 0)
     comm.init_end_ns.store(steady_now_ns, std::memory_order_release);
   if (comm.parent_id[0] == '\0') log::SetRank(comm.rank.load(std::memory_order_relaxed));
+  ChooseTimingSource(comm);
   const int version = Real().Version(comm.library.load());
   log::Info("comm {} rank {}/{} on device {} created by {} in {:.1f} ms through NCCL {}.{}.{} at {}", comm.id,
             comm.rank.load(), comm.nranks.load(), comm.device.load(), Describe(comm.created_by).name,
