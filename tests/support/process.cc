@@ -58,6 +58,10 @@ std::vector<std::string> BuildEnvironment(const ProcessOptions& options) {
   const std::string store =
       TestStore(dump_dir != options.environment.end() && dump_dir->second ? *dump_dir->second : "");
   if (!store.empty()) variables["NCCLGUARD_STORE"] = store;
+  // The end-to-end tests' run on the other timing source (NCCLGUARD_TEST_PROFILER=0: CUDA events),
+  // unless a test chooses itself.
+  if (const char* profiler = std::getenv("NCCLGUARD_TEST_PROFILER"))
+    variables["NCCLGUARD_PROFILER"] = profiler;
   for (const auto& [name, value] : options.environment) {
     if (value) {
       variables[name] = *value;
