@@ -1,6 +1,7 @@
 #include "watchdog/state/profiles.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -15,16 +16,21 @@
 
 namespace ncclguard {
 
+namespace {
+constexpr auto kRelaxed = std::memory_order_relaxed;
+}  // namespace
+
 CommProfile::Op* CommProfile::Find(const ProfileRef& ref) {
   if (!ref.valid() || ref.slot >= kProfiledOps) return nullptr;
   Op& op = ref.comm->ops_[static_cast<std::size_t>(ref.slot)];
-  return op.used && op.generation == ref.generation ? &op : nullptr;
+  return op.generation.load(std::memory_order_acquire) == ref.generation ? &op : nullptr;
 }
 
 CommProfile::ProxyOp* CommProfile::FindProxy(const ProfileRef& ref) {
   Op* op = Find(ref);
-  if (op == nullptr || ref.proxy < 0 || ref.proxy >= op->proxy_count) return nullptr;
-  return &op->proxies[static_cast<std::size_t>(ref.proxy)];
+  if (op == nullptr || ref.proxy < 0 || ref.proxy >= kProfiledProxyOps) return nullptr;
+  ProxyOp& proxy = op->proxies[static_cast<std::size_t>(ref.proxy)];
+  return proxy.owner.load(std::memory_order_acquire) == ref.generation ? &proxy : nullptr;
 }
 
 ProfileRef CommProfile::StartApi(CommProfile* profile, bool graph_captured) noexcept {
@@ -81,21 +87,24 @@ ProfileRef CommProfile::StartOp(const ProfiledOpStart& start, const ProfileRef& 
     tied.record = record;
     tied.record_seq = api.record_seq;
   }
-  MutexLock lock(mutex_);
-  const auto slot = static_cast<std::int16_t>(started_++ % kProfiledOps);
+  const auto slot = static_cast<std::int16_t>(started_.fetch_add(1, kRelaxed) % kProfiledOps);
   Op& op = ops_[static_cast<std::size_t>(slot)];
-  const std::uint32_t generation = op.generation + 1;
-  op = Op{};
-  op.generation = generation;
-  op.used = true;
-  op.func = start.func != nullptr ? start.func : "";
-  op.algo = start.algo != nullptr ? start.algo : "";
-  op.proto = start.proto != nullptr ? start.proto : "";
-  op.nccl_seq = start.nccl_seq;
-  op.seq = tied.record_seq;
-  op.channels = start.channels;
-  op.peer = start.peer;
-  op.start_ns = WallNowNs();
+  // A sequence lock's writer: odd while the slot changes, then the next even generation.
+  const std::uint32_t replacing = op.generation.load(kRelaxed) | 1U;
+  op.generation.store(replacing, kRelaxed);
+  std::atomic_thread_fence(std::memory_order_release);
+  op.func.store(start.func != nullptr ? start.func : "", kRelaxed);
+  op.algo.store(start.algo != nullptr ? start.algo : "", kRelaxed);
+  op.proto.store(start.proto != nullptr ? start.proto : "", kRelaxed);
+  op.nccl_seq.store(start.nccl_seq, kRelaxed);
+  op.seq.store(tied.record_seq, kRelaxed);
+  op.channels.store(start.channels, kRelaxed);
+  op.peer.store(start.peer, kRelaxed);
+  op.start_ns.store(WallNowNs(), kRelaxed);
+  op.kernel_started.store(0, kRelaxed);
+  op.proxy_count.store(0, kRelaxed);
+  const std::uint32_t generation = replacing + 1;
+  op.generation.store(generation, std::memory_order_release);
   tied.comm = this;
   tied.generation = generation;
   tied.slot = slot;
@@ -112,11 +121,13 @@ ProfileRef CommProfile::StartChannel(const ProfileRef& op_ref, int channel, std:
   // stop still counts in the record.
   const ProfileRef record_only{.record = op_ref.record, .record_seq = op_ref.record_seq};
   if (!op_ref.valid() || channel < 0 || channel >= kProfiledChannels) return record_only;
-  MutexLock lock(op_ref.comm->mutex_);
   Op* op = Find(op_ref);
   if (op == nullptr) return record_only;
-  op->kernel_started |= 1U << channel;
-  op->kernel[static_cast<std::size_t>(channel)] = ChannelSnapshot{.channel = channel, .gpu_start_ns = gpu_ns};
+  Channel& kernel = op->kernel[static_cast<std::size_t>(channel)];
+  kernel.stopped.store(false, kRelaxed);
+  kernel.gpu_start_ns.store(gpu_ns, kRelaxed);
+  kernel.gpu_stop_ns.store(0, kRelaxed);
+  op->kernel_started.fetch_or(1U << channel, std::memory_order_release);  // publishes the channel
   ProfileRef ref = op_ref;
   ref.index = channel;
   return ref;
@@ -128,41 +139,46 @@ void CommProfile::StopChannel(const ProfileRef& channel, std::int64_t gpu_ns) no
     record->channels_stopped.fetch_add(1, std::memory_order_release);  // publishes the stop time
   }
   if (!channel.valid()) return;
-  MutexLock lock(channel.comm->mutex_);
   Op* op = Find(channel);
   if (op == nullptr || channel.index < 0 || channel.index >= kProfiledChannels) return;
-  ChannelSnapshot& kernel = op->kernel[static_cast<std::size_t>(channel.index)];
-  kernel.stopped = true;
-  kernel.gpu_stop_ns = gpu_ns;
+  Channel& kernel = op->kernel[static_cast<std::size_t>(channel.index)];
+  kernel.gpu_stop_ns.store(gpu_ns, kRelaxed);
+  kernel.stopped.store(true, std::memory_order_release);
 }
 
 ProfileRef CommProfile::StartProxyOp(const ProfileRef& op_ref, int channel, int peer, bool send,
                                      int steps) noexcept {
-  if (!op_ref.valid()) return {};
-  MutexLock lock(op_ref.comm->mutex_);
   Op* op = Find(op_ref);
-  if (op == nullptr || op->proxy_count >= kProfiledProxyOps) return {};
-  const int index = op->proxy_count++;
+  if (op == nullptr) return {};
+  const int index = op->proxy_count.fetch_add(1, kRelaxed);
+  if (index >= kProfiledProxyOps) return {};
   ProxyOp& proxy = op->proxies[static_cast<std::size_t>(index)];
-  proxy = ProxyOp{.channel = channel, .peer = peer, .send = send, .steps = steps};
+  proxy.owner.store(0, kRelaxed);
+  std::atomic_thread_fence(std::memory_order_release);
+  proxy.channel.store(channel, kRelaxed);
+  proxy.peer.store(peer, kRelaxed);
+  proxy.send.store(send, kRelaxed);
+  proxy.steps.store(steps, kRelaxed);
+  proxy.steps_done.store(0, kRelaxed);
+  proxy.stopped.store(false, kRelaxed);
+  for (Step& step : proxy.in_flight) step.step.store(-1, kRelaxed);
+  proxy.owner.store(op_ref.generation, std::memory_order_release);
   ProfileRef ref = op_ref;
   ref.proxy = static_cast<std::int16_t>(index);
   return ref;
 }
 
 void CommProfile::StopProxyOp(const ProfileRef& proxy_ref) noexcept {
-  if (!proxy_ref.valid()) return;
-  MutexLock lock(proxy_ref.comm->mutex_);
-  if (ProxyOp* proxy = FindProxy(proxy_ref)) proxy->stopped = true;
+  if (ProxyOp* proxy = FindProxy(proxy_ref)) proxy->stopped.store(true, std::memory_order_release);
 }
 
 ProfileRef CommProfile::StartStep(const ProfileRef& proxy_ref, int step) noexcept {
-  if (!proxy_ref.valid()) return {};
-  MutexLock lock(proxy_ref.comm->mutex_);
   ProxyOp* proxy = FindProxy(proxy_ref);
   if (proxy == nullptr || step < 0) return {};
   Step& slot = proxy->in_flight[static_cast<std::size_t>(step % kStepsInFlight)];
-  slot = Step{.step = step, .since_ns = WallNowNs()};
+  slot.wait.store(StepWait::kNone, kRelaxed);
+  slot.since_ns.store(WallNowNs(), kRelaxed);
+  slot.step.store(step, std::memory_order_release);
   ProfileRef ref = proxy_ref;
   ref.index = step;
   return ref;
@@ -171,65 +187,81 @@ ProfileRef CommProfile::StartStep(const ProfileRef& proxy_ref, int step) noexcep
 CommProfile::Step* CommProfile::FindStep(ProxyOp* proxy, int step) {
   if (proxy == nullptr || step < 0) return nullptr;
   Step& slot = proxy->in_flight[static_cast<std::size_t>(step % kStepsInFlight)];
-  return slot.step == step ? &slot : nullptr;
+  return slot.step.load(kRelaxed) == step ? &slot : nullptr;
 }
 
 void CommProfile::SetStepWait(const ProfileRef& step_ref, StepWait wait) noexcept {
-  if (!step_ref.valid()) return;
-  MutexLock lock(step_ref.comm->mutex_);
   if (Step* slot = FindStep(FindProxy(step_ref), step_ref.index)) {
-    slot->wait = wait;
-    slot->since_ns = WallNowNs();
+    slot->since_ns.store(WallNowNs(), kRelaxed);
+    slot->wait.store(wait, std::memory_order_release);
   }
 }
 
 void CommProfile::StopStep(const ProfileRef& step_ref) noexcept {
-  if (!step_ref.valid()) return;
-  MutexLock lock(step_ref.comm->mutex_);
   ProxyOp* proxy = FindProxy(step_ref);
-  if (Step* slot = FindStep(proxy, step_ref.index)) {
-    *slot = Step{};
-    ++proxy->steps_done;
+  int step = step_ref.index;
+  if (Step* slot = FindStep(proxy, step); slot != nullptr && slot->step.compare_exchange_strong(step, -1)) {
+    proxy->steps_done.fetch_add(1, std::memory_order_release);
   }
+}
+
+OpProfileSnapshot CommProfile::Copy(const Op& op, std::uint32_t generation) {
+  OpProfileSnapshot out;
+  out.func = op.func.load(kRelaxed);
+  out.nccl_seq = op.nccl_seq.load(kRelaxed);
+  out.seq = op.seq.load(kRelaxed);
+  out.algo = op.algo.load(kRelaxed);
+  out.proto = op.proto.load(kRelaxed);
+  out.channels = op.channels.load(kRelaxed);
+  out.peer = op.peer.load(kRelaxed);
+  out.start_ns = op.start_ns.load(kRelaxed);
+  const std::uint32_t started = op.kernel_started.load(std::memory_order_acquire);
+  for (int channel = 0; channel < kProfiledChannels; ++channel) {
+    if ((started & (1U << channel)) == 0) continue;
+    const Channel& kernel = op.kernel[static_cast<std::size_t>(channel)];
+    const bool stopped = kernel.stopped.load(std::memory_order_acquire);
+    out.kernel_channels.push_back(ChannelSnapshot{.channel = channel,
+                                                  .stopped = stopped,
+                                                  .gpu_start_ns = kernel.gpu_start_ns.load(kRelaxed),
+                                                  .gpu_stop_ns = kernel.gpu_stop_ns.load(kRelaxed)});
+  }
+  const int proxies = std::min(op.proxy_count.load(kRelaxed), kProfiledProxyOps);
+  for (int index = 0; index < proxies; ++index) {
+    const ProxyOp& proxy = op.proxies[static_cast<std::size_t>(index)];
+    if (proxy.owner.load(std::memory_order_acquire) != generation) continue;  // not written yet
+    ProxyOpSnapshot& copy =
+        out.proxy_ops.emplace_back(ProxyOpSnapshot{.channel = proxy.channel.load(kRelaxed),
+                                                   .peer = proxy.peer.load(kRelaxed),
+                                                   .send = proxy.send.load(kRelaxed),
+                                                   .steps = proxy.steps.load(kRelaxed),
+                                                   .steps_done = proxy.steps_done.load(kRelaxed),
+                                                   .stopped = proxy.stopped.load(kRelaxed)});
+    // The step in flight longest is the one the link waits on.
+    for (const Step& step : proxy.in_flight) {
+      const int number = step.step.load(std::memory_order_acquire);
+      if (number < 0 || (copy.waiting_step >= 0 && number > copy.waiting_step)) continue;
+      copy.waiting_step = number;
+      copy.waiting = step.wait.load(std::memory_order_acquire);
+      copy.waiting_since_ns = step.since_ns.load(kRelaxed);
+    }
+  }
+  return out;
 }
 
 CommProfileSnapshot CommProfile::Snapshot() const {
   CommProfileSnapshot snapshot;
   snapshot.comm_id = comm_id_;
   snapshot.rank = rank_;
-  MutexLock lock(mutex_);
-  const std::uint64_t first = started_ > kProfiledOps ? started_ - kProfiledOps : 0;
-  for (std::uint64_t started = first; started < started_; ++started) {
-    const Op& op = ops_[started % kProfiledOps];
-    if (!op.used) continue;
-    OpProfileSnapshot& out = snapshot.ops.emplace_back();
-    out.func = op.func;
-    out.nccl_seq = op.nccl_seq;
-    out.seq = op.seq;
-    out.algo = op.algo;
-    out.proto = op.proto;
-    out.channels = op.channels;
-    out.peer = op.peer;
-    out.start_ns = op.start_ns;
-    for (int channel = 0; channel < kProfiledChannels; ++channel) {
-      if ((op.kernel_started & (1U << channel)) != 0) out.kernel_channels.push_back(op.kernel[channel]);
-    }
-    for (int index = 0; index < op.proxy_count; ++index) {
-      const ProxyOp& proxy = op.proxies[static_cast<std::size_t>(index)];
-      ProxyOpSnapshot& copy = out.proxy_ops.emplace_back(ProxyOpSnapshot{.channel = proxy.channel,
-                                                                         .peer = proxy.peer,
-                                                                         .send = proxy.send,
-                                                                         .steps = proxy.steps,
-                                                                         .steps_done = proxy.steps_done,
-                                                                         .stopped = proxy.stopped});
-      // The step in flight longest is the one the link waits on.
-      for (const Step& step : proxy.in_flight) {
-        if (step.step < 0 || (copy.waiting_step >= 0 && step.step > copy.waiting_step)) continue;
-        copy.waiting_step = step.step;
-        copy.waiting = step.wait;
-        copy.waiting_since_ns = step.since_ns;
-      }
-    }
+  const std::uint64_t started = started_.load(std::memory_order_acquire);
+  const std::uint64_t first = started > kProfiledOps ? started - kProfiledOps : 0;
+  for (std::uint64_t number = first; number < started; ++number) {
+    const Op& op = ops_[number % kProfiledOps];
+    // A sequence lock's reader: a copy taken while the slot changed is dropped.
+    const std::uint32_t generation = op.generation.load(std::memory_order_acquire);
+    if (generation == 0 || (generation & 1U) != 0) continue;
+    OpProfileSnapshot copy = Copy(op, generation);
+    std::atomic_thread_fence(std::memory_order_acquire);
+    if (op.generation.load(kRelaxed) == generation) snapshot.ops.push_back(std::move(copy));
   }
   return snapshot;
 }

@@ -58,42 +58,53 @@ class CommProfile {
   CommProfileSnapshot Snapshot() const;
 
  private:
+  // Written by NCCL's threads with relaxed atomics and read by snapshots, without a lock: an
+  // operation's slot is a sequence lock (its generation is odd while StartOp replaces it), and a
+  // proxy operation belongs to the generation it names (`owner`).
   struct Step {
-    int step = -1;  // -1: the slot is free
-    StepWait wait = StepWait::kNone;
-    std::int64_t since_ns = 0;
+    std::atomic<int> step{-1};  // -1: the slot is free
+    std::atomic<StepWait> wait{StepWait::kNone};
+    std::atomic<std::int64_t> since_ns{0};
   };
   struct ProxyOp {
-    int channel = 0;
-    int peer = -1;
-    bool send = false;
-    int steps = 0;
-    int steps_done = 0;
-    bool stopped = false;
+    std::atomic<std::uint32_t> owner{0};  // the operation's generation once written, else 0
+    std::atomic<int> channel{0};
+    std::atomic<int> peer{-1};
+    std::atomic<bool> send{false};
+    std::atomic<int> steps{0};
+    std::atomic<int> steps_done{0};
+    std::atomic<bool> stopped{false};
     std::array<Step, kStepsInFlight> in_flight{};
   };
+  struct Channel {
+    std::atomic<bool> stopped{false};
+    std::atomic<std::int64_t> gpu_start_ns{0};
+    std::atomic<std::int64_t> gpu_stop_ns{0};
+  };
   struct Op {
-    std::uint32_t generation = 0;
-    bool used = false;
-    const char* func = "";  // NCCL's literals, valid for the process's life
-    const char* algo = "";
-    const char* proto = "";
-    std::uint64_t nccl_seq = 0;
-    std::uint64_t seq = 0;
-    int channels = 0;
-    int peer = -1;
-    std::int64_t start_ns = 0;
-    std::uint32_t kernel_started = 0;  // by channel, a bit each
-    std::array<ChannelSnapshot, kProfiledChannels> kernel{};
-    int proxy_count = 0;
+    std::atomic<std::uint32_t> generation{0};  // 0: never used; odd: being replaced
+    std::atomic<const char*> func{""};         // NCCL's literals, valid for the process's life
+    std::atomic<const char*> algo{""};
+    std::atomic<const char*> proto{""};
+    std::atomic<std::uint64_t> nccl_seq{0};
+    std::atomic<std::uint64_t> seq{0};
+    std::atomic<int> channels{0};
+    std::atomic<int> peer{-1};
+    std::atomic<std::int64_t> start_ns{0};
+    std::atomic<std::uint32_t> kernel_started{0};  // by channel, a bit each
+    std::array<Channel, kProfiledChannels> kernel{};
+    std::atomic<int> proxy_count{0};  // slots claimed, kProfiledProxyOps at most kept
     std::array<ProxyOp, kProfiledProxyOps> proxies{};
   };
 
-  // The operation `ref` names, when it is still that one's; the caller holds ref.comm->mutex_.
-  static Op* Find(const ProfileRef& ref) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ref.comm->mutex_);
-  static ProxyOp* FindProxy(const ProfileRef& ref) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ref.comm->mutex_);
-  // Step `step` of `proxy` while it is in flight; the caller holds the profile's mutex.
+  // The operation `ref` names, when it is still that one's. One that StartOp replaces at that very
+  // moment may take a late event of its predecessor: a dump's detail, never a record's state.
+  static Op* Find(const ProfileRef& ref);
+  static ProxyOp* FindProxy(const ProfileRef& ref);
+  // Step `step` of `proxy` while it is in flight.
   static Step* FindStep(ProxyOp* proxy, int step);
+  // A copy of `op` as of generation `generation`.
+  static OpProfileSnapshot Copy(const Op& op, std::uint32_t generation);
 
   friend class ProfileTable;
 
@@ -101,9 +112,8 @@ class CommProfile {
   const int rank_;
   const bool api_events_;
   std::atomic<CommState*> state_{nullptr};
-  mutable Mutex mutex_;
-  std::array<Op, kProfiledOps> ops_ ABSL_GUARDED_BY(mutex_){};
-  std::uint64_t started_ ABSL_GUARDED_BY(mutex_) = 0;
+  std::array<Op, kProfiledOps> ops_{};
+  std::atomic<std::uint64_t> started_{0};
 };
 
 // Every communicator's profile. One NCCL finalized stays for the dumps up to kMaxProfiles in all;
