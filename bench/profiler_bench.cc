@@ -97,6 +97,73 @@ void BM_AllReduceEvents(benchmark::State& state) {
 }
 BENCHMARK(BM_AllReduceEvents)->Arg(0)->Arg(1)->Arg(2);
 
+// Per callback, by the thread NCCL makes it on (per_callback: CPU seconds over callbacks).
+void PerCallback(benchmark::State& state, int callbacks_per_iteration) {
+  state.counters["per_callback"] =
+      benchmark::Counter(static_cast<double>(state.iterations()) * callbacks_per_iteration,
+                         benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+}
+
+// The calling thread's: a collective's CollApi event (start, stop) inside its call and its Coll
+// event (start, stop) at the launch.
+void BM_CallingThreadCallbacks(benchmark::State& state) {
+  void* context = nullptr;
+  int mask = 0;
+  ncclProfiler_v5.init(&context, 1, &mask, nullptr, 1, 2, 0, nullptr);
+  std::uint64_t seq = 0;
+  for (auto _ : state) {
+    void* coll_api = Start(context, Descriptor(ncclProfileCollApi, nullptr));
+    ncclProfiler_v5.stopEvent(coll_api);
+    ncclProfilerEventDescr_t coll = Descriptor(ncclProfileColl, coll_api);
+    coll.coll.func = "AllReduce";
+    coll.coll.seqNumber = seq++;
+    coll.coll.nChannels = kChannels;
+    ncclProfiler_v5.stopEvent(Start(context, coll));
+  }
+  ncclProfiler_v5.finalize(context);
+  PerCallback(state, 4);
+}
+BENCHMARK(BM_CallingThreadCallbacks);
+
+// The proxy thread's, under an AllReduce started once: a kernel channel (start, stop state, stop)
+// with state.range(0) == 0; a network step (start, 3 states, stop) with 1.
+void BM_ProxyThreadCallbacks(benchmark::State& state) {
+  void* context = nullptr;
+  int mask = 0;
+  ncclProfiler_v5.init(&context, 1, &mask, nullptr, 1, 2, 0, nullptr);
+  ncclProfilerEventDescr_t coll = Descriptor(ncclProfileColl, nullptr);
+  coll.coll.func = "AllReduce";
+  coll.coll.nChannels = kChannels;
+  void* task = Start(context, coll);
+  ncclProfilerEventDescr_t proxy = Descriptor(ncclProfileProxyOp, task);
+  proxy.proxyOp.pid = getpid();
+  proxy.proxyOp.nSteps = kSteps;
+  proxy.proxyOp.isSend = 1;
+  void* op = Start(context, proxy);
+  const bool steps = state.range(0) == 1;
+  int step = 0;
+  for (auto _ : state) {
+    ncclProfilerEventStateArgs_t arguments{};
+    if (steps) {
+      ncclProfilerEventDescr_t start = Descriptor(ncclProfileProxyStep, op);
+      start.proxyStep.step = step++;
+      void* handle = Start(context, start);
+      for (const ncclProfilerEventState_t state_now : kSendStates)
+        ncclProfiler_v5.recordEventState(handle, state_now, &arguments);
+      ncclProfiler_v5.stopEvent(handle);
+    } else {
+      ncclProfilerEventDescr_t start = Descriptor(ncclProfileKernelCh, task);
+      void* handle = Start(context, start);
+      ncclProfiler_v5.recordEventState(handle, ncclProfilerKernelChStop, &arguments);
+      ncclProfiler_v5.stopEvent(handle);
+    }
+  }
+  ncclProfiler_v5.finalize(context);
+  state.SetLabel(steps ? "proxy step: start, 3 states, stop" : "kernel channel: start, stop state, stop");
+  PerCallback(state, steps ? 5 : 3);
+}
+BENCHMARK(BM_ProxyThreadCallbacks)->Arg(0)->Arg(1);
+
 }  // namespace
 
 BENCHMARK_MAIN();
