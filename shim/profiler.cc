@@ -146,6 +146,9 @@ std::atomic<int> g_user_mask{0};
 struct Context {
   CommProfile* profile = nullptr;
   void* user = nullptr;
+  // This process, as NCCL initialised the communicator in it: getpid() is a system call, which a
+  // proxy thread's callback must not make.
+  pid_t pid = 0;
 };
 
 // An event as NCCL knows it. NCCL names an event as the parent of others after its stop, and may
@@ -178,7 +181,8 @@ ncclResult_t InitContext(void** context, int* mask, int ranks, int rank, bool ap
   std::call_once(handles, [] { g_handles = new (std::nothrow) Handle[kHandles]; });
   *context = nullptr;
   if (g_handles == nullptr) return ncclSuccess;
-  auto* ours = new (std::nothrow) Context{.profile = hooks::profiler::Open(rank, ranks, api_events)};
+  auto* ours =
+      new (std::nothrow) Context{.profile = hooks::profiler::Open(rank, ranks, api_events), .pid = getpid()};
   if (ours == nullptr) return ncclSuccess;
   // A failed init of theirs leaves them no context: nothing of theirs is called for it.
   if (user && init_user(&ours->user) != ncclSuccess) ours->user = nullptr;
@@ -235,7 +239,7 @@ ProfileRef Record(const Context& context, const Handle* parent, const ncclProfil
                                            static_cast<std::int64_t>(event.kernelCh.pTimer));
     case ncclProfileProxyOp:
       // Another process's operation (PXN): its parent is that process's, not ours to look at.
-      if (event.proxyOp.pid != getpid()) return {};
+      if (event.proxyOp.pid != context.pid) return {};
       return hooks::profiler::StartProxyOp(parent_ref, event.proxyOp.channelId, event.proxyOp.peer,
                                            event.proxyOp.isSend != 0, event.proxyOp.nSteps);
     case ncclProfileProxyStep:
