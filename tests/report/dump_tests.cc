@@ -225,6 +225,7 @@ TEST_CASE("each snapshot type has one JSON form; a status file carries a part of
   comm.rank = 1;
   comm.nranks = 4;
   comm.state = "ready";
+  comm.timing = "profiler";
   comm.last_enqueued = 7;
   comm.last_started = 7;
   comm.last_completed = 6;
@@ -238,7 +239,7 @@ TEST_CASE("each snapshot type has one JSON form; a status file carries a part of
   CHECK(Json(op_back) == op_json);
 
   const Json status = CommJson(comm, SnapshotDocument::kStatus);
-  CHECK(Keys(status) == std::vector<std::string>{"id", "rank", "nranks", "state", "last_enqueued",
+  CHECK(Keys(status) == std::vector<std::string>{"id", "rank", "nranks", "state", "timing", "last_enqueued",
                                                  "last_started", "last_completed", "async_error",
                                                  "last_completed_op", "oldest_outstanding", "signatures"});
   CHECK(Keys(status["last_completed_op"]) ==
