@@ -196,6 +196,23 @@ TEST_CASE("with the profiler, a group's operations are tied in whatever order NC
   CHECK(f.Op(2).state.load() == OpState::kStarted);
 }
 
+TEST_CASE("with the profiler, a non-blocking communicator's launch needs no event afterwards", "[profiled]") {
+  Fixture f;
+  f.comm->nonblocking = true;
+  ProfileRef api;
+  f.Call(Api::ncclAllReduce, 1024, &api, false, ncclInProgress);
+  OpRecord& op = f.Op(1);
+  CHECK(op.state.load() == OpState::kEnqueued);
+  CHECK_FALSE(op.launch_pending.load());
+  // NCCL's own thread launches it later: its Coll event, then the proxy thread's channels.
+  const ProfileRef coll = f.Launch(api, "AllReduce", 1);
+  f.comm->async_error = ncclSuccess;
+  hooks::profiler::StopChannel(hooks::profiler::StartChannel(coll, 0, 1000), 4000);
+  AdvanceOperations(*f.comm, f.events, op.enqueue_ns.load() + kSecond);
+  CHECK(op.state.load() == OpState::kCompleted);
+  CHECK(f.events.Calls() == 0);
+}
+
 TEST_CASE("with the profiler, a ring that wraps is reclaimed without a driver call", "[profiled]") {
   Fixture f(4);
   for (int i = 0; i < 6; ++i) {
