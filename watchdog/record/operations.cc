@@ -182,6 +182,18 @@ bool NcclProfiles(Api api, const OperationArguments& arguments, int rank) {
   }
 }
 
+// The state an operation starts in, its slot's events created on first use where it needs them.
+OpState InitialState(OpRecord& op, GpuStream stream, bool profiled) {
+  // No driver call with the profiler: NCCL's API event says whether the stream is captured.
+  if (profiled) return OpState::kEnqueued;
+  GpuEvents& events = DriverEvents();
+  if (!events.Available()) return OpState::kUntimed;
+  if (events.IsCapturing(stream)) return OpState::kCaptured;  // a record would be captured into the graph
+  if (op.start_event == nullptr) op.start_event = events.Create();
+  if (op.end_event == nullptr) op.end_event = events.Create();
+  return op.start_event != nullptr && op.end_event != nullptr ? OpState::kEnqueued : OpState::kUntimed;
+}
+
 // After the call: an operation to be timed by the profiler that NCCL sent no API event for (a
 // call NCCL times no kernel of) is never told started or completed; it is left untimed rather
 // than reported as a stall.
@@ -407,19 +419,7 @@ Ticket BeforeOperation(Api api, int library, const OperationArguments& arguments
                         NcclProfiles(api, arguments, comm->rank.load(std::memory_order_relaxed));
   ResetProfiled(op, profiled);
 
-  GpuEvents& events = DriverEvents();
-  OpState initial = OpState::kEnqueued;
-  if (profiled) {
-    // No driver call: NCCL's API event says whether the stream is captured (profiles.cc).
-  } else if (!events.Available()) {
-    initial = OpState::kUntimed;
-  } else if (events.IsCapturing(arguments.stream)) {
-    initial = OpState::kCaptured;  // an event record would be captured into the graph
-  } else {
-    if (op.start_event == nullptr) op.start_event = events.Create();
-    if (op.end_event == nullptr) op.end_event = events.Create();
-    if (op.start_event == nullptr || op.end_event == nullptr) initial = OpState::kUntimed;
-  }
+  const OpState initial = InitialState(op, arguments.stream, profiled);
   const bool grouped = t_group_depth > 0;
   ProbationClaim claim =
       TakeProbation(*comm, seq, api, arguments, grouped ? t_group_id : 0, initial == OpState::kEnqueued);
