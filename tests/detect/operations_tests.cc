@@ -1,14 +1,15 @@
 // Recording operations and following them on the (fake) GPU: every state transition and stall
 // rule, driven by a fake clock and fake events.
-#include <catch2/catch.hpp>
-
 #include <vector>
 
+#include <catch2/catch.hpp>
+
 #include "tests/detect/fakes.h"
+#include "watchdog/common/in_process_recovery.h"
 #include "watchdog/common/nccl_api.h"
-#include "watchdog/record/hooks.h"
 #include "watchdog/detect/progress.h"
-#include "watchdog/state/probation.h"
+#include "watchdog/record/hooks.h"
+#include "watchdog/recover/probation.h"
 #include "watchdog/state/registry.h"
 
 using namespace ncclguard;
@@ -338,6 +339,28 @@ TEST_CASE("a wrapped ring reclaims finished operations without waiting for the w
   CHECK(f.comm->dropped.load() == 0);
   CHECK(f.Op(1).seq.load() == 5);  // slot 1 holds #5 now
   CHECK(f.comm->last_completed.load() >= 1);
+}
+
+// In-process recovery is reached through one pointer, null unless NCCLGUARD_RECOVER=inprocess (this
+// program never sets it): a collective then leaves probation alone even on a communicator that
+// says it has some.
+TEST_CASE("without in-process recovery an operation is never put on probation", "[operations][probation]") {
+  REQUIRE(InProcessRecoveryOn() == nullptr);
+  Fixture f;
+  f.comm->probation_limit = 4;
+  OperationArguments arguments;
+  arguments.comm = f.comm->handle;
+  arguments.stream = Stream(1);
+  arguments.count = 16;
+  arguments.datatype = ncclFloat32;
+  arguments.reduction = ncclSum;
+  const Ticket ticket = BeforeOperation(Api::ncclAllReduce, 0, arguments);
+  CHECK(ticket.forward);
+  CHECK(ticket.probation == nullptr);
+  AfterOperation(ticket, ncclSuccess);
+  CHECK(f.comm->probation_taken.load() == 0);
+  CHECK(f.comm->probation[0].state.load() == ProbationState::kNone);
+  CHECK(f.Op(ticket.seq).start_recorded.load());
 }
 
 TEST_CASE("which operations overwrite their own input, and so need a copy to be replayed", "[probation]") {

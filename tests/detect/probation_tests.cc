@@ -14,8 +14,8 @@
 
 #include <catch2/catch.hpp>
 
+#include "watchdog/recover/probation.h"
 #include "watchdog/state/cuda_driver.h"
-#include "watchdog/state/probation.h"
 #include "watchdog/state/records.h"
 
 using namespace ncclguard;

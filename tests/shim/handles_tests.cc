@@ -14,9 +14,10 @@
 
 #include "shim/libraries.h"
 #include "tests/support/process.h"
-#include "watchdog/common/comm_handle.h"
+#include "watchdog/common/in_process_recovery.h"
 #include "watchdog/common/libraries.h"
-#include "watchdog/state/handles.h"
+#include "watchdog/recover/comm_handle.h"
+#include "watchdog/recover/handles.h"
 
 namespace {
 
@@ -127,6 +128,8 @@ TEST_CASE("a call on a handle reaches its communicator's library and once re-poi
   REQUIRE(ncclCommCount(application_comm, &count) == ncclSuccess);
   CHECK(count == *first.id);
   CHECK(*first.last_comm == CommA());
+  // ncclguard started at that call, with in-process recovery in place: the shim resolves through it.
+  CHECK(ncclguard::InProcessRecoveryOn() != nullptr);
 
   REQUIRE(ncclguard::RepointHandle(handle, CommB(), second.slot));
   REQUIRE(ncclCommCount(application_comm, &count) == ncclSuccess);

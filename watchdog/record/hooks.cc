@@ -10,19 +10,16 @@
 
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <exception>
 #include <mutex>
 #include <string>
-#include <thread>
 #include <vector>
 
-#include "watchdog/common/clock.h"
-#include "watchdog/common/comm_handle.h"
 #include "watchdog/common/config.h"
+#include "watchdog/common/in_process_recovery.h"
 #include "watchdog/common/launcher.h"
 #include "watchdog/common/libraries.h"
 #include "watchdog/common/log.h"
@@ -30,8 +27,8 @@
 #include "watchdog/common/version.h"
 #include "watchdog/detect/runtime.h"
 #include "watchdog/record/profiler_plugin.h"
+#include "watchdog/recover/door.h"
 #include "watchdog/recover/p2p_policy.h"
-#include "watchdog/state/handles.h"
 #include "watchdog/state/registry.h"
 
 namespace ncclguard {
@@ -86,6 +83,9 @@ bool Start(RealLibraries& libraries) noexcept {
     const std::vector<NcclConfigFile> nccl_config_files = ReadNcclConfigFiles(ReadProcessEnvironment);
     ApplyP2pPolicy(config, nccl_config_files);
     PointNcclAtOwnProfiler(config, nccl_config_files);
+    // Before the first communicator: from now on calls that name one reach in-process recovery.
+    if (config.recover == RecoverMode::kInProcess)
+      g_in_process_recovery.store(&InProcessDoor(), std::memory_order_release);
     g_state.store(State::kActive, std::memory_order_release);
     return true;
   } catch (const std::exception& error) {
@@ -121,26 +121,9 @@ void NestedCall(Api api, Api outer) noexcept {
 
 void WaitIfExiting() noexcept { ::ncclguard::WaitIfExiting(); }
 
-namespace {
-
-// Waits, a bounded time, until no in-process recovery is under way (g_recoveries_under_way), unless
-// this thread is the one recovering.
-void WaitForRecoveries() noexcept {
-  if (OnRecoveringThread()) return;
-  // A recovery ends within its deadlines (the meeting, the new communicator, the replay); this
-  // bound only keeps a thread from waiting for ever on one that went wrong.
-  constexpr std::int64_t kLongestWaitNs = 600'000'000'000;
-  const std::int64_t give_up = SteadyNowNs() + kLongestWaitNs;
-  while (g_recoveries_under_way.load(std::memory_order_seq_cst) > 0 && SteadyNowNs() < give_up) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-}
-
-}  // namespace
-
 ncclComm_t ResolveCommunicator(ncclComm_t comm, int* library) noexcept {
-  if (g_recoveries_under_way.load(std::memory_order_relaxed) > 0) WaitForRecoveries();
-  return ResolveComm(comm, library);
+  InProcessRecovery* recovery = InProcessRecoveryOn();
+  return recovery != nullptr ? recovery->Resolve(comm, library) : comm;
 }
 
 const char* NcclLibraryOfUser() noexcept {

@@ -12,8 +12,9 @@
 #include <cstdint>
 #include <string>
 
-#include "watchdog/common/comm_handle.h"
+#include "watchdog/common/in_process_recovery.h"
 #include "watchdog/common/nccl_api.h"
+#include "watchdog/common/operation_arguments.h"
 #include "watchdog/common/profile_events.h"
 
 namespace ncclguard {
@@ -40,21 +41,9 @@ struct Ticket {
 };
 
 // Every wrapper first turns each communicator it is given into the real one behind it, and the
-// library slot to call: hooks::ResolveCommunicator leaves NCCL's own communicators and null as they
-// are. The core only ever sees real communicators.
-
-// An operation's arguments, found by type: every collective and point-to-point call has exactly
-// one count, datatype and communicator, at most one reduction and at most one int (root or peer).
-struct OperationArguments {
-  ncclComm_t comm = nullptr;
-  void* stream = nullptr;
-  std::size_t count = 0;
-  int datatype = -1;
-  int reduction = -1;
-  int root_or_peer = -1;
-  const void* send = nullptr;  // the input buffer (`const void*`): none for ncclRecv and ncclBcast
-  void* recv = nullptr;        // the output buffer (`void*`): ncclBcast's only buffer
-};
+// library slot to call: hooks::ResolveCommunicator, which leaves communicators as they are unless
+// NCCLGUARD_RECOVER=inprocess hands out ncclguard's handles (common/in_process_recovery.h). The
+// core only ever sees real communicators.
 
 // How a communicator creation call identifies the new communicator.
 struct CreationArguments {
@@ -141,10 +130,9 @@ void ReportMissingFunction(Api api, int library) noexcept;
 // process (NCCLGUARD_ACTION=exit).
 void WaitIfExiting() noexcept;
 
-// The communicator NCCL must see for `comm` (ResolveComm, common/comm_handle.h), with `*library`
-// set to the slot that serves it when `comm` is one of ncclguard's handles. While an in-process
-// recovery re-points handles, first waits a bounded time for it, unless this thread is the one
-// recovering.
+// The communicator NCCL must see for `comm`: `comm` itself unless NCCLGUARD_RECOVER=inprocess,
+// which resolves ncclguard's handles (InProcessRecovery::Resolve), with `*library` set to the slot
+// that serves it, after waiting out a recovery that re-points them.
 ncclComm_t ResolveCommunicator(ncclComm_t comm, int* library) noexcept;
 
 // NCCLGUARD_NCCL_LIBRARY: the NCCL library the user named, "" when none. Starts nothing.

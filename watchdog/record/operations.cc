@@ -10,32 +10,26 @@
 
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
-#include <string_view>
 #include <thread>
 #include <utility>
 #include <vector>
 
 #include "watchdog/common/clock.h"
-#include "watchdog/common/comm_handle.h"
 #include "watchdog/common/config.h"
 #include "watchdog/common/describe.h"
+#include "watchdog/common/in_process_recovery.h"
 #include "watchdog/common/libraries.h"
 #include "watchdog/common/log.h"
 #include "watchdog/common/nccl_api.h"
 #include "watchdog/detect/runtime.h"
 #include "watchdog/record/hooks.h"
-#include "watchdog/recover/held_operations.h"
-#include "watchdog/report/facts.h"
 #include "watchdog/state/gpu_events.h"
-#include "watchdog/state/handles.h"
-#include "watchdog/state/probation.h"
 #include "watchdog/state/records.h"
 #include "watchdog/state/registration.h"
 #include "watchdog/state/registry.h"
@@ -50,17 +44,13 @@ std::int64_t ThreadId() {
 }
 
 // ncclGroupStart/End nest per thread; operations issued inside wait for the outermost end.
+// Those ncclguard holds (in-process recovery) are not here: NCCL does not see them.
 struct GroupedOperation {
   CommState* comm;
   std::uint64_t seq;
-  ProbationOp* probation;  // on probation: gated at the outermost end
-  bool held;               // held by ncclguard: NCCL has not seen it
 };
 thread_local int t_group_depth = 0;
 thread_local std::uint64_t t_group_id = 0;
-// An operation of the group under way was held: the group's later ones are held too, so that
-// ncclguard issues them together (NCCL needs a process's ranks of one clique in one group).
-thread_local bool t_group_holds = false;
 // Touched only by grouped calls; freed when the thread ends.
 thread_local std::vector<GroupedOperation> t_grouped;
 // Communicators created inside the group: NCCL creates them at its outermost end.
@@ -273,107 +263,6 @@ void FinishGroupedCreations(Api api, ncclResult_t result) {
   if (completed) WriteStatusAtInit();
 }
 
-// Probation (NCCLGUARD_RECOVER=inprocess). An operation that cannot be held (captured into a
-// graph, untimed) but is issued while an earlier one is on probation goes to NCCL behind it on
-// the same communicator: were that one replayed on a new communicator, this one would still run
-// on the old one.
-void MarkProbationUnsafe(CommState& comm) {
-  for (ProbationOp& earlier : comm.TakenProbation()) {
-    if (Unreleased(earlier)) {
-      earlier.unsafe.store("an operation that cannot be held (captured into a graph) was queued behind it",
-                           std::memory_order_release);
-    }
-  }
-}
-
-// Whether an earlier operation of `comm` is still on probation (held, in NCCL's hands, or being
-// recovered): a new one then queues behind it.
-bool BehindProbation(CommState& comm) {
-  return std::ranges::any_of(comm.TakenProbation(), [](const ProbationOp& op) { return Unreleased(op); });
-}
-
-struct ProbationClaim {
-  ProbationOp* op = nullptr;  // its probation slot; nullptr when it is not on probation
-  bool held = false;          // ncclguard holds it and issues it itself
-};
-
-// The probation slot of operation `seq`, and whether it is held. Probation covers the first
-// NCCLGUARD_PROBATION_OPS operations and every operation issued while an earlier one is still on
-// probation; those are held (a non-blocking communicator's are always held: its call may answer
-// ncclInProgress, before the operation is on the stream, and the issuing thread waits that out).
-// Operations that cannot be held (captured into a graph, untimed) are never on probation. An
-// in-place input is copied now, on the stream, before the operation.
-ProbationClaim TakeProbation(CommState& comm, std::uint64_t seq, Api api, const OperationArguments& arguments,
-                             std::uint64_t group, bool holdable) {
-  if (comm.probation_limit == 0) return {};
-  const bool behind = BehindProbation(comm);
-  int taken = comm.probation_taken.load(std::memory_order_relaxed);
-  const bool first_ops =
-      taken < comm.probation_limit && !comm.probation_closed.load(std::memory_order_acquire);
-  if (!holdable) {
-    if (behind) MarkProbationUnsafe(comm);
-    // Counted among the first operations all the same.
-    if (first_ops) comm.probation_taken.store(taken + 1, std::memory_order_release);
-    return {};
-  }
-  if (!first_ops && !behind) return {};
-  if (taken >= kProbationSlots) {
-    // Every slot is used and some are still queued: this one waits until they have drained, then
-    // goes to NCCL as without probation.
-    static std::atomic<bool> logged{false};
-    if (!logged.exchange(true))
-      log::Warn("comm {}: more than {} operations queued on probation; the application waits", comm.id,
-                kProbationSlots);
-    while (BehindProbation(comm)) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    return {};
-  }
-  comm.probation_taken.store(taken + 1, std::memory_order_release);
-  ProbationOp& op = comm.probation[taken];
-  op.seq = seq;
-  op.api = api;
-  op.send = arguments.send;
-  op.recv = arguments.recv;
-  op.count = arguments.count;
-  op.datatype = arguments.datatype;
-  op.reduction = arguments.reduction;
-  op.root_or_peer = arguments.root_or_peer;
-  op.stream = arguments.stream;
-  op.group = group;
-  const std::size_t overwritten = OverwrittenInputBytes(op, comm.rank.load(std::memory_order_relaxed),
-                                                        comm.nranks.load(std::memory_order_relaxed));
-  if (overwritten > static_cast<std::size_t>(GetConfig().probation_max_bytes.value)) {
-    op.unsafe.store("its input is its output, and larger than NCCLGUARD_PROBATION_MAX_BYTES",
-                    std::memory_order_release);
-  } else if (overwritten > 0 && !SaveInput(op, overwritten)) {
-    op.unsafe.store("its input is its output, and could not be copied", std::memory_order_release);
-  }
-  const bool held = behind || comm.nonblocking || (group != 0 && t_group_holds);
-  if (held && group != 0) t_group_holds = true;
-  return {&op, held};
-}
-
-// At the outermost end of a group that NCCL launched: its operations on probation are gated, after
-// every kernel of the group. A replay re-creates one communicator, with all of its ranks that this
-// process drives: a group that also holds operations of another cannot be replayed whole.
-void HoldGroupOnProbation(Api api, ncclResult_t result) {
-  const bool launched = api == Api::ncclGroupEnd && result == ncclSuccess;
-  const std::string_view first_id = t_grouped.empty() ? std::string_view() : t_grouped.front().comm->id;
-  const bool one_comm =
-      std::all_of(t_grouped.begin(), t_grouped.end(),
-                  [first_id](const GroupedOperation& grouped) { return grouped.comm->id == first_id; });
-  for (const GroupedOperation& grouped : t_grouped) {
-    if (grouped.probation == nullptr || grouped.held || !launched) continue;
-    if (!one_comm) {
-      grouped.probation->unsafe.store("its group also holds operations of another communicator",
-                                      std::memory_order_release);
-    }
-    if (!GateStream(*grouped.probation)) {
-      log::Debug("comm {} #{} is not on probation: its stream could not be gated", grouped.comm->id,
-                 grouped.seq);
-    }
-  }
-}
-
 }  // namespace
 
 Ticket BeforeOperation(Api api, int library, const OperationArguments& arguments) noexcept {
@@ -421,27 +310,21 @@ Ticket BeforeOperation(Api api, int library, const OperationArguments& arguments
 
   const OpState initial = InitialState(op, arguments.stream, profiled);
   const bool grouped = t_group_depth > 0;
-  ProbationClaim claim =
-      TakeProbation(*comm, seq, api, arguments, grouped ? t_group_id : 0, initial == OpState::kEnqueued);
-  if (claim.held && !HoldOperation(*comm, *claim.op, grouped)) {
-    // The driver refused to hold it: it goes to NCCL once what is queued before it has, or, inside
-    // a group whose earlier operations are held until its end, now, and those cannot be replayed.
-    if (grouped) {
-      MarkProbationUnsafe(*comm);
-    } else {
-      AwaitHeldIssued(*comm);
-    }
-    claim.held = false;
+  bool held = false;
+  if (InProcessRecovery* recovery = InProcessRecoveryOn()) {
+    const InProcessRecovery::Claim claim = recovery->OnOperation(
+        *comm, seq, api, arguments, grouped ? t_group_id : 0, initial == OpState::kEnqueued);
+    ticket.probation = claim.probation;
+    held = claim.held;
   }
-  ticket.probation = claim.op;
   // A held operation's events are recorded by the thread that issues it, around the real call.
-  if (initial == OpState::kEnqueued && !grouped && !claim.held && !profiled) RecordStart(op);
+  if (initial == OpState::kEnqueued && !grouped && !held && !profiled) RecordStart(op);
   op.seq.store(seq, std::memory_order_relaxed);
   op.state.store(initial, std::memory_order_release);
   comm->last_enqueued.store(seq, std::memory_order_release);
-  if (grouped) t_grouped.push_back({comm, seq, ticket.probation, claim.held});
+  if (grouped && !held) t_grouped.push_back({comm, seq});
   ticket.seq = seq;
-  if (claim.held) {
+  if (held) {
     // NCCL does not see it now: ncclguard issues it, in order, once the earlier ones have passed.
     ticket.forward = false;
     ticket.result = ncclSuccess;
@@ -457,10 +340,9 @@ void AfterOperation(const Ticket& ticket, ncclResult_t result) noexcept {
   if (Launched(result)) UntimedUnlessProfiled(*ticket.comm, ticket.seq);
   if (t_group_depth > 0 && Launched(result)) return;  // launched at the outermost ncclGroupEnd
   FinishLaunch(*ticket.comm, ticket.seq, result);
-  // Queued on the stream (ncclInProgress: not yet, so the gate could come before it): held.
-  if (ticket.probation != nullptr && result == ncclSuccess && !GateStream(*ticket.probation)) {
-    log::Debug("comm {} #{} is not on probation: its stream could not be gated", ticket.comm->id, ticket.seq);
-  }
+  // Set only under in-process recovery: the operation is on probation.
+  if (ticket.probation != nullptr)
+    InProcessRecoveryOn()->AfterLaunch(*ticket.comm, ticket.seq, *ticket.probation, result);
 }
 
 Ticket BeforeGroupCall(Api api) noexcept {
@@ -470,8 +352,7 @@ Ticket BeforeGroupCall(Api api) noexcept {
     // Events recorded now land before the group's kernels: nothing was launched yet.
     for (const GroupedOperation& grouped : t_grouped) {
       OpRecord& op = grouped.comm->Slot(grouped.seq);
-      if (!grouped.held && op.seq.load(std::memory_order_relaxed) == grouped.seq &&
-          !op.profiled.load(std::memory_order_relaxed) &&
+      if (op.seq.load(std::memory_order_relaxed) == grouped.seq && !op.profiled.load(std::memory_order_relaxed) &&
           op.state.load(std::memory_order_acquire) == OpState::kEnqueued && api == Api::ncclGroupEnd) {
         RecordStart(op);
       }
@@ -488,27 +369,18 @@ void AfterGroupCall(Api api, ncclResult_t result) noexcept {
   if (t_group_depth == 0) return;
   --t_group_depth;
   if (t_group_depth > 0) return;  // not the outermost end
-  t_group_holds = false;
   FinishGroupedCreations(api, result);
   for (const GroupedOperation& grouped : t_grouped) {
-    if (grouped.held) {
-      // Issued by ncclguard, as one group, once the group has ended; never when it did not run.
-      if (api == Api::ncclGroupEnd && Launched(result)) {
-        ReleaseHeldGroupMember(*grouped.probation);
-      } else {
-        DropHeld(*grouped.comm, *grouped.probation);
-      }
-    } else if (api == Api::ncclGroupEnd) {
+    if (api == Api::ncclGroupEnd) {
       FinishLaunch(*grouped.comm, grouped.seq, result);
     } else {  // ncclGroupSimulateEnd: the operations are estimated, never run
       OpRecord& op = grouped.comm->Slot(grouped.seq);
       op.state.store(OpState::kUntimed, std::memory_order_release);
     }
   }
-  // After the end events: a gate queued before them would hold them back, and a replay waits for
-  // them to be reached.
-  HoldGroupOnProbation(api, result);
   t_grouped.clear();
+  // After the end events: a gate queued before them would hold them back.
+  if (InProcessRecovery* recovery = InProcessRecoveryOn()) recovery->AtGroupEnd(api, result);
 }
 
 Ticket BeforeCreation(Api api, const CreationArguments& arguments) noexcept {
@@ -525,7 +397,7 @@ Ticket BeforeCreation(Api api, const CreationArguments& arguments) noexcept {
       init.comm_id = CommIdFromUniqueId(*arguments.unique_id);
     } else if (CommState* parent = GetRegistry().Find(arguments.parent)) {
       // NCCL's calls on one communicator must not overlap: the held ones go first.
-      AwaitHeldIssued(*parent);
+      if (InProcessRecovery* recovery = InProcessRecoveryOn()) recovery->BeforeClosing(*parent, api);
       ticket.comm = parent;
       const std::uint32_t ordinal = parent->children.fetch_add(1, std::memory_order_relaxed);
       init.comm_id =
@@ -536,7 +408,10 @@ Ticket BeforeCreation(Api api, const CreationArguments& arguments) noexcept {
                                  init_all_calls.fetch_add(1, std::memory_order_relaxed), 0);
     }
     // A split or shrink follows its parent's library.
-    if (arguments.unique_id != nullptr || api == Api::ncclCommInitAll) ticket.slot = CreationSlot();
+    if (arguments.unique_id != nullptr || api == Api::ncclCommInitAll) {
+      InProcessRecovery* recovery = InProcessRecoveryOn();
+      ticket.slot = recovery != nullptr ? recovery->CreationSlot() : -1;
+    }
     std::snprintf(ticket.comm_id, sizeof(ticket.comm_id), "%s", init.comm_id.c_str());
     ticket.start_ns = init.start_ns;
     ticket.config = arguments.config;
@@ -547,36 +422,6 @@ Ticket BeforeCreation(Api api, const CreationArguments& arguments) noexcept {
 }
 
 namespace {
-
-// How many of a new communicator's first operations go on probation: none unless in-process
-// recovery could help them, i.e. NCCLGUARD_RECOVER=inprocess, a driver that can hold a stream,
-// P2P left to NCCL (a recovery turns it off; a user's own setting wins) and not already a
-// communicator of the private instance, whose P2P is off.
-int ProbationLimit(int library) {
-  const Config& config = GetConfig();
-  if (config.recover != RecoverMode::kInProcess || library == CreationSlot() || !ProbationAvailable())
-    return 0;
-  for (const char* name : kNcclP2pVariables) {
-    if (std::getenv(name) != nullptr) return 0;
-  }
-  return static_cast<int>(std::min<long>(config.probation_ops.value, kMaxProbationOps));
-}
-
-// With NCCLGUARD_RECOVER=inprocess the application holds ncclguard's handles, not NCCL's
-// communicators: NCCL wrote them at call time, even inside a group or for a creation still in
-// progress, so they are replaced before the call returns.
-void HandOutHandles(int library, ncclComm_t* comms, int count) noexcept {
-  try {
-    if (GetConfig().recover != RecoverMode::kInProcess) return;
-  } catch (...) {
-    return;
-  }
-  for (int i = 0; i < count; ++i) {
-    if (comms[i] == nullptr) continue;  // e.g. ncclCommSplit with NCCL_SPLIT_NOCOLOR
-    if (CommHandle* handle = NewCommHandle(comms[i], library))
-      comms[i] = reinterpret_cast<ncclComm_t>(handle);
-  }
-}
 
 // What a re-creation needs of the application's configuration: its ncclConfig_t (as much of it as
 // the application's NCCL defines, read only when it carries NCCL's magic), or, for a split without
@@ -637,7 +482,8 @@ void RegisterCreated(const Ticket& ticket, Api api, int library, ncclResult_t re
             state.context = DriverEvents().CurrentContext();
             state.awaiting_group_end.store(grouped, std::memory_order_relaxed);
             KeepConfig(state, ticket.config, ticket.comm);
-            state.probation_limit = ProbationLimit(library);
+            if (InProcessRecovery* recovery = InProcessRecoveryOn())
+              state.probation_limit = recovery->ProbationLimit(library);
             if (result == ncclSuccess && !grouped) state.init_end_ns.store(now, std::memory_order_relaxed);
           });
       if (grouped && comm != nullptr) {
@@ -661,7 +507,10 @@ void RegisterCreated(const Ticket& ticket, Api api, int library, ncclResult_t re
 void AfterCreation(const Ticket& ticket, Api api, int library, ncclResult_t result, ncclComm_t* comms,
                    int count) noexcept {
   RegisterCreated(ticket, api, library, result, comms, count);
-  if (Launched(result) && comms != nullptr) HandOutHandles(library, comms, count);
+  // Under in-process recovery the application holds ncclguard's handles, not NCCL's communicators.
+  InProcessRecovery* recovery = InProcessRecoveryOn();
+  if (recovery != nullptr && Launched(result) && comms != nullptr)
+    recovery->HandOutHandles(library, comms, count);
 }
 
 Ticket BeforeCommCall(Api api, ncclComm_t handle) noexcept {
@@ -681,17 +530,13 @@ Ticket BeforeCommCall(Api api, ncclComm_t handle) noexcept {
   }
   if (CutsShort(api)) comm->cut_short.store(true, std::memory_order_seq_cst);
   if (api == Api::ncclCommDestroy || api == Api::ncclCommAbort || api == Api::ncclCommFinalize) {
-    // Destroy and finalize wait for the communicator's work, what ncclguard holds included; an
-    // abort drops what is held (NCCL never saw it), and the application's stream goes on.
-    if (api != Api::ncclCommAbort) AwaitHeldIssued(*comm);
+    // Destroy and finalize wait for the communicator's work, what in-process recovery holds
+    // included; an abort drops what is held.
+    InProcessRecovery* recovery = InProcessRecoveryOn();
+    if (recovery != nullptr) recovery->BeforeClosing(*comm, api);
     comm->closing.store(true, std::memory_order_seq_cst);
-    while (comm->watchdog_in_call.load(std::memory_order_seq_cst) ||
-           comm->issuer_in_call.load(std::memory_order_seq_cst)) {
-      std::this_thread::yield();
-    }
-    if (api == Api::ncclCommAbort) {
-      for (ProbationOp& op : comm->TakenProbation()) DropHeld(*comm, op);
-    }
+    while (comm->watchdog_in_call.load(std::memory_order_seq_cst)) std::this_thread::yield();
+    if (recovery != nullptr) recovery->Closing(*comm, api);
   }
   return ticket;
 }

@@ -25,9 +25,9 @@
 #include "watchdog/common/libraries.h"
 #include "watchdog/common/log.h"
 #include "watchdog/common/nccl_api.h"
+#include "watchdog/recover/probation.h"
 #include "watchdog/state/cuda_driver.h"
 #include "watchdog/state/gpu_events.h"
-#include "watchdog/state/probation.h"
 #include "watchdog/state/records.h"
 
 namespace ncclguard {

@@ -1,7 +1,8 @@
 // ncclguard's own communicator handles (NCCLGUARD_RECOVER=inprocess): what the application holds
 // instead of NCCL's ncclComm_t, so that in-process recovery can put a new communicator, on another
 // library instance, behind it. Only the layout and how a handle is read are here, so that the
-// shim's translation inlines; making and re-pointing handles is state/handles.h's.
+// translation (InProcessRecovery::Resolve, recover/door.cc) inlines; making and re-pointing handles
+// is handles.h's.
 #pragma once
 
 #include <nccl.h>
@@ -27,18 +28,18 @@ struct CommHandle {
   std::atomic<const CommTarget*> target{nullptr};
 };
 
-// Set once the first handle is made: until then no pointer is looked into, so a process without
-// NCCLGUARD_RECOVER=inprocess passes every communicator to NCCL exactly as before.
+// Set once the first handle is made: until then no pointer is looked into, so a process whose
+// application made no communicator yet passes every communicator to NCCL exactly as before.
 inline std::atomic<bool> g_comm_handles_made{false};
 
 // How many in-process recoveries are re-creating communicators now: application calls that name a
-// communicator wait (hooks::WaitForRecoveries) rather than reach one being replaced.
+// communicator wait (InProcessRecovery::Resolve) rather than reach one being replaced.
 inline std::atomic<int> g_recoveries_under_way{0};
 
 // The communicator `comm` stands for: for one of ncclguard's handles, its current real
 // communicator, with `*slot` set to the library slot that serves it; anything else (NCCL's own
 // communicator, a foreign pointer, null) is returned unchanged and `*slot` left alone. No lock,
-// no allocation: it runs on every call that names a communicator.
+// no allocation: under in-process recovery it runs on every call that names a communicator.
 inline ncclComm_t ResolveComm(ncclComm_t comm, int* slot) noexcept {
   if (comm == nullptr || !g_comm_handles_made.load(std::memory_order_relaxed)) return comm;
   // An atomic read: the first word of NCCL's own object may be a lock another thread takes.

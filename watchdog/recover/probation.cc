@@ -1,4 +1,4 @@
-#include "watchdog/state/probation.h"
+#include "watchdog/recover/probation.h"
 
 #include <cuda.h>
 #include <linux/futex.h>

@@ -1,6 +1,6 @@
 // ncclguard's communicator handles: made and re-pointed on cold paths (creation, recovery) under a
-// lock; read on every call through common/comm_handle.h without one.
-#include "watchdog/state/handles.h"
+// lock; read under in-process recovery on every call through comm_handle.h without one.
+#include "watchdog/recover/handles.h"
 
 #include <nccl.h>
 
@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
-#include "watchdog/common/comm_handle.h"
 #include "watchdog/common/mutex.h"
+#include "watchdog/recover/comm_handle.h"
 
 namespace ncclguard {
 namespace {

@@ -1,12 +1,11 @@
-// The table of ncclguard's communicator handles (common/comm_handle.h): made when a communicator
-// is created under NCCLGUARD_RECOVER=inprocess, and re-pointed at a new communicator by in-process
-// recovery. Here in state/ so that both the recording path (record/) and the watchdog (detect/)
-// reach it.
+// The table of ncclguard's communicator handles (comm_handle.h): made when a communicator is
+// created under NCCLGUARD_RECOVER=inprocess (InProcessRecovery::HandOutHandles, door.cc), and
+// re-pointed at a new communicator by in-process recovery (in_process.cc).
 #pragma once
 
 #include <nccl.h>
 
-#include "watchdog/common/comm_handle.h"
+#include "watchdog/recover/comm_handle.h"
 
 namespace ncclguard {
 
