@@ -27,6 +27,7 @@
 #include "watchdog/common/libraries.h"
 #include "watchdog/common/log.h"
 #include "watchdog/common/nccl_api.h"
+#include "watchdog/common/operation_arguments.h"
 #include "watchdog/detect/runtime.h"
 #include "watchdog/record/hooks.h"
 #include "watchdog/state/gpu_events.h"

@@ -13,7 +13,10 @@
 
 #include "watchdog/common/clock.h"
 #include "watchdog/common/config.h"
+#include "watchdog/common/in_process_recovery.h"
 #include "watchdog/common/log.h"
+#include "watchdog/common/nccl_api.h"
+#include "watchdog/common/operation_arguments.h"
 #include "watchdog/recover/comm_handle.h"
 #include "watchdog/recover/handles.h"
 #include "watchdog/recover/held_operations.h"
