@@ -101,11 +101,12 @@ typename Signature<A>::Result Forward(Args... args) noexcept {
   using Result = typename Signature<A>::Result;
   const bool nested = t_calls.depth > 0;
   int library = nested ? t_calls.outer_library : Library;
-  // Before anything else, so that the core sees NCCL's communicators only. Nested calls come
-  // from NCCL itself and carry its own.
-  if (!nested) ((args = RealArgument(args, &library)), ...);
-  // Started before the real function is looked up, so that what the lookup says is logged.
+  // Started before the real function is looked up, so that what the lookup says is logged, and
+  // before communicators are resolved, so that in-process recovery is in place if it is asked for.
   const bool active = !nested && hooks::Active(Libraries());
+  // Before the core sees them, so that it sees NCCL's communicators only. Nested calls come from
+  // NCCL itself and carry their own.
+  if (!nested) ((args = RealArgument(args, &library)), ...);
   auto real = reinterpret_cast<Function>(RealFunction(library, A));
   if (real == nullptr) {
     if (active) hooks::ReportMissingFunction(A, library);
