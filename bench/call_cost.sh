@@ -4,10 +4,12 @@
 #
 #   bench/call_cost.sh <build directory> [--smoke]
 #
-# collective_loop issues N small AllReduces back to back on one stream, then one wait. It runs
-# with N = 2,000 and 6,000, without ncclguard, with it at the defaults (timed by NCCL's profiler
-# events) and with NCCLGUARD_PROFILER=0 (timed by CUDA events). Per collective: the difference of
-# the two runs over the 4,000 extra collectives, the same difference without ncclguard subtracted.
+# collective_loop issues N small AllReduces per rank back to back, then one wait: on a one-rank
+# communicator (which NCCL's profiler does not see: timed by CUDA events), and as one process
+# driving two GPUs (a group of two AllReduces per step, timed by NCCL's profiler at the defaults).
+# Each runs with N = 2,000 and 6,000, without ncclguard, with it at the defaults and with
+# NCCLGUARD_PROFILER=0 (CUDA events). Per collective: the difference of the two runs over the
+# extra collectives, the same difference without ncclguard subtracted.
 # Only the main thread is counted (callgrind --separate-threads); the watchdog's and NCCL's own
 # threads are not the application's. --smoke runs N = 20 and 60 and only checks that every figure
 # is printed. Exit status 77 (skipped) where valgrind is not installed.
@@ -44,9 +46,9 @@ measure() {
   shift 2
   local out=$work/$name-$count
   mkdir -p "$out"
-  env LD_LIBRARY_PATH="$emulator" NCCLGUARD_DUMP_DIR="$work/dumps" NCCL_DEBUG=WARN "$@" \
+  env LD_LIBRARY_PATH="$emulator" NCCLEMU_DEVICES=2 NCCLGUARD_DUMP_DIR="$work/dumps" NCCL_DEBUG=WARN "$@" \
     valgrind --tool=callgrind --separate-threads=yes --callgrind-out-file="$out/callgrind.out" \
-    "$program" "$count" >"$out/log" 2>&1 || { cat "$out/log" >&2; echo "$0: $name failed" >&2; exit 1; }
+    "$program" "$count" "$ranks" >"$out/log" 2>&1 || { cat "$out/log" >&2; echo "$0: $name failed" >&2; exit 1; }
   python3 - "$out/callgrind.out-01" <<'PY'
 import collections, os, re, sys
 names = {"ob": {}, "fn": {}}
@@ -87,35 +89,39 @@ print(json.dumps({"instructions": total, "calls": dict(calls)}))
 PY
 }
 
-for variant in without defaults profiler_off; do
-  case $variant in
-    without) environment=() ;;
-    defaults) environment=(LD_PRELOAD="$preload") ;;
-    profiler_off) environment=(LD_PRELOAD="$preload" NCCLGUARD_PROFILER=0) ;;
-  esac
-  measure "$variant" "$small" "${environment[@]}" >"$work/$variant.small.json"
-  measure "$variant" "$large" "${environment[@]}" >"$work/$variant.large.json"
+for ranks in 1 2; do
+  for variant in without defaults profiler_off; do
+    case $variant in
+      without) environment=() ;;
+      defaults) environment=(LD_PRELOAD="$preload") ;;
+      profiler_off) environment=(LD_PRELOAD="$preload" NCCLGUARD_PROFILER=0) ;;
+    esac
+    measure "$variant-$ranks" "$small" "${environment[@]}" >"$work/$variant-$ranks.small.json"
+    measure "$variant-$ranks" "$large" "${environment[@]}" >"$work/$variant-$ranks.large.json"
+  done
 done
 
 python3 - "$work" "$((large - small))" <<'PY'
 import json, sys
 work, extra = sys.argv[1], int(sys.argv[2])
-def per_collective(variant):
-    small = json.load(open(f"{work}/{variant}.small.json"))
-    large = json.load(open(f"{work}/{variant}.large.json"))
-    calls = {name: (large["calls"].get(name, 0) - small["calls"].get(name, 0)) / extra
+def per_collective(variant, ranks):
+    small = json.load(open(f"{work}/{variant}-{ranks}.small.json"))
+    large = json.load(open(f"{work}/{variant}-{ranks}.large.json"))
+    collectives = extra * ranks
+    calls = {name: (large["calls"].get(name, 0) - small["calls"].get(name, 0)) / collectives
              for name in set(small["calls"]) | set(large["calls"])}
-    return (large["instructions"] - small["instructions"]) / extra, calls
-base_ir, base_calls = per_collective("without")
-print(f"{'per collective, main thread':34} {'instructions':>12} {'driver calls':>12}  which")
+    return (large["instructions"] - small["instructions"]) / collectives, calls
 def show(label, ir, calls):
     named = ", ".join(f"{name} {count:+.2f}" for name, count in sorted(calls.items()) if abs(count) >= 0.005)
-    print(f"{label:34} {ir:12.0f} {sum(calls.values()):12.2f}  {named or '-'}")
-show("NCCL alone (emulator)", base_ir, base_calls)
-for variant in ("defaults", "profiler_off"):
-    ir, calls = per_collective(variant)
-    added = {name: calls.get(name, 0) - base_calls.get(name, 0) for name in set(calls) | set(base_calls)}
-    show(f"ncclguard adds ({variant})", ir - base_ir, added)
-    print(f"added_instructions_per_collective_{variant}={ir - base_ir:.0f}")
-    print(f"added_driver_calls_per_collective_{variant}={sum(added.values()):.2f}")
+    print(f"{label:44} {ir:12.0f} {sum(calls.values()):12.2f}  {named or '-'}")
+print(f"{'per collective, main thread':44} {'instructions':>12} {'driver calls':>12}  which")
+for ranks, workload in ((1, "one rank"), (2, "two GPUs, one process")):
+    base_ir, base_calls = per_collective("without", ranks)
+    show(f"NCCL alone (emulator), {workload}", base_ir, base_calls)
+    for variant in ("defaults", "profiler_off"):
+        ir, calls = per_collective(variant, ranks)
+        added = {name: calls.get(name, 0) - base_calls.get(name, 0) for name in set(calls) | set(base_calls)}
+        show(f"ncclguard adds ({variant}), {workload}", ir - base_ir, added)
+        print(f"added_instructions_per_collective_{variant}_{ranks}_ranks={ir - base_ir:.0f}")
+        print(f"added_driver_calls_per_collective_{variant}_{ranks}_ranks={sum(added.values()):.2f}")
 PY
