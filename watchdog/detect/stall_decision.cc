@@ -28,12 +28,14 @@ StallDecision DecideOnStall(const StallFacts& facts) {
     decision.look_again_ns = facts.now_ns + facts.status_interval_ns / 2;
     return decision;
   }
-  const bool act_now = !facts.has_comm || ActOnTimeout(facts.verdicts) || facts.stall_ns >= facts.hard_timeout_ns;
+  const bool act_now =
+      !facts.has_comm || ActOnTimeout(facts.verdicts) || facts.stall_ns >= facts.hard_timeout_ns;
   if (act_now && recoverable) {
     decision.step = StallDecision::Step::kRecoverInProcess;
     if (!mendable) {
-      decision.not_mendable = fmt::format("its verdict is {}, which a communicator with P2P off does not mend",
-                                          VerdictKindName(facts.verdict_about_comm));
+      decision.not_mendable =
+          fmt::format("its verdict is {}, which a communicator with P2P off does not mend",
+                      VerdictKindName(facts.verdict_about_comm));
     }
     return decision;
   }

@@ -23,14 +23,14 @@
 namespace ncclguard {
 
 struct StallFacts {
-  bool has_comm = true;  // false: an initialisation, which has no communicator to wait on yet
-  std::vector<Verdict> verdicts;       // the current verdicts, most important first; none: no job view
+  bool has_comm = true;           // false: an initialisation, which has no communicator to wait on yet
+  std::vector<Verdict> verdicts;  // the current verdicts, most important first; none: no job view
   VerdictKind verdict_about_comm = VerdictKind::kUnknown;  // the one naming this communicator
-  std::int64_t stall_ns = 0;          // how long it has been stalled
+  std::int64_t stall_ns = 0;                               // how long it has been stalled
   std::int64_t now_ns = 0;
-  bool first_look = true;              // found in this round (not a look again)
-  bool in_process_recovery = false;    // NCCLGUARD_RECOVER=inprocess
-  bool on_probation = false;           // the stalled operation is on probation, in NCCL's hands
+  bool first_look = true;            // found in this round (not a look again)
+  bool in_process_recovery = false;  // NCCLGUARD_RECOVER=inprocess
+  bool on_probation = false;         // the stalled operation is on probation, in NCCL's hands
   std::int64_t timeout_ns = 0;
   std::int64_t hard_timeout_ns = 0;
   std::int64_t status_interval_ns = 0;

@@ -438,7 +438,8 @@ void Watchdog::DecideOnStall(CommState* comm, const Stall& stall, const std::vec
       comm->stall_recheck_ns = decision.look_again_ns;
       if (config_.action != Action::kWarn) {
         log::Warn(
-            "not acting yet (NCCLGUARD_ACTION={}): the late rank is busy outside NCCL or stopped; acting after "
+            "not acting yet (NCCLGUARD_ACTION={}): the late rank is busy outside NCCL or stopped; acting "
+            "after "
             "NCCLGUARD_HARD_TIMEOUT={} s unless that changes",
             ActionName(config_.action), config_.hard_timeout.value);
       }
@@ -447,7 +448,7 @@ void Watchdog::DecideOnStall(CommState* comm, const Stall& stall, const std::vec
 }
 
 bool Watchdog::RecoverStalledOnProbation(CommState& comm, ProbationOp& op, const Stall& stall,
-                                const std::string& not_mendable) {
+                                         const std::string& not_mendable) {
   const std::string what = fmt::format("comm {} #{} {}", comm.id, stall.seq, OperationName(stall.api));
   log::Warn("{} stalled on probation: recovering it in-process (NCCLGUARD_RECOVER=inprocess){}", what,
             not_mendable.empty() ? "" : fmt::format("; this rank cannot: {}", not_mendable));

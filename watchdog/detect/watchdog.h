@@ -141,7 +141,8 @@ class Watchdog {
   // communicator in-process, all ranks or none (`not_mendable`: why this rank votes not ready).
   // True when the stall is dealt with (recovered, or the process is exiting); false when it fell
   // back and the stall goes on as without recovery.
-  bool RecoverStalledOnProbation(CommState& comm, ProbationOp& op, const Stall& stall, const std::string& not_mendable);
+  bool RecoverStalledOnProbation(CommState& comm, ProbationOp& op, const Stall& stall,
+                                 const std::string& not_mendable);
   std::vector<Verdict> CurrentVerdicts(const StallSnapshot& stall, std::int64_t now_ns);
   // Reports the communicator's asynchronous error unless reported already; acts on it when `act`
   // (not for a communicator already closed, nor at exit). True when it reported one.

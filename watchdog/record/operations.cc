@@ -353,7 +353,8 @@ Ticket BeforeGroupCall(Api api) noexcept {
     // Events recorded now land before the group's kernels: nothing was launched yet.
     for (const GroupedOperation& grouped : t_grouped) {
       OpRecord& op = grouped.comm->Slot(grouped.seq);
-      if (op.seq.load(std::memory_order_relaxed) == grouped.seq && !op.profiled.load(std::memory_order_relaxed) &&
+      if (op.seq.load(std::memory_order_relaxed) == grouped.seq &&
+          !op.profiled.load(std::memory_order_relaxed) &&
           op.state.load(std::memory_order_acquire) == OpState::kEnqueued && api == Api::ncclGroupEnd) {
         RecordStart(op);
       }

@@ -48,7 +48,8 @@ CommState* Registry::Find(ncclComm_t handle) const noexcept {
   static thread_local LastFound t_last;
   // Read before the table: an answer found after a change is only kept until the next look.
   const std::uint64_t generation = generation_.load(std::memory_order_acquire);
-  if (t_last.registry == this && t_last.handle == handle && t_last.generation == generation) return t_last.state;
+  if (t_last.registry == this && t_last.handle == handle && t_last.generation == generation)
+    return t_last.state;
   CommState* state = FindInTable(handle);
   t_last = {this, handle, state, generation};
   return state;
@@ -196,7 +197,7 @@ void Registry::ForgetAfterFork() noexcept {
     values_[i].store(nullptr, std::memory_order_relaxed);
   }
   generation_.fetch_add(1, std::memory_order_relaxed);  // the forking thread's last answer is the parent's
-  new (&all_) std::vector<CommState*>();  // the parent's vector is leaked with its states
+  new (&all_) std::vector<CommState*>();                // the parent's vector is leaked with its states
   for (bool& used : pending_used_) used = false;
 }
 
