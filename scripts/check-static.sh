@@ -15,15 +15,11 @@ all=false
 own_sources() { git ls-files 'watchdog/*.cc' 'watchdog/*.h' 'shim/*.cc' 'shim/*.h' 'cli/*.cc' 'cli/*.h'; }
 
 echo "== file size"
-# Files still over the bound, each with the size it may not grow past, until it is split.
-declare -A over_bound=([watchdog/diagnose/job_reader.cc]=1025 [watchdog/common/files.cc]=842
-                       [watchdog/record/operations.cc]=689)
 too_long=0
 while read -r lines file; do
   [[ $file == total ]] && continue
-  limit=${over_bound[$file]:-600}
-  if ((lines > limit)); then
-    echo "$file: $lines lines, more than $limit: split it by what its parts do"
+  if ((lines > 600)); then
+    echo "$file: $lines lines, more than 600: split it by what its parts do"
     too_long=1
   fi
 done < <(own_sources | xargs wc -l)
