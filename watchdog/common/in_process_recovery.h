@@ -1,7 +1,8 @@
 // In-process recovery (NCCLGUARD_RECOVER=inprocess) as the recording path sees it: one interface,
-// implemented in recover/ (recover/door.h), reached from the shim and record/ through one pointer
-// that stays null unless the setting asks for it. Without the setting an intercepted call pays one
-// load of that pointer and touches nothing else of recovery: no probation, no held operations, no
+// implemented in recover/ (recover/door.h), reached from record/ through one pointer that stays
+// null unless the setting asks for it (the shim resolves handles through the door's
+// hooks::ResolveCommunicator, which loads it). Without the setting an intercepted call pays a load
+// of that pointer and touches nothing else of recovery: no probation, no held operations, no
 // handles. The pointer is set once, when ncclguard starts at the first NCCL call, before any
 // communicator exists, and never changes afterwards.
 #pragma once

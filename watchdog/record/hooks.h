@@ -12,7 +12,6 @@
 #include <cstdint>
 #include <string>
 
-#include "watchdog/common/in_process_recovery.h"
 #include "watchdog/common/nccl_api.h"
 #include "watchdog/common/operation_arguments.h"
 #include "watchdog/common/profile_events.h"
