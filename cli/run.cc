@@ -294,6 +294,8 @@ class BesideRedis {
     if (port == 0) Fail("no free port for redis-server");
     const std::string password = RandomPassword();
     const std::string auth_file = WriteCredentials(job_dir, password);
+    // Owns the credentials file from here: every failure below removes it.
+    auto redis = std::unique_ptr<BesideRedis>(new BesideRedis(-1, port, auth_file));
     const std::string port_text = std::to_string(port);
     std::vector<std::string> command = {server,         "-",       "--port",           port_text,
                                         "--bind",       "0.0.0.0", "--save",           "",
@@ -303,10 +305,23 @@ class BesideRedis {
     argv.reserve(command.size() + 1);
     for (std::string& argument : command) argv.push_back(argument.data());
     argv.push_back(nullptr);
+    // The configuration is in the pipe before the server exists: a server that exits at once
+    // (not found, refused) can never leave run writing into a closed pipe, and killed by SIGPIPE.
     int config[2];
     if (pipe2(config, O_CLOEXEC) != 0) Fail("pipe");
+    const std::string lines = absl::StrCat("requirepass ", password, "\n");
+    const bool configured =
+        write(config[1], lines.data(), lines.size()) == static_cast<ssize_t>(lines.size());
+    close(config[1]);
+    if (!configured) {
+      close(config[0]);
+      throw std::runtime_error(absl::StrCat("cannot give ", server, " its password"));
+    }
     const pid_t pid = fork();
-    if (pid < 0) Fail("fork");
+    if (pid < 0) {
+      close(config[0]);
+      Fail("fork");
+    }
     if (pid == 0) {
       setpgid(0, 0);
       prctl(PR_SET_PDEATHSIG, SIGTERM);  // run killed outright: the board goes with it
@@ -318,12 +333,7 @@ class BesideRedis {
       _exit(kExitCommandNotFound);
     }
     close(config[0]);
-    const std::string lines = absl::StrCat("requirepass ", password, "\n");
-    const bool configured =
-        write(config[1], lines.data(), lines.size()) == static_cast<ssize_t>(lines.size());
-    close(config[1]);
-    auto redis = std::unique_ptr<BesideRedis>(new BesideRedis(pid, port, auth_file));
-    if (!configured) throw std::runtime_error(absl::StrCat("cannot give ", server, " its password"));
+    redis->pid_ = pid;
     constexpr auto kStartLimit = std::chrono::seconds(10);
     const auto give_up = std::chrono::steady_clock::now() + kStartLimit;
     while (!Answers(port)) {

@@ -356,6 +356,12 @@ TEST_CASE(
                                               scripts.Path("restarting.sh"), "0", "0"});
   CHECK(missing.exit_code == kUsageError);
   CHECK(missing.err.find("cannot start the job board (--redis)") != std::string::npos);
+  // A server that exits at once, its password unread, fails the same way: run is never killed by
+  // the pipe it gave the password through.
+  const ProcessResult exits = NcclguardRun(
+      {"--redis", "--redis-server", "/bin/false", "--", scripts.Path("restarting.sh"), "0", "0"});
+  CHECK(exits.exit_code == kUsageError);
+  CHECK(exits.err.find("exited with code 1 before answering") != std::string::npos);
   CHECK(scripts.Attempts() == 0);
 }
 
