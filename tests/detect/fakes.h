@@ -172,6 +172,8 @@ class RecordingEffects final : public WatchdogEffects {
   }
   [[noreturn]] void Exit(int code) override { throw ExitCalled(code); }
   std::int64_t WallNowNs() override { return wall_ns; }
+  std::vector<MetricsSample> metrics;  // every publication
+  void WriteMetrics(const MetricsSample& sample) override { metrics.push_back(sample); }
 };
 
 // Puts an AllReduce handed to NCCL at `enqueued_at` into `comm`'s ring, its CUDA events recorded

@@ -1,8 +1,6 @@
 // The watchdog end to end: train_loop (and two small programs) on the emulator, with
 // libncclguard.so preloaded and faults injected through NCCLEMU_FAULTS. Each test reads what a
 // user would: the log lines on stderr, the launcher's report, and the files of the job directory.
-#include <catch2/catch.hpp>
-
 #include <signal.h>
 #include <sys/stat.h>
 
@@ -15,6 +13,7 @@
 #include <set>
 #include <thread>
 
+#include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
 #include "tests/support/process.h"
@@ -24,8 +23,8 @@ using ncclguard::testing::Checksums;
 using ncclguard::testing::EmulatorJobEnvironment;
 using ncclguard::testing::LogLinesOf;
 using ncclguard::testing::ProcessOptions;
-using ncclguard::testing::RankPids;
 using ncclguard::testing::ProcessResult;
+using ncclguard::testing::RankPids;
 using ncclguard::testing::ReadFile;
 using ncclguard::testing::RunProcess;
 using ncclguard::testing::SplitLines;
@@ -64,10 +63,10 @@ Run RunOnEmulator(const TemporaryDirectory& dump_dir, const std::vector<std::str
   run.result = RunProcess(argv, options);
   run.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   run.job_dir = dump_dir.path() + "/" + kJobId;
-  run.transcript = argv[0] + (guarded ? " (preloaded)" : "") + ": " + std::to_string(run.seconds) + " s, exit code " +
-                   std::to_string(run.result.exit_code) + ", signal " + std::to_string(run.result.signal) +
-                   (run.result.timed_out ? ", timed out" : "") + "\nstdout:\n" + run.result.out + "\nstderr:\n" +
-                   run.result.err;
+  run.transcript = argv[0] + (guarded ? " (preloaded)" : "") + ": " + std::to_string(run.seconds) +
+                   " s, exit code " + std::to_string(run.result.exit_code) + ", signal " +
+                   std::to_string(run.result.signal) + (run.result.timed_out ? ", timed out" : "") +
+                   "\nstdout:\n" + run.result.out + "\nstderr:\n" + run.result.err;
   return run;
 }
 
@@ -81,7 +80,6 @@ std::set<int> Values(const std::map<int, int>& map) {
   for (const auto& [key, value] : map) values.insert(value);
   return values;
 }
-
 
 struct JsonFile {
   std::string path;
@@ -128,9 +126,9 @@ Json Operation(const Json& dump, std::uint64_t seq) {
   return {};
 }
 
-
 bool ReportsAnyStall(const std::string& err) {
-  return err.find("has not completed") != std::string::npos || err.find("has not started") != std::string::npos;
+  return err.find("has not completed") != std::string::npos ||
+         err.find("has not started") != std::string::npos;
 }
 
 // Every rank of a job under NCCLGUARD_ACTION=exit dumped its stall and exited with the restart code.
@@ -147,6 +145,35 @@ void CheckEveryRankDumpedAndExitedForRestart(const Run& run) {
   CHECK(dumped == Values(pids));
 }
 
+// Every metrics file in `directory` as Prometheus's client parses it: its path → the sample
+// `name{label=value,...}` (labels sorted, without job, host, pid and rank, which every sample of a
+// file shares) → its value. `identities` gets each file's job, host, pid and rank labels.
+std::map<std::string, std::map<std::string, double>> ParsedMetrics(
+    const std::string& directory, std::map<std::string, std::string>& identities) {
+  std::vector<std::string> argv = {"/usr/bin/python3", READ_PROMETHEUS_SCRIPT};
+  for (const auto& entry : std::filesystem::directory_iterator(directory))
+    argv.push_back(entry.path().string());
+  const ProcessResult parsed = RunProcess(argv, {});
+  INFO(parsed.err);
+  REQUIRE(parsed.exit_code == 0);
+  std::map<std::string, std::map<std::string, double>> metrics;
+  static const std::regex identity(R"(job=([^,}]*),?|host=([^,}]*),?|pid=([^,}]*),?|rank=([^,}]*),?)");
+  for (const std::string& line : SplitLines(parsed.out)) {
+    const size_t tab = line.find('\t');
+    const size_t value_tab = line.rfind('\t');
+    const std::string path = line.substr(0, tab);
+    const std::string sample = line.substr(tab + 1, value_tab - tab - 1);
+    std::string labels_seen;
+    for (std::sregex_iterator it(sample.begin(), sample.end(), identity), end; it != end; ++it) {
+      labels_seen += it->str();
+    }
+    identities[path] = labels_seen;
+    std::string stripped = std::regex_replace(sample, identity, "");
+    if (stripped.ends_with(",}")) stripped.erase(stripped.size() - 2, 1);
+    metrics[path][stripped] = std::stod(line.substr(value_tab + 1));
+  }
+  return metrics;
+}
 
 // The pid in a file name of the job directory: dump-HOST-PID-RANK-N.json, status-HOST-PID.json,
 // dump-request-HOST-PID-N. Host names may contain dashes, so it is counted from the end.
@@ -245,8 +272,9 @@ TEST_CASE("a hung AllReduce is reported by every rank within the timeout, with o
     CHECK(progress.at("last_enqueued") == 20);
     // Reported within the timeout and the slack after the operation was issued, by the
     // process's own wall clock (the dump is written just before the log line).
-    const double seconds_after_issue =
-        static_cast<double>(dump.at("time_ns").get<std::int64_t>() - op.at("enqueue_ns").get<std::int64_t>()) / 1e9;
+    const double seconds_after_issue = static_cast<double>(dump.at("time_ns").get<std::int64_t>() -
+                                                           op.at("enqueue_ns").get<std::int64_t>()) /
+                                       1e9;
     CHECK(seconds_after_issue >= kTimeoutSeconds);
     CHECK(seconds_after_issue <= kTimeoutSeconds + kReportSlackSeconds);
   }
@@ -254,10 +282,9 @@ TEST_CASE("a hung AllReduce is reported by every rank within the timeout, with o
 
 TEST_CASE("NCCLGUARD_ACTION=abort turns a hang into NCCL errors on every rank", "[stall][action]") {
   TemporaryDirectory dump_dir;
-  const Run run = RunOnEmulator(dump_dir, TrainLoop({"--ranks", "4", "--steps", "50", "--timeout", "40"}),
-                                {{"NCCLEMU_FAULTS", "hang:rank=2,seq=20"},
-                                 {"NCCLGUARD_TIMEOUT", "3"},
-                                 {"NCCLGUARD_ACTION", "abort"}});
+  const Run run = RunOnEmulator(
+      dump_dir, TrainLoop({"--ranks", "4", "--steps", "50", "--timeout", "40"}),
+      {{"NCCLEMU_FAULTS", "hang:rank=2,seq=20"}, {"NCCLGUARD_TIMEOUT", "3"}, {"NCCLGUARD_ACTION", "abort"}});
   INFO(run.transcript);
   REQUIRE_FALSE(run.result.timed_out);
   CHECK(run.result.exit_code != 0);
@@ -268,7 +295,8 @@ TEST_CASE("NCCLGUARD_ACTION=abort turns a hang into NCCL errors on every rank", 
   REQUIRE(pids.size() == kRanks);
   for (const auto& [rank, pid] : pids) {
     INFO("rank " << rank);
-    CHECK(LogLinesOf(run.result.err, pid, "AllReduce #20 (float32 × 1024, sum) started on the GPU").size() == 1);
+    CHECK(LogLinesOf(run.result.err, pid, "AllReduce #20 (float32 × 1024, sum) started on the GPU").size() ==
+          1);
     CHECK(LogLinesOf(run.result.err, pid, "aborting comm").size() == 1);
     // The application's next NCCL call failed, and it said so.
     const std::regex nccl_failure("(^|\n)rank " + std::to_string(rank) + ": nccl[A-Za-z]+ failed: ");
@@ -282,19 +310,88 @@ TEST_CASE("NCCLGUARD_ACTION=abort turns a hang into NCCL errors on every rank", 
 // releases must not get to end the process with an exit code of its own first.
 TEST_CASE("NCCLGUARD_ACTION=exit ends every rank with the restart exit code", "[stall][action]") {
   TemporaryDirectory dump_dir;
-  const Run run = RunOnEmulator(dump_dir, TrainLoop({"--ranks", "4", "--steps", "50", "--timeout", "40"}),
-                                {{"NCCLEMU_FAULTS", "hang:rank=2,seq=20"},
-                                 {"NCCLGUARD_TIMEOUT", "3"},
-                                 {"NCCLGUARD_ACTION", "exit"}});
+  const Run run = RunOnEmulator(
+      dump_dir, TrainLoop({"--ranks", "4", "--steps", "50", "--timeout", "40"}),
+      {{"NCCLEMU_FAULTS", "hang:rank=2,seq=20"}, {"NCCLGUARD_TIMEOUT", "3"}, {"NCCLGUARD_ACTION", "exit"}});
   INFO(run.transcript);
   REQUIRE_FALSE(run.result.timed_out);
   CHECK(run.seconds < kTimeoutSeconds + 10);
   CheckEveryRankDumpedAndExitedForRestart(run);
 }
 
+TEST_CASE("NCCLGUARD_METRICS_DIR: each rank's file counts its stall, dump and exit, as Prometheus reads it",
+          "[metrics]") {
+  TemporaryDirectory dump_dir;
+  const std::string metrics_dir = dump_dir.path() + "/metrics";
+  REQUIRE(mkdir(metrics_dir.c_str(), 0755) == 0);
+  const Run run = RunOnEmulator(dump_dir, TrainLoop({"--ranks", "4", "--steps", "50", "--timeout", "40"}),
+                                {{"NCCLEMU_FAULTS", "hang:rank=2,seq=20"},
+                                 {"NCCLGUARD_TIMEOUT", "3"},
+                                 {"NCCLGUARD_ACTION", "exit"},
+                                 {"NCCLGUARD_METRICS_DIR", metrics_dir}});
+  INFO(run.transcript);
+  REQUIRE_FALSE(run.result.timed_out);
+  const std::map<int, int> pids = RankPids(run.result.out);
+  REQUIRE(pids.size() == kRanks);
+  std::map<std::string, std::string> identities;
+  const auto metrics = ParsedMetrics(metrics_dir, identities);
+  REQUIRE(metrics.size() == kRanks);  // one file per process, nothing else left in the directory
+  std::set<std::string> ranks;
+  for (const auto& [path, samples] : metrics) {
+    INFO(path);
+    const std::string name = std::filesystem::path(path).filename();
+    CHECK(std::regex_match(name, std::regex(R"(ncclguard_e2e_.+_\d+\.prom)")));
+    CHECK(identities[path].find("job=e2e") != std::string::npos);
+    struct stat status {};
+    REQUIRE(stat(path.c_str(), &status) == 0);
+    CHECK((status.st_mode & 0777) == 0644);  // for the node exporter, another user
+    CHECK(samples.at("ncclguard_stalls_total{kind=operation}") == 1);
+    CHECK(samples.at("ncclguard_stalls_total{kind=init}") == 0);
+    double verdicts = 0;
+    for (const auto& [sample, value] : samples) {
+      if (sample.starts_with("ncclguard_stall_verdicts_total{")) verdicts += value;
+    }
+    const std::smatch rank = [&] {
+      std::smatch match;
+      std::regex_search(identities[path], match, std::regex("rank=(\\d+)"));
+      return match;
+    }();
+    REQUIRE_FALSE(rank.empty());
+    ranks.insert(rank[1]);
+    CHECK(samples.at("ncclguard_up{}") == 0);  // written last at its exit
+    CHECK(verdicts == 1);
+    CHECK(samples.at("ncclguard_dumps_total{outcome=written}") >= 1);
+    CHECK(samples.at("ncclguard_actions_total{action=exit}") == 1);
+    CHECK(samples.at("ncclguard_operations_total{}") >= 20);
+    CHECK(samples.at("ncclguard_watchdog_rounds_total{}") > 0);
+  }
+  CHECK(ranks == std::set<std::string>{"0", "1", "2", "3"});  // each labelled with its own rank
+}
+
+TEST_CASE("NCCLGUARD_METRICS_DIR: a healthy job's files count its operations and no stall", "[metrics]") {
+  TemporaryDirectory dump_dir;
+  const std::string metrics_dir = dump_dir.path() + "/metrics";
+  REQUIRE(mkdir(metrics_dir.c_str(), 0755) == 0);
+  const Run run = RunOnEmulator(dump_dir, TrainLoop({"--ranks", "2", "--steps", "30"}),
+                                {{"NCCLGUARD_METRICS_DIR", metrics_dir}});
+  INFO(run.transcript);
+  REQUIRE(run.result.exit_code == 0);
+  std::map<std::string, std::string> identities;
+  const auto metrics = ParsedMetrics(metrics_dir, identities);
+  REQUIRE(metrics.size() == 2);
+  for (const auto& [path, samples] : metrics) {
+    INFO(path);
+    CHECK(samples.at("ncclguard_stalls_total{kind=operation}") == 0);
+    CHECK(samples.at("ncclguard_dumps_total{outcome=written}") == 0);
+    CHECK(samples.at("ncclguard_operations_total{}") >= 30);
+    CHECK(samples.at("ncclguard_stalled{}") == 0);
+  }
+}
+
 // Another local user plants FIFOs under the names the watchdog reads at a stall: the ranks still
 // report, dump and act, and the FIFOs cost no thread (more than four would stop every write).
-TEST_CASE("FIFOs planted in the job directory neither block the watchdog nor stop its writes", "[stall][hostile]") {
+TEST_CASE("FIFOs planted in the job directory neither block the watchdog nor stop its writes",
+          "[stall][hostile]") {
   TemporaryDirectory dump_dir;
   const std::string job_dir = dump_dir.path() + "/" + kJobId;
   REQUIRE(mkdir(job_dir.c_str(), 0700) == 0);
@@ -304,10 +401,9 @@ TEST_CASE("FIFOs planted in the job directory neither block the watchdog nor sto
       REQUIRE(mkfifo(fifo.c_str(), 0600) == 0);
     }
   }
-  const Run run = RunOnEmulator(dump_dir, TrainLoop({"--ranks", "4", "--steps", "50", "--timeout", "40"}),
-                                {{"NCCLEMU_FAULTS", "hang:rank=2,seq=20"},
-                                 {"NCCLGUARD_TIMEOUT", "3"},
-                                 {"NCCLGUARD_ACTION", "exit"}});
+  const Run run = RunOnEmulator(
+      dump_dir, TrainLoop({"--ranks", "4", "--steps", "50", "--timeout", "40"}),
+      {{"NCCLEMU_FAULTS", "hang:rank=2,seq=20"}, {"NCCLGUARD_TIMEOUT", "3"}, {"NCCLGUARD_ACTION", "exit"}});
   INFO(run.transcript);
   REQUIRE_FALSE(run.result.timed_out);
   CHECK(ReportsAnyStall(run.result.err));
@@ -365,8 +461,9 @@ TEST_CASE("checksums are bit-identical with and without ncclguard, on every load
 TEST_CASE("a process that exits with its communicator and context still open dumps at exit", "[exit]") {
   TemporaryDirectory dump_dir;
   // A single rank that runs out of data after step 3 and leaves everything to the exit.
-  const Run run = RunOnEmulator(dump_dir, TrainLoop({"--ranks", "1", "--steps", "10", "--stop-early", "0:3", "--timeout", "60"}),
-                                {{"NCCLGUARD_DUMP_ON_EXIT", "1"}});
+  const Run run = RunOnEmulator(
+      dump_dir, TrainLoop({"--ranks", "1", "--steps", "10", "--stop-early", "0:3", "--timeout", "60"}),
+      {{"NCCLGUARD_DUMP_ON_EXIT", "1"}});
   INFO(run.transcript);
   REQUIRE_FALSE(run.result.timed_out);
   CHECK(run.result.exit_code == 0);
@@ -389,13 +486,15 @@ TEST_CASE("a communicator initialisation that never completes is reported by eve
   REQUIRE(pids.size() == kRanks);
   std::map<int, int> init_dumps_per_pid;
   for (const JsonFile& file : StallDumps(run.job_dir)) {
-    if (file.document.at("stall").at("kind") == "init") ++init_dumps_per_pid[file.document.at("pid").get<int>()];
+    if (file.document.at("stall").at("kind") == "init")
+      ++init_dumps_per_pid[file.document.at("pid").get<int>()];
   }
   for (const auto& [rank, pid] : pids) {
     INFO("rank " << rank);
     const std::string rank_text = std::to_string(rank);
-    const std::regex init_line("ncclguard WARN rank " + rank_text + " comm [0-9a-f]{16}: ncclCommInitRank \\(rank " +
-                               rank_text + " of 4\\) has not completed after ([0-9.]+) s — verdict: stuck_in_init: .* — dump: /");
+    const std::regex init_line(
+        "ncclguard WARN rank " + rank_text + " comm [0-9a-f]{16}: ncclCommInitRank \\(rank " + rank_text +
+        " of 4\\) has not completed after ([0-9.]+) s — verdict: stuck_in_init: .* — dump: /");
     const std::vector<std::string> lines = LogLinesOf(run.result.err, pid, "has not completed after");
     REQUIRE(lines.size() == 1);
     std::smatch match;
@@ -430,7 +529,8 @@ TEST_CASE("an asynchronous error is reported with NCCL's warning text", "[error]
   CHECK(lines[0].find("ncclguard WARN rank 1 comm ") != std::string::npos);
   CHECK(lines[0].find("ncclRemoteError") != std::string::npos);
   CHECK(lines[0].find(kAsyncWarning) != std::string::npos);
-  for (const int rank : {0, 2, 3}) CHECK(LogLinesOf(run.result.err, pids.at(rank), "asynchronous error").empty());
+  for (const int rank : {0, 2, 3})
+    CHECK(LogLinesOf(run.result.err, pids.at(rank), "asynchronous error").empty());
 
   std::vector<JsonFile> rank1_dumps;
   for (JsonFile& file : Dumps(run.job_dir)) {
@@ -489,7 +589,8 @@ TEST_CASE("the dump signal dumps a healthy process, which carries on", "[signal]
   // Rank 0 pauses after step 2, so the job is still running when the signal comes.
   std::optional<Run> run;
   std::thread job([&] {
-    run = RunOnEmulator(dump_dir, TrainLoop({"--ranks", "2", "--steps", "20", "--sleep", "0:2:4", "--timeout", "40"}),
+    run = RunOnEmulator(dump_dir,
+                        TrainLoop({"--ranks", "2", "--steps", "20", "--sleep", "0:2:4", "--timeout", "40"}),
                         {{"NCCLGUARD_STATUS_INTERVAL", "0.2"}});
   });
   const std::optional<int> rank1_pid = WaitForStatusOfRank(job_dir, 1, 30);
@@ -516,14 +617,16 @@ TEST_CASE("the dump signal dumps a healthy process, which carries on", "[signal]
 
 TEST_CASE("forked data loader workers neither hang nor write into the job directory", "[fork]") {
   TemporaryDirectory dump_dir;
-  const Run run = RunOnEmulator(dump_dir, TrainLoop({"--ranks", "4", "--steps", "20", "--workers", "2", "--timeout", "60"}),
-                                {{"NCCLGUARD_STATUS_INTERVAL", "0.2"}, {"NCCLGUARD_DUMP_ON_EXIT", "1"}});
+  const Run run = RunOnEmulator(
+      dump_dir, TrainLoop({"--ranks", "4", "--steps", "20", "--workers", "2", "--timeout", "60"}),
+      {{"NCCLGUARD_STATUS_INTERVAL", "0.2"}, {"NCCLGUARD_DUMP_ON_EXIT", "1"}});
   INFO(run.transcript);
   REQUIRE_FALSE(run.result.timed_out);
   CHECK(run.result.exit_code == 0);
   CHECK(Checksums(run.result.out).size() == kRanks);
   for (int rank = 0; rank < kRanks; ++rank) {
-    CHECK(run.result.out.find("rank " + std::to_string(rank) + ": 2 data loader workers finished") != std::string::npos);
+    CHECK(run.result.out.find("rank " + std::to_string(rank) + ": 2 data loader workers finished") !=
+          std::string::npos);
   }
   const std::set<int> rank_pids = Values(RankPids(run.result.out));
   REQUIRE(rank_pids.size() == kRanks);
@@ -627,9 +730,9 @@ TEST_CASE("the log names the NCCL library behind every communicator, on every lo
   for (const std::string& loader : kLoaders) {
     SECTION(loader) {
       TemporaryDirectory dump_dir;
-      const Run run = RunOnEmulator(dump_dir,
-                                    TrainLoop({"--ranks", "4", "--steps", "5", "--nccl-loader", loader, "--timeout", "60"}),
-                                    {{"NCCLGUARD_LOG_LEVEL", "info"}});
+      const Run run = RunOnEmulator(
+          dump_dir, TrainLoop({"--ranks", "4", "--steps", "5", "--nccl-loader", loader, "--timeout", "60"}),
+          {{"NCCLGUARD_LOG_LEVEL", "info"}});
       INFO(run.transcript);
       REQUIRE_FALSE(run.result.timed_out);
       REQUIRE(run.result.exit_code == 0);
@@ -638,7 +741,8 @@ TEST_CASE("the log names the NCCL library behind every communicator, on every lo
       for (const auto& [rank, pid] : pids) {
         INFO("rank " << rank);
         const std::string rank_text = std::to_string(rank);
-        const std::regex created("ncclguard INFO comm [0-9a-f]{16} rank " + rank_text + "/4 on device " + rank_text +
+        const std::regex created("ncclguard INFO comm [0-9a-f]{16} rank " + rank_text + "/4 on device " +
+                                 rank_text +
                                  " created by ncclCommInitRank in [0-9.]+ ms through NCCL 2\\.28\\.9 at " +
                                  RegexEscape(EMULATOR_LIBRARY_DIR "/libnccl.so.2") + "$");
         const std::vector<std::string> lines = LogLinesOf(run.result.err, pid, "created by");
@@ -678,7 +782,8 @@ TEST_CASE("destroyed communicators are freed: 10,000 create/destroy cycles keep 
   const auto [guarded_first, guarded_last] = CycleMemory(guarded);
   // What the emulated NCCL and CUDA themselves grow by is not ncclguard's.
   TemporaryDirectory plain_dump_dir;
-  const auto [plain_first, plain_last] = CycleMemory(RunOnEmulator(plain_dump_dir, program, settings, false, 150));
+  const auto [plain_first, plain_last] =
+      CycleMemory(RunOnEmulator(plain_dump_dir, program, settings, false, 150));
   INFO(guarded.transcript << "\nwithout ncclguard: " << plain_first << " KiB, then " << plain_last << " KiB");
   CHECK(guarded_last - guarded_first - std::max(0L, plain_last - plain_first) <= guarded_first / 10);
   CHECK(guarded.result.err.find("communicators at once") == std::string::npos);

@@ -98,6 +98,11 @@
     "off). Left alone when the application handles it. Threads in `sleep()`, `poll()` and the like " \
     "are not sent it (it would cut their wait short): they are described from `/proc`.")             \
   X(DUMP_ON_EXIT, dump_on_exit, bool, false, "`1`: every process dumps its state when it exits.")    \
+  X(METRICS_DIR, metrics_dir, std::string, "",                                                       \
+    "Directory where each process keeps a Prometheus text-format file, `ncclguard_<job>_<host>_"     \
+    "<pid>.prom` (mode 0644, rewritten atomically with each status and at each stall, dump, "        \
+    "recovery and exit), for the node exporter's textfile collector: stalls, verdicts, dumps, "      \
+    "recoveries, operations watched, watchdog health (docs/metrics.md). Empty: none.")               \
   X(PROFILER, profiler, bool, true,                                                                  \
     "`0`: ncclguard leaves `NCCL_PROFILER_PLUGIN` alone. Otherwise it points NCCL at the profiler "  \
     "plugin that `libncclguard.so` serves, before the first communicator, and forwards every event " \

@@ -27,6 +27,7 @@
 #include "watchdog/common/log.h"
 #include "watchdog/common/mutex.h"
 #include "watchdog/common/nccl_api.h"
+#include "watchdog/detect/metrics.h"
 #include "watchdog/diagnose/job_view.h"
 #include "watchdog/diagnose/known_bad.h"
 #include "watchdog/diagnose/verdicts.h"
@@ -296,6 +297,28 @@ std::string SystemEffects::JobDir() {
     if (!board_->StatusesAreFiles()) log::Info("job board: {}", board_->Where());
   }
   return job_dir_;
+}
+
+void SystemEffects::WriteMetrics(const MetricsSample& sample) {
+  // A metrics directory on a file system that hangs holds the watchdog this long at most.
+  constexpr std::chrono::milliseconds kMetricsWriteDeadline{1000};
+  const std::string& directory = GetConfig().metrics_dir;
+  if (directory.empty() || JobDir().empty()) return;
+  const ProcessFacts& facts = Facts();
+  MetricsLabels labels{.job = "", .host = facts.host, .pid = facts.pid, .rank = LauncherRank(facts)};
+  {
+    MutexLock lock(job_dir_mutex_);
+    labels.job = job_id_;
+  }
+  for (const CommState* comm : GetRegistry().All()) {
+    if (labels.rank < 0) labels.rank = comm->rank.load(std::memory_order_relaxed);
+  }
+  const absl::Status written = WriteMetricsFile(directory, MetricsFileName(labels),
+                                                PrometheusText(sample, labels), kMetricsWriteDeadline);
+  if (!written.ok() && !metrics_failure_logged_.exchange(true)) {
+    log::Warn("metrics not written (NCCLGUARD_METRICS_DIR): {}; later failures are not logged",
+              std::string(written.message()));
+  }
 }
 
 std::shared_ptr<JobBoard> SystemEffects::Board() {

@@ -56,6 +56,7 @@ class SystemEffects final : public WatchdogEffects {
   void HoldApplicationCalls() override;
   [[noreturn]] void Exit(int code) override;
   std::int64_t WallNowNs() override;
+  void WriteMetrics(const MetricsSample& sample) override;
 
  private:
   // The application closes communicators (NCCL frees them) while the watchdog may call NCCL on
@@ -77,6 +78,7 @@ class SystemEffects final : public WatchdogEffects {
   bool RequestApplies(const DumpRequest& request);
 
   std::set<std::string> ignored_requesters_;  // the watchdog thread's
+  std::atomic<bool> metrics_failure_logged_{false};
 
   Mutex job_dir_mutex_;
   std::string job_id_ ABSL_GUARDED_BY(job_dir_mutex_);

@@ -184,6 +184,7 @@ void StopWatchdogAtExit() {
       // An error the application met just before it exits is on disk before the process is gone.
       runtime->watchdog.FlushAtExit(SteadyNowNs());
       runtime->effects.WriteStatus(runtime->watchdog.FinalStatus(SteadyNowNs()));
+      runtime->watchdog.PublishMetrics(false);
     }
     runtime->effects.FinishBoardAtExit();
   }

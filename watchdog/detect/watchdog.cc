@@ -95,6 +95,7 @@ void Watchdog::PollOnce(std::int64_t now_ns, std::optional<std::int64_t> due_ns)
     // Timers re-armed to now: no stall can be found in this round, so any stall is one that a
     // round on time still sees.
     counted_from_ns_ = now_ns;
+    metrics_.CountLateRound();
     log::Info("this process did not run for {:.1f} s (stopped or starved): stall timers restart now",
               static_cast<double>(now_ns - *due_ns) / 1e9);
   }
@@ -116,6 +117,7 @@ void Watchdog::PollOnce(std::int64_t now_ns, std::optional<std::int64_t> due_ns)
       Activity activity(*this, "writing the status file");
       WriteStatusNow(now_ns);
     }
+    PublishMetrics(true);
   }
   // Every round: the board is looked at after each status, apart from the rounds, and a request
   // found there is answered at the next round, not a status interval later.
@@ -168,23 +170,6 @@ void Watchdog::ReleaseClosedCommunicators(std::int64_t now_ns) {
       registry_.Remove(comm);
     }
   }
-}
-
-void Watchdog::WriteStatusNow(std::int64_t now_ns) {
-  if (!effects_.JobDirectoryKnown()) return;
-  MutexLock lock(status_mutex_);
-  ProcessSnapshot status = BuildSnapshot(registry_, "status", false, now_ns, effects_.WallNowNs());
-  if (reported_stall_) {
-    const bool over =
-        std::any_of(status.comms.begin(), status.comms.end(),
-                    [this](const CommSnapshot& comm) ABSL_EXCLUSIVE_LOCKS_REQUIRED(status_mutex_) {
-                      return comm.id == reported_stall_->comm_id &&
-                             comm.last_completed >= reported_stall_->seq && reported_stall_->seq != 0;
-                    });
-    if (over) reported_stall_.reset();
-  }
-  status.stall = reported_stall_;
-  effects_.WriteStatus(status);
 }
 
 void Watchdog::FlushAtExit(std::int64_t now_ns) {
@@ -330,22 +315,9 @@ std::string Watchdog::Dump(const std::string& reason, const std::optional<StallS
   }
   Activity activity(*this, "writing a dump");
   last_dump_wall_ns_ = snapshot.time_ns;
-  return effects_.WriteDump(snapshot);
-}
-
-ProcessSnapshot Watchdog::FinalStatus(std::int64_t now_ns) {
-  for (CommState* comm : registry_.All()) {
-    const CommLifecycle lifecycle = comm->lifecycle.load(std::memory_order_acquire);
-    if (lifecycle != CommLifecycle::kDestroyed && lifecycle != CommLifecycle::kAborted &&
-        !comm->aborted_by_ncclguard.load(std::memory_order_acquire)) {
-      AdvanceOperations(*comm, events_, now_ns);
-    }
-  }
-  ProcessSnapshot status = BuildSnapshot(registry_, "status", false, now_ns, effects_.WallNowNs());
-  MutexLock lock(status_mutex_);
-  status.stall = reported_stall_;
-  status.exiting = true;
-  return status;
+  std::string path = effects_.WriteDump(snapshot);
+  metrics_.CountDump(!path.empty());
+  return path;
 }
 
 std::vector<Verdict> Watchdog::CurrentVerdicts(const StallSnapshot& stall, std::int64_t now_ns) {
@@ -365,6 +337,7 @@ void Watchdog::OnStall(CommState* comm, const Stall& stall, std::int64_t now_ns)
     stall_snapshot.verdict = VerdictKindName(verdicts[0].kind);
     stall_snapshot.verdict_message = verdicts[0].message;
   }
+  metrics_.CountStall(comm == nullptr, verdicts.empty() ? "unknown" : VerdictKindName(verdicts[0].kind));
   {
     MutexLock lock(status_mutex_);
     reported_stall_ = stall_snapshot;
@@ -396,6 +369,7 @@ void Watchdog::OnStall(CommState* comm, const Stall& stall, std::int64_t now_ns)
         "dump; the next in {:.1f} s at the earliest)",
         message, verdict_text, spacing.skipped, static_cast<double>(spacing.next_dump_ns - now_ns) / 1e9);
   }
+  PublishMetrics(true);
   DecideOnStall(comm, stall, verdicts, now_ns);
 }
 
@@ -457,6 +431,8 @@ bool Watchdog::RecoverStalledOnProbation(CommState& comm, ProbationOp& op, const
     Activity activity(*this, "recovering a communicator in-process");
     outcome = effects_.RecoverInProcess(comm, op, not_mendable);
   }
+  metrics_.CountRecovery(outcome.result);
+  PublishMetrics(true);
   switch (outcome.result) {
     case RecoveryOutcome::Result::kRecovered: {
       log::Warn(
@@ -487,7 +463,9 @@ void Watchdog::OnAsyncError(CommState& comm, ncclResult_t error, std::int64_t no
       fmt::format("rank {} comm {}: NCCL reports an asynchronous error: {} ({})",
                   comm.rank.load(std::memory_order_relaxed), comm.id, ResultName(error),
                   last_error.empty() ? "no NCCL warning text" : last_error);
+  metrics_.CountAsyncError();
   const std::string path = Dump("async_error", std::nullopt, now_ns);
+  PublishMetrics(true);
   log::Warn("{} — dump: {}", message, path.empty() ? "not written" : path);
   effects_.RequestPeerDumps(message);
   if (act) Act(&comm, "the asynchronous error", {});
@@ -505,6 +483,8 @@ void Watchdog::Act(CommState* culprit, const char* what, const std::vector<Verdi
       }
       log::Warn("aborting comm {} (NCCLGUARD_ACTION=abort): its calls now return errors", culprit->id);
       effects_.Abort(*culprit);
+      metrics_.CountAbort();
+      PublishMetrics(true);
       return;
     case Action::kExit:
       ExitForRestart(
@@ -578,6 +558,8 @@ void Watchdog::ExitForRestart(const std::string& why) {
     effects_.Abort(*comm);
   }
   log::Error("{}", why);
+  metrics_.CountExit();
+  PublishMetrics(false);
   effects_.Exit(kRestartExitCode);
 }
 

@@ -18,6 +18,7 @@
 #include "watchdog/common/config.h"
 #include "watchdog/common/mutex.h"
 #include "watchdog/detect/dump_spacing.h"
+#include "watchdog/detect/metrics.h"
 #include "watchdog/detect/progress.h"
 #include "watchdog/diagnose/verdicts.h"
 #include "watchdog/recover/in_process.h"
@@ -76,6 +77,8 @@ class WatchdogEffects {
   virtual void HoldApplicationCalls() = 0;
   [[noreturn]] virtual void Exit(int code) = 0;
   virtual std::int64_t WallNowNs() = 0;
+  // NCCLGUARD_METRICS_DIR: publishes the sample as this process's metrics file.
+  virtual void WriteMetrics(const MetricsSample& sample) { (void)sample; }
 };
 
 class Watchdog {
@@ -120,6 +123,9 @@ class Watchdog {
   // The last status of a process that ends normally: the GPU is asked once more how far every
   // communicator got (the watchdog thread has stopped), and the status says it is exiting.
   ProcessSnapshot FinalStatus(std::int64_t steady_now_ns);
+
+  // Publishes the metrics (effects' WriteMetrics); `running` is false for the last, at exit.
+  void PublishMetrics(bool running);
 
  private:
   static constexpr const char* kSignalReason = "signal";
@@ -193,6 +199,7 @@ class Watchdog {
   // The last late round: stall timers count from then (time the process did not run is no stall).
   std::int64_t counted_from_ns_ = 0;
   StallDumpSpacing dump_spacing_;
+  WatchdogMetrics metrics_;
 };
 
 }  // namespace ncclguard
