@@ -1,4 +1,5 @@
-// ncclguard analyze DIR [--json] [--trace FILE] [--status-interval SECONDS] [--deadline SECONDS]
+// ncclguard analyze DIR [--json] [--trace FILE] [--html FILE] [--status-interval SECONDS] [--deadline
+// SECONDS]
 //
 // Reads what the processes of a job left in their job directory and says which rank is at fault
 // and why. Exit status: 0 healthy, 1 something is wrong, 2 usage error or unreadable directory.
@@ -27,6 +28,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "cli/commands.h"
+#include "cli/html_report.h"
+#include "cli/rank_states.h"
 #include "cli/trace.h"
 #include "watchdog/common/clock.h"
 #include "watchdog/common/config.h"
@@ -58,6 +61,7 @@ struct AnalyzeOptions {
   std::string dump_directory;
   bool json = false;
   std::string trace_path;
+  std::string html_path;
   std::optional<double> status_interval_seconds;
   double deadline_seconds = std::chrono::duration<double>(kReadDeadline).count();
 };
@@ -132,23 +136,6 @@ void PrintVerdict(const Verdict& verdict) {
   PrintEvidence(verdict.evidence);
   PrintLateRanksStacks(verdict.evidence);
   std::cout << '\n';
-}
-
-std::string ProcessState(const JobView& job, const ProcessView& process) {
-  if (process.exited) return "exited";
-  switch (process.liveness) {
-    case ProcessView::Liveness::kAlive:
-      return "alive";
-    case ProcessView::Liveness::kGone:
-      return "gone";
-    case ProcessView::Liveness::kStopped:
-      return "stopped";
-    case ProcessView::Liveness::kUnknown:
-      break;
-  }
-  // On another host: only the status file's age tells.
-  const double age_seconds = static_cast<double>(job.now_ns - process.last_seen_ns) / 1e9;
-  return age_seconds <= kStaleIntervals * job.status_interval_seconds ? "alive" : "stale";
 }
 
 std::string LastCompleted(const ProcessView& process) {
@@ -310,6 +297,12 @@ int Analyze(const AnalyzeOptions& options) {
       return kExitUsage;
     }
   }
+  if (!options.html_path.empty()) {
+    if (absl::Status written = WriteHtmlReport(options.html_path, *job, verdicts); !written.ok()) {
+      std::cerr << "ncclguard analyze: " << written.message() << '\n';
+      return kExitUsage;
+    }
+  }
   if (options.json) {
     std::cout << VerdictsToJson(*job, verdicts).dump(2, ' ', false, nlohmann::json::error_handler_t::replace)
               << '\n';
@@ -317,6 +310,8 @@ int Analyze(const AnalyzeOptions& options) {
     PrintForHumans(*job, verdicts);
     if (!options.trace_path.empty())
       std::cout << "Trace written to " << options.trace_path << " (open it in ui.perfetto.dev)\n";
+    if (!options.html_path.empty())
+      std::cout << "Report page written to " << options.html_path << " (open it in a browser)\n";
   }
   const bool healthy = verdicts.size() == 1 && verdicts[0].kind == VerdictKind::kHealthy;
   return healthy ? kExitHealthy : kExitProblemFound;
@@ -366,6 +361,11 @@ void AddAnalyzeCommand(CLI::App& app, std::function<int()>& run) {
   analyze
       ->add_option("--trace", options->trace_path,
                    "Also write the timeline to FILE as a Chrome trace (ui.perfetto.dev, chrome://tracing)")
+      ->type_name("FILE");
+  analyze
+      ->add_option("--html", options->html_path,
+                   "Also write a report page to FILE: one self-contained HTML file, the verdict first and "
+                   "every rank's state as a picture")
       ->type_name("FILE");
   analyze
       ->add_option("--deadline", options->deadline_seconds,

@@ -64,7 +64,9 @@ NCCLGUARD_TIMEOUT=3 NCCLGUARD_JOB_ID=uneven-data \
   watched "$train_loop" --ranks 4 --steps 60 --stop-early 3:40 --timeout 8 2>&1 |
   grep -E 'ncclguard WARN.*verdict' | head -n 1 | fold -s -w 110 || true
 say "   ncclguard analyze on the job directory, after the launcher gave up on the job:"
-"$build/bin/ncclguard" analyze "$jobs/uneven-data" | head -n 12 || true
+"$build/bin/ncclguard" analyze "$jobs/uneven-data" --html "$jobs/uneven-data.html" | head -n 12 || true
+say "   The same as a page to open in a browser or attach to the incident (one file, no network):" \
+    "   $jobs/uneven-data.html"
 
 say "5. Scenario S5, a timeout after saving a checkpoint: after step 30 rank 1 saves a checkpoint" \
     "   that does not end (its writer never finishes); the others wait in the next AllReduce. They" \
@@ -75,9 +77,10 @@ NCCLGUARD_TIMEOUT=3 NCCLGUARD_JOB_ID=slow-save \
   grep -E '\[0\] ncclguard WARN.*still waiting; verdict' | head -n 1 | fold -s -w 110 || true
 say "   The launcher killed the whole job at its time limit; ncclguard analyze afterwards keeps what" \
     "   the ranks saw alive, and prints the late rank's stack under its verdict:"
-"$build/bin/ncclguard" analyze "$jobs/slow-save" |
-  grep -vE '^  evidence:|^    (completed_ranks|late_ranks|op|waited_seconds|waiting_ranks):' | head -n 30 |
-  fold -s -w 120 || true
+"$build/bin/ncclguard" analyze "$jobs/slow-save" --html "$jobs/slow-save.html" |
+  grep -vE '^  evidence:|^    (completed_ranks|late_ranks|op|waited_seconds|waiting_ranks|Report page)' |
+  head -n 30 | fold -s -w 120 || true
+say "   The report page, with rank 1 late and its stack: $jobs/slow-save.html"
 
 say "6. Scenario S2, a hang right after init: with driver 545.23.08, NCCL's P2P transfers never" \
     "   complete (injected). ncclguard warns at init that this driver is known-bad; the first" \

@@ -25,8 +25,9 @@ packages=(
 if ((!demo)); then
   # The tests (a Redis board), the benchmarks (strace counts the job directory's file operations,
   # valgrind's callgrind the instructions per collective) and the static checks
-  # (scripts/check-static.sh), and Prometheus's own parser of the metrics files.
-  packages+=(redis-server strace valgrind clang clang-format clang-tidy python3-prometheus-client)
+  # (scripts/check-static.sh); Prometheus's own parser of the metrics files, and a browser that
+  # renders the report page.
+  packages+=(redis-server strace valgrind clang clang-format clang-tidy python3-prometheus-client chromium)
   # Lmod, for the tests of the modulefiles. Debian's Lmod and Environment Modules conflict: a
   # machine that has the latter keeps it, and those tests are skipped there.
   if ! dpkg-query -W -f='${Status}' environment-modules 2>/dev/null | grep -q "install ok installed"; then

@@ -1,0 +1,43 @@
+// Where each rank of a job stands: its process (alive, exited, gone, ...) and, for the operation a
+// verdict is about, whether it entered it, waits in it or completed it. What analyze's rank table
+// and its report page show.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "watchdog/diagnose/verdicts.h"
+#include "watchdog/report/job_read.h"
+
+namespace ncclguard {
+
+// "alive", "exited", "gone", "stopped" or "stale" (on another host, its status file too old).
+std::string ProcessState(const JobView& job, const ProcessView& process);
+
+// A rank's state at one operation, as the report page colours it.
+enum class RankState {
+  kWaiting,   // entered the operation and has not completed it
+  kLate,      // alive, and has not entered it
+  kDead,      // its process is gone (or stale) without having exited
+  kFinished,  // completed the operation
+  kExited,    // exited normally before entering it
+  kStopped,   // its process is stopped (SIGSTOP, a debugger)
+  kUnknown,   // nothing read of it
+};
+inline constexpr int kRankStates = 7;
+
+const char* RankStateName(RankState state);
+
+struct RankStates {
+  std::string comm;                // the operation's communicator; "" when the states are the processes'
+  std::uint64_t seq = 0;           // the operation; 0 when none
+  std::vector<RankState> by_rank;  // index: rank
+};
+
+// The state of every rank at the operation the first verdict naming one is about; without such
+// a verdict, the state of each rank's process. Ranks range over the communicator's size, or up to
+// the highest rank read.
+RankStates RankStatesAt(const JobView& job, const std::vector<Verdict>& verdicts);
+
+}  // namespace ncclguard
