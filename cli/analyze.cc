@@ -28,6 +28,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "cli/commands.h"
+#include "cli/flight_recorder_import.h"
 #include "cli/html_report.h"
 #include "cli/rank_states.h"
 #include "cli/trace.h"
@@ -62,6 +63,7 @@ struct AnalyzeOptions {
   bool json = false;
   std::string trace_path;
   std::string html_path;
+  std::string flight_recorder_dumps;  // a directory or a file name prefix; "" to find them
   std::optional<double> status_interval_seconds;
   double deadline_seconds = std::chrono::duration<double>(kReadDeadline).count();
 };
@@ -290,7 +292,14 @@ int Analyze(const AnalyzeOptions& options) {
     std::cerr << "ncclguard analyze: known-bad configurations not used as P2P evidence: "
               << known_bad.status.message() << " (set NCCLGUARD_KNOWN_BAD_FILE)\n";
   }
-  const std::vector<Verdict> verdicts = Classify(*job, known_bad.entries);
+  std::vector<Verdict> verdicts = Classify(*job, known_bad.entries);
+  if (const std::string prefix = FlightRecorderPrefix(*job, options.flight_recorder_dumps); !prefix.empty()) {
+    constexpr std::size_t kMaxFlightRecorderDumps = 64;
+    const FlightRecorderDumps dumps = ReadFlightRecorderDumps(
+        prefix, RanksToRead(*job, verdicts, kMaxFlightRecorderDumps), limits.deadline);
+    AddFlightRecorderContext(*job, dumps, verdicts);
+    job->problems.insert(job->problems.end(), dumps.problems.begin(), dumps.problems.end());
+  }
   if (!options.trace_path.empty()) {
     if (absl::Status written = WriteChromeTrace(options.trace_path, *job, verdicts); !written.ok()) {
       std::cerr << "ncclguard analyze: " << written.message() << '\n';
@@ -367,6 +376,13 @@ void AddAnalyzeCommand(CLI::App& app, std::function<int()>& run) {
                    "Also write a report page to FILE: one self-contained HTML file, the verdict first and "
                    "every rank's state as a picture")
       ->type_name("FILE");
+  analyze
+      ->add_option(
+          "--flight-recorder-dumps", options->flight_recorder_dumps,
+          "Where PyTorch's Flight Recorder dumps of the job are: a directory, or their names' prefix "
+          "(TORCH_NCCL_DEBUG_INFO_TEMP_FILE; default: as the job's processes recorded it). Their process "
+          "group names and Python call sites are added to the verdicts")
+      ->type_name("PATH");
   analyze
       ->add_option("--deadline", options->deadline_seconds,
                    "How long reading the directory may take (default: 10); what is not read by then is left "

@@ -360,7 +360,8 @@ int NcclVersionCode(const std::string& text) {
 }
 
 bool IsAllowlistedVariable(const std::string& name) {
-  for (const absl::string_view prefix : {"NCCL_", "CUDA_", "NCCLGUARD_"}) {
+  // TORCH_NCCL_* and TORCH_FR_*: where PyTorch writes its Flight Recorder dumps, for analyze.
+  for (const absl::string_view prefix : {"NCCL_", "CUDA_", "NCCLGUARD_", "TORCH_NCCL_", "TORCH_FR_"}) {
     if (name.size() > prefix.size() && absl::StartsWith(name, prefix)) return true;
   }
   return name == "LD_PRELOAD" || name == "LD_LIBRARY_PATH";
