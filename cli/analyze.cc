@@ -106,24 +106,12 @@ void PrintEvidence(const nlohmann::json& evidence) {
 // Where each late or dead rank was, from the stacks of its dump: the thread that issued its NCCL
 // operations, its Python frames, then its native ones.
 void PrintLateRanksStacks(const nlohmann::json& evidence) {
-  if (!evidence.is_object()) return;
-  for (const char* key : {"late_ranks", "dead_ranks"}) {
-    const auto ranks = evidence.find(key);
-    if (ranks == evidence.end() || !ranks->is_array()) continue;
-    for (const nlohmann::json& rank : *ranks) {
-      const auto location = rank.find("location");
-      if (location == rank.end() || !location->is_object()) continue;
-      std::cout << "  stack of rank " << rank.value("rank", -1) << " (pid " << rank.value("pid", -1)
-                << ", thread " << location->value("tid", 0) << " \""
-                << EscapeControlCharacters(location->value("thread_name", ""))
-                << "\"): " << EscapeControlCharacters(location->value("sentence", "")) << '\n';
-      if (const auto stack = location->find("stack"); stack != location->end() && stack->is_array()) {
-        for (const nlohmann::json& frame : *stack) {
-          if (frame.is_string())
-            std::cout << "    " << EscapeControlCharacters(frame.get<std::string>()) << '\n';
-        }
-      }
-    }
+  for (const LateRankStack& stack : LateRankStacks(evidence)) {
+    std::cout << "  stack of rank " << stack.rank << " (pid " << stack.pid << ", thread " << stack.tid
+              << " \"" << EscapeControlCharacters(stack.thread_name)
+              << "\"): " << EscapeControlCharacters(stack.sentence) << '\n';
+    for (const std::string& frame : stack.frames)
+      std::cout << "    " << EscapeControlCharacters(frame) << '\n';
   }
 }
 

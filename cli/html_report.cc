@@ -162,28 +162,15 @@ void AppendPicture(std::string& page, const RankStates& states, const std::set<i
 }
 
 // The late and dead ranks' stacks that the verdicts' evidence carries.
-void AppendStacks(std::string& page, const nlohmann::json& verdicts) {
+void AppendStacks(std::string& page, const std::vector<Verdict>& verdicts) {
   std::string stacks;
-  for (const nlohmann::json& verdict : verdicts) {
-    const nlohmann::json& evidence = verdict.value("evidence", nlohmann::json::object());
-    if (!evidence.is_object()) continue;
-    for (const char* key : {"late_ranks", "dead_ranks"}) {
-      const auto ranks = evidence.find(key);
-      if (ranks == evidence.end() || !ranks->is_array()) continue;
-      for (const nlohmann::json& rank : *ranks) {
-        const auto location = rank.find("location");
-        if (location == rank.end() || !location->is_object()) continue;
-        absl::StrAppend(&stacks, "<h3>rank ", rank.value("rank", -1), " (pid ", rank.value("pid", -1),
-                        ", thread ", location->value("tid", 0), " &quot;",
-                        Html(location->value("thread_name", "")), "&quot;)</h3>\n<p>",
-                        Html(location->value("sentence", "")), "</p>\n<pre>");
-        if (const auto stack = location->find("stack"); stack != location->end() && stack->is_array()) {
-          for (const nlohmann::json& frame : *stack) {
-            if (frame.is_string()) absl::StrAppend(&stacks, Html(frame.get<std::string>()), "\n");
-          }
-        }
-        absl::StrAppend(&stacks, "</pre>\n");
-      }
+  for (const Verdict& verdict : verdicts) {
+    for (const LateRankStack& stack : LateRankStacks(verdict.evidence)) {
+      absl::StrAppend(&stacks, "<h3>rank ", stack.rank, " (pid ", stack.pid, ", thread ", stack.tid,
+                      " &quot;", Html(stack.thread_name), "&quot;)</h3>\n<p>", Html(stack.sentence),
+                      "</p>\n<pre>");
+      for (const std::string& frame : stack.frames) absl::StrAppend(&stacks, Html(frame), "\n");
+      absl::StrAppend(&stacks, "</pre>\n");
     }
   }
   if (!stacks.empty()) absl::StrAppend(&page, "<h2>Where the late ranks are</h2>\n", stacks);
@@ -269,7 +256,7 @@ std::string HtmlReport(const JobView& job, const std::vector<Verdict>& verdicts)
                     Html(job.not_read.why), ").</p>\n");
   }
   AppendPicture(page, RankStatesAt(job, verdicts), named);
-  AppendStacks(page, verdict_list);
+  AppendStacks(page, verdicts);
   AppendVerdicts(page, verdict_list);
   AppendLastOperations(page, job, named);
   absl::StrAppend(&page, kScript, "</body></html>\n");

@@ -111,4 +111,29 @@ RankStates RankStatesAt(const JobView& job, const std::vector<Verdict>& verdicts
   return states;
 }
 
+std::vector<LateRankStack> LateRankStacks(const nlohmann::json& evidence) {
+  std::vector<LateRankStack> stacks;
+  if (!evidence.is_object()) return stacks;
+  for (const char* key : {"late_ranks", "dead_ranks"}) {
+    const auto ranks = evidence.find(key);
+    if (ranks == evidence.end() || !ranks->is_array()) continue;
+    for (const nlohmann::json& rank : *ranks) {
+      const auto location = rank.find("location");
+      if (location == rank.end() || !location->is_object()) continue;
+      LateRankStack& stack = stacks.emplace_back();
+      stack.rank = rank.value("rank", -1);
+      stack.pid = rank.value("pid", -1);
+      stack.tid = location->value("tid", std::int64_t{0});
+      stack.thread_name = location->value("thread_name", "");
+      stack.sentence = location->value("sentence", "");
+      if (const auto frames = location->find("stack"); frames != location->end() && frames->is_array()) {
+        for (const nlohmann::json& frame : *frames) {
+          if (frame.is_string()) stack.frames.push_back(frame.get<std::string>());
+        }
+      }
+    }
+  }
+  return stacks;
+}
+
 }  // namespace ncclguard

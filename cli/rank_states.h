@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "watchdog/diagnose/verdicts.h"
 #include "watchdog/report/job_read.h"
 
@@ -39,5 +41,18 @@ struct RankStates {
 // a verdict, the state of each rank's process. Ranks range over the communicator's size, or up to
 // the highest rank read.
 RankStates RankStatesAt(const JobView& job, const std::vector<Verdict>& verdicts);
+
+// Where a late or dead rank was when its dump took its stacks: the thread that issued its NCCL
+// operations, in one sentence, then its frames (Python first, then native), as the verdicts'
+// evidence carries them (late_ranks, dead_ranks).
+struct LateRankStack {
+  int rank = -1;
+  int pid = -1;
+  std::int64_t tid = 0;
+  std::string thread_name;
+  std::string sentence;
+  std::vector<std::string> frames;
+};
+std::vector<LateRankStack> LateRankStacks(const nlohmann::json& evidence);
 
 }  // namespace ncclguard
