@@ -1,9 +1,9 @@
 // A persistent straggler slower than NCCLGUARD_TIMEOUT stalls the same collective at every step:
 // with a fake clock, the stalls of one operation are dumped at most once per timeout, the spacing
 // doubling while it goes on, and the skipped ones are counted in the log line and the next dump.
-#include <catch2/catch.hpp>
-
 #include <cstdio>
+
+#include <catch2/catch.hpp>
 
 #include "tests/detect/fakes.h"
 #include "watchdog/detect/dump_spacing.h"
@@ -31,17 +31,16 @@ Stall AllReduceStall(std::uint64_t seq, std::uint64_t count = 1024) {
   return stall;
 }
 
-struct StragglerFixture {
-  StragglerFixture() : watchdog(config, registry, events, effects) {
-    config.timeout = Seconds{2};
-    config.hard_timeout = Seconds{1800};
-    config.status_interval = Seconds{1};
-    comm = registry.Add(reinterpret_cast<ncclComm_t>(0xabc0), 0, 16);
-    std::snprintf(comm->id, sizeof(comm->id), "1111222233334444");
-    comm->rank = 0;
-    comm->nranks = 4;
-    comm->lifecycle = CommLifecycle::kReady;
-  }
+Config StragglerConfig() {
+  Config config;
+  config.timeout = Seconds{2};
+  config.hard_timeout = Seconds{1800};
+  config.status_interval = Seconds{1};
+  return config;
+}
+
+struct StragglerFixture : ncclguard::testing::WatchdogFixture {
+  StragglerFixture() : WatchdogFixture(StragglerConfig(), 0) {}
 
   // One step of the job: this rank's AllReduce starts at `start` and waits `wait` for the
   // straggler; the watchdog polls every 100 ms.
@@ -52,13 +51,6 @@ struct StragglerFixture {
     events.Reach(op.end_event);
     watchdog.PollOnce(start + wait, start + wait);
   }
-
-  Config config;
-  Registry registry;
-  FakeGpuEvents events;
-  RecordingEffects effects;
-  Watchdog watchdog;
-  CommState* comm;
 };
 
 }  // namespace

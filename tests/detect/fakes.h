@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -16,6 +17,7 @@
 #include "watchdog/detect/watchdog.h"
 #include "watchdog/state/gpu_events.h"
 #include "watchdog/state/records.h"
+#include "watchdog/state/registry.h"
 
 namespace ncclguard::testing {
 
@@ -198,5 +200,25 @@ inline OpRecord& EnqueueAllReduce(CommState& comm, FakeGpuEvents& events, std::i
   comm.last_enqueued = seq;
   return op;
 }
+
+// A watchdog of its own over one ready communicator of 4 ranks, id 1111222233334444, whose rounds
+// the test runs with the time it gives: fake GPU events, recorded effects.
+struct WatchdogFixture {
+  WatchdogFixture(const Config& given, int rank)
+      : config(given), watchdog(config, registry, events, effects) {
+    comm = registry.Add(reinterpret_cast<ncclComm_t>(0xabc0), 0, 16);
+    std::snprintf(comm->id, sizeof(comm->id), "1111222233334444");
+    comm->rank = rank;
+    comm->nranks = 4;
+    comm->lifecycle = CommLifecycle::kReady;
+  }
+
+  Config config;
+  Registry registry;
+  FakeGpuEvents events;
+  RecordingEffects effects;
+  Watchdog watchdog;
+  CommState* comm;
+};
 
 }  // namespace ncclguard::testing

@@ -25,26 +25,16 @@ namespace {
 
 constexpr std::int64_t kSecond = 1'000'000'000;
 
-// A watchdog of its own over one ready communicator of 4 ranks.
-struct Watched {
-  explicit Watched(Action action) : watchdog(Configured(action), registry, events, effects) {
-    comm = registry.Add(reinterpret_cast<ncclComm_t>(0xabc0), 0, 16);
-    comm->rank = 1;
-    comm->nranks = 4;
-    comm->lifecycle = CommLifecycle::kReady;
-  }
-  const Config& Configured(Action action) {
+// A watchdog over one ready communicator, acting as `action` says.
+struct Watched : ncclguard::testing::WatchdogFixture {
+  explicit Watched(Action action) : WatchdogFixture(Configured(action), 1) {}
+  static Config Configured(Action action) {
+    Config config;
     config.timeout = Seconds{10};
     config.status_interval = Seconds{2};
     config.action = action;
     return config;
   }
-  Config config;
-  Registry registry;
-  FakeGpuEvents events;
-  RecordingEffects effects;
-  Watchdog watchdog;
-  CommState* comm;
 };
 
 std::string ReadAll(const std::string& path) {

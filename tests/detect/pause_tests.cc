@@ -1,9 +1,9 @@
 // A process that does not run (stopped by SIGSTOP, a debugger, a cgroup freezer or a paused VM,
 // or starved) must not find a stall in the time it did not run: with a fake clock, rounds that
 // come much later than scheduled re-arm the stall timers, and only a round on time reports.
-#include <catch2/catch.hpp>
-
 #include <cstdio>
+
+#include <catch2/catch.hpp>
 
 #include "tests/detect/fakes.h"
 #include "watchdog/detect/progress.h"
@@ -21,18 +21,17 @@ constexpr std::int64_t kSecond = 1'000'000'000;
 constexpr std::int64_t kMillisecond = 1'000'000;
 constexpr std::int64_t kPoll = 100 * kMillisecond;
 
-struct PauseFixture {
-  explicit PauseFixture(Action action = Action::kAbort) : watchdog(config, registry, events, effects) {
-    config.timeout = Seconds{10};
-    config.init_timeout = Seconds{30};
-    config.poll_interval = Seconds{0.1};
-    config.action = action;
-    comm = registry.Add(reinterpret_cast<ncclComm_t>(0xabc0), 0, 16);
-    std::snprintf(comm->id, sizeof(comm->id), "1111222233334444");
-    comm->rank = 2;
-    comm->nranks = 4;
-    comm->lifecycle = CommLifecycle::kReady;
-  }
+Config PauseConfig(Action action) {
+  Config config;
+  config.timeout = Seconds{10};
+  config.init_timeout = Seconds{30};
+  config.poll_interval = Seconds{0.1};
+  config.action = action;
+  return config;
+}
+
+struct PauseFixture : ncclguard::testing::WatchdogFixture {
+  explicit PauseFixture(Action action = Action::kAbort) : WatchdogFixture(PauseConfig(action), 2) {}
 
   // An AllReduce handed to NCCL at `enqueued_at`, its events recorded and its start reached.
   OpRecord& EnqueueStarted(std::int64_t enqueued_at) {
@@ -43,13 +42,6 @@ struct PauseFixture {
 
   // A round that begins `late` after it was due at `due`.
   void Round(std::int64_t due, std::int64_t late = 0) { watchdog.PollOnce(due + late, due); }
-
-  Config config;
-  Registry registry;
-  FakeGpuEvents events;
-  RecordingEffects effects;
-  Watchdog watchdog;
-  CommState* comm;
 };
 
 }  // namespace
@@ -58,8 +50,8 @@ TEST_CASE("a round is late when it comes far later than the scheduler's delays",
   const std::int64_t timeout = 10 * kSecond;
   CHECK_FALSE(LateRound(5 * kSecond, 5 * kSecond, kPoll, timeout));
   CHECK_FALSE(LateRound(5 * kSecond, 5 * kSecond + 900 * kMillisecond, kPoll, timeout));  // a loaded machine
-  CHECK(LateRound(5 * kSecond, 6 * kSecond + kMillisecond, kPoll, timeout));             // over a second
-  CHECK(LateRound(5 * kSecond, 11 * kSecond, kPoll, timeout));                           // a 6 s stop
+  CHECK(LateRound(5 * kSecond, 6 * kSecond + kMillisecond, kPoll, timeout));              // over a second
+  CHECK(LateRound(5 * kSecond, 11 * kSecond, kPoll, timeout));                            // a 6 s stop
   // A short timeout: a quarter of it already counts.
   CHECK(LateRound(5 * kSecond, 5 * kSecond + 800 * kMillisecond, kPoll, 3 * kSecond));
   CHECK_FALSE(LateRound(5 * kSecond, 5 * kSecond + 700 * kMillisecond, kPoll, 3 * kSecond));

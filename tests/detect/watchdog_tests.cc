@@ -3,15 +3,15 @@
 #include <catch2/catch.hpp>
 
 #include "tests/detect/fakes.h"
+#include "watchdog/detect/runtime.h"
+#include "watchdog/detect/watchdog.h"
 #include "watchdog/report/op_signature.h"
 #include "watchdog/state/registration.h"
 #include "watchdog/state/registry.h"
-#include "watchdog/detect/runtime.h"
-#include "watchdog/detect/watchdog.h"
 
 using namespace ncclguard;
-using ncclguard::testing::ExitCalled;
 using ncclguard::testing::EnqueueAllReduce;
+using ncclguard::testing::ExitCalled;
 using ncclguard::testing::FakeGpuEvents;
 using ncclguard::testing::RecordingEffects;
 
@@ -28,28 +28,14 @@ Config TestConfig(Action action = Action::kWarn) {
   return config;
 }
 
-// A registry of its own, one ready communicator, and a way to put operations in its ring.
-struct Fixture {
-  explicit Fixture(Action action = Action::kWarn)
-      : config(TestConfig(action)), watchdog(config, registry, events, effects) {
-    comm = registry.Add(reinterpret_cast<ncclComm_t>(0xabc0), 0, 16);
-    std::snprintf(comm->id, sizeof(comm->id), "1111222233334444");
-    comm->rank = 3;
-    comm->nranks = 4;
-    comm->lifecycle = CommLifecycle::kReady;
-  }
+// One ready communicator of rank 3, and a way to put operations in its ring.
+struct Fixture : ncclguard::testing::WatchdogFixture {
+  explicit Fixture(Action action = Action::kWarn) : WatchdogFixture(TestConfig(action), 3) {}
 
   // An AllReduce handed to NCCL at `enqueued_at`, its events recorded.
   std::uint64_t Enqueue(std::int64_t enqueued_at) {
     return EnqueueAllReduce(*comm, events, enqueued_at, ncclBfloat16, 4096).seq;
   }
-
-  Config config;
-  Registry registry;
-  FakeGpuEvents events;
-  RecordingEffects effects;
-  Watchdog watchdog;
-  CommState* comm;
 };
 
 }  // namespace
@@ -124,9 +110,10 @@ TEST_CASE("an asynchronous error is dumped with NCCL's warning and acted on", "[
   CHECK(f.effects.aborted.size() == 1);
 }
 
-TEST_CASE("an asynchronous error the application saw before it aborted the communicator is reported once, "
-          "without acting",
-          "[watchdog]") {
+TEST_CASE(
+    "an asynchronous error the application saw before it aborted the communicator is reported once, "
+    "without acting",
+    "[watchdog]") {
   Fixture f(Action::kAbort);
   RecordAsyncError(*f.comm, ncclRemoteError);
   f.comm->lifecycle = CommLifecycle::kAborted;
@@ -197,8 +184,9 @@ TEST_CASE("a status is written at once when a communicator is created, once the 
   CHECK(f.effects.statuses[0].comms.at(0).nranks == 4);
 }
 
-TEST_CASE("a status asked for at a communicator's creation is written at the next round, not an interval later",
-          "[watchdog][init]") {
+TEST_CASE(
+    "a status asked for at a communicator's creation is written at the next round, not an interval later",
+    "[watchdog][init]") {
   Fixture f;
   f.watchdog.PollOnce(0);
   REQUIRE(f.effects.statuses.size() == 1);
@@ -300,7 +288,7 @@ TEST_CASE("the monitor reports a watchdog stuck in a call, once per episode", "[
   REQUIRE(message.has_value());
   CHECK(*message == "the watchdog has been stuck for 11 s in cuEventQuery: stalls are not being detected");
   CHECK_FALSE(monitor.Check(2, "cuEventQuery", 30 * kSecond).has_value());
-  CHECK_FALSE(monitor.Check(3, nullptr, 31 * kSecond).has_value());  // moving again
+  CHECK_FALSE(monitor.Check(3, nullptr, 31 * kSecond).has_value());            // moving again
   CHECK(monitor.Check(3, "ncclCommGetAsyncError", 42 * kSecond).has_value());  // a new episode
 }
 
@@ -417,9 +405,10 @@ namespace {
 // A stall classified `kind`, under NCCLGUARD_ACTION=reinit: the exit code, or -1 when the
 // watchdog did not exit.
 int ExitCodeOfStall(Fixture& f, const std::string& kind) {
-  Verdict verdict = MakeVerdict(kind, kind == "p2p_suspect"
-                                          ? "all 4 ranks entered AllReduce #1 with P2P in use: NCCL_P2P_DISABLE=1 avoids them"
-                                          : "all 4 ranks entered AllReduce #1 and none has completed it");
+  Verdict verdict = MakeVerdict(
+      kind, kind == "p2p_suspect"
+                ? "all 4 ranks entered AllReduce #1 with P2P in use: NCCL_P2P_DISABLE=1 avoids them"
+                : "all 4 ranks entered AllReduce #1 and none has completed it");
   verdict.comm = f.comm->id;
   verdict.seq = 1;
   verdict.ranks = {0, 1, 2, 3};
@@ -468,7 +457,8 @@ TEST_CASE("reinit with any other verdict exits 75 without a record", "[watchdog]
   CHECK(f.effects.aborted.size() == 1);
 }
 
-TEST_CASE("reinit records nothing when the user set P2P explicitly, and still exits 75", "[watchdog][reinit]") {
+TEST_CASE("reinit records nothing when the user set P2P explicitly, and still exits 75",
+          "[watchdog][reinit]") {
   const std::string variable = GENERATE("NCCL_P2P_DISABLE", "NCCL_P2P_LEVEL");
   Fixture f(Action::kReinit);
   f.effects.facts.environment = {{variable, variable == "NCCL_P2P_LEVEL" ? "SYS" : "0"}};
@@ -607,7 +597,8 @@ TEST_CASE("a closed communicator's ring is freed at once, the communicator one s
   CHECK(f.effects.statuses[2].comms.empty());
 }
 
-TEST_CASE("a communicator ncclguard aborted keeps its state for the application's later calls", "[watchdog]") {
+TEST_CASE("a communicator ncclguard aborted keeps its state for the application's later calls",
+          "[watchdog]") {
   Fixture f;
   f.effects.Abort(*f.comm);
   f.watchdog.PollOnce(0);
@@ -620,7 +611,8 @@ TEST_CASE("the registry reuses the slots of removed communicators", "[watchdog][
   Registry registry;
   // Some communicators live throughout, their probe sequences crossed by the removed ones'.
   std::vector<CommState*> kept;
-  for (std::uintptr_t i = 1; i <= 100; ++i) kept.push_back(registry.Add(reinterpret_cast<ncclComm_t>(i * 4096), 0, 1));
+  for (std::uintptr_t i = 1; i <= 100; ++i)
+    kept.push_back(registry.Add(reinterpret_cast<ncclComm_t>(i * 4096), 0, 1));
   for (std::uintptr_t cycle = 0; cycle < 20000; ++cycle) {
     const auto handle = reinterpret_cast<ncclComm_t>(0x10000000 + cycle * 64);
     CommState* state = registry.Add(handle, 0, 1);
@@ -685,9 +677,10 @@ TEST_CASE("in-process recovery: a probation operation stuck inside NCCL is recov
   CHECK(f.effects.dumps.size() == 1);
 }
 
-TEST_CASE("in-process recovery: a verdict that P2P off cannot mend makes this rank vote not ready, then the "
-          "action is taken",
-          "[watchdog][inprocess]") {
+TEST_CASE(
+    "in-process recovery: a verdict that P2P off cannot mend makes this rank vote not ready, then the "
+    "action is taken",
+    "[watchdog][inprocess]") {
   ProbationFixture f(Action::kExit);
   f.Judge(VerdictKind::kMismatch);
   f.effects.recovery_outcome = {RecoveryOutcome::Result::kFellBack, "rank 3 cannot recover", 0};
@@ -705,9 +698,10 @@ TEST_CASE("in-process recovery: a verdict that P2P off cannot mend makes this ra
   CHECK(f.effects.holding_application_calls);  // NCCLGUARD_ACTION=exit, as without recovery
 }
 
-TEST_CASE("in-process recovery: a verdict that settles to stuck_inside_nccl within two status intervals is "
-          "recovered",
-          "[watchdog][inprocess]") {
+TEST_CASE(
+    "in-process recovery: a verdict that settles to stuck_inside_nccl within two status intervals is "
+    "recovered",
+    "[watchdog][inprocess]") {
   ProbationFixture f(Action::kExit);
   f.Judge(VerdictKind::kRankNotJoined);  // a peer's status file from before the stall
   f.effects.recovery_outcome = {RecoveryOutcome::Result::kRecovered, "all 4 ranks are ready", 12 * kSecond};
