@@ -100,8 +100,9 @@ absl::StatusOr<FlightRecorderDump> ParseFlightRecorderDump(std::string_view byte
   FlightRecorderDump dump;
   dump.version = Text(document->Find("version"));
   if (const PickleValue* groups = document->Find("pg_config"); groups != nullptr) {
-    for (const auto& [name, group] : groups->entries) {
-      dump.groups[name.text] =
+    for (std::size_t i = 0; i < groups->keys.size(); ++i) {
+      const PickleValue& group = groups->values[i];
+      dump.groups[groups->keys[i].text] =
           FlightRecorderGroup{.desc = Text(group.Find("desc")), .ranks = RankList(Text(group.Find("ranks")))};
     }
   }

@@ -18,8 +18,8 @@ namespace ncclguard {
 
 const PickleValue* PickleValue::Find(std::string_view key) const {
   if (kind != Kind::kDict) return nullptr;
-  for (const auto& [name, value] : entries) {
-    if (name.kind == Kind::kString && name.text == key) return &value;
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    if (keys[i].kind == Kind::kString && keys[i].text == key) return &values[i];
   }
   return nullptr;
 }
@@ -230,7 +230,8 @@ class Reader {
       }
       absl::StatusOr<PickleValue> entry = Materialize(node.children[i + 1], depth + 1, made);
       if (!entry.ok()) return entry.status();
-      value.entries.emplace_back(*std::move(child), *std::move(entry));
+      value.keys.push_back(*std::move(child));
+      value.values.push_back(*std::move(entry));
     }
     return value;
   }

@@ -10,7 +10,6 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
-#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -23,9 +22,10 @@ struct PickleValue {
   bool boolean = false;
   std::int64_t integer = 0;
   double number = 0;
-  std::string text;                                          // kString (UTF-8), kBytes
-  std::vector<PickleValue> items;                            // kList, kTuple
-  std::vector<std::pair<PickleValue, PickleValue>> entries;  // kDict, in the file's order
+  std::string text;                 // kString (UTF-8), kBytes
+  std::vector<PickleValue> items;   // kList, kTuple
+  std::vector<PickleValue> keys;    // kDict, in the file's order
+  std::vector<PickleValue> values;  // kDict: values[i] is keys[i]'s
 
   // A dict's value under a string key; nullptr when there is none or this is not a dict.
   const PickleValue* Find(std::string_view key) const;
