@@ -1,0 +1,251 @@
+// The pickle writer and PyTorch Flight Recorder dumps (report/pickle_writer.h,
+// report/flight_recorder.h): the bytes of each opcode, and what Python's own pickle.load makes of
+// a process's dump.
+#include <cstdint>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+
+#include "tests/support/process.h"
+#include "watchdog/report/flight_recorder.h"
+#include "watchdog/report/pickle_writer.h"
+#include "watchdog/report/snapshot.h"
+
+namespace ncclguard {
+namespace {
+
+using Json = nlohmann::json;
+using testing::RunProcess;
+using testing::TemporaryDirectory;
+
+// What python3's pickle.load reads from `pickle`: its repr(), or, with `as_json`, the object as
+// JSON (tuples become lists).
+std::string PythonLoads(const std::string& pickle, bool as_json) {
+  TemporaryDirectory directory;
+  const std::string path = directory.path() + "/dump";
+  std::ofstream(path, std::ios::binary) << pickle;
+  const std::string script =
+      as_json ? "import json,pickle,sys; print(json.dumps(pickle.load(open(sys.argv[1],'rb'))))"
+              : "import pickle,sys; print(repr(pickle.load(open(sys.argv[1],'rb'))))";
+  const testing::ProcessResult result = RunProcess({"python3", "-c", script, path});
+  INFO(result.err);
+  REQUIRE(result.exit_code == 0);
+  return result.out.substr(0, result.out.find_last_not_of('\n') + 1);
+}
+
+TEST_CASE("a pickle starts with protocol 2 and ends with STOP") {
+  PickleWriter out;
+  out.None();
+  const std::string pickle = out.Finish();
+  CHECK(pickle == std::string("\x80\x02N.", 4));
+}
+
+TEST_CASE("integers take the shortest of protocol 2's forms") {
+  PickleWriter out;
+  out.BeginList();
+  out.Int(7);
+  out.Int(300);
+  out.Int(-2);
+  out.Int(std::int64_t{1} << 40);
+  out.EndList();
+  const std::string pickle = out.Finish();
+  const std::string expected = std::string("\x80\x02](", 4) + "K\x07" + std::string("M\x2c\x01", 3) +
+                               std::string("J\xfe\xff\xff\xff", 5) +
+                               std::string("\x8a\x08\x00\x00\x00\x00\x00\x01\x00\x00", 10) + "e.";
+  CHECK(pickle == expected);
+  CHECK(PythonLoads(pickle, false) == "[7, 300, -2, 1099511627776]");
+}
+
+TEST_CASE("python reads every kind of value the writer writes") {
+  PickleWriter out;
+  out.BeginDict();
+  out.String("values");
+  out.BeginList();
+  out.Bool(true);
+  out.Bool(false);
+  out.None();
+  out.Float(1.5);
+  out.Int(INT64_MIN);
+  out.BeginTuple();
+  out.String("pg");
+  out.String("d\xc3\xa9sc");
+  out.EndTuple();
+  out.BeginList();
+  out.EndList();
+  out.EndList();
+  out.String("empty");
+  out.BeginDict();
+  out.EndDict();
+  out.EndDict();
+  CHECK(PythonLoads(out.Finish(), false) ==
+        "{'values': [True, False, None, 1.5, -9223372036854775808, ('pg', 'désc'), []], 'empty': {}}");
+}
+
+TEST_CASE("bytes that are not UTF-8 are replaced, so that python can read the string") {
+  CHECK(ValidUtf8("ok \xc3\xa9") == "ok \xc3\xa9");
+  CHECK(ValidUtf8("a\xff"
+                  "b") ==
+        "a\xef\xbf\xbd"
+        "b");
+  CHECK(ValidUtf8("\xc0\xaf") == "\xef\xbf\xbd\xef\xbf\xbd");                  // overlong
+  CHECK(ValidUtf8("\xed\xa0\x80") == "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd");  // a surrogate
+  CHECK(ValidUtf8("\xe2\x82") == "\xef\xbf\xbd\xef\xbf\xbd");                  // cut short
+  PickleWriter out;
+  out.String("file\xfe.py");
+  CHECK(PythonLoads(out.Finish(), false) == "'file\xef\xbf\xbd.py'");
+}
+
+TEST_CASE("a container left open is a bug of the caller") {
+  PickleWriter out;
+  out.BeginList();
+  CHECK_THROWS_AS(out.Finish(), std::logic_error);
+}
+
+OpSnapshot Op(std::uint64_t seq, std::string op, std::string state, std::int64_t enqueue_ns) {
+  OpSnapshot snapshot;
+  snapshot.seq = seq;
+  snapshot.op = std::move(op);
+  snapshot.dtype = "bfloat16";
+  snapshot.count = 1024;
+  snapshot.state = std::move(state);
+  snapshot.host_thread = 4242;
+  snapshot.enqueue_ns = enqueue_ns;
+  if (snapshot.state != "enqueued") snapshot.start_ns = enqueue_ns + 10;
+  if (snapshot.state == "completed") snapshot.end_ns = enqueue_ns + 20;
+  return snapshot;
+}
+
+FrameSnapshot PythonFrame(std::string function, std::string file, int line) {
+  FrameSnapshot frame;
+  frame.function = std::move(function);
+  frame.file = std::move(file);
+  frame.line = line;
+  return frame;
+}
+
+// Rank 1 of a 4-rank data-parallel communicator and of a 2-rank pipeline communicator: an
+// AllGather, a grouped send and receive, a custom operation, and an AllReduce stuck on the GPU
+// while the pipeline's last receive waits to start.
+ProcessSnapshot PipelineProcess() {
+  ProcessSnapshot snapshot;
+  snapshot.rank = 1;
+  CommSnapshot dp;
+  dp.id = "00000000000000ff";
+  dp.rank = 1;
+  dp.nranks = 4;
+  dp.nccl_version = 22105;
+  dp.last_enqueued = 12;
+  dp.last_started = 12;
+  dp.last_completed = 11;
+  dp.ring = {Op(10, "AllGather", "completed", 100), Op(11, "FancyOp", "completed", 200),
+             Op(12, "AllReduce", "started", 600)};
+  CommSnapshot pp;
+  pp.id = "0000000000000010";
+  pp.rank = 0;
+  pp.nranks = 2;
+  OpSnapshot send = Op(5, "Send", "completed", 300);
+  send.peer = 1;
+  send.group = 9;
+  OpSnapshot recv = Op(6, "Recv", "completed", 301);
+  recv.peer = 1;
+  recv.group = 9;
+  OpSnapshot waiting = Op(7, "Recv", "enqueued", 700);
+  waiting.peer = 1;
+  pp.ring = {send, recv, waiting};
+  snapshot.comms = {dp, pp};
+  ThreadsSnapshot threads;
+  ThreadSnapshot thread;
+  thread.tid = 4242;
+  thread.name = "pt_main_thread";
+  thread.python = {PythonFrame("recv", "pipeline.py", 88), PythonFrame("<module>", "train.py", 3)};
+  threads.threads = {thread};
+  snapshot.threads = threads;
+  return snapshot;
+}
+
+const CommMembers kMembers = {{"00000000000000ff", {0, 1, 2, 3}}, {"0000000000000010", {1, 3}}};
+
+Json LoadDump(FlightRecorderStates states) {
+  return Json::parse(PythonLoads(FlightRecorderDump(PipelineProcess(), kMembers, states), true));
+}
+
+std::vector<std::string> Names(const Json& dump) {
+  std::vector<std::string> names;
+  for (const Json& entry : dump["entries"]) names.push_back(entry["profiling_name"]);
+  return names;
+}
+
+TEST_CASE("a dump has FR's top-level keys and a process group per communicator") {
+  const Json dump = LoadDump(FlightRecorderStates::kUntimed);
+  CHECK(dump["version"] == "2.10");
+  CHECK(dump["comm_lib_version"] == "2.21.5");
+  CHECK(dump["pg_config"]["255"] ==
+        Json({{"name", "255"}, {"desc", "00000000000000ff"}, {"ranks", "[0, 1, 2, 3]"}}));
+  CHECK(dump["pg_config"]["16"]["ranks"] == "[1, 3]");
+  CHECK(dump["pg_status"]["0"] == Json({{"last_enqueued_collective", 12},
+                                        {"last_started_collective", 12},
+                                        {"last_completed_collective", 11}}));
+}
+
+TEST_CASE("operations are named as FR names them, in the order the process enqueued them") {
+  const Json dump = LoadDump(FlightRecorderStates::kUntimed);
+  // FancyOp is not one FR knows: its analyzer would stop on it.
+  CHECK(Names(dump) == std::vector<std::string>{"nccl:all_gather", "nccl:send 0->1", "nccl:recv 0<-1",
+                                                "nccl:coalesced", "nccl:all_reduce", "nccl:recv 0<-1"});
+  std::int64_t previous = -1;
+  for (const Json& entry : dump["entries"]) {
+    CHECK(entry["record_id"].get<std::int64_t>() >= previous);
+    previous = entry["record_id"];
+  }
+  const Json& all_gather = dump["entries"][0];
+  CHECK(all_gather["process_group"] == Json::array({"255", "00000000000000ff"}));
+  CHECK(all_gather["input_sizes"] == Json::parse("[[1024]]"));
+  CHECK(all_gather["output_sizes"] == Json::parse("[[4096]]"));
+  CHECK(all_gather["input_dtypes"] == Json::parse(R"(["BFloat16"])"));
+  CHECK(all_gather["collective_seq_id"] == 10);
+  CHECK(all_gather["is_p2p"] == false);
+  CHECK(all_gather["thread_name"] == "pt_main_thread");
+  CHECK(all_gather["thread_id"] == "4242");
+}
+
+TEST_CASE("a group block's operations share their seq ids and end with nccl:coalesced") {
+  const Json dump = LoadDump(FlightRecorderStates::kUntimed);
+  for (int i : {1, 2, 3}) {
+    const Json& entry = dump["entries"][i];
+    INFO(entry.dump());
+    CHECK(entry["p2p_seq_id"] == 5);
+    CHECK(entry["collective_seq_id"] == 5);
+    CHECK(entry["is_p2p"] == true);
+    CHECK(entry["pg_id"] == 1);
+  }
+  CHECK(dump["entries"][3]["input_sizes"] == Json::array());
+  CHECK(dump["entries"][3]["state"] == "completed");
+  CHECK(dump["entries"][5]["p2p_seq_id"] == 7);
+}
+
+TEST_CASE("operations not completed are scheduled, or started when asked for timed states") {
+  const Json untimed = LoadDump(FlightRecorderStates::kUntimed);
+  CHECK(untimed["entries"][4]["state"] == "scheduled");
+  CHECK(untimed["entries"][4]["time_discovered_started_ns"].is_null());
+  CHECK(untimed["entries"][0]["state"] == "completed");
+  CHECK(untimed["entries"][0]["time_discovered_completed_ns"] == 120);
+  CHECK(untimed["entries"][0]["retired"] == true);
+  const Json timed = LoadDump(FlightRecorderStates::kTimed);
+  CHECK(timed["entries"][4]["state"] == "started");
+  CHECK(timed["entries"][4]["time_discovered_started_ns"] == 610);
+  CHECK(timed["entries"][5]["state"] == "scheduled");
+}
+
+TEST_CASE("the thread's Python frames go to its newest operation, which it waits in") {
+  const Json dump = LoadDump(FlightRecorderStates::kUntimed);
+  CHECK(dump["entries"][5]["frames"] ==
+        Json::parse(R"([{"name": "recv", "filename": "pipeline.py", "line": 88},
+                        {"name": "<module>", "filename": "train.py", "line": 3}])"));
+  for (int i = 0; i < 5; ++i) CHECK(dump["entries"][i]["frames"] == Json::array());
+}
+
+}  // namespace
+}  // namespace ncclguard

@@ -1,0 +1,61 @@
+// PyTorch's Flight Recorder dump format, written from ncclguard's own records so that PyTorch's
+// analyzer (`torchfrtrace`, python -m torch.distributed.flight_recorder.fr_trace) and the tools
+// built on it read a job that ran without PyTorch, or whose PyTorch recorded nothing. One pickle
+// per rank, named <prefix><global rank> as ProcessGroupNCCL names its own; format version 2.10.
+// The facts of the format this relies on, with the PyTorch files they come from, are in
+// docs/formats.md.
+#pragma once
+
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "watchdog/report/job_read.h"
+#include "watchdog/report/snapshot.h"
+
+namespace ncclguard {
+
+inline constexpr std::string_view kFlightRecorderVersion = "2.10";
+// The file name of ProcessGroupNCCL's default TORCH_NCCL_DEBUG_INFO_TEMP_FILE prefix
+// (/tmp/nccl_trace_rank_), followed by the rank.
+inline constexpr std::string_view kFlightRecorderFilePrefix = "nccl_trace_rank_";
+
+// The global rank of each rank of each communicator (by communicator id), -1 where unknown: the
+// members of a process group in FR's pg_config, the same list in every rank's file.
+using CommMembers = std::map<std::string, std::vector<int>>;
+
+// Which of FR's states an operation that has not completed is in. PyTorch knows an operation
+// started only with TORCH_NCCL_ENABLE_TIMING=1 (it then records a start event); by default every
+// operation not completed is "scheduled", and tools built on FR dumps (NVIDIA resiliency-ext's
+// attribution) look for the hang among the "scheduled" ones.
+enum class FlightRecorderStates {
+  kUntimed,  // completed or scheduled, as PyTorch writes by default
+  kTimed,    // completed, started (ncclguard saw it running on the GPU) or scheduled
+};
+
+// FR's name of an NCCL operation ("AllReduce" → "all_reduce"); std::nullopt for an operation its
+// analyzer does not know, which must stay out of the dump (the analyzer stops on it).
+std::optional<std::string_view> FlightRecorderOpName(std::string_view op);
+// c10's name of a dtype ("float32" → "Float").
+std::string_view FlightRecorderDtype(std::string_view dtype);
+
+// The dump of one process: its communicators as process groups named by their ids, their
+// operations oldest first, each ncclGroupStart/End block on one communicator closed by a
+// "nccl:coalesced" entry.
+std::string FlightRecorderDump(const ProcessSnapshot& snapshot, const CommMembers& members,
+                               FlightRecorderStates states);
+
+// The rank a process's file is named by: the launcher's rank, else the best known.
+int FlightRecorderRank(const ProcessView& process);
+
+struct FlightRecorderFile {
+  int rank = -1;
+  std::string contents;
+};
+// A file for every process of the job with a known rank (the newest process of a rank when there
+// are several), with the communicators' members taken from the whole job.
+std::vector<FlightRecorderFile> FlightRecorderFiles(const JobView& job, FlightRecorderStates states);
+
+}  // namespace ncclguard
