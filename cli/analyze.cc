@@ -1,14 +1,17 @@
-// ncclguard analyze DIR [--json] [--trace FILE] [--html FILE] [--status-interval SECONDS] [--deadline
-// SECONDS]
+// ncclguard analyze DIR [--json] [--trace FILE] [--html FILE] [--flight-recorder DIR]
+//                       [--flight-recorder-dumps PATH] [--status-interval SECONDS] [--deadline SECONDS]
 //
 // Reads what the processes of a job left in their job directory and says which rank is at fault
 // and why. Exit status: 0 healthy, 1 something is wrong, 2 usage error or unreadable directory.
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <iostream>
 #include <memory>
@@ -42,6 +45,7 @@
 #include "watchdog/diagnose/known_bad.h"
 #include "watchdog/diagnose/op_states.h"
 #include "watchdog/diagnose/verdicts.h"
+#include "watchdog/report/flight_recorder.h"
 #include "watchdog/report/job_board.h"
 #include "watchdog/report/job_dir.h"
 #include "watchdog/report/snapshot.h"
@@ -64,6 +68,8 @@ struct AnalyzeOptions {
   std::string trace_path;
   std::string html_path;
   std::string flight_recorder_dumps;  // a directory or a file name prefix; "" to find them
+  std::string flight_recorder_directory;
+  bool flight_recorder_timed = false;
   std::optional<double> status_interval_seconds;
   double deadline_seconds = std::chrono::duration<double>(kReadDeadline).count();
 };
@@ -237,6 +243,24 @@ absl::StatusOr<std::shared_ptr<JobBoard>> NamedBoard(const AnalyzeOptions& optio
 // processes), and the command ends right after: the view read is left to the process's exit.
 absl::StatusOr<JobView>* g_view_left_to_exit = nullptr;
 
+// One PyTorch Flight Recorder file per rank in `directory` (created if missing), named as
+// ProcessGroupNCCL names its own, for PyTorch's analyzer: how many were written.
+absl::StatusOr<std::size_t> WriteFlightRecorder(const std::string& directory, const JobView& job,
+                                                FlightRecorderStates states) {
+  std::error_code error;
+  std::filesystem::create_directories(directory, error);
+  if (error) return absl::UnavailableError(absl::StrCat("cannot create ", directory, ": ", error.message()));
+  const std::vector<FlightRecorderFile> files = FlightRecorderFiles(job, states);
+  for (const FlightRecorderFile& file : files) {
+    const std::string path = absl::StrCat(directory, "/", std::string(kFlightRecorderFilePrefix), file.rank);
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    out << file.contents;
+    out.close();
+    if (!out) return absl::UnavailableError(absl::StrCat("cannot write ", path, ": ", std::strerror(errno)));
+  }
+  return files.size();
+}
+
 int Analyze(const AnalyzeOptions& options) {
   absl::StatusOr<std::shared_ptr<JobBoard>> board = NamedBoard(options);
   if (!board.ok()) {
@@ -300,6 +324,17 @@ int Analyze(const AnalyzeOptions& options) {
       return kExitUsage;
     }
   }
+  std::optional<std::size_t> flight_recorder_files;
+  if (!options.flight_recorder_directory.empty()) {
+    absl::StatusOr<std::size_t> written = WriteFlightRecorder(
+        options.flight_recorder_directory, *job,
+        options.flight_recorder_timed ? FlightRecorderStates::kTimed : FlightRecorderStates::kUntimed);
+    if (!written.ok()) {
+      std::cerr << "ncclguard analyze: " << written.status().message() << '\n';
+      return kExitUsage;
+    }
+    flight_recorder_files = *written;
+  }
   if (options.json) {
     std::cout << VerdictsToJson(*job, verdicts).dump(2, ' ', false, nlohmann::json::error_handler_t::replace)
               << '\n';
@@ -309,6 +344,11 @@ int Analyze(const AnalyzeOptions& options) {
       std::cout << "Trace written to " << options.trace_path << " (open it in ui.perfetto.dev)\n";
     if (!options.html_path.empty())
       std::cout << "Report page written to " << options.html_path << " (open it in a browser)\n";
+    if (flight_recorder_files) {
+      std::cout << "Flight Recorder files of " << *flight_recorder_files << " ranks written to "
+                << options.flight_recorder_directory << " (read them with: torchfrtrace "
+                << options.flight_recorder_directory << ")\n";
+    }
   }
   const bool healthy = verdicts.size() == 1 && verdicts[0].kind == VerdictKind::kHealthy;
   return healthy ? kExitHealthy : kExitProblemFound;
@@ -371,6 +411,14 @@ void AddAnalyzeCommand(CLI::App& app, std::function<int()>& run) {
           "(TORCH_NCCL_DEBUG_INFO_TEMP_FILE; default: as the job's processes recorded it). Their process "
           "group names and Python call sites are added to the verdicts")
       ->type_name("PATH");
+  analyze
+      ->add_option("--flight-recorder", options->flight_recorder_directory,
+                   "Also write each rank's operations into DIR as PyTorch's Flight Recorder writes them "
+                   "(nccl_trace_rank_<rank>, format 2.10), for torchfrtrace")
+      ->type_name("DIR");
+  analyze->add_flag("--flight-recorder-timed", options->flight_recorder_timed,
+                    "In the Flight Recorder files, call the operations seen running \"started\", as PyTorch "
+                    "does with TORCH_NCCL_ENABLE_TIMING=1 (default: \"scheduled\", as without it)");
   analyze
       ->add_option("--deadline", options->deadline_seconds,
                    "How long reading the directory may take (default: 10); what is not read by then is left "

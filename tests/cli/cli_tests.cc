@@ -151,6 +151,60 @@ TEST_CASE("a rank that never joined the collective exits 1, named with the colle
   CHECK(result.out.find("node0:20002") != std::string::npos);
 }
 
+// Reads every file `analyze --flight-recorder` wrote as PyTorch's analyzer reads them (the rank from
+// the name, pickle.load, the ranks of pg_config with ast.literal_eval, the backend and operation
+// from profiling_name) and prints, per rank: the members of its group and (operation, collective
+// seq id, state) of each entry.
+constexpr const char* kReadFlightRecorder = R"py(
+import ast, json, os, pickle, re, sys
+required = ["record_id", "pg_id", "process_group", "collective_seq_id", "p2p_seq_id", "op_id",
+            "profiling_name", "time_created_ns", "input_sizes", "input_dtypes", "output_sizes",
+            "output_dtypes", "state", "time_discovered_started_ns", "time_discovered_completed_ns",
+            "retired", "timeout_ms", "is_p2p", "frames", "thread_id", "thread_name"]
+result = {}
+for name in sorted(os.listdir(sys.argv[1])):
+    rank = int(re.fullmatch(r"nccl_trace_rank_(\d+)", name).group(1))
+    dump = pickle.load(open(os.path.join(sys.argv[1], name), "rb"))
+    assert dump["version"] == "2.10" and set(dump) >= {"pg_config", "pg_status", "entries"}
+    members = [ast.literal_eval(group["ranks"]) for group in dump["pg_config"].values()]
+    entries = []
+    for entry in dump["entries"]:
+        assert all(key in entry for key in required), entry
+        assert entry["process_group"][0] in dump["pg_config"]
+        backend, operation = entry["profiling_name"].split(":")
+        assert backend == "nccl"
+        entries.append([operation, entry["collective_seq_id"], entry["state"]])
+    result[rank] = {"members": members, "entries": entries}
+print(json.dumps(result))
+)py";
+
+TEST_CASE("analyze --flight-recorder writes each rank's operations as PyTorch's Flight Recorder does") {
+  Job job(Scenario(SyntheticJob::Scenario::kRankNotJoined, /*late_rank=*/2));
+  TemporaryDirectory out;
+  const std::string directory = out.path() + "/fr";
+  const ProcessResult result = Ncclguard({"analyze", job.path, "--flight-recorder", directory});
+  INFO(Transcript(result));
+  CHECK(result.exit_code == kProblemFound);
+  CHECK(result.out.find("Flight Recorder files of 4 ranks written to " + directory) != std::string::npos);
+
+  const ProcessResult read = RunProcess({"python3", "-c", kReadFlightRecorder, directory});
+  INFO(read.err);
+  REQUIRE(read.exit_code == 0);
+  const Json ranks = ParseJson(read.out);
+  REQUIRE(ranks.size() == 4);
+  for (const auto& [rank, dump] : ranks.items()) {
+    INFO("rank " << rank << ": " << dump.dump());
+    CHECK(dump["members"] == Json::parse("[[0, 1, 2, 3]]"));
+    const Json& newest = dump["entries"].back();
+    if (rank == "2") {
+      // The late rank completed #7 and never enqueued #8.
+      CHECK(newest == Json::parse(R"(["all_reduce", 7, "completed"])"));
+    } else {
+      CHECK(newest == Json::parse(R"(["all_reduce", 8, "scheduled"])"));
+    }
+  }
+}
+
 // More statuses than one round trip to Redis brings (8 batches of 1,000): each batch is parsed
 // while the next is fetched, and every status is read once, whichever thread parsed it.
 TEST_CASE("a job of 20000 ranks on Redis: every status read, batch by batch, and the late rank named") {
