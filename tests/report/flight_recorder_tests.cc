@@ -249,3 +249,44 @@ TEST_CASE("the thread's Python frames go to its newest operation, which it waits
 
 }  // namespace
 }  // namespace ncclguard
+
+namespace ncclguard {
+namespace {
+
+ProcessFacts LauncherFacts(std::string rank, std::string world_size) {
+  ProcessFacts facts;
+  facts.launcher = {{"RANK", std::move(rank)}, {"WORLD_SIZE", std::move(world_size)}};
+  return facts;
+}
+
+TEST_CASE("alone, a process knows the members of a communicator of the world's size and of one rank") {
+  ProcessSnapshot snapshot = PipelineProcess();  // in a 4-rank communicator and a 2-rank one
+  CommSnapshot alone;
+  alone.id = "0000000000000001";
+  alone.rank = 0;
+  alone.nranks = 1;
+  snapshot.comms.push_back(alone);
+  CHECK(OwnCommMembers(snapshot, LauncherFacts("1", "4")) ==
+        CommMembers{{"00000000000000ff", {0, 1, 2, 3}}, {"0000000000000001", {1}}});
+  // Rank 1 of the world is not rank 1 of the communicator: its members are not the world's ranks.
+  CHECK(OwnCommMembers(snapshot, LauncherFacts("2", "4")) == CommMembers{{"0000000000000001", {2}}});
+  CHECK(OwnCommMembers(snapshot, LauncherFacts("1", "8")) == CommMembers{{"0000000000000001", {1}}});
+}
+
+TEST_CASE("at dump time a process writes its file with the communicators whose members it knows") {
+  TemporaryDirectory directory;
+  const absl::StatusOr<std::string> written =
+      WriteOwnFlightRecorder(directory.path() + "/fr", PipelineProcess(), LauncherFacts("1", "4"));
+  INFO(written.status().ToString());
+  REQUIRE(written.ok());
+  CHECK(*written == directory.path() + "/fr/nccl_trace_rank_1");
+  const Json dump = Json::parse(PythonLoads(testing::ReadFile(*written), true));
+  CHECK(dump["pg_config"].size() == 1);
+  CHECK(dump["pg_config"]["255"]["ranks"] == "[0, 1, 2, 3]");
+  CHECK(dump["pg_status"].size() == 1);
+  // The pipeline communicator's members are unknown: its operations are left out with it.
+  CHECK(Names(dump) == std::vector<std::string>{"nccl:all_gather", "nccl:all_reduce"});
+}
+
+}  // namespace
+}  // namespace ncclguard

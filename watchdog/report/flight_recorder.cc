@@ -3,11 +3,13 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <set>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "watchdog/common/files.h"
 #include "watchdog/report/facts.h"
 #include "watchdog/report/pickle_writer.h"
 
@@ -125,10 +127,12 @@ void AddCommItems(const CommSnapshot& comm, int index, FlightRecorderStates stat
 // Every communicator's items in the order the process enqueued them, numbered as FR numbers its
 // records: how many operations of the process came before, counted from each communicator's seq,
 // so that the same operation has the same number on every rank whose rings reach back as far.
-std::vector<Item> OrderedItems(const ProcessSnapshot& snapshot, FlightRecorderStates states) {
+std::vector<Item> OrderedItems(const ProcessSnapshot& snapshot, const CommMembers& members,
+                               FlightRecorderStates states) {
   std::vector<Item> items;
   for (std::size_t c = 0; c < snapshot.comms.size(); ++c) {
-    AddCommItems(snapshot.comms[c], static_cast<int>(c), states, items);
+    if (members.contains(snapshot.comms[c].id))
+      AddCommItems(snapshot.comms[c], static_cast<int>(c), states, items);
   }
   std::stable_sort(items.begin(), items.end(),
                    [](const Item& a, const Item& b) { return a.op->enqueue_ns < b.op->enqueue_ns; });
@@ -293,6 +297,7 @@ void WriteProcessGroups(PickleWriter& out, const ProcessSnapshot& snapshot, cons
   out.BeginDict();
   for (const CommSnapshot& comm : snapshot.comms) {
     const auto found = members.find(comm.id);
+    if (found == members.end()) continue;
     out.String(GroupName(comm.id));
     out.BeginDict();
     out.String("name");
@@ -300,13 +305,14 @@ void WriteProcessGroups(PickleWriter& out, const ProcessSnapshot& snapshot, cons
     out.String("desc");
     out.String(comm.id);
     out.String("ranks");
-    out.String(RanksText(found != members.end() ? found->second : std::vector<int>{}));
+    out.String(RanksText(found->second));
     out.EndDict();
   }
   out.EndDict();
   out.String("pg_status");
   out.BeginDict();
   for (std::size_t c = 0; c < snapshot.comms.size(); ++c) {
+    if (!members.contains(snapshot.comms[c].id)) continue;
     out.String(std::to_string(c));
     out.BeginDict();
     out.String("last_enqueued_collective");
@@ -351,7 +357,7 @@ std::string_view FlightRecorderDtype(std::string_view dtype) {
 
 std::string FlightRecorderDump(const ProcessSnapshot& snapshot, const CommMembers& members,
                                FlightRecorderStates states) {
-  std::vector<Item> items = OrderedItems(snapshot, states);
+  std::vector<Item> items = OrderedItems(snapshot, members, states);
   MarkFrames(snapshot, items);
   PickleWriter out;
   out.BeginDict();
@@ -371,6 +377,57 @@ std::string FlightRecorderDump(const ProcessSnapshot& snapshot, const CommMember
 int FlightRecorderRank(const ProcessView& process) {
   const int launcher = LauncherRank(process.facts);
   return launcher >= 0 ? launcher : process.snapshot.rank;
+}
+
+namespace {
+
+int LauncherWorldSize(const ProcessFacts& facts) {
+  for (const char* variable : {"WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"}) {
+    for (const auto& [name, value] : facts.launcher) {
+      if (name != variable) continue;
+      int size = 0;
+      for (char c : value) {
+        if (c < '0' || c > '9' || size > 100'000'000) return -1;
+        size = size * 10 + (c - '0');
+      }
+      return value.empty() ? -1 : size;
+    }
+  }
+  return -1;
+}
+
+}  // namespace
+
+CommMembers OwnCommMembers(const ProcessSnapshot& snapshot, const ProcessFacts& facts) {
+  const int rank = LauncherRank(facts) >= 0 ? LauncherRank(facts) : snapshot.rank;
+  const int world = LauncherWorldSize(facts);
+  CommMembers members;
+  if (rank < 0) return members;
+  for (const CommSnapshot& comm : snapshot.comms) {
+    if (comm.nranks == 1) {
+      members[comm.id] = {rank};
+    } else if (comm.nranks > 1 && comm.nranks == world && comm.rank == rank) {
+      std::vector<int>& ranks = members[comm.id];
+      for (int i = 0; i < comm.nranks; ++i) ranks.push_back(i);
+    }
+  }
+  return members;
+}
+
+absl::StatusOr<std::string> WriteOwnFlightRecorder(const std::string& directory,
+                                                   const ProcessSnapshot& snapshot,
+                                                   const ProcessFacts& facts) noexcept {
+  try {
+    const int rank = LauncherRank(facts) >= 0 ? LauncherRank(facts) : snapshot.rank;
+    if (rank < 0) return absl::FailedPreconditionError("no rank known to name the Flight Recorder file by");
+    const std::string contents =
+        FlightRecorderDump(snapshot, OwnCommMembers(snapshot, facts), FlightRecorderStates::kUntimed);
+    return WriteFileAtomically(directory, absl::StrCat(std::string(kFlightRecorderFilePrefix), rank),
+                               contents,
+                               /*durable=*/false);
+  } catch (const std::exception& error) {
+    return absl::InternalError(absl::StrCat("cannot write the Flight Recorder file: ", error.what()));
+  }
 }
 
 namespace {

@@ -12,6 +12,8 @@
 #include <string_view>
 #include <vector>
 
+#include "absl/status/statusor.h"
+#include "watchdog/report/facts.h"
 #include "watchdog/report/job_read.h"
 #include "watchdog/report/snapshot.h"
 
@@ -41,14 +43,28 @@ std::optional<std::string_view> FlightRecorderOpName(std::string_view op);
 // c10's name of a dtype ("float32" → "Float").
 std::string_view FlightRecorderDtype(std::string_view dtype);
 
-// The dump of one process: its communicators as process groups named by their ids, their
-// operations oldest first, each ncclGroupStart/End block on one communicator closed by a
-// "nccl:coalesced" entry.
+// The dump of one process: its communicators in `members` as process groups named by their ids,
+// their operations oldest first, each ncclGroupStart/End block on one communicator closed by a
+// "nccl:coalesced" entry. A communicator not in `members` is left out with its operations: FR's
+// analyzer needs every group's members, the same in every rank's file.
 std::string FlightRecorderDump(const ProcessSnapshot& snapshot, const CommMembers& members,
                                FlightRecorderStates states);
 
 // The rank a process's file is named by: the launcher's rank, else the best known.
 int FlightRecorderRank(const ProcessView& process);
+
+// What a process knows alone of its communicators' members, at dump time: a communicator of the
+// launcher's world size (WORLD_SIZE, OMPI_COMM_WORLD_SIZE, PMI_SIZE, SLURM_NTASKS) in which the
+// process's rank is its global rank spans the job (rank i is global rank i), and one of a single
+// rank is the process. The members of other communicators are known only from the whole job
+// (FlightRecorderFiles).
+CommMembers OwnCommMembers(const ProcessSnapshot& snapshot, const ProcessFacts& facts);
+
+// NCCLGUARD_FLIGHT_RECORDER_DIR at dump time: the process's file, <directory>/nccl_trace_rank_<rank>,
+// replaced atomically, with the communicators of OwnCommMembers. Never throws; the path written.
+absl::StatusOr<std::string> WriteOwnFlightRecorder(const std::string& directory,
+                                                   const ProcessSnapshot& snapshot,
+                                                   const ProcessFacts& facts) noexcept;
 
 struct FlightRecorderFile {
   int rank = -1;
