@@ -268,3 +268,41 @@ TEST_CASE("a rank that dies before its first status interval is named as dead, w
   CHECK(Contains(message, "rank 1 (pid " + std::to_string(pids.at(1)) + " on host "));
   CHECK(Contains(message, "completed AllReduce #31 and never entered #32"));
 }
+
+// NCCLGUARD_FLIGHT_RECORDER_DIR: each process's exit dump also leaves PyTorch's Flight Recorder
+// file, which python3 reads as PyTorch's analyzer does.
+TEST_CASE("with NCCLGUARD_FLIGHT_RECORDER_DIR every rank's dump leaves a Flight Recorder file",
+          "[exit][fr]") {
+  TemporaryDirectory dump_dir;
+  const std::string fr_dir = dump_dir.path() + "/fr";
+  const Run run = RunOnEmulator(dump_dir, {TRAIN_LOOP, "--ranks", "4", "--steps", "10", "--timeout", "30"},
+                                {{"NCCLGUARD_DUMP_ON_EXIT", "1"}, {"NCCLGUARD_FLIGHT_RECORDER_DIR", fr_dir}});
+  INFO(run.transcript);
+  REQUIRE(run.result.exit_code == 0);
+  const std::string script = R"py(
+import ast, json, os, pickle, sys
+result = {}
+for name in sorted(os.listdir(sys.argv[1])):
+    dump = pickle.load(open(os.path.join(sys.argv[1], name), "rb"))
+    result[name] = {"version": dump["version"],
+                    "members": [ast.literal_eval(g["ranks"]) for g in dump["pg_config"].values()],
+                    "last": [dump["entries"][-1]["profiling_name"], dump["entries"][-1]["state"]],
+                    "entries": len(dump["entries"])}
+print(json.dumps(result))
+)py";
+  ProcessOptions options;
+  options.timeout_seconds = 30;
+  const ProcessResult read = RunProcess({"python3", "-c", script, fr_dir}, options);
+  INFO(read.out << read.err);
+  REQUIRE(read.exit_code == 0);
+  const Json files = Json::parse(read.out);
+  REQUIRE(files.size() == 4);
+  for (int rank = 0; rank < 4; ++rank) {
+    const Json& file = files.at("nccl_trace_rank_" + std::to_string(rank));
+    CHECK(file.at("version") == "2.10");
+    CHECK(file.at("members") == Json::parse("[[0, 1, 2, 3]]"));
+    // The broadcast of the initial weights and ten AllReduces, all completed.
+    CHECK(file.at("entries") == 11);
+    CHECK(file.at("last") == Json::parse(R"(["nccl:all_reduce", "completed"])"));
+  }
+}

@@ -35,6 +35,7 @@
 #include "watchdog/recover/p2p_verdict.h"
 #include "watchdog/report/dump.h"
 #include "watchdog/report/facts.h"
+#include "watchdog/report/flight_recorder.h"
 #include "watchdog/report/job_board.h"
 #include "watchdog/report/job_dir.h"
 #include "watchdog/report/job_id.h"
@@ -57,8 +58,12 @@ std::string SystemEffects::WriteDump(const ProcessSnapshot& snapshot) {
   if (JobDir().empty()) return "";
   FactSources sources = RealFactSources();
   if (snapshot.reason == "exit") sources.cuda = [](const std::vector<int>&) { return CudaFacts{}; };
-  const DumpResult written =
-      ncclguard::WriteDump(JobDir(), snapshot, CollectProcessFacts(sources, Devices()));
+  const ProcessFacts facts = CollectProcessFacts(sources, Devices());
+  const DumpResult written = ncclguard::WriteDump(JobDir(), snapshot, facts);
+  if (const std::string& directory = GetConfig().flight_recorder_dir; !directory.empty()) {
+    // Failures are logged once by the file layer; the dump itself is what the job directory needs.
+    (void)WriteOwnFlightRecorder(directory, snapshot, facts);
+  }
   return written.ok() ? *written : "";
 }
 
