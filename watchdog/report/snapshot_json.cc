@@ -3,10 +3,10 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <initializer_list>
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -19,119 +19,99 @@
 #include "watchdog/report/facts.h"
 #include "watchdog/report/op_signature.h"
 #include "watchdog/report/snapshot.h"
+#include "watchdog/report/snapshot_fields.h"
 
 namespace ncclguard {
+
+std::string AsHex::Encode(std::uint64_t value) { return fmt::format("0x{:x}", value); }
+
+void AsHex::Decode(const std::string& wire, std::uint64_t& value) {
+  if (!absl::SimpleHexAtoi(wire, &value)) value = 0;
+}
+
+std::string AsNcclVersion::Encode(int code) { return NcclVersionText(code); }
+
+void AsNcclVersion::Decode(const std::string& wire, int& code) { code = NcclVersionCode(wire); }
+
+void AsStepWait::Decode(const std::string& wire, StepWait& wait) {
+  const std::optional<StepWait> named = StepWaitNamed(wire);
+  if (!named) throw std::runtime_error(absl::StrCat("unknown step wait '", wire, "'"));
+  wait = *named;
+}
+
 namespace {
 
 using Json = nlohmann::json;
 using OrderedJson = nlohmann::ordered_json;
 
-// Handles and streams are written as "0x…" strings: JSON numbers lose precision past 2^53.
-std::string Hex(std::uint64_t value) { return fmt::format("0x{:x}", value); }
-
-std::uint64_t ParseHex(const Json& value) {
-  std::uint64_t number = 0;
-  if (!absl::SimpleHexAtoi(value.get<std::string>(), &number)) return 0;
-  return number;
+// `record`'s fields of `fields` that a document of `set` carries, in the table's order.
+template <typename Record, typename Fields>
+void WriteFields(OrderedJson& json, const Record& record, const Fields& fields, FieldSet set) {
+  ForEachField(fields, [&](const auto& field) {
+    if ((field.in & set.written) != 0 && !field.Skipped(record))
+      json[field.name.data()] = field.Encode(record);
+  });
 }
 
-// Throws unless every key is present.
-void Require(const Json& json, std::initializer_list<const char*> keys) {
-  for (const char* key : keys) {
-    if (!json.is_object() || !json.contains(key))
-      throw std::runtime_error(absl::StrCat("key '", key, "' not found"));
-  }
+template <typename Record, typename Fields>
+OrderedJson Written(const Record& record, const Fields& fields, FieldSet set) {
+  OrderedJson json = OrderedJson::object();
+  WriteFields(json, record, fields, set);
+  return json;
 }
 
-// `field` = json[key] when present (nlohmann's type_error when of the wrong type); else unchanged.
-template <typename T>
-void ReadIfPresent(const Json& json, const char* key, T& field) {
-  if (const auto found = json.find(key); found != json.end()) found->get_to(field);
+template <typename Record, typename Fields>
+OrderedJson WrittenArray(const std::vector<Record>& records, const Fields& fields, FieldSet set) {
+  OrderedJson array = OrderedJson::array();
+  for (const Record& record : records) array.push_back(Written(record, fields, set));
+  return array;
 }
 
-// `full`'s values of `keys`, in that order.
-OrderedJson Pick(const OrderedJson& full, std::initializer_list<const char*> keys) {
-  OrderedJson picked = OrderedJson::object();
-  for (const char* key : keys) picked[key] = full.at(key);
-  return picked;
+// Reads the fields of `fields` that a document of `set` carries into `record`: those present
+// (nlohmann's type_error when of the wrong type); throws when a required one is absent.
+template <typename Record, typename Fields>
+void ReadFields(const Json& json, Record& record, const Fields& fields, FieldSet set) {
+  if (!json.is_object())
+    throw std::runtime_error(absl::StrCat("an object was expected, not ", json.type_name()));
+  ForEachField(fields, [&](const auto& field) {
+    if ((field.in & set.written) == 0) return;
+    const auto found = json.find(field.name.data());
+    if (found == json.end()) {
+      if ((field.in & set.required) != 0)
+        throw std::runtime_error(absl::StrCat("key '", field.name.data(), "' not found"));
+      return;
+    }
+    using Wire = typename std::decay_t<decltype(field)>::Wire;
+    field.Decode(found->template get<Wire>(), record);
+  });
 }
 
-// The ranks' range is checked before anything is sized by them.
-void ReadRanks(const Json& json, int& rank, int& nranks) {
-  json.at("rank").get_to(rank);
-  json.at("nranks").get_to(nranks);
-  CheckRanks(rank, nranks);
+template <typename Record, typename Fields>
+Record ReadRecord(const Json& json, const Fields& fields, FieldSet set) {
+  Record record;
+  ReadFields(json, record, fields, set);
+  return record;
 }
 
 OrderedJson ProfileJson(const std::vector<OpProfileSnapshot>& profile) {
   OrderedJson ops = OrderedJson::array();
   for (const OpProfileSnapshot& op : profile) {
-    OrderedJson channels = OrderedJson::array();
-    for (const ChannelSnapshot& channel : op.kernel_channels) {
-      channels.push_back(OrderedJson{{"channel", channel.channel},
-                                     {"stopped", channel.stopped},
-                                     {"gpu_start_ns", channel.gpu_start_ns},
-                                     {"gpu_stop_ns", channel.gpu_stop_ns}});
-    }
-    OrderedJson proxies = OrderedJson::array();
-    for (const ProxyOpSnapshot& proxy : op.proxy_ops) {
-      proxies.push_back(OrderedJson{{"channel", proxy.channel},
-                                    {"peer", proxy.peer},
-                                    {"direction", proxy.send ? "send" : "recv"},
-                                    {"steps", proxy.steps},
-                                    {"steps_done", proxy.steps_done},
-                                    {"stopped", proxy.stopped},
-                                    {"waiting_step", proxy.waiting_step},
-                                    {"waiting", StepWaitName(proxy.waiting)},
-                                    {"waiting_since_ns", proxy.waiting_since_ns}});
-    }
-    ops.push_back(OrderedJson{{"func", op.func},
-                              {"nccl_seq", op.nccl_seq},
-                              {"seq", op.seq},
-                              {"algo", op.algo},
-                              {"proto", op.proto},
-                              {"channels", op.channels},
-                              {"peer", op.peer},
-                              {"start_ns", op.start_ns},
-                              {"kernel_channels", std::move(channels)},
-                              {"proxy_ops", std::move(proxies)}});
+    OrderedJson entry = Written(op, kOpProfileFields, kInDump);
+    entry["kernel_channels"] = WrittenArray(op.kernel_channels, kChannelFields, kInDump);
+    entry["proxy_ops"] = WrittenArray(op.proxy_ops, kProxyOpFields, kInDump);
+    ops.push_back(std::move(entry));
   }
   return ops;
 }
 
-StepWait ReadStepWait(const std::string& name) {
-  const std::optional<StepWait> wait = StepWaitNamed(name);
-  if (!wait) throw std::runtime_error(absl::StrCat("unknown step wait '", name, "'"));
-  return *wait;
-}
-
 std::vector<OpProfileSnapshot> ReadProfile(const Json& json) {
   return ReadArray(json, [](const Json& entry) {
-    OpProfileSnapshot op;
-    entry.at("func").get_to(op.func);
-    entry.at("nccl_seq").get_to(op.nccl_seq);
-    entry.at("seq").get_to(op.seq);
-    entry.at("algo").get_to(op.algo);
-    entry.at("proto").get_to(op.proto);
-    entry.at("channels").get_to(op.channels);
-    entry.at("peer").get_to(op.peer);
-    entry.at("start_ns").get_to(op.start_ns);
+    auto op = ReadRecord<OpProfileSnapshot>(entry, kOpProfileFields, kInDump);
     op.kernel_channels = ReadArray(entry.at("kernel_channels"), [](const Json& channel) {
-      return ChannelSnapshot{.channel = channel.at("channel").get<int>(),
-                             .stopped = channel.at("stopped").get<bool>(),
-                             .gpu_start_ns = channel.at("gpu_start_ns").get<std::int64_t>(),
-                             .gpu_stop_ns = channel.at("gpu_stop_ns").get<std::int64_t>()};
+      return ReadRecord<ChannelSnapshot>(channel, kChannelFields, kInDump);
     });
     op.proxy_ops = ReadArray(entry.at("proxy_ops"), [](const Json& proxy) {
-      return ProxyOpSnapshot{.channel = proxy.at("channel").get<int>(),
-                             .peer = proxy.at("peer").get<int>(),
-                             .send = proxy.at("direction").get<std::string>() == "send",
-                             .steps = proxy.at("steps").get<int>(),
-                             .steps_done = proxy.at("steps_done").get<int>(),
-                             .stopped = proxy.at("stopped").get<bool>(),
-                             .waiting_step = proxy.at("waiting_step").get<int>(),
-                             .waiting = ReadStepWait(proxy.at("waiting").get<std::string>()),
-                             .waiting_since_ns = proxy.at("waiting_since_ns").get<std::int64_t>()};
+      return ReadRecord<ProxyOpSnapshot>(proxy, kProxyOpFields, kInDump);
     });
     return op;
   });
@@ -170,133 +150,58 @@ const Json& CheckedArray(const Json& json) {
 }
 // NOLINTEND(bugprone-return-const-ref-from-parameter)
 
-void to_json(OrderedJson& json, const OpSnapshot& op) {
-  json = OrderedJson{{"seq", op.seq},
-                     {"op", op.op},
-                     {"dtype", op.dtype},
-                     {"count", op.count},
-                     {"bytes", op.bytes},
-                     {"root", op.root},
-                     {"peer", op.peer},
-                     {"reduction", op.reduction},
-                     {"stream", Hex(op.stream)},
-                     {"group", op.group},
-                     {"host_thread", op.host_thread},
-                     {"enqueue_ns", op.enqueue_ns},
-                     {"start_ns", op.start_ns},
-                     {"end_ns", op.end_ns},
-                     {"gpu_ms", op.gpu_ms},
-                     {"result", op.result},
-                     {"state", op.state}};
-}
+void to_json(OrderedJson& json, const OpSnapshot& op) { json = Written(op, kOpFields, kInDump); }
 
 void from_json(const Json& json, OpSnapshot& op) {
-  ReadIfPresent(json, "seq", op.seq);
-  ReadIfPresent(json, "op", op.op);
-  ReadIfPresent(json, "dtype", op.dtype);
-  ReadIfPresent(json, "count", op.count);
-  ReadIfPresent(json, "bytes", op.bytes);
-  ReadIfPresent(json, "root", op.root);
-  ReadIfPresent(json, "peer", op.peer);
-  ReadIfPresent(json, "reduction", op.reduction);
-  if (const auto stream = json.find("stream"); stream != json.end()) op.stream = ParseHex(*stream);
-  ReadIfPresent(json, "group", op.group);
-  ReadIfPresent(json, "host_thread", op.host_thread);
-  ReadIfPresent(json, "enqueue_ns", op.enqueue_ns);
-  ReadIfPresent(json, "start_ns", op.start_ns);
-  ReadIfPresent(json, "end_ns", op.end_ns);
-  ReadIfPresent(json, "gpu_ms", op.gpu_ms);
-  ReadIfPresent(json, "result", op.result);
-  ReadIfPresent(json, "state", op.state);
+  ReadFields(json, op, kOpFields, FieldSet{.written = kInDump.written, .required = 0});
 }
 
 OrderedJson OpJson(const OpSnapshot& op, OpFields fields) {
-  OrderedJson all = op;
   switch (fields) {
     case OpFields::kAll:
-      return all;
+      break;
     case OpFields::kDescription:
-      return Pick(all, {"seq", "op", "dtype", "count", "bytes", "root", "peer", "reduction"});
-    case OpFields::kOutstanding:
-      // bytes and the times came first; the description after them was added later.
-      return Pick(all, {"seq", "op", "state", "bytes", "dtype", "count", "root", "peer", "reduction",
-                        "enqueue_ns", "start_ns"});
+      return Written(op, kOpFields, kInStatus);
+    case OpFields::kOutstanding: {
+      const OrderedJson all = Written(op, kOpFields, kInOutstanding);
+      OrderedJson picked = OrderedJson::object();
+      for (const std::string_view key : kOutstandingOrder) picked[key.data()] = all.at(key.data());
+      return picked;
+    }
   }
-  return all;
+  return Written(op, kOpFields, kInDump);
 }
 
 OpSnapshot ReadOp(const Json& json, OpFields fields) {
   switch (fields) {
     case OpFields::kAll:
-      Require(json, {"seq", "op", "dtype", "count", "bytes", "root", "peer", "reduction", "stream", "group",
-                     "host_thread", "enqueue_ns", "start_ns", "end_ns", "gpu_ms", "result", "state"});
       break;
     case OpFields::kDescription:
-      Require(json, {"seq", "op"});  // the rest was added to format version 1 later
-      break;
+      return ReadRecord<OpSnapshot>(json, kOpFields, kInStatus);
     case OpFields::kOutstanding:
-      Require(json, {"seq", "op", "state", "bytes", "enqueue_ns", "start_ns"});
-      break;
+      return ReadRecord<OpSnapshot>(json, kOpFields, kInOutstanding);
   }
-  return json.get<OpSnapshot>();
+  return ReadRecord<OpSnapshot>(json, kOpFields, kInDump);
 }
 
 OrderedJson CommJson(const CommSnapshot& comm, SnapshotDocument document) {
-  const bool dump = document == SnapshotDocument::kDump;
-  OrderedJson json{{"id", comm.id}};
-  if (dump) json["handle"] = Hex(comm.handle);
-  json["rank"] = comm.rank;
-  json["nranks"] = comm.nranks;
-  if (dump) {
-    json["device"] = comm.device;
-    json["created_by"] = comm.created_by;
-    json["parent_id"] = comm.parent_id;
-    json["library_path"] = comm.library_path;
-    json["nccl_version"] = NcclVersionText(comm.nccl_version);
-  }
-  json["state"] = comm.state;
-  if (!comm.timing.empty()) json["timing"] = comm.timing;
-  if (dump) {
-    json["init_start_ns"] = comm.init_start_ns;
-    json["init_end_ns"] = comm.init_end_ns;
-  } else {
-    json["last_enqueued"] = comm.last_enqueued;
-    json["last_started"] = comm.last_started;
-    json["last_completed"] = comm.last_completed;
-  }
-  json["async_error"] = comm.async_error;
-  if (dump) {
-    json["dropped"] = comm.dropped;
-    OrderedJson ops = OrderedJson::array();
-    for (const OpSnapshot& op : comm.ring) ops.push_back(op);
-    json["ops"] = std::move(ops);
+  if (document == SnapshotDocument::kDump) {
+    OrderedJson json = Written(comm, kCommFields, kInDump);
+    json["ops"] = WrittenArray(comm.ring, kOpFields, kInDump);
     json["profile"] = ProfileJson(comm.profile);
-  } else {
-    json["last_completed_op"] = LastCompletedJson(comm);
-    json["oldest_outstanding"] = OldestOutstandingJson(comm);
-    json["signatures"] = SignaturesJson(comm);
-    if (!comm.profile.empty()) json["profile"] = ProfileJson(comm.profile);
+    return json;
   }
+  OrderedJson json = Written(comm, kCommFields, kInStatus);
+  json["last_completed_op"] = LastCompletedJson(comm);
+  json["oldest_outstanding"] = OldestOutstandingJson(comm);
+  json["signatures"] = SignaturesJson(comm);
+  if (!comm.profile.empty()) json["profile"] = ProfileJson(comm.profile);
   return json;
 }
 
 CommSnapshot ReadComm(const Json& json) {
-  CommSnapshot comm;
-  json.at("id").get_to(comm.id);
-  ReadRanks(json, comm.rank, comm.nranks);
-  json.at("state").get_to(comm.state);
-  // Added to format version 2 later.
-  if (const auto timing = json.find("timing"); timing != json.end()) timing->get_to(comm.timing);
-  comm.handle = ParseHex(json.at("handle"));
-  json.at("device").get_to(comm.device);
-  json.at("created_by").get_to(comm.created_by);
-  json.at("parent_id").get_to(comm.parent_id);
-  json.at("library_path").get_to(comm.library_path);
-  comm.nccl_version = NcclVersionCode(json.at("nccl_version").get<std::string>());
-  json.at("init_start_ns").get_to(comm.init_start_ns);
-  json.at("init_end_ns").get_to(comm.init_end_ns);
-  json.at("async_error").get_to(comm.async_error);
-  json.at("dropped").get_to(comm.dropped);
+  auto comm = ReadRecord<CommSnapshot>(json, kCommFields, kInDump);
+  CheckRanks(comm.rank, comm.nranks);  // before anything is sized by them
   comm.ring = ReadArray(json.at("ops"), [](const Json& op) { return ReadOp(op, OpFields::kAll); });
   // Added to format version 2 later.
   if (const auto profile = json.find("profile"); profile != json.end()) comm.profile = ReadProfile(*profile);
@@ -308,79 +213,41 @@ void to_json(OrderedJson& json, const CommSnapshot& comm) { json = CommJson(comm
 void from_json(const Json& json, CommSnapshot& comm) { comm = ReadComm(json); }
 
 OrderedJson ProgressJson(const CommSnapshot& comm) {
-  return OrderedJson{{"comm_id", comm.id},
-                     {"rank", comm.rank},
-                     {"last_enqueued", comm.last_enqueued},
-                     {"last_started", comm.last_started},
-                     {"last_completed", comm.last_completed}};
+  OrderedJson json{{"comm_id", comm.id}, {"rank", comm.rank}};
+  WriteFields(json, comm, kCommFields, kInProgress);
+  return json;
 }
 
 void ReadProgress(const Json& json, std::vector<CommSnapshot>& comms) {
   const std::string id = json.at("comm_id").get<std::string>();
   const int rank = json.at("rank").get<int>();
   for (CommSnapshot& comm : comms) {
-    if (comm.id != id || comm.rank != rank) continue;
-    json.at("last_enqueued").get_to(comm.last_enqueued);
-    json.at("last_started").get_to(comm.last_started);
-    json.at("last_completed").get_to(comm.last_completed);
+    if (comm.id == id && comm.rank == rank) ReadFields(json, comm, kCommFields, kInProgress);
   }
 }
 
 OrderedJson StallJson(const StallSnapshot& stall, SnapshotDocument document) {
-  OrderedJson all = stall;
-  if (document == SnapshotDocument::kDump) return all;
-  return Pick(all, {"kind", "comm_id", "seq", "seconds", "verdict"});
+  return Written(stall, kStallFields, document == SnapshotDocument::kDump ? kInDump : kInStatus);
 }
 
-StallSnapshot ReadStall(const Json& json) {
-  Require(json, {"kind", "comm_id", "seq", "seconds", "message"});
-  // The verdict was added to format version 1 later.
-  return json.get<StallSnapshot>();
-}
+StallSnapshot ReadStall(const Json& json) { return ReadRecord<StallSnapshot>(json, kStallFields, kInDump); }
 
 void to_json(OrderedJson& json, const StallSnapshot& stall) {
-  json = OrderedJson{{"kind", stall.kind},
-                     {"comm_id", stall.comm_id},
-                     {"seq", stall.seq},
-                     {"seconds", stall.seconds},
-                     {"message", stall.message},
-                     {"verdict", stall.verdict},
-                     {"verdict_message", stall.verdict_message},
-                     {"skipped_dumps", stall.skipped_dumps}};
+  json = StallJson(stall, SnapshotDocument::kDump);
 }
 
-void from_json(const Json& json, StallSnapshot& stall) {
-  ReadIfPresent(json, "kind", stall.kind);
-  ReadIfPresent(json, "comm_id", stall.comm_id);
-  ReadIfPresent(json, "seq", stall.seq);
-  ReadIfPresent(json, "seconds", stall.seconds);
-  ReadIfPresent(json, "message", stall.message);
-  ReadIfPresent(json, "verdict", stall.verdict);
-  ReadIfPresent(json, "verdict_message", stall.verdict_message);
-  ReadIfPresent(json, "skipped_dumps", stall.skipped_dumps);
-}
+void from_json(const Json& json, StallSnapshot& stall) { stall = ReadStall(json); }
 
 void to_json(OrderedJson& json, const PendingInitSnapshot& init) {
-  json = OrderedJson{{"comm_id", init.comm_id}, {"api", init.api},           {"rank", init.rank},
-                     {"nranks", init.nranks},   {"start_ns", init.start_ns}, {"result", init.result}};
+  json = Written(init, kPendingInitFields, kInDump);
 }
 
 void from_json(const Json& json, PendingInitSnapshot& init) {
-  ReadRanks(json, init.rank, init.nranks);
-  json.at("comm_id").get_to(init.comm_id);
-  json.at("api").get_to(init.api);
-  json.at("start_ns").get_to(init.start_ns);
-  ReadIfPresent(json, "result", init.result);  // added to format version 2 later
+  ReadFields(json, init, kPendingInitFields, kInDump);
+  CheckRanks(init.rank, init.nranks);
 }
 
 namespace {
-
-// Frames' text is cut at this length: a C++ template's name can run to kilobytes.
-constexpr std::size_t kMaxFrameText = 512;
-
-std::string Cut(const std::string& text) {
-  return text.size() <= kMaxFrameText ? text : text.substr(0, kMaxFrameText) + "...";
-}
 
 // About what a frame takes in the document, for the dump's budget.
 std::size_t FrameBytes(const FrameSnapshot& frame) {
@@ -390,26 +257,12 @@ std::size_t FrameBytes(const FrameSnapshot& frame) {
 
 OrderedJson FramesJson(const std::vector<FrameSnapshot>& frames, bool native) {
   OrderedJson array = OrderedJson::array();
-  for (const FrameSnapshot& frame : frames) {
-    OrderedJson entry{{"function", Cut(frame.function)}, {"file", Cut(frame.file)}, {"line", frame.line}};
-    if (native) {
-      entry["module"] = Cut(frame.module);
-      entry["offset"] = Hex(frame.offset);
-    }
-    array.push_back(std::move(entry));
-  }
+  for (const FrameSnapshot& frame : frames)
+    array.push_back(Written(frame, kFrameFields, FieldSet{native ? kNativeFrame : kFrame, 0}));
   return array;
 }
 
-FrameSnapshot ReadFrame(const Json& json) {
-  FrameSnapshot frame;
-  ReadIfPresent(json, "function", frame.function);
-  ReadIfPresent(json, "file", frame.file);
-  ReadIfPresent(json, "line", frame.line);
-  ReadIfPresent(json, "module", frame.module);
-  if (const auto offset = json.find("offset"); offset != json.end()) frame.offset = ParseHex(*offset);
-  return frame;
-}
+FrameSnapshot ReadFrame(const Json& json) { return ReadRecord<FrameSnapshot>(json, kFrameFields, kInFrame); }
 
 }  // namespace
 
@@ -424,52 +277,23 @@ OrderedJson ThreadsJson(const ThreadsSnapshot& threads, std::size_t frame_budget
     const bool omitted = thread.frames_omitted || spent + bytes > frame_budget_bytes;
     if (!omitted) spent += bytes;
     static const std::vector<FrameSnapshot> kNone;
-    list.push_back(OrderedJson{{"tid", thread.tid},
-                               {"name", thread.name},
-                               {"state", thread.state},
-                               {"wchan", thread.wchan},
-                               {"syscall", thread.syscall},
-                               {"fd", thread.fd},
-                               {"fd_target", thread.fd_target},
-                               {"blocked_seconds", thread.blocked_seconds},
-                               {"native_missing", thread.native_missing},
-                               {"frames_omitted", omitted},
-                               {"python", FramesJson(omitted ? kNone : thread.python, false)},
-                               {"native", FramesJson(omitted ? kNone : thread.native, true)}});
+    OrderedJson entry = Written(thread, kThreadFields, kInDump);
+    entry["frames_omitted"] = omitted;
+    entry["python"] = FramesJson(omitted ? kNone : thread.python, false);
+    entry["native"] = FramesJson(omitted ? kNone : thread.native, true);
+    list.push_back(std::move(entry));
   }
-  return OrderedJson{{"time_ns", threads.time_ns},
-                     {"took_ms", threads.took_ms},
-                     {"total", threads.total},
-                     {"native_note", threads.native_note},
-                     {"symbols_note", threads.symbols_note},
-                     {"python_version", threads.python_version},
-                     {"python_note", threads.python_note},
-                     {"threads", std::move(list)}};
+  OrderedJson json = Written(threads, kThreadsFields, kInDump);
+  json["threads"] = std::move(list);
+  return json;
 }
 
 ThreadsSnapshot ReadThreads(const Json& json) {
-  Require(json, {"threads"});
-  ThreadsSnapshot threads;
-  ReadIfPresent(json, "time_ns", threads.time_ns);
-  ReadIfPresent(json, "took_ms", threads.took_ms);
-  ReadIfPresent(json, "total", threads.total);
-  ReadIfPresent(json, "native_note", threads.native_note);
-  ReadIfPresent(json, "symbols_note", threads.symbols_note);
-  ReadIfPresent(json, "python_version", threads.python_version);
-  ReadIfPresent(json, "python_note", threads.python_note);
+  auto threads = ReadRecord<ThreadsSnapshot>(json, kThreadsFields, kInDump);
   threads.threads = ReadArray(json.at("threads"), [](const Json& entry) {
-    Require(entry, {"tid"});
-    ThreadSnapshot thread;
-    entry.at("tid").get_to(thread.tid);
-    ReadIfPresent(entry, "name", thread.name);
-    ReadIfPresent(entry, "state", thread.state);
-    ReadIfPresent(entry, "wchan", thread.wchan);
-    ReadIfPresent(entry, "syscall", thread.syscall);
-    ReadIfPresent(entry, "fd", thread.fd);
-    ReadIfPresent(entry, "fd_target", thread.fd_target);
-    ReadIfPresent(entry, "blocked_seconds", thread.blocked_seconds);
-    ReadIfPresent(entry, "native_missing", thread.native_missing);
-    ReadIfPresent(entry, "frames_omitted", thread.frames_omitted);
+    auto thread = ReadRecord<ThreadSnapshot>(entry, kThreadFields, kInDump);
+    if (const auto omitted = entry.find("frames_omitted"); omitted != entry.end())
+      omitted->get_to(thread.frames_omitted);
     if (const auto python = entry.find("python"); python != entry.end())
       thread.python = ReadArray(*python, ReadFrame);
     if (const auto native = entry.find("native"); native != entry.end())

@@ -1,7 +1,7 @@
 // The JSON form of each snapshot type (snapshot.h), written into dumps and status files and read
-// back from dumps (docs/dump-format.md; statuses are read by status_reader.h). Each type is mapped once; a
-// status file carries less than a dump, which the writers and readers say with a SnapshotDocument or an
-// OpFields.
+// back from dumps (docs/dump-format.md; statuses are read by status_reader.h), made from each type's
+// table of fields (snapshot_fields.h). A status file carries less than a dump, which the writers and
+// readers say with a SnapshotDocument or an OpFields.
 //
 // Reading is for files ncclguard did not necessarily write: from_json checks the type of every
 // field it reads, sizes nothing by a number read from the file, and throws nlohmann::json's

@@ -6,7 +6,6 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
-#include <initializer_list>
 #include <limits>
 #include <optional>
 #include <stdexcept>
@@ -25,6 +24,7 @@
 #include "watchdog/report/job_dir.h"
 #include "watchdog/report/op_signature.h"
 #include "watchdog/report/snapshot.h"
+#include "watchdog/report/snapshot_fields.h"
 
 namespace ncclguard {
 namespace {
@@ -70,6 +70,8 @@ class Members {
     element value;
   };
   static constexpr std::size_t kMostMembers = 24;  // a status has 17, its communicators 14
+  // A communicator's own fields and its ops, profile and signatures.
+  static_assert(FieldCount(kCommFields, kInStatus) + 4 <= kMostMembers);
 
   object object_;
   std::array<Field, kMostMembers> fields_{};
@@ -85,11 +87,6 @@ element At(const Members& json, std::string_view key) {
   if (!value)
     throw std::runtime_error(absl::StrCat("key '", absl::string_view(key.data(), key.size()), "' not found"));
   return *value;
-}
-
-// Throws unless every key is present.
-void Require(const Members& json, std::initializer_list<std::string_view> keys) {
-  for (const std::string_view key : keys) At(json, key);
 }
 
 // `value` as a T; simdjson's exception when of another JSON type, ours when out of T's range.
@@ -133,23 +130,33 @@ auto ReadArray(element json, Read read) {
   return elements;
 }
 
-// The members a status shows of an operation: its description, and for one outstanding, its
-// state and times.
-OpSnapshot ReadOp(const Members& json) {
-  OpSnapshot op;
-  ReadIfPresent(json, "seq", op.seq);
-  ReadIfPresent(json, "op", op.op);
-  ReadIfPresent(json, "dtype", op.dtype);
-  ReadIfPresent(json, "count", op.count);
-  ReadIfPresent(json, "bytes", op.bytes);
-  ReadIfPresent(json, "root", op.root);
-  ReadIfPresent(json, "peer", op.peer);
-  ReadIfPresent(json, "reduction", op.reduction);
-  ReadIfPresent(json, "enqueue_ns", op.enqueue_ns);
-  ReadIfPresent(json, "start_ns", op.start_ns);
-  ReadIfPresent(json, "state", op.state);
-  return op;
+// Reads the fields of `fields` that a document of `set` carries into `record`: those present;
+// throws when a required one is absent.
+template <typename Record, typename Fields>
+void ReadFields(const Members& json, Record& record, const Fields& fields, FieldSet set) {
+  ForEachField(fields, [&](const auto& field) {
+    if ((field.in & set.written) == 0) return;
+    const std::optional<element> value = Find(json, field.name);
+    if (!value) {
+      if ((field.in & set.required) != 0) At(json, field.name);  // throws, naming it
+      return;
+    }
+    field.Decode(Read<typename std::decay_t<decltype(field)>::Wire>(*value), record);
+  });
 }
+
+template <typename Record, typename Fields>
+Record ReadRecord(const Members& json, const Fields& fields, FieldSet set) {
+  Record record;
+  ReadFields(json, record, fields, set);
+  return record;
+}
+
+// What a status shows of an operation: what was asked (seq and op required) in its
+// last_completed_op; what was asked, its state and times in its oldest_outstanding. Either is read
+// for the fields of both.
+constexpr FieldSet kInLastCompleted{kInStatus.written | kInOutstanding.written, kInStatus.required};
+constexpr FieldSet kInOldestOutstanding{kInStatus.written | kInOutstanding.written, kInOutstanding.required};
 
 // Signatures that cannot be read, or that do not end at #last_enqueued as written, are left out:
 // they only add evidence. Call after reading last_enqueued.
@@ -180,70 +187,32 @@ void ReadStatusOps(const Members& entry, CommSnapshot& comm) {
   // Added to format version 1 later: the last completed operation, for naming it.
   if (const std::optional<element> last = Find(entry, "last_completed_op"); last && !last->is_null()) {
     const Members members(*last);
-    Require(members, {"seq", "op"});  // the rest was added to format version 1 later
-    OpSnapshot op = ReadOp(members);
+    auto op = ReadRecord<OpSnapshot>(members, kOpFields, kInLastCompleted);
     op.state = "completed";
     comm.ring.push_back(std::move(op));
   }
   if (const element oldest = At(entry, "oldest_outstanding"); !oldest.is_null()) {
     const Members members(oldest);
-    Require(members, {"seq", "op", "state", "bytes", "enqueue_ns", "start_ns"});
-    comm.ring.push_back(ReadOp(members));
+    comm.ring.push_back(ReadRecord<OpSnapshot>(members, kOpFields, kInOldestOutstanding));
   }
-}
-
-StepWait ReadStepWait(std::string_view name) {
-  const std::optional<StepWait> wait = StepWaitNamed(name);
-  if (!wait) throw std::runtime_error("unknown step wait");
-  return *wait;
-}
-
-ProxyOpSnapshot ReadProxyOp(const Members& json) {
-  return ProxyOpSnapshot{.channel = ReadMember<int>(json, "channel"),
-                         .peer = ReadMember<int>(json, "peer"),
-                         .send = ReadMember<std::string>(json, "direction") == "send",
-                         .steps = ReadMember<int>(json, "steps"),
-                         .steps_done = ReadMember<int>(json, "steps_done"),
-                         .stopped = ReadMember<bool>(json, "stopped"),
-                         .waiting_step = ReadMember<int>(json, "waiting_step"),
-                         .waiting = ReadStepWait(At(json, "waiting").get_string().value()),
-                         .waiting_since_ns = ReadMember<std::int64_t>(json, "waiting_since_ns")};
 }
 
 // What NCCL's profiler told of the communicator's operations still running (added to format
 // version 1 later).
 OpProfileSnapshot ReadOpProfile(const Members& json) {
-  OpProfileSnapshot op;
-  op.func = ReadMember<std::string>(json, "func");
-  op.nccl_seq = ReadMember<std::uint64_t>(json, "nccl_seq");
-  op.seq = ReadMember<std::uint64_t>(json, "seq");
-  op.algo = ReadMember<std::string>(json, "algo");
-  op.proto = ReadMember<std::string>(json, "proto");
-  op.channels = ReadMember<int>(json, "channels");
-  op.peer = ReadMember<int>(json, "peer");
-  op.start_ns = ReadMember<std::int64_t>(json, "start_ns");
-  op.kernel_channels = ReadArray(At(json, "kernel_channels"), [](element entry) {
-    const Members channel(entry);
-    return ChannelSnapshot{.channel = ReadMember<int>(channel, "channel"),
-                           .stopped = ReadMember<bool>(channel, "stopped"),
-                           .gpu_start_ns = ReadMember<std::int64_t>(channel, "gpu_start_ns"),
-                           .gpu_stop_ns = ReadMember<std::int64_t>(channel, "gpu_stop_ns")};
+  auto op = ReadRecord<OpProfileSnapshot>(json, kOpProfileFields, kInStatus);
+  op.kernel_channels = ReadArray(At(json, "kernel_channels"), [](element channel) {
+    return ReadRecord<ChannelSnapshot>(channel, kChannelFields, kInStatus);
   });
-  op.proxy_ops = ReadArray(At(json, "proxy_ops"), [](element proxy) { return ReadProxyOp(proxy); });
+  op.proxy_ops = ReadArray(At(json, "proxy_ops"), [](element proxy) {
+    return ReadRecord<ProxyOpSnapshot>(proxy, kProxyOpFields, kInStatus);
+  });
   return op;
 }
 
 CommSnapshot ReadComm(const Members& json) {
-  CommSnapshot comm;
-  comm.id = ReadMember<std::string>(json, "id");
-  comm.rank = ReadMember<int>(json, "rank");
-  comm.nranks = ReadMember<int>(json, "nranks");
+  auto comm = ReadRecord<CommSnapshot>(json, kCommFields, kInStatus);
   CheckRanks(comm.rank, comm.nranks);
-  comm.state = ReadMember<std::string>(json, "state");
-  comm.last_enqueued = ReadMember<std::uint64_t>(json, "last_enqueued");
-  comm.last_started = ReadMember<std::uint64_t>(json, "last_started");
-  comm.last_completed = ReadMember<std::uint64_t>(json, "last_completed");
-  ReadIfPresent(json, "async_error", comm.async_error);
   ReadSignatures(json, comm);  // added to format version 1 later
   ReadStatusOps(json, comm);
   if (const std::optional<element> profile = Find(json, "profile")) {
@@ -252,28 +221,9 @@ CommSnapshot ReadComm(const Members& json) {
   return comm;
 }
 
-StallSnapshot ReadStall(const Members& json) {
-  Require(json, {"kind", "comm_id", "seq", "seconds"});  // the verdict was added later
-  StallSnapshot stall;
-  ReadIfPresent(json, "kind", stall.kind);
-  ReadIfPresent(json, "comm_id", stall.comm_id);
-  ReadIfPresent(json, "seq", stall.seq);
-  ReadIfPresent(json, "seconds", stall.seconds);
-  ReadIfPresent(json, "message", stall.message);
-  ReadIfPresent(json, "verdict", stall.verdict);
-  ReadIfPresent(json, "verdict_message", stall.verdict_message);
-  return stall;
-}
-
 PendingInitSnapshot ReadPendingInit(const Members& json) {
-  PendingInitSnapshot init;
-  init.rank = ReadMember<int>(json, "rank");
-  init.nranks = ReadMember<int>(json, "nranks");
+  auto init = ReadRecord<PendingInitSnapshot>(json, kPendingInitFields, kInStatus);
   CheckRanks(init.rank, init.nranks);
-  init.comm_id = ReadMember<std::string>(json, "comm_id");
-  init.api = ReadMember<std::string>(json, "api");
-  init.start_ns = ReadMember<std::int64_t>(json, "start_ns");
-  ReadIfPresent(json, "result", init.result);  // added to format version 2 later
   return init;
 }
 
@@ -352,7 +302,8 @@ PeerStatus ReadStatusDocument(const std::string& file, const std::string& conten
   snapshot.rank = ReadMember<int>(document, "rank");
   snapshot.time_ns = ReadMember<std::int64_t>(document, "time_ns");
   ReadIfPresent(document, "in_nccl_call", snapshot.in_nccl_call);
-  if (const element stall = At(document, "stall"); !stall.is_null()) snapshot.stall = ReadStall(stall);
+  if (const element stall = At(document, "stall"); !stall.is_null())
+    snapshot.stall = ReadRecord<StallSnapshot>(stall, kStallFields, kInStatus);
   snapshot.comms = ReadArray(At(document, "communicators"), [](element comm) { return ReadComm(comm); });
   // Added to format version 1 later: statuses written before may lack them.
   if (const std::optional<element> inits = Find(document, "pending_inits")) {
