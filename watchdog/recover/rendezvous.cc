@@ -37,6 +37,7 @@
 #include "watchdog/common/log.h"
 #include "watchdog/report/dump_reader.h"
 #include "watchdog/report/job_board.h"
+#include "watchdog/report/job_files.h"
 
 namespace ncclguard {
 namespace {
@@ -47,7 +48,6 @@ using Clock = std::chrono::steady_clock;
 constexpr char kVoteFormat[] = "ncclguard-recovery-vote";
 constexpr char kDecisionFormat[] = "ncclguard-recovery-decision";
 constexpr char kVotePrefix[] = "vote-";
-constexpr char kJsonSuffix[] = ".json";
 // A vote or a decision takes a few hundred bytes and its reason; a larger file is not one.
 constexpr std::size_t kMaxFileBytes = 64 << 10;
 constexpr std::size_t kMaxReasonBytes = 4000;

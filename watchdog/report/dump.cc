@@ -15,6 +15,7 @@
 #include "watchdog/common/files.h"
 #include "watchdog/common/version.h"
 #include "watchdog/report/facts.h"
+#include "watchdog/report/job_files.h"
 #include "watchdog/report/snapshot.h"
 #include "watchdog/report/snapshot_json.h"
 
@@ -77,7 +78,7 @@ std::string FormatDump(const ProcessSnapshot& snapshot, const ProcessFacts& fact
     progress.push_back(ProgressJson(comm));
   }
   const Json document{
-      {"format", "ncclguard-dump"},
+      {"format", kDumpFormat},
       {"format_version", kDumpFormatVersion},
       {"ncclguard_version", kVersion},
       {"nccl_version", NcclVersionText(BestNcclVersion(snapshot, facts))},
@@ -112,9 +113,9 @@ DumpResult WriteDump(const std::string& job_dir, const ProcessSnapshot& snapshot
   std::string content;
   try {
     const int rank = BestRank(snapshot, facts);
-    name = absl::StrCat("dump-", SafeFileName(facts.host), "-", facts.pid, "-",
+    name = absl::StrCat(kDumpPrefix, SafeFileName(facts.host), "-", facts.pid, "-",
                         rank >= 0 ? absl::StrCat(rank) : std::string("unranked"), "-",
-                        g_dump_counter.fetch_add(1) + 1, ".json");
+                        g_dump_counter.fetch_add(1) + 1, kJsonSuffix);
     content = FormatDump(snapshot, facts);
   } catch (...) {
     const std::string message = "cannot format the dump (out of memory)";

@@ -16,6 +16,7 @@
 #include "watchdog/common/exit_gate.h"
 #include "watchdog/report/dump.h"
 #include "watchdog/report/facts.h"
+#include "watchdog/report/job_files.h"
 #include "watchdog/report/snapshot.h"
 #include "watchdog/report/snapshot_json.h"
 
@@ -25,7 +26,7 @@ namespace {
 using Json = nlohmann::json;
 
 void CheckFormat(const Json& document) {
-  if (document.at("format").get<std::string>() != "ncclguard-dump") {
+  if (document.at("format").get<std::string>() != kDumpFormat) {
     throw std::runtime_error("not an ncclguard dump");
   }
   if (const int version = document.at("format_version").get<int>();

@@ -43,6 +43,7 @@
 #include "watchdog/report/dump.h"
 #include "watchdog/report/dump_reader.h"
 #include "watchdog/report/facts.h"
+#include "watchdog/report/job_files.h"
 #include "watchdog/report/op_signature.h"
 #include "watchdog/report/snapshot.h"
 #include "watchdog/report/snapshot_json.h"
@@ -54,8 +55,6 @@ namespace {
 using Json = nlohmann::ordered_json;
 
 constexpr char kGenerationFile[] = "generation";
-constexpr char kRequestPrefix[] = "dump-request-";
-constexpr char kStatusPrefix[] = "status-";
 constexpr size_t kMaxReadBytes = 1 << 20;    // a status file is a few KiB; anything bigger is not ours
 constexpr size_t kMaxGenerationBytes = 256;  // one request's name
 
@@ -95,7 +94,7 @@ Json StatusJson(const ProcessSnapshot& snapshot, const ProcessFacts& facts, std:
   }
   const std::int64_t time_ns = snapshot.time_ns != 0 ? snapshot.time_ns : WallNowNs();
   Json document{
-      {"format", "ncclguard-status"},
+      {"format", kStatusFormat},
       {"format_version", kStatusFormatVersion},
       {"host", facts.host},
       {"pid", facts.pid},
@@ -318,7 +317,7 @@ double StatusIntervalSeconds(double configured_seconds, int job_processes, doubl
 }
 
 std::string StatusName(const ProcessFacts& facts) {
-  return absl::StrCat(kStatusPrefix, SafeFileName(facts.host), "-", facts.pid, ".json");
+  return absl::StrCat(kStatusPrefix, SafeFileName(facts.host), "-", facts.pid, kJsonSuffix);
 }
 
 absl::StatusOr<std::string> FormatStatus(const ProcessSnapshot& snapshot, const ProcessFacts& facts,
@@ -334,7 +333,7 @@ absl::StatusOr<std::string> FormatStatus(const ProcessSnapshot& snapshot, const 
 
 absl::StatusOr<StatusFactsRecord> FormatStatusFacts(const ProcessFacts& facts) noexcept {
   try {
-    Json document{{"format", "ncclguard-status-facts"}, {"format_version", kStatusFormatVersion}};
+    Json document{{"format", kStatusFactsFormat}, {"format_version", kStatusFormatVersion}};
     AddFactsJson(facts, document);
     StatusFactsRecord record;
     record.content = document.dump(-1, ' ', false, Json::error_handler_t::replace);
@@ -398,7 +397,7 @@ absl::StatusOr<std::string> WriteStatus(const std::string& job_dir, const Proces
 
 StatusScan ReadStatusesAt(int directory_fd, std::chrono::steady_clock::time_point deadline) {
   StatusScan scan;
-  absl::StatusOr<std::vector<std::string>> names = ListNamesAt(directory_fd, kStatusPrefix, ".json");
+  absl::StatusOr<std::vector<std::string>> names = ListNamesAt(directory_fd, kStatusPrefix, kJsonSuffix);
   if (!names.ok()) {
     scan.problems.push_back(absl::StrCat("status files: ", names.status().message()));
     return scan;
@@ -444,7 +443,7 @@ absl::StatusOr<FormattedDumpRequest> FormatDumpRequest(const std::string& reques
     request.name =
         absl::StrCat(kRequestPrefix, SafeFileName(host), "-", pid, "-", g_request_counter.fetch_add(1) + 1);
     request.content = Json{
-        {"format", "ncclguard-dump-request"},
+        {"format", kRequestFormat},
         {"format_version", 1},
         {"requester", requester},
         {"host", host},

@@ -22,6 +22,7 @@
 #include "watchdog/report/dump_reader.h"
 #include "watchdog/report/job_board.h"
 #include "watchdog/report/job_dir.h"
+#include "watchdog/report/job_files.h"
 #include "watchdog/report/job_read.h"
 #include "watchdog/report/liveness.h"
 #include "watchdog/report/snapshot.h"
@@ -90,8 +91,8 @@ enum class Outcome : std::uint8_t {
 inline std::string_view WriterOf(const JobFile& file) {
   std::string_view name = file.name;
   const bool status = file.kind == JobFile::Kind::kStatus;
-  name.remove_prefix(status ? std::strlen("status-") : std::strlen("dump-"));
-  name.remove_suffix(std::strlen(".json"));
+  name.remove_prefix(status ? std::strlen(kStatusPrefix) : std::strlen(kDumpPrefix));
+  name.remove_suffix(std::strlen(kJsonSuffix));
   for (int part = 0; !status && part < 2; ++part)
     name = name.substr(0, std::min(name.rfind('-'), name.size()));
   return name;

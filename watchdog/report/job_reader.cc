@@ -39,6 +39,7 @@
 #include "watchdog/report/fetched_statuses.h"
 #include "watchdog/report/job_board.h"
 #include "watchdog/report/job_dir.h"
+#include "watchdog/report/job_files.h"
 #include "watchdog/report/job_merger.h"
 #include "watchdog/report/job_read.h"
 #include "watchdog/report/snapshot.h"
@@ -325,7 +326,7 @@ class EarlyDumpListing {
       thread_ = std::thread([this, directory_fd]() noexcept {
         MarkOwnThread();
         try {
-          names_ = ListNamesAt(directory_fd, "dump-", ".json");
+          names_ = ListNamesAt(directory_fd, kDumpPrefix, kJsonSuffix);
         } catch (...) {
           names_.reset();  // no memory: listed again when needed
         }
@@ -380,12 +381,12 @@ JobView ReadOpenJobDirectory(int directory_fd, const std::string& where, const s
     }
   }
   for (const auto& [prefix, kind] :
-       {std::pair{"status-", JobFile::Kind::kStatus}, std::pair{"dump-", JobFile::Kind::kDump}}) {
+       {std::pair{kStatusPrefix, JobFile::Kind::kStatus}, std::pair{kDumpPrefix, JobFile::Kind::kDump}}) {
     if (directory_fd < 0 || (kind == JobFile::Kind::kStatus && fetched_statuses != nullptr)) continue;
     std::optional<absl::StatusOr<std::vector<std::string>>> listed =
         kind == JobFile::Kind::kDump ? std::exchange(dump_names, std::nullopt) : std::nullopt;
     absl::StatusOr<std::vector<std::string>> names =
-        listed ? *std::move(listed) : ListNamesAt(directory_fd, prefix, ".json");
+        listed ? *std::move(listed) : ListNamesAt(directory_fd, prefix, kJsonSuffix);
     if (!names.ok()) {
       job.problems.push_back(absl::StrCat(kind == JobFile::Kind::kStatus ? "status files: " : "dumps: ",
                                           names.status().message()));

@@ -22,6 +22,7 @@
 #include "watchdog/report/dump_reader.h"
 #include "watchdog/report/facts.h"
 #include "watchdog/report/job_dir.h"
+#include "watchdog/report/job_files.h"
 #include "watchdog/report/op_signature.h"
 #include "watchdog/report/snapshot.h"
 #include "watchdog/report/snapshot_fields.h"
@@ -285,13 +286,13 @@ Members ParseDocument(const std::string& content, std::string_view format, const
 void ReadStatusFactsDocument(const std::string& content, ProcessFacts& facts) {
   const ExitPass pass;
   if (!pass.open()) throw std::runtime_error(kExiting);
-  ReadFacts(ParseDocument(content, "ncclguard-status-facts", "facts record"), facts);
+  ReadFacts(ParseDocument(content, kStatusFactsFormat, "facts record"), facts);
 }
 
 PeerStatus ReadStatusDocument(const std::string& file, const std::string& content) {
   const ExitPass pass;
   if (!pass.open()) throw std::runtime_error(kExiting);
-  const Members document(ParseDocument(content, "ncclguard-status", "status file"));
+  const Members document(ParseDocument(content, kStatusFormat, "status file"));
   PeerStatus status;
   status.file = file;
   status.host = ReadMember<std::string>(document, "host");
