@@ -15,8 +15,10 @@
 #include "watchdog/common/files.h"
 #include "watchdog/common/version.h"
 #include "watchdog/report/facts.h"
+#include "watchdog/report/fields_json.h"
 #include "watchdog/report/job_files.h"
 #include "watchdog/report/snapshot.h"
+#include "watchdog/report/snapshot_fields.h"
 #include "watchdog/report/snapshot_json.h"
 
 namespace ncclguard {
@@ -47,26 +49,9 @@ nlohmann::ordered_json VariablesJson(const EnvironmentVariables& variables) {
 }
 
 nlohmann::ordered_json SystemFactsJson(const ProcessFacts& facts, bool with_memory) {
-  Json gpus = Json::array();
-  for (const GpuFacts& gpu : facts.cuda.gpus) {
-    Json entry{{"device", gpu.device}, {"name", gpu.name}, {"pci_bus_id", gpu.pci_bus_id}};
-    if (with_memory) {
-      entry["memory_free_bytes"] = gpu.memory_free_bytes;
-      entry["memory_total_bytes"] = gpu.memory_total_bytes;
-    }
-    gpus.push_back(std::move(entry));
-  }
-  Json system{{"kernel_release", facts.kernel_release},
-              {"driver_version", facts.driver_version},
-              {"cuda_driver_version", facts.cuda.driver_version},
-              {"gpu_count", facts.cuda.device_count},
-              {"host_gpus", facts.host_gpu_names},
-              {"peer_access", facts.cuda.peer_access}};
-  if (with_memory) {
-    system["host_memory_total_bytes"] = facts.host_memory_total_bytes;
-    system["host_memory_available_bytes"] = facts.host_memory_available_bytes;
-  }
-  system["gpus"] = std::move(gpus);
+  const FieldSet set = with_memory ? kInDump : kInStatus;
+  Json system = Written(facts, kSystemFields, set);
+  system["gpus"] = WrittenArray(facts.cuda.gpus, kGpuFields, set);
   return system;
 }
 

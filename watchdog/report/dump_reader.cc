@@ -16,8 +16,10 @@
 #include "watchdog/common/exit_gate.h"
 #include "watchdog/report/dump.h"
 #include "watchdog/report/facts.h"
+#include "watchdog/report/fields_json.h"
 #include "watchdog/report/job_files.h"
 #include "watchdog/report/snapshot.h"
+#include "watchdog/report/snapshot_fields.h"
 #include "watchdog/report/snapshot_json.h"
 
 namespace ncclguard {
@@ -210,24 +212,9 @@ EnvironmentVariables ParseVariables(const nlohmann::json& object) {
 }
 
 void ParseSystemFacts(const nlohmann::json& system, ProcessFacts& facts) {
-  // Memory figures are in dumps only (dump.h).
-  facts.kernel_release = system.at("kernel_release").get<std::string>();
-  facts.driver_version = system.at("driver_version").get<std::string>();
-  facts.cuda.driver_version = system.at("cuda_driver_version").get<int>();
-  // Added after format version 1 was first written: absent in older dumps.
-  facts.cuda.device_count = system.value("gpu_count", -1);
-  facts.host_gpu_names = system.value("host_gpus", std::vector<std::string>());
-  facts.cuda.peer_access = system.value("peer_access", std::vector<std::vector<int>>());
-  facts.host_memory_total_bytes = system.value("host_memory_total_bytes", std::int64_t{-1});
-  facts.host_memory_available_bytes = system.value("host_memory_available_bytes", std::int64_t{-1});
-  for (const Json& gpu : CheckedArray(system.at("gpus"))) {
-    facts.cuda.gpus.push_back(
-        GpuFacts{.device = gpu.at("device").get<int>(),
-                 .name = gpu.at("name").get<std::string>(),
-                 .pci_bus_id = gpu.at("pci_bus_id").get<std::string>(),
-                 .memory_free_bytes = gpu.value("memory_free_bytes", std::int64_t{-1}),
-                 .memory_total_bytes = gpu.value("memory_total_bytes", std::int64_t{-1})});
-  }
+  ReadFields(system, facts, kSystemFields, kInDump);
+  facts.cuda.gpus = ReadArray(system.at("gpus"),
+                              [](const Json& gpu) { return ReadRecord<GpuFacts>(gpu, kGpuFields, kInDump); });
 }
 
 absl::StatusOr<ParsedDump> ParseDump(const std::string& content) noexcept {

@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <tuple>
@@ -14,6 +15,7 @@
 #include <utility>
 
 #include "watchdog/common/profile_events.h"
+#include "watchdog/report/facts.h"
 #include "watchdog/report/snapshot.h"
 
 namespace ncclguard {
@@ -104,25 +106,35 @@ struct AsCutText {
   static void Decode(std::string wire, std::string& text) { text = std::move(wire); }
 };
 
-template <typename Record, typename T, typename Codec>
+// One field: `access` is the member pointer, or a function that returns the member of a member.
+template <typename Record, typename T, typename Codec, typename Access>
 struct Field {
-  using Value = T;
   using Wire = typename Codec::template Wire<T>;
   std::string_view name;  // a literal's: name.data() ends with '\0'
-  T Record::*member;
+  Access access;
   unsigned in;
 
-  decltype(auto) Encode(const Record& record) const { return Codec::Encode(record.*member); }
-  void Decode(Wire wire, Record& record) const { Codec::Decode(std::move(wire), record.*member); }
+  decltype(auto) Encode(const Record& record) const { return Codec::Encode(std::invoke(access, record)); }
+  void Decode(Wire wire, Record& record) const {
+    Codec::Decode(std::move(wire), std::invoke(access, record));
+  }
   bool Skipped(const Record& record) const {
-    if constexpr (std::is_same_v<T, std::string>) return (in & kUnlessEmpty) != 0 && (record.*member).empty();
+    if constexpr (std::is_same_v<T, std::string>)
+      return (in & kUnlessEmpty) != 0 && std::invoke(access, record).empty();
     return false;
   }
 };
 
 template <typename Record, typename T, typename Codec = AsIs>
-constexpr Field<Record, T, Codec> Mapped(std::string_view name, T Record::*member, unsigned in, Codec = {}) {
-  return {name, member, in};
+constexpr auto Mapped(std::string_view name, T Record::*member, unsigned in, Codec = {}) {
+  return Field<Record, T, Codec, T Record::*>{name, member, in};
+}
+
+// A member of a member: `access` takes the record (const or not) and returns a reference to it.
+template <typename Record, typename Codec = AsIs, typename Access>
+constexpr auto MappedVia(std::string_view name, Access access, unsigned in, Codec = {}) {
+  using T = std::remove_cvref_t<decltype(access(std::declval<Record&>()))>;
+  return Field<Record, T, Codec, Access>{name, access, in};
 }
 
 // visit(field) for each field of `fields` in order.
@@ -260,6 +272,31 @@ inline constexpr auto kFrameFields =
                     Mapped("line", &FrameSnapshot::line, kFrame | kNativeFrame),
                     Mapped("module", &FrameSnapshot::module, kNativeFrame, AsCutText{}),
                     Mapped("offset", &FrameSnapshot::offset, kNativeFrame, AsHex{}));
+
+// The system facts of a dump and of a status (or its facts record); the memory figures change
+// while the process runs and are in dumps only. Its GPUs follow by hand.
+inline constexpr auto kSystemFields = std::make_tuple(
+    Mapped("kernel_release", &ProcessFacts::kernel_release, kDump | kStatus),
+    Mapped("driver_version", &ProcessFacts::driver_version, kDump | kStatus),
+    MappedVia<ProcessFacts>(
+        "cuda_driver_version", [](auto& facts) -> auto& { return facts.cuda.driver_version; },
+        kDump | kStatus),
+    // Added after format version 1 was first written: absent in older documents.
+    MappedVia<ProcessFacts>(
+        "gpu_count", [](auto& facts) -> auto& { return facts.cuda.device_count; },
+        kDumpOptional | kStatusOptional),
+    Mapped("host_gpus", &ProcessFacts::host_gpu_names, kDumpOptional | kStatusOptional),
+    MappedVia<ProcessFacts>(
+        "peer_access", [](auto& facts) -> auto& { return facts.cuda.peer_access; },
+        kDumpOptional | kStatusOptional),
+    Mapped("host_memory_total_bytes", &ProcessFacts::host_memory_total_bytes, kDumpOptional),
+    Mapped("host_memory_available_bytes", &ProcessFacts::host_memory_available_bytes, kDumpOptional));
+
+inline constexpr auto kGpuFields = std::make_tuple(
+    Mapped("device", &GpuFacts::device, kDump | kStatus), Mapped("name", &GpuFacts::name, kDump | kStatus),
+    Mapped("pci_bus_id", &GpuFacts::pci_bus_id, kDump | kStatus),
+    Mapped("memory_free_bytes", &GpuFacts::memory_free_bytes, kDumpOptional),
+    Mapped("memory_total_bytes", &GpuFacts::memory_total_bytes, kDumpOptional));
 
 namespace fields_detail {
 constexpr bool OutstandingOrderMatches() {

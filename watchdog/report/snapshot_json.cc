@@ -17,6 +17,7 @@
 #include "watchdog/common/profile_events.h"
 #include "watchdog/report/dump_reader.h"
 #include "watchdog/report/facts.h"
+#include "watchdog/report/fields_json.h"
 #include "watchdog/report/op_signature.h"
 #include "watchdog/report/snapshot.h"
 #include "watchdog/report/snapshot_fields.h"
@@ -43,55 +44,6 @@ namespace {
 
 using Json = nlohmann::json;
 using OrderedJson = nlohmann::ordered_json;
-
-// `record`'s fields of `fields` that a document of `set` carries, in the table's order.
-template <typename Record, typename Fields>
-void WriteFields(OrderedJson& json, const Record& record, const Fields& fields, FieldSet set) {
-  ForEachField(fields, [&](const auto& field) {
-    if ((field.in & set.written) != 0 && !field.Skipped(record))
-      json[field.name.data()] = field.Encode(record);
-  });
-}
-
-template <typename Record, typename Fields>
-OrderedJson Written(const Record& record, const Fields& fields, FieldSet set) {
-  OrderedJson json = OrderedJson::object();
-  WriteFields(json, record, fields, set);
-  return json;
-}
-
-template <typename Record, typename Fields>
-OrderedJson WrittenArray(const std::vector<Record>& records, const Fields& fields, FieldSet set) {
-  OrderedJson array = OrderedJson::array();
-  for (const Record& record : records) array.push_back(Written(record, fields, set));
-  return array;
-}
-
-// Reads the fields of `fields` that a document of `set` carries into `record`: those present
-// (nlohmann's type_error when of the wrong type); throws when a required one is absent.
-template <typename Record, typename Fields>
-void ReadFields(const Json& json, Record& record, const Fields& fields, FieldSet set) {
-  if (!json.is_object())
-    throw std::runtime_error(absl::StrCat("an object was expected, not ", json.type_name()));
-  ForEachField(fields, [&](const auto& field) {
-    if ((field.in & set.written) == 0) return;
-    const auto found = json.find(field.name.data());
-    if (found == json.end()) {
-      if ((field.in & set.required) != 0)
-        throw std::runtime_error(absl::StrCat("key '", field.name.data(), "' not found"));
-      return;
-    }
-    using Wire = typename std::decay_t<decltype(field)>::Wire;
-    field.Decode(found->template get<Wire>(), record);
-  });
-}
-
-template <typename Record, typename Fields>
-Record ReadRecord(const Json& json, const Fields& fields, FieldSet set) {
-  Record record;
-  ReadFields(json, record, fields, set);
-  return record;
-}
 
 OrderedJson ProfileJson(const std::vector<OpProfileSnapshot>& profile) {
   OrderedJson ops = OrderedJson::array();

@@ -90,13 +90,29 @@ element At(const Members& json, std::string_view key) {
   return *value;
 }
 
-// `value` as a T; simdjson's exception when of another JSON type, ours when out of T's range.
+template <typename Read>
+auto ReadArray(element json, Read read) {
+  std::vector<decltype(read(json))> elements;
+  const simdjson::dom::array items = json.get_array().value();
+  for (const element item : items) elements.push_back(read(item));
+  return elements;
+}
+
+template <typename T>
+struct IsVector : std::false_type {};
+template <typename T>
+struct IsVector<std::vector<T>> : std::true_type {};
+
+// `value` as a T (a vector: an array of them); simdjson's exception when of another JSON type, ours when out
+// of T's range.
 template <typename T>
 T Read(element value) {
   if constexpr (std::is_same_v<T, std::string>) {
     return std::string(value.get_string().value());
   } else if constexpr (std::is_same_v<T, bool>) {
     return value.get_bool().value();
+  } else if constexpr (IsVector<T>::value) {
+    return ReadArray(value, Read<typename T::value_type>);
   } else if constexpr (std::is_floating_point_v<T>) {
     return value.get_double().value();
   } else if constexpr (std::is_signed_v<T>) {
@@ -121,14 +137,6 @@ T ReadMember(const Members& json, std::string_view key) {
 template <typename T>
 void ReadIfPresent(const Members& json, std::string_view key, T& field) {
   if (const std::optional<element> value = Find(json, key)) field = Read<T>(*value);
-}
-
-template <typename Read>
-auto ReadArray(element json, Read read) {
-  std::vector<decltype(read(json))> elements;
-  const simdjson::dom::array items = json.get_array().value();
-  for (const element item : items) elements.push_back(read(item));
-  return elements;
 }
 
 // Reads the fields of `fields` that a document of `set` carries into `record`: those present;
@@ -231,22 +239,9 @@ PendingInitSnapshot ReadPendingInit(const Members& json) {
 // The system facts a status shows: those of a dump without its memory figures (dump_reader.h's
 // ParseSystemFacts reads a dump's).
 void ReadSystemFacts(const Members& system, ProcessFacts& facts) {
-  facts.kernel_release = ReadMember<std::string>(system, "kernel_release");
-  facts.driver_version = ReadMember<std::string>(system, "driver_version");
-  facts.cuda.driver_version = ReadMember<int>(system, "cuda_driver_version");
-  ReadIfPresent(system, "gpu_count", facts.cuda.device_count);
-  if (const std::optional<element> names = Find(system, "host_gpus")) {
-    facts.host_gpu_names = ReadArray(*names, Read<std::string>);
-  }
-  if (const std::optional<element> access = Find(system, "peer_access")) {
-    facts.cuda.peer_access = ReadArray(*access, [](element row) { return ReadArray(row, Read<int>); });
-  }
-  facts.cuda.gpus = ReadArray(At(system, "gpus"), [](element gpu) {
-    const Members members(gpu);
-    return GpuFacts{.device = ReadMember<int>(members, "device"),
-                    .name = ReadMember<std::string>(members, "name"),
-                    .pci_bus_id = ReadMember<std::string>(members, "pci_bus_id")};
-  });
+  ReadFields(system, facts, kSystemFields, kInStatus);
+  facts.cuda.gpus = ReadArray(At(system, "gpus"),
+                              [](element gpu) { return ReadRecord<GpuFacts>(gpu, kGpuFields, kInStatus); });
 }
 
 // What a process that has not dumped shows of itself: the facts that the classifier's P2P
