@@ -421,14 +421,17 @@ void AddAnalyzeCommand(CLI::App& app, std::function<int()>& run) {
                     "does with TORCH_NCCL_ENABLE_TIMING=1 (default: \"scheduled\", as without it)");
   analyze
       ->add_option("--deadline", options->deadline_seconds,
-                   "How long reading the directory may take (default: 10); what is not read by then is left "
-                   "out, and the verdicts say so")
+                   absl::StrCat("How long reading the directory may take (default: ",
+                                std::chrono::duration<double>(kReadDeadline).count(),
+                                "); what is not read by then is left out, and the verdicts say so"))
       ->type_name("SECONDS")
       ->check(SecondsValidator("--deadline", SettingRange{.least = 0.001, .greatest = 3600}));
   analyze
-      ->add_option("--status-interval", options->status_interval_seconds,
-                   "The job's NCCLGUARD_STATUS_INTERVAL (default: 2, stretched as the job did for its size); "
-                   "a status file older than three intervals is stale")
+      ->add_option(
+          "--status-interval", options->status_interval_seconds,
+          absl::StrCat("The job's NCCLGUARD_STATUS_INTERVAL (default: ", DefaultStatusIntervalSeconds(),
+                       ", stretched as the job did for its size); a status file older than ", kStaleIntervals,
+                       " intervals is stale"))
       ->type_name("SECONDS")
       ->check(StatusIntervalValidator());
   analyze->callback([options, &run] { run = [options] { return Analyze(*options); }; });
