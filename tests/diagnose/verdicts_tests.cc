@@ -593,6 +593,13 @@ TEST_CASE("the JSON of the verdicts carries every field", "[verdicts]") {
   CHECK(document["processes"][1]["liveness"] == "gone");
   CHECK(document["processes"][1]["pid"] == 1001);
   CHECK(VerdictsToJson(Job({}), Classify(Job({})))["healthy"] == false);
+  // An operation in the evidence: what was asked, its state and times.
+  const nlohmann::json& op = document["verdicts"][0]["evidence"].at("op");
+  std::vector<std::string> keys;
+  for (const auto& [key, value] : op.items()) keys.push_back(key);
+  CHECK(keys == std::vector<std::string>{"bytes", "count", "dtype", "enqueue_ns", "op", "peer", "reduction",
+                                         "root", "seq", "start_ns", "state"});
+  CHECK(op["seq"] == 32);
 }
 
 // --- a stalled rank, whatever its peers did ---------------------------------------------------

@@ -19,7 +19,9 @@
 #include "watchdog/diagnose/op_states.h"
 #include "watchdog/diagnose/rules.h"
 #include "watchdog/diagnose/verdicts.h"
+#include "watchdog/report/fields_json.h"
 #include "watchdog/report/snapshot.h"
+#include "watchdog/report/snapshot_fields.h"
 
 namespace ncclguard::classifier {
 namespace {
@@ -78,12 +80,8 @@ std::string DescribeOp(const OpSnapshot* op, std::uint64_t seq) {
 }
 
 Json OpJson(const OpSnapshot& op) {
-  return Json{{"seq", op.seq},          {"op", op.op},
-              {"dtype", op.dtype},      {"count", op.count},
-              {"bytes", op.bytes},      {"root", op.root},
-              {"peer", op.peer},        {"reduction", op.reduction},
-              {"state", op.state},      {"enqueue_ns", op.enqueue_ns},
-              {"start_ns", op.start_ns}};
+  // What a status shows of an outstanding operation: what was asked, its state and times.
+  return Written<Json>(op, kOpFields, kInOutstanding);
 }
 
 const OpSnapshot* FindOp(const CommSnapshot& comm, std::uint64_t seq) {

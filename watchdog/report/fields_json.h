@@ -14,17 +14,17 @@
 namespace ncclguard {
 
 // `record`'s fields of `fields` that a document of `set` carries, in the table's order.
-template <typename Record, typename Fields>
-void WriteFields(nlohmann::ordered_json& json, const Record& record, const Fields& fields, FieldSet set) {
+template <typename JsonType, typename Record, typename Fields>
+void WriteFields(JsonType& json, const Record& record, const Fields& fields, FieldSet set) {
   ForEachField(fields, [&](const auto& field) {
     if ((field.in & set.written) != 0 && !field.Skipped(record))
       json[field.name.data()] = field.Encode(record);
   });
 }
 
-template <typename Record, typename Fields>
-nlohmann::ordered_json Written(const Record& record, const Fields& fields, FieldSet set) {
-  nlohmann::ordered_json json = nlohmann::ordered_json::object();
+template <typename JsonType = nlohmann::ordered_json, typename Record, typename Fields>
+JsonType Written(const Record& record, const Fields& fields, FieldSet set) {
+  JsonType json = JsonType::object();
   WriteFields(json, record, fields, set);
   return json;
 }
