@@ -48,6 +48,7 @@
 #include "watchdog/report/flight_recorder.h"
 #include "watchdog/report/job_board.h"
 #include "watchdog/report/job_dir.h"
+#include "watchdog/report/job_read.h"
 #include "watchdog/report/snapshot.h"
 
 namespace ncclguard {

@@ -15,11 +15,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "watchdog/common/ranks.h"
-#include "watchdog/diagnose/job_view.h"
 #include "watchdog/diagnose/op_states.h"
 #include "watchdog/diagnose/rules.h"
 #include "watchdog/diagnose/verdicts.h"
 #include "watchdog/report/fields_json.h"
+#include "watchdog/report/job_read.h"
 #include "watchdog/report/snapshot.h"
 #include "watchdog/report/snapshot_fields.h"
 

@@ -32,6 +32,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
+#include "watchdog/common/bounded_threads.h"
 #include "watchdog/common/clock.h"
 #include "watchdog/common/files.h"
 #include "watchdog/common/log.h"

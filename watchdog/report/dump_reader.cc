@@ -1,7 +1,6 @@
 #include "watchdog/report/dump_reader.h"
 
 #include <cstddef>
-#include <cstdint>
 #include <exception>
 #include <stdexcept>
 #include <string>

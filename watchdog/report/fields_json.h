@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "watchdog/report/snapshot_fields.h"
 
 namespace ncclguard {
@@ -47,7 +48,8 @@ void ReadFields(const nlohmann::json& json, Record& record, const Fields& fields
     const auto found = json.find(field.name.data());
     if (found == json.end()) {
       if ((field.in & set.required) != 0)
-        throw std::runtime_error(absl::StrCat("key '", field.name.data(), "' not found"));
+        throw std::runtime_error(
+            absl::StrCat("key '", absl::string_view(field.name.data(), field.name.size()), "' not found"));
       return;
     }
     using Wire = typename std::decay_t<decltype(field)>::Wire;

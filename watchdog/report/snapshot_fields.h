@@ -54,7 +54,8 @@ struct AsIs {
   using Wire = T;
   template <typename T>
   static const T& Encode(const T& value) {
-    return value;
+    return value;  // NOLINT(bugprone-return-const-ref-from-parameter): a record's member, which outlives the
+                   // call
   }
   template <typename T>
   static void Decode(T wire, T& value) {
@@ -115,7 +116,7 @@ struct Field {
   unsigned in;
 
   decltype(auto) Encode(const Record& record) const { return Codec::Encode(std::invoke(access, record)); }
-  void Decode(Wire wire, Record& record) const {
+  void Decode(Wire&& wire, Record& record) const {
     Codec::Decode(std::move(wire), std::invoke(access, record));
   }
   bool Skipped(const Record& record) const {
