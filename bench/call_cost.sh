@@ -9,7 +9,10 @@
 # driving two GPUs (a group of two AllReduces per step, timed by NCCL's profiler at the defaults).
 # Each runs with N = 2,000 and 6,000, without ncclguard, with it at the defaults and with
 # NCCLGUARD_PROFILER=0 (CUDA events). Per collective: the difference of the two runs over the
-# extra collectives, the same difference without ncclguard subtracted.
+# extra collectives, the same difference without ncclguard subtracted; and, of that, ncclguard's
+# own: the instructions of libncclguard.so and its core, and of what they call outside NCCL (libc,
+# the loader, the driver), wherever on the thread they run (NCCL calls its profiler callbacks).
+# The rest is NCCL's: the real calls, and NCCL's own work for a loaded profiler plugin.
 # Only the main thread is counted (callgrind --separate-threads); the watchdog's and NCCL's own
 # threads are not the application's. --smoke runs N = 20 and 60 and only checks that every figure
 # is printed. Exit status 77 (skipped) where valgrind is not installed.
@@ -62,9 +65,15 @@ def name(kind, text):
     return table.get(m.group(1), "?")
 ob = callee_ob = callee_fn = ""
 total = 0
+own = 0  # ncclguard's code, and what it calls outside ncclguard and NCCL (libc, the loader, libcuda)
+in_call = False
 calls = collections.Counter()
 def is_driver(obj):
     return os.path.basename(obj).startswith("libcuda.so")
+def is_ours(obj):
+    return os.path.basename(obj).startswith("libncclguard")
+def is_nccl(obj):
+    return os.path.basename(obj).startswith("libnccl.so")
 with open(sys.argv[1]) as f:
     for line in f:
         line = line.rstrip("\n")
@@ -81,11 +90,23 @@ with open(sys.argv[1]) as f:
             target = callee_ob or ob
             if is_driver(target) and not is_driver(ob):
                 calls[callee_fn] += count
-            callee_ob = ""
+            in_call = True
         elif line.startswith("totals:") or line.startswith("summary:"):
             total = int(line.split()[1])
+        elif line[:1].isdigit() or line[:1] in "+-*":
+            # A cost line: a call's inclusive cost right after its calls= line, else the function's own.
+            parts = line.split()
+            cost = int(parts[1]) if len(parts) > 1 else 0
+            if in_call:
+                target = callee_ob or ob
+                if is_ours(ob) and not is_ours(target) and not is_nccl(target):
+                    own += cost
+                in_call = False
+                callee_ob = ""
+            elif is_ours(ob):
+                own += cost
 import json
-print(json.dumps({"instructions": total, "calls": dict(calls)}))
+print(json.dumps({"instructions": total, "own": own, "calls": dict(calls)}))
 PY
 }
 
@@ -110,18 +131,20 @@ def per_collective(variant, ranks):
     collectives = extra * ranks
     calls = {name: (large["calls"].get(name, 0) - small["calls"].get(name, 0)) / collectives
              for name in set(small["calls"]) | set(large["calls"])}
-    return (large["instructions"] - small["instructions"]) / collectives, calls
-def show(label, ir, calls):
+    own = (large["own"] - small["own"]) / collectives
+    return (large["instructions"] - small["instructions"]) / collectives, own, calls
+def show(label, ir, own, calls):
     named = ", ".join(f"{name} {count:+.2f}" for name, count in sorted(calls.items()) if abs(count) >= 0.005)
-    print(f"{label:44} {ir:12.0f} {sum(calls.values()):12.2f}  {named or '-'}")
-print(f"{'per collective, main thread':44} {'instructions':>12} {'driver calls':>12}  which")
+    print(f"{label:52} {ir:12.0f} {own:12} {sum(calls.values()):12.2f}  {named or '-'}")
+print(f"{'per collective, main thread':52} {'instructions':>12} {'ncclguard':>12} {'driver calls':>12}  which")
 for ranks, workload in ((1, "one rank"), (2, "two GPUs, one process")):
-    base_ir, base_calls = per_collective("without", ranks)
-    show(f"NCCL alone (emulator), {workload}", base_ir, base_calls)
+    base_ir, _, base_calls = per_collective("without", ranks)
+    show(f"NCCL alone (emulator), {workload}", base_ir, "-", base_calls)
     for variant in ("defaults", "profiler_off"):
-        ir, calls = per_collective(variant, ranks)
+        ir, own, calls = per_collective(variant, ranks)
         added = {name: calls.get(name, 0) - base_calls.get(name, 0) for name in set(calls) | set(base_calls)}
-        show(f"ncclguard adds ({variant}), {workload}", ir - base_ir, added)
+        show(f"ncclguard adds ({variant}), {workload}", ir - base_ir, f"{own:.0f}", added)
         print(f"added_instructions_per_collective_{variant}_{ranks}_ranks={ir - base_ir:.0f}")
+        print(f"ncclguard_instructions_per_collective_{variant}_{ranks}_ranks={own:.0f}")
         print(f"added_driver_calls_per_collective_{variant}_{ranks}_ranks={sum(added.values()):.2f}")
 PY
