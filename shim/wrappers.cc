@@ -41,7 +41,10 @@ struct ThreadCallState {
   int outer_library;
   Api outer_api;
 };
-thread_local ThreadCallState t_calls;  // plain data: no TLS constructor, no allocation
+// Plain data: no TLS constructor, no allocation. Initial-exec: the preloaded library's few bytes
+// sit in the static TLS block (or its reserve, if the library is dlopen()ed), reached without a
+// call into the loader on every NCCL call.
+__attribute__((tls_model("initial-exec"))) thread_local ThreadCallState t_calls;
 
 class CallScope {
  public:

@@ -5,7 +5,6 @@
 // their final state; a failed call is logged and dumped. Apart from hooks.cc, which starts
 // ncclguard and logs calls.
 #include <nccl.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -30,6 +29,7 @@
 #include "watchdog/common/operation_arguments.h"
 #include "watchdog/detect/runtime.h"
 #include "watchdog/record/hooks.h"
+#include "watchdog/record/thread_calls.h"
 #include "watchdog/state/gpu_events.h"
 #include "watchdog/state/records.h"
 #include "watchdog/state/registration.h"
@@ -38,28 +38,14 @@
 namespace ncclguard {
 namespace {
 
-thread_local std::int64_t t_thread_id = 0;  // plain data: no TLS constructor
-std::int64_t ThreadId() {
-  if (t_thread_id == 0) t_thread_id = syscall(SYS_gettid);
-  return t_thread_id;
-}
+using record::Creations;
+using record::Grouped;
+using record::GroupedCreation;
+using record::GroupedOperation;
+using record::ThisThread;
+using record::ThreadCalls;
+using record::ThreadId;
 
-// ncclGroupStart/End nest per thread; operations issued inside wait for the outermost end.
-// Those ncclguard holds (in-process recovery) are not here: NCCL does not see them.
-struct GroupedOperation {
-  CommState* comm;
-  std::uint64_t seq;
-};
-thread_local int t_group_depth = 0;
-thread_local std::uint64_t t_group_id = 0;
-// Touched only by grouped calls; freed when the thread ends.
-thread_local std::vector<GroupedOperation> t_grouped;
-// Communicators created inside the group: NCCL creates them at its outermost end.
-struct GroupedCreation {
-  CommState* comm;
-  int init_token;
-};
-thread_local std::vector<GroupedCreation> t_grouped_creations;
 std::atomic<std::uint64_t> g_next_group_id{1};
 
 bool Launched(ncclResult_t result) { return result == ncclSuccess || result == ncclInProgress; }
@@ -248,10 +234,10 @@ void FinishUnfinished(CommState& comm, OpState final_state) {
 // At the outermost end of a group: the communicators created in it exist now (ncclSuccess), are
 // still being made (ncclInProgress, or a simulated end: completed once ncclCommGetAsyncError says
 // so), or failed.
-void FinishGroupedCreations(Api api, ncclResult_t result) {
-  if (t_grouped_creations.empty()) return;
+void FinishGroupedCreations(ThreadCalls& thread, Api api, ncclResult_t result) {
+  if (thread.creations == nullptr || thread.creations->empty()) return;
   bool completed = false;
-  for (const GroupedCreation& creation : t_grouped_creations) {
+  for (const GroupedCreation& creation : *thread.creations) {
     GetRegistry().EndInit(creation.init_token);
     creation.comm->awaiting_group_end.store(false, std::memory_order_release);
     if (result == ncclSuccess && api == Api::ncclGroupEnd) {
@@ -260,7 +246,7 @@ void FinishGroupedCreations(Api api, ncclResult_t result) {
       NoteFailedCall(api, creation.comm, result);
     }
   }
-  t_grouped_creations.clear();
+  thread.creations->clear();
   if (completed) WriteStatusAtInit();
 }
 
@@ -295,8 +281,10 @@ Ticket BeforeOperation(Api api, int library, const OperationArguments& arguments
   op.root_or_peer.store(arguments.root_or_peer, std::memory_order_relaxed);
   op.count.store(arguments.count, std::memory_order_relaxed);
   op.stream.store(reinterpret_cast<std::uint64_t>(arguments.stream), std::memory_order_relaxed);
-  op.group.store(t_group_depth > 0 ? t_group_id : 0, std::memory_order_relaxed);
-  op.host_thread.store(ThreadId(), std::memory_order_relaxed);
+  ThreadCalls& thread = ThisThread();
+  const bool grouped = thread.group_depth > 0;
+  op.group.store(grouped ? thread.group_id : 0, std::memory_order_relaxed);
+  op.host_thread.store(ThreadId(thread), std::memory_order_relaxed);
   op.enqueue_ns.store(SteadyNowNs(), std::memory_order_relaxed);
   op.start_ns.store(0, std::memory_order_relaxed);
   op.end_ns.store(0, std::memory_order_relaxed);
@@ -310,11 +298,10 @@ Ticket BeforeOperation(Api api, int library, const OperationArguments& arguments
   ResetProfiled(op, profiled);
 
   const OpState initial = InitialState(op, arguments.stream, profiled);
-  const bool grouped = t_group_depth > 0;
   bool held = false;
   if (InProcessRecovery* recovery = InProcessRecoveryOn()) {
     const InProcessRecovery::Claim claim = recovery->OnOperation(
-        *comm, seq, api, arguments, grouped ? t_group_id : 0, initial == OpState::kEnqueued);
+        *comm, seq, api, arguments, grouped ? thread.group_id : 0, initial == OpState::kEnqueued);
     ticket.probation = claim.probation;
     held = claim.held;
   }
@@ -323,7 +310,7 @@ Ticket BeforeOperation(Api api, int library, const OperationArguments& arguments
   op.seq.store(seq, std::memory_order_relaxed);
   op.state.store(initial, std::memory_order_release);
   comm->last_enqueued.store(seq, std::memory_order_release);
-  if (grouped && !held) t_grouped.push_back({comm, seq});
+  if (grouped && !held) Grouped(thread).push_back({comm, seq});
   ticket.seq = seq;
   if (held) {
     // NCCL does not see it now: ncclguard issues it, in order, once the earlier ones have passed.
@@ -339,7 +326,7 @@ void AfterOperation(const Ticket& ticket, ncclResult_t result) noexcept {
     return;
   }
   if (Launched(result)) UntimedUnlessProfiled(*ticket.comm, ticket.seq);
-  if (t_group_depth > 0 && Launched(result)) return;  // launched at the outermost ncclGroupEnd
+  if (ThisThread().group_depth > 0 && Launched(result)) return;  // launched at the outermost ncclGroupEnd
   FinishLaunch(*ticket.comm, ticket.seq, result);
   // Set only under in-process recovery: the operation is on probation.
   if (ticket.probation != nullptr)
@@ -347,15 +334,16 @@ void AfterOperation(const Ticket& ticket, ncclResult_t result) noexcept {
 }
 
 Ticket BeforeGroupCall(Api api) noexcept {
+  ThreadCalls& thread = ThisThread();
   if (api == Api::ncclGroupStart) {
-    if (t_group_depth++ == 0) t_group_id = g_next_group_id.fetch_add(1, std::memory_order_relaxed);
-  } else if (t_group_depth == 1) {
+    if (thread.group_depth++ == 0) thread.group_id = g_next_group_id.fetch_add(1, std::memory_order_relaxed);
+  } else if (thread.group_depth == 1 && api == Api::ncclGroupEnd) {
     // Events recorded now land before the group's kernels: nothing was launched yet.
-    for (const GroupedOperation& grouped : t_grouped) {
+    for (const GroupedOperation& grouped : Grouped(thread)) {
       OpRecord& op = grouped.comm->Slot(grouped.seq);
       if (op.seq.load(std::memory_order_relaxed) == grouped.seq &&
           !op.profiled.load(std::memory_order_relaxed) &&
-          op.state.load(std::memory_order_acquire) == OpState::kEnqueued && api == Api::ncclGroupEnd) {
+          op.state.load(std::memory_order_acquire) == OpState::kEnqueued) {
         RecordStart(op);
       }
     }
@@ -364,15 +352,17 @@ Ticket BeforeGroupCall(Api api) noexcept {
 }
 
 void AfterGroupCall(Api api, ncclResult_t result) noexcept {
+  ThreadCalls& thread = ThisThread();
   if (api == Api::ncclGroupStart) {
-    if (result != ncclSuccess && t_group_depth > 0) --t_group_depth;
+    if (result != ncclSuccess && thread.group_depth > 0) --thread.group_depth;
     return;
   }
-  if (t_group_depth == 0) return;
-  --t_group_depth;
-  if (t_group_depth > 0) return;  // not the outermost end
-  FinishGroupedCreations(api, result);
-  for (const GroupedOperation& grouped : t_grouped) {
+  if (thread.group_depth == 0) return;
+  --thread.group_depth;
+  if (thread.group_depth > 0) return;  // not the outermost end
+  FinishGroupedCreations(thread, api, result);
+  std::vector<GroupedOperation>& operations = Grouped(thread);
+  for (const GroupedOperation& grouped : operations) {
     if (api == Api::ncclGroupEnd) {
       FinishLaunch(*grouped.comm, grouped.seq, result);
     } else {  // ncclGroupSimulateEnd: the operations are estimated, never run
@@ -380,7 +370,7 @@ void AfterGroupCall(Api api, ncclResult_t result) noexcept {
       op.state.store(OpState::kUntimed, std::memory_order_release);
     }
   }
-  t_grouped.clear();
+  operations.clear();
   // After the end events: a gate queued before them would hold them back.
   if (InProcessRecovery* recovery = InProcessRecoveryOn()) recovery->AtGroupEnd(api, result);
 }
@@ -394,7 +384,7 @@ Ticket BeforeCreation(Api api, const CreationArguments& arguments) noexcept {
     init.rank = arguments.rank;
     init.nranks = arguments.nranks;
     init.start_ns = SteadyNowNs();
-    init.thread = ThreadId();
+    init.thread = ThreadId(ThisThread());
     if (arguments.unique_id != nullptr) {
       init.comm_id = CommIdFromUniqueId(*arguments.unique_id);
     } else if (CommState* parent = GetRegistry().Find(arguments.parent)) {
@@ -457,7 +447,7 @@ void RegisterCreated(const Ticket& ticket, Api api, int library, ncclResult_t re
   try {
     Registry& registry = GetRegistry();
     // Inside a group NCCL only records the initialisation: it runs at the outermost ncclGroupEnd.
-    const bool grouped = t_group_depth > 0 && Launched(result) && comms != nullptr;
+    const bool grouped = ThisThread().group_depth > 0 && Launched(result) && comms != nullptr;
     int init_token = ticket.init_token;  // ended with the first communicator registered
     if (!Launched(result) || comms == nullptr) {
       // Reported while the initialisation is still pending: the dump then names it (the job
@@ -489,7 +479,7 @@ void RegisterCreated(const Ticket& ticket, Api api, int library, ncclResult_t re
             if (result == ncclSuccess && !grouped) state.init_end_ns.store(now, std::memory_order_relaxed);
           });
       if (grouped && comm != nullptr) {
-        t_grouped_creations.push_back({comm, std::exchange(init_token, -1)});
+        Creations(ThisThread()).push_back({comm, std::exchange(init_token, -1)});
         continue;
       }
       // A non-blocking initialisation (ncclInProgress) is completed by the watchdog, once

@@ -38,20 +38,29 @@ Registry::~Registry() {
 
 CommState* Registry::Find(ncclComm_t handle) const noexcept {
   // A thread issues its collectives on a few communicators, mostly one after the other: the last
-  // answer is kept per thread, good until the table changes. Plain data: no TLS constructor.
+  // answers are kept per thread, good until the table changes. Plain data: no TLS constructor.
   struct LastFound {
     const Registry* registry;
     ncclComm_t handle;
     CommState* state;
     std::uint64_t generation;
   };
-  static thread_local LastFound t_last;
+  // The last few answers: one process may drive several GPUs from one thread, a communicator
+  // each, in turn.
+  struct Recent {
+    LastFound found[4];
+    unsigned next;  // the one to replace
+  };
+  static thread_local Recent t_recent;
+  Recent* recent = &t_recent;
+  asm("" : "+r"(recent));  // an opaque pointer: one look-up of the thread's copy (a call into the loader)
   // Read before the table: an answer found after a change is only kept until the next look.
   const std::uint64_t generation = generation_.load(std::memory_order_acquire);
-  if (t_last.registry == this && t_last.handle == handle && t_last.generation == generation)
-    return t_last.state;
+  for (const LastFound& last : recent->found) {
+    if (last.handle == handle && last.registry == this && last.generation == generation) return last.state;
+  }
   CommState* state = FindInTable(handle);
-  t_last = {this, handle, state, generation};
+  recent->found[recent->next++ % 4] = {this, handle, state, generation};
   return state;
 }
 
