@@ -165,6 +165,13 @@ constexpr std::size_t kHandles = std::size_t{1} << 16;
 std::atomic<std::size_t> g_next_handle{0};
 Handle* g_handles = nullptr;  // allocated at the first init
 
+// The events ncclguard records something of (Record); the others (groups, kernel launches) get
+// this one shared handle, never written, unless the user's plugin has a handle of its own to keep.
+constexpr std::uint64_t kRecordedTypes = ncclProfileCollApi | ncclProfileP2pApi | ncclProfileColl |
+                                         ncclProfileP2p | ncclProfileKernelCh | ncclProfileProxyOp |
+                                         ncclProfileProxyStep;
+Handle g_unrecorded;
+
 Handle* NewHandle(std::uint64_t type) {
   Handle& handle = g_handles[g_next_handle.fetch_add(1, std::memory_order_relaxed) % kHandles];
   handle = Handle{};
@@ -263,10 +270,14 @@ ncclResult_t StartRecorded(void* context, void** handle, const Descriptor& descr
   *handle = nullptr;
   const auto* ours = static_cast<const Context*>(context);
   if (ours == nullptr) return ncclSuccess;
+  const bool theirs_too = user_loaded && ours->user != nullptr;
+  if (!theirs_too && (descriptor.type & kRecordedTypes) == 0) {
+    *handle = &g_unrecorded;
+    return ncclSuccess;
+  }
   Handle* started = NewHandle(descriptor.type);
   started->recorded = Record(*ours, static_cast<Handle*>(descriptor.parentObj), event);
-  if (user_loaded && ours->user != nullptr &&
-      (StartedFor(descriptor.type) & g_user_mask.load(std::memory_order_relaxed)) != 0) {
+  if (theirs_too && (StartedFor(descriptor.type) & g_user_mask.load(std::memory_order_relaxed)) != 0) {
     Descriptor theirs = descriptor;
     theirs.parentObj = Theirs(descriptor.parentObj);
     start_theirs(ours->user, theirs, &started->user);
