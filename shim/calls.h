@@ -100,10 +100,9 @@ void FinishCreation(const Ticket& ticket, int library, ncclResult_t result, cons
   }
 }
 
-// `returned` is nullptr for a function that returns nothing.
+// `returned` is nullptr for a function that returns nothing; `detail` what LoggedCallDetail says.
 template <Api A, typename Result, typename... Args>
-void LogCall(const Result* returned, const Args&... args) {
-  const hooks::CallDetail detail = hooks::LoggedCallDetail();
+void LogCall(hooks::CallDetail detail, const Result* returned, const Args&... args) {
   if (detail == hooks::CallDetail::kNone) return;
   fmt::memory_buffer value;
   if (returned != nullptr) {
@@ -125,14 +124,17 @@ void LogCall(const Result* returned, const Args&... args) {
 template <Api A, typename Result, typename... Args>
 Ticket BeforeCall(int library, const Args&... args) noexcept {
   constexpr ApiKind kKind = Describe(A).kind;
+  // The hot ones cross the door once on each side (hooks::EnterOperation, EnterGroupCall).
+  constexpr bool kResult = std::is_same_v<Result, ncclResult_t>;
+  if constexpr (kResult && (kKind == ApiKind::kCollective || kKind == ApiKind::kPointToPoint)) {
+    return hooks::EnterOperation(A, library, SortOperationArguments(args...));
+  } else if constexpr (kResult && kKind == ApiKind::kGroup) {
+    return hooks::EnterGroupCall(A);
+  }
   hooks::WaitIfExiting();
   Ticket ticket;
-  if constexpr (kKind == ApiKind::kCollective || kKind == ApiKind::kPointToPoint) {
-    ticket = BeforeOperation(A, library, SortOperationArguments(args...));
-  } else if constexpr (kKind == ApiKind::kCommCreate) {
+  if constexpr (kKind == ApiKind::kCommCreate) {
     ticket = BeforeCreation(A, detail::CreationArgumentsOf<A>(args...));
-  } else if constexpr (kKind == ApiKind::kGroup) {
-    ticket = BeforeGroupCall(A);
   } else if constexpr (std::is_same_v<Result, ncclResult_t>) {
     ticket = BeforeCommCall(A, FirstCommunicator(args...));
   }
@@ -143,16 +145,19 @@ Ticket BeforeCall(int library, const Args&... args) noexcept {
 // After the real call: `result` is what it returned.
 template <Api A, typename Result, typename... Args>
 void AfterCall(const Ticket& ticket, int library, const Result& result, const Args&... args) noexcept {
-  hooks::LeaveNccl();
+  constexpr ApiKind kKind = Describe(A).kind;
+  constexpr bool kOperation = kKind == ApiKind::kCollective || kKind == ApiKind::kPointToPoint;
+  constexpr bool kHot = std::is_same_v<Result, ncclResult_t> && (kOperation || kKind == ApiKind::kGroup);
+  if constexpr (!kHot) hooks::LeaveNccl();
   try {
+    hooks::CallDetail logged = hooks::CallDetail::kNone;
     if constexpr (std::is_same_v<Result, ncclResult_t>) {
-      constexpr ApiKind kKind = Describe(A).kind;
-      if constexpr (kKind == ApiKind::kCollective || kKind == ApiKind::kPointToPoint) {
-        AfterOperation(ticket, result);
+      if constexpr (kOperation) {
+        logged = hooks::LeaveOperation(ticket, result);
+      } else if constexpr (kKind == ApiKind::kGroup) {
+        logged = hooks::LeaveGroupCall(A, result);
       } else if constexpr (kKind == ApiKind::kCommCreate) {
         detail::FinishCreation<A>(ticket, library, result, args...);
-      } else if constexpr (kKind == ApiKind::kGroup) {
-        AfterGroupCall(A, result);
       } else if constexpr (A == Api::ncclCommGetAsyncError) {  // (comm, asyncError*)
         const auto [comm, async_error] = std::forward_as_tuple(args...);
         AfterAsyncErrorQuery(comm, async_error, result);
@@ -160,7 +165,8 @@ void AfterCall(const Ticket& ticket, int library, const Result& result, const Ar
         AfterCommCall(A, FirstCommunicator(args...), result);
       }
     }
-    detail::LogCall<A>(&result, args...);
+    if constexpr (!kHot) logged = hooks::LoggedCallDetail();
+    detail::LogCall<A>(logged, &result, args...);
   } catch (...) {
   }
 }
@@ -170,7 +176,7 @@ template <Api A, typename... Args>
 void AfterVoidCall(const Ticket&, int, const Args&... args) noexcept {
   hooks::LeaveNccl();
   try {
-    detail::LogCall<A, int>(nullptr, args...);
+    detail::LogCall<A, int>(hooks::LoggedCallDetail(), nullptr, args...);
   } catch (...) {
   }
 }

@@ -4,6 +4,7 @@
 
 #include <nccl.h>
 
+#include <atomic>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -98,6 +99,20 @@ T RealArgument(T value, int* library) noexcept {
   }
 }
 
+// Whether communicator arguments go to the core to be resolved (in-process recovery, fixed once
+// the core has started): asked once, so that a call without it crosses the door for none of them.
+std::atomic<int> g_resolves_communicators{-1};  // -1: not asked yet
+
+bool ResolvesCommunicators(bool active) noexcept {
+  if (!active) return true;  // not started, or not watching: the core answers each one
+  int known = g_resolves_communicators.load(std::memory_order_relaxed);
+  if (known < 0) {
+    known = hooks::ResolvesCommunicators() ? 1 : 0;
+    g_resolves_communicators.store(known, std::memory_order_relaxed);
+  }
+  return known == 1;
+}
+
 template <Api A, int Library, typename... Args>
 typename Signature<A>::Result Forward(Args... args) noexcept {
   using Function = typename Signature<A>::Function;
@@ -109,7 +124,7 @@ typename Signature<A>::Result Forward(Args... args) noexcept {
   const bool active = !nested && hooks::Active(Libraries());
   // Before the core sees them, so that it sees NCCL's communicators only. Nested calls come from
   // NCCL itself and carry their own.
-  if (!nested) ((args = RealArgument(args, &library)), ...);
+  if (!nested && ResolvesCommunicators(active)) ((args = RealArgument(args, &library)), ...);
   auto real = reinterpret_cast<Function>(RealFunction(library, A));
   if (real == nullptr) {
     if (active) hooks::ReportMissingFunction(A, library);

@@ -35,6 +35,7 @@
   X(active, hooks::Active, bool, (RealLibraries& libraries), (libraries), false)                             \
   X(resolve_communicator, hooks::ResolveCommunicator, ncclComm_t, (ncclComm_t comm, int* library),           \
     (comm, library), comm)                                                                                   \
+  X(resolves_communicators, hooks::ResolvesCommunicators, bool, (), (), false)                              \
   X(nested_call, hooks::NestedCall, void, (Api api, Api outer), (api, outer), )                              \
   X(nccl_library_of_user, hooks::NcclLibraryOfUser, const char*, (), (), "")                                 \
   X(report_nccl_library_problem, hooks::ReportNcclLibraryProblem, void,                                      \
@@ -71,7 +72,14 @@
   X(logged_call_detail, hooks::LoggedCallDetail, hooks::CallDetail, (), (), hooks::CallDetail::kNone)        \
   X(log_call, hooks::LogCall, void,                                                                          \
     (hooks::CallDetail detail, const std::string& call, const std::string& returned),                        \
-    (detail, call, returned), )
+    (detail, call, returned), )                                                                              \
+  X(enter_operation, hooks::EnterOperation, Ticket,                                                          \
+    (Api api, int library, const OperationArguments& arguments), (api, library, arguments), Ticket{})        \
+  X(leave_operation, hooks::LeaveOperation, hooks::CallDetail, (const Ticket& ticket, ncclResult_t result),  \
+    (ticket, result), hooks::CallDetail::kNone)                                                              \
+  X(enter_group_call, hooks::EnterGroupCall, Ticket, (Api api), (api), Ticket{})                             \
+  X(leave_group_call, hooks::LeaveGroupCall, hooks::CallDetail, (Api api, ncclResult_t result),              \
+    (api, result), hooks::CallDetail::kNone)
 // clang-format on
 
 namespace ncclguard {

@@ -23,6 +23,7 @@
 #include "watchdog/common/libraries.h"
 #include "watchdog/common/log.h"
 #include "watchdog/common/nccl_api.h"
+#include "watchdog/common/operation_arguments.h"
 #include "watchdog/common/version.h"
 #include "watchdog/detect/runtime.h"
 #include "watchdog/record/profiler_plugin.h"
@@ -125,6 +126,8 @@ ncclComm_t ResolveCommunicator(ncclComm_t comm, int* library) noexcept {
   return recovery != nullptr ? recovery->Resolve(comm, library) : comm;
 }
 
+bool ResolvesCommunicators() noexcept { return InProcessRecoveryOn() != nullptr; }
+
 const char* NcclLibraryOfUser() noexcept {
   try {
     return GetConfig().nccl_library.c_str();  // parsed once, kept for the process
@@ -145,8 +148,35 @@ void EnterNccl(Api api) noexcept { ::ncclguard::EnterNccl(api); }
 void LeaveNccl() noexcept { ::ncclguard::LeaveNccl(); }
 
 CallDetail LoggedCallDetail() noexcept {
-  if (log::Enabled(spdlog::level::trace)) return CallDetail::kArguments;
-  return log::Enabled(spdlog::level::debug) ? CallDetail::kName : CallDetail::kNone;
+  // Debug first: off at the defaults, and trace is below it.
+  if (!log::Enabled(spdlog::level::debug)) return CallDetail::kNone;
+  return log::Enabled(spdlog::level::trace) ? CallDetail::kArguments : CallDetail::kName;
+}
+
+Ticket EnterOperation(Api api, int library, const OperationArguments& arguments) noexcept {
+  ::ncclguard::WaitIfExiting();
+  const Ticket ticket = BeforeOperation(api, library, arguments);
+  if (ticket.forward) ::ncclguard::EnterNccl(api);
+  return ticket;
+}
+
+CallDetail LeaveOperation(const Ticket& ticket, ncclResult_t result) noexcept {
+  ::ncclguard::LeaveNccl();
+  AfterOperation(ticket, result);
+  return LoggedCallDetail();
+}
+
+Ticket EnterGroupCall(Api api) noexcept {
+  ::ncclguard::WaitIfExiting();
+  const Ticket ticket = BeforeGroupCall(api);
+  if (ticket.forward) ::ncclguard::EnterNccl(api);
+  return ticket;
+}
+
+CallDetail LeaveGroupCall(Api api, ncclResult_t result) noexcept {
+  ::ncclguard::LeaveNccl();
+  AfterGroupCall(api, result);
+  return LoggedCallDetail();
 }
 
 void LogCall(CallDetail detail, const std::string& call, const std::string& returned) noexcept {

@@ -133,6 +133,8 @@ void WaitIfExiting() noexcept;
 // which resolves ncclguard's handles (InProcessRecovery::Resolve), with `*library` set to the slot
 // that serves it, after waiting out a recovery that re-points them.
 ncclComm_t ResolveCommunicator(ncclComm_t comm, int* library) noexcept;
+// Whether ResolveCommunicator does more than return `comm`: fixed once ncclguard has started.
+bool ResolvesCommunicators() noexcept;
 
 // NCCLGUARD_NCCL_LIBRARY: the NCCL library the user named, "" when none. Starts nothing.
 const char* NcclLibraryOfUser() noexcept;
@@ -149,6 +151,15 @@ enum class CallDetail { kNone, kName, kArguments };
 CallDetail LoggedCallDetail() noexcept;
 // `call` is the name, or "name(arguments)" when `detail` (what LoggedCallDetail said) asks for them.
 void LogCall(CallDetail detail, const std::string& call, const std::string& returned) noexcept;
+
+// An operation's or a group call's steps on each side of its real call, so that a call crosses the
+// front end's door (door_entries.h) once on each side rather than once per step: WaitIfExiting,
+// BeforeOperation (BeforeGroupCall), then EnterNccl unless the ticket says not to call NCCL; after
+// the call, LeaveNccl, AfterOperation (AfterGroupCall), and what LoggedCallDetail says.
+Ticket EnterOperation(Api api, int library, const OperationArguments& arguments) noexcept;
+CallDetail LeaveOperation(const Ticket& ticket, ncclResult_t result) noexcept;
+Ticket EnterGroupCall(Api api) noexcept;
+CallDetail LeaveGroupCall(Api api, ncclResult_t result) noexcept;
 
 }  // namespace hooks
 }  // namespace ncclguard
