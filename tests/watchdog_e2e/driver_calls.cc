@@ -5,10 +5,18 @@
 // Prints "driver calls per group: N" for the groups after a warm-up, then checks the results. It
 // waits for its streams every kBurst groups (those waits are the same with and without ncclguard),
 // and exits with its communicators open, so that a dump at exit shows their rings.
+//
+// With "held", the groups are one burst instead: queued back to back behind a host function that
+// holds both streams until the last one is queued, so that none of them has run when the next is
+// issued, as behind a slow GPU.
 #include <dlfcn.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <thread>
 #include <vector>
 
 #include "tests/watchdog_e2e/program_support.h"
@@ -39,11 +47,18 @@ void Group(const ncclComm_t* comms, const CUstream* streams, const CUdeviceptr* 
   e2e::CheckNccl(ncclGroupEnd(), "ncclGroupEnd");
 }
 
+std::atomic<bool> g_released{false};
+
+void HoldStream(void*) {
+  while (!g_released.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 2) {
-    std::fprintf(stderr, "usage: %s GROUPS\n", argv[0]);
+  const bool held = argc == 3 && std::strcmp(argv[2], "held") == 0;
+  if (argc != 2 && !held) {
+    std::fprintf(stderr, "usage: %s GROUPS [held]\n", argv[0]);
     return 2;
   }
   const int groups = std::atoi(argv[1]);
@@ -69,13 +84,21 @@ int main(int argc, char** argv) {
     e2e::CheckCuda(cuMemcpyHtoD(buffers[rank], ones.data(), kCount * sizeof(float)), "cuMemcpyHtoD");
   }
   for (int i = 0; i < kWarmUp; ++i) Group(comms, streams, buffers);
+  if (held) {
+    Wait(contexts, streams);
+    for (int rank = 0; rank < kRanks; ++rank) {
+      e2e::CheckCuda(cuCtxSetCurrent(contexts[rank]), "cuCtxSetCurrent");
+      e2e::CheckCuda(cuLaunchHostFunc(streams[rank], HoldStream, nullptr), "cuLaunchHostFunc");
+    }
+  }
   const unsigned long long before = thread_driver_calls();
   for (int i = 0; i < groups; ++i) {
     Group(comms, streams, buffers);
-    if (i % kBurst == kBurst - 1) Wait(contexts, streams);
+    if (!held && i % kBurst == kBurst - 1) Wait(contexts, streams);
   }
   const unsigned long long after = thread_driver_calls();
   std::printf("driver calls per group: %.2f\n", static_cast<double>(after - before) / groups);
+  g_released.store(true);
   Wait(contexts, streams);
   for (int rank = 0; rank < kRanks; ++rank) {
     e2e::CheckCuda(cuCtxSetCurrent(contexts[rank]), "cuCtxSetCurrent");

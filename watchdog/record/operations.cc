@@ -187,15 +187,23 @@ void UntimedUnlessProfiled(CommState& comm, std::uint64_t seq) {
 // The ring wrapped onto an operation the watchdog has not seen finish yet (it polls only every
 // NCCLGUARD_POLL_INTERVAL): ask the GPU directly, so a fast loop of collectives is not limited
 // to a ring per poll interval. The watchdog's own transitions are compare-and-swaps too.
-// A profiled one needs no driver call: its channels' stops are counted in the record.
-void ReclaimIfFinished(CommState& comm, OpRecord& op) {
+// A profiled one needs no driver call: its channels' stops are counted in the record. Once the
+// GPU says it has not reached one, it is asked again only kReclaimQueryEvery operations later:
+// a burst queued behind a slow or held GPU costs the application's thread one query per that
+// many operations, not one each (those find no slot: `dropped` counts them).
+constexpr std::uint64_t kReclaimQueryEvery = 64;
+
+void ReclaimIfFinished(CommState& comm, OpRecord& op, std::uint64_t claiming) {
   OpState state = op.state.load(std::memory_order_acquire);
   if (state != OpState::kEnqueued && state != OpState::kStarted) return;
   if (op.profiled.load(std::memory_order_relaxed)) {
     if (!ProfiledCompleted(op) || comm.cut_short.load(std::memory_order_seq_cst)) return;
     op.gpu_ms.store(ProfiledGpuMs(op), std::memory_order_relaxed);
   } else if (!op.end_recorded.load(std::memory_order_acquire) ||
-             DriverEvents().Query(comm.context, op.end_event) != EventStatus::kReached) {
+             claiming < comm.reclaim_query_from.load(std::memory_order_relaxed)) {
+    return;
+  } else if (DriverEvents().Query(comm.context, op.end_event) != EventStatus::kReached) {
+    comm.reclaim_query_from.store(claiming + kReclaimQueryEvery, std::memory_order_relaxed);
     return;
   }
   const std::int64_t now = SteadyNowNs();
@@ -268,7 +276,7 @@ Ticket BeforeOperation(Api api, int library, const OperationArguments& arguments
   // Every operation gets a number, recorded or not, so numbers agree across ranks.
   const std::uint64_t seq = comm->last_enqueued.load(std::memory_order_relaxed) + 1;
   OpRecord& op = comm->Slot(seq);
-  if (!IsFinished(op.state.load(std::memory_order_acquire))) ReclaimIfFinished(*comm, op);
+  if (!IsFinished(op.state.load(std::memory_order_acquire))) ReclaimIfFinished(*comm, op, seq);
   if (!IsFinished(op.state.load(std::memory_order_acquire))) {
     // A whole ring of unfinished operations: the oldest is still being watched, keep it.
     comm->dropped.fetch_add(1, std::memory_order_relaxed);

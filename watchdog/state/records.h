@@ -237,6 +237,9 @@ struct CommState {
   std::atomic<std::uint64_t> last_started{0};
   std::atomic<std::uint64_t> last_completed{0};
   std::atomic<std::uint64_t> dropped{0};
+  // CUDA events: the application's thread asks the GPU about the operation in the slot it wants
+  // only from this operation on, after the GPU last said it had not reached it (operations.cc).
+  std::atomic<std::uint64_t> reclaim_query_from{0};
 
   // Probation: how many of its first operations go on probation (set when it is registered), how
   // many slots were taken (the first operations and those queued behind them), and theirs. Written
