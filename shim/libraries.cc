@@ -182,17 +182,23 @@ void* ResolveFunction(int slot, Api api) {
   return function;
 }
 
-}  // namespace
-
-void* RealFunction(int slot, Api api) noexcept {
-  void* function = g_libraries[slot].functions[static_cast<int>(api)].load(std::memory_order_acquire);
-  if (function == MissingMarker()) return nullptr;
-  if (function != nullptr) return function;
+// Out of line: inlined, its frame would be set up on every call of every function.
+[[gnu::noinline, gnu::cold]] void* ResolveFunctionOnce(int slot, Api api) noexcept {
   try {
     return ResolveFunction(slot, api);
   } catch (...) {
     return nullptr;
   }
+}
+
+}  // namespace
+
+void* RealFunction(int slot, Api api) noexcept {
+  void* function = g_libraries[slot].functions[static_cast<int>(api)].load(std::memory_order_acquire);
+  if (function == MissingMarker()) return nullptr;
+  if (function != nullptr) [[likely]]
+    return function;
+  return ResolveFunctionOnce(slot, api);
 }
 
 int SlotForLookup(void* handle, Api api, void* real_function) noexcept {
