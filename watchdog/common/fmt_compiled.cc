@@ -2,11 +2,9 @@
 // is not defined), instead of compiling format-inl.h again in each file that logs. Linked
 // statically and hidden (FMT_API is empty without FMT_SHARED), so that ncclguard's fmt never meets
 // a host application's own.
-#include <fmt/format-inl.h>
+#include <locale>  // IWYU pragma: keep (std::locale, below, where a locale is used)
 
-#ifndef FMT_STATIC_THOUSANDS_SEPARATOR
-#include <locale>
-#endif
+#include <fmt/format-inl.h>
 
 FMT_BEGIN_NAMESPACE
 namespace detail {
