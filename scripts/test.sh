@@ -4,7 +4,7 @@
 #   scripts/test.sh --quick   unit and ABI tests only: the edit loop, minutes
 #   scripts/test.sh           what CI runs: the quick and standard tiers, then the core and shim
 #                             tests again under AddressSanitizer+UndefinedBehaviorSanitizer and
-#                             ThreadSanitizer, then the static checks (formatting, clang's
+#                             ThreadSanitizer, then the static checks (sizes, formatting, clang's
 #                             thread-safety analysis, clang-tidy on changed files)
 #   scripts/test.sh --full    the same with the full tier too (the end-to-end suites on Redis)
 #
@@ -46,8 +46,16 @@ trap 'report_stages' EXIT
 stage "dependencies"
 scripts/install-deps.sh
 
+# A compiler cache where one is installed: a clean clone's first run gains nothing from it, the
+# runs after it recompile only what changed. Precompiled headers need the sloppiness below.
+cache=()
+if command -v ccache >/dev/null 2>&1; then
+  cache=(-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+  export CCACHE_SLOPPINESS="${CCACHE_SLOPPINESS:-pch_defines,time_macros}"
+fi
+
 stage "build (RelWithDebInfo)"
-cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo
+cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo "${cache[@]}"
 cmake --build build -j "$jobs"
 
 case $tier in
@@ -63,7 +71,7 @@ stage "tests, tier $tier"
 for sanitizer in address,undefined thread; do
   dir="build-${sanitizer%%,*}"
   stage "sanitizer build and tests ($sanitizer)"
-  cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=Debug -DNCCLGUARD_SANITIZE="$sanitizer"
+  cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=Debug -DNCCLGUARD_SANITIZE="$sanitizer" "${cache[@]}"
   cmake --build "$dir" -j "$jobs" --target sanitized_tests
   (cd "$dir" && ctest --output-on-failure -j "$jobs" -L sanitized)
 done
