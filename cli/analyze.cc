@@ -262,6 +262,46 @@ absl::StatusOr<std::size_t> WriteFlightRecorder(const std::string& directory, co
   return files.size();
 }
 
+// What PyTorch's Flight Recorder dumps of the job say of the verdicts' operations, added to them;
+// the dumps that could not be read become problems.
+void AddFlightRecorderDumps(const AnalyzeOptions& options, JobView& job, std::vector<Verdict>& verdicts,
+                            std::chrono::milliseconds deadline) {
+  const std::string prefix = FlightRecorderPrefix(job, options.flight_recorder_dumps);
+  if (prefix.empty()) return;
+  constexpr std::size_t kMaxFlightRecorderDumps = 64;
+  const FlightRecorderDumps dumps =
+      ReadFlightRecorderDumps(prefix, RanksToRead(job, verdicts, kMaxFlightRecorderDumps), deadline);
+  AddFlightRecorderContext(job, dumps, verdicts);
+  job.problems.insert(job.problems.end(), dumps.problems.begin(), dumps.problems.end());
+}
+
+// The files the options ask for beside the verdicts (--trace, --html, --flight-recorder): what to
+// tell a person of each, or why one could not be written.
+absl::StatusOr<std::vector<std::string>> WriteRequestedFiles(const AnalyzeOptions& options,
+                                                             const JobView& job,
+                                                             const std::vector<Verdict>& verdicts) {
+  std::vector<std::string> written;
+  if (!options.trace_path.empty()) {
+    if (absl::Status status = WriteChromeTrace(options.trace_path, job, verdicts); !status.ok())
+      return status;
+    written.push_back(absl::StrCat("Trace written to ", options.trace_path, " (open it in ui.perfetto.dev)"));
+  }
+  if (!options.html_path.empty()) {
+    if (absl::Status status = WriteHtmlReport(options.html_path, job, verdicts); !status.ok()) return status;
+    written.push_back(absl::StrCat("Report page written to ", options.html_path, " (open it in a browser)"));
+  }
+  if (!options.flight_recorder_directory.empty()) {
+    const absl::StatusOr<std::size_t> files = WriteFlightRecorder(
+        options.flight_recorder_directory, job,
+        options.flight_recorder_timed ? FlightRecorderStates::kTimed : FlightRecorderStates::kUntimed);
+    if (!files.ok()) return files.status();
+    written.push_back(absl::StrCat("Flight Recorder files of ", *files, " ranks written to ",
+                                   options.flight_recorder_directory, " (read them with: torchfrtrace ",
+                                   options.flight_recorder_directory, ")"));
+  }
+  return written;
+}
+
 int Analyze(const AnalyzeOptions& options) {
   absl::StatusOr<std::shared_ptr<JobBoard>> board = NamedBoard(options);
   if (!board.ok()) {
@@ -306,50 +346,18 @@ int Analyze(const AnalyzeOptions& options) {
               << known_bad.status.message() << " (set NCCLGUARD_KNOWN_BAD_FILE)\n";
   }
   std::vector<Verdict> verdicts = Classify(*job, known_bad.entries);
-  if (const std::string prefix = FlightRecorderPrefix(*job, options.flight_recorder_dumps); !prefix.empty()) {
-    constexpr std::size_t kMaxFlightRecorderDumps = 64;
-    const FlightRecorderDumps dumps = ReadFlightRecorderDumps(
-        prefix, RanksToRead(*job, verdicts, kMaxFlightRecorderDumps), limits.deadline);
-    AddFlightRecorderContext(*job, dumps, verdicts);
-    job->problems.insert(job->problems.end(), dumps.problems.begin(), dumps.problems.end());
-  }
-  if (!options.trace_path.empty()) {
-    if (absl::Status written = WriteChromeTrace(options.trace_path, *job, verdicts); !written.ok()) {
-      std::cerr << "ncclguard analyze: " << written.message() << '\n';
-      return kExitUsage;
-    }
-  }
-  if (!options.html_path.empty()) {
-    if (absl::Status written = WriteHtmlReport(options.html_path, *job, verdicts); !written.ok()) {
-      std::cerr << "ncclguard analyze: " << written.message() << '\n';
-      return kExitUsage;
-    }
-  }
-  std::optional<std::size_t> flight_recorder_files;
-  if (!options.flight_recorder_directory.empty()) {
-    absl::StatusOr<std::size_t> written = WriteFlightRecorder(
-        options.flight_recorder_directory, *job,
-        options.flight_recorder_timed ? FlightRecorderStates::kTimed : FlightRecorderStates::kUntimed);
-    if (!written.ok()) {
-      std::cerr << "ncclguard analyze: " << written.status().message() << '\n';
-      return kExitUsage;
-    }
-    flight_recorder_files = *written;
+  AddFlightRecorderDumps(options, *job, verdicts, limits.deadline);
+  const absl::StatusOr<std::vector<std::string>> written = WriteRequestedFiles(options, *job, verdicts);
+  if (!written.ok()) {
+    std::cerr << "ncclguard analyze: " << written.status().message() << '\n';
+    return kExitUsage;
   }
   if (options.json) {
     std::cout << VerdictsToJson(*job, verdicts).dump(2, ' ', false, nlohmann::json::error_handler_t::replace)
               << '\n';
   } else {
     PrintForHumans(*job, verdicts);
-    if (!options.trace_path.empty())
-      std::cout << "Trace written to " << options.trace_path << " (open it in ui.perfetto.dev)\n";
-    if (!options.html_path.empty())
-      std::cout << "Report page written to " << options.html_path << " (open it in a browser)\n";
-    if (flight_recorder_files) {
-      std::cout << "Flight Recorder files of " << *flight_recorder_files << " ranks written to "
-                << options.flight_recorder_directory << " (read them with: torchfrtrace "
-                << options.flight_recorder_directory << ")\n";
-    }
+    for (const std::string& line : *written) std::cout << line << '\n';
   }
   const bool healthy = verdicts.size() == 1 && verdicts[0].kind == VerdictKind::kHealthy;
   return healthy ? kExitHealthy : kExitProblemFound;
