@@ -13,6 +13,7 @@
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -20,6 +21,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -33,6 +35,7 @@
 #include "watchdog/diagnose/verdicts.h"
 #include "watchdog/report/facts.h"
 #include "watchdog/report/job_read.h"
+#include "watchdog/report/snapshot.h"
 
 namespace ncclguard {
 namespace {

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstring>
 #include <fstream>
+#include <ios>
 #include <set>
 #include <string>
 #include <string_view>
@@ -21,6 +22,8 @@
 #include "watchdog/common/escape.h"
 #include "watchdog/common/ranks.h"
 #include "watchdog/diagnose/verdicts.h"
+#include "watchdog/report/job_read.h"
+#include "watchdog/report/snapshot.h"
 
 namespace ncclguard {
 namespace {

@@ -6,7 +6,6 @@
 #include <string>
 #include <vector>
 
-#include "watchdog/diagnose/job_view.h"
 #include "watchdog/diagnose/verdicts.h"
 #include "watchdog/report/job_read.h"
 #include "watchdog/report/snapshot.h"

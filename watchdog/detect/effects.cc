@@ -39,6 +39,7 @@
 #include "watchdog/report/job_board.h"
 #include "watchdog/report/job_dir.h"
 #include "watchdog/report/job_id.h"
+#include "watchdog/report/job_read.h"
 #include "watchdog/report/snapshot.h"
 #include "watchdog/report/thread_stacks.h"
 #include "watchdog/state/records.h"

@@ -1,7 +1,9 @@
 #include "watchdog/detect/metrics.h"
 
 #include <fcntl.h>
+#include <stdio.h>
 #include <sys/stat.h>
+#include <sys/types.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -9,6 +11,8 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <functional>
+#include <map>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -25,6 +29,7 @@
 #include "watchdog/common/mutex.h"
 #include "watchdog/common/temporaries.h"
 #include "watchdog/diagnose/verdicts.h"
+#include "watchdog/recover/in_process.h"
 #include "watchdog/state/records.h"
 #include "watchdog/state/registry.h"
 
@@ -160,6 +165,7 @@ std::string PrometheusText(const MetricsSample& sample, const MetricsLabels& lab
     by_kind.try_emplace(std::string(VerdictKindName(static_cast<VerdictKind>(kind))), 0);
   }
   std::vector<std::pair<std::string, std::uint64_t>> verdicts;
+  verdicts.reserve(by_kind.size());
   for (const auto& [verdict, count] : by_kind) {
     verdicts.emplace_back(absl::StrCat("verdict=\"", LabelValue(verdict), "\""), count);
   }
@@ -243,7 +249,7 @@ absl::Status WriteMetricsFile(const std::string& directory, const std::string& n
                                               temporaries.fetch_add(1, std::memory_order_relaxed));
   const absl::StatusOr<bool> done = RunWithDeadline<bool>(
       [directory, name, text, temporary]() -> absl::StatusOr<bool> {
-        const absl::Status status = WriteAndRename(directory, name, text, temporary);
+        absl::Status status = WriteAndRename(directory, name, text, temporary);
         if (!status.ok()) return status;
         return true;
       },

@@ -17,7 +17,6 @@
 #include <string_view>
 #include <vector>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "watchdog/common/clock.h"
 #include "watchdog/common/config.h"

@@ -1,8 +1,10 @@
 // What the watchdog publishes apart from its dumps: the status on the job board, and the metrics
 // (NCCLGUARD_METRICS_DIR).
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 
+#include "absl/base/thread_annotations.h"
 #include "watchdog/common/mutex.h"
 #include "watchdog/detect/progress.h"
 #include "watchdog/detect/watchdog.h"

@@ -4,14 +4,23 @@
 #include <cstddef>
 #include <cstdint>
 #include <exception>
+#include <map>
+#include <optional>
 #include <set>
+#include <string>
+#include <string_view>
 #include <utility>
+#include <vector>
 
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "watchdog/common/files.h"
 #include "watchdog/report/facts.h"
+#include "watchdog/report/job_read.h"
 #include "watchdog/report/pickle_writer.h"
+#include "watchdog/report/snapshot.h"
 
 namespace ncclguard {
 namespace {
@@ -207,7 +216,8 @@ void WriteFrames(PickleWriter& out, const ThreadSnapshot* thread, bool wanted) {
 
 std::string ProfilingName(const Item& item, const CommSnapshot& comm) {
   if (item.coalesced) return "nccl:coalesced";
-  const std::string_view name = *FlightRecorderOpName(item.op->op);
+  // Only operations FR knows are items (Exportable).
+  const std::string_view name = FlightRecorderOpName(item.op->op).value_or("unknown");
   // Point-to-point names carry the group-local ranks: "send <self>-><peer>", "recv <self><-<peer>".
   if (item.op->op == "Send")
     return absl::StrCat("nccl:", std::string(name), " ", comm.rank, "->", item.op->peer);
@@ -470,9 +480,11 @@ std::vector<FlightRecorderFile> FlightRecorderFiles(const JobView& job, FlightRe
     if (slot == nullptr || process.last_seen_ns > slot->last_seen_ns) slot = &process;
   }
   std::vector<const ProcessView*> processes;
+  processes.reserve(newest.size());
   for (const auto& [rank, process] : newest) processes.push_back(process);
   const CommMembers members = MembersOf(processes);
   std::vector<FlightRecorderFile> files;
+  files.reserve(newest.size());
   for (const auto& [rank, process] : newest) {
     files.push_back(
         FlightRecorderFile{.rank = rank, .contents = FlightRecorderDump(process->snapshot, members, states)});

@@ -1,8 +1,12 @@
 #include "watchdog/report/pickle_writer.h"
 
 #include <bit>
+#include <cstdint>
 #include <cstring>
 #include <stdexcept>
+#include <string>
+#include <string_view>
+#include <utility>
 
 namespace ncclguard {
 namespace {
