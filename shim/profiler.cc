@@ -375,7 +375,8 @@ ncclResult_t RecordEventState(void* handle, ncclProfilerEventState_t state,
   auto* event = static_cast<Handle*>(handle);
   if (event == nullptr) return ncclSuccess;
   if (event->type == ncclProfileProxyStep) {
-    hooks::profiler::SetStepWait(event->recorded, WaitOf(state));
+    const std::size_t bytes = arguments != nullptr ? arguments->proxyStep.transSize : 0;
+    hooks::profiler::SetStepWait(event->recorded, WaitOf(state), bytes);
   } else if (event->type == ncclProfileKernelCh && state == ncclProfilerKernelChStop &&
              arguments != nullptr) {
     hooks::profiler::StopChannel(event->recorded, static_cast<std::int64_t>(arguments->kernelCh.pTimer));

@@ -1,5 +1,6 @@
 // What ncclguard keeps of NCCL's profiler events (state/profiles.h): bounded, and never applied to
 // an operation other than the one an event belongs to.
+#include <chrono>
 #include <string>
 #include <thread>
 #include <vector>
@@ -54,6 +55,38 @@ TEST_CASE("a profile keeps each operation's channels, proxy operations and the s
   CHECK(proxy.waiting_step == 1);
   CHECK(proxy.waiting == StepWait::kSendNet);
   CHECK(StillRunning(recorded));
+}
+
+TEST_CASE("a send's steps add their time on the network and their bytes to their proxy operation",
+          "[profiles]") {
+  CommProfile profile("4865c4aaa8a6022e", 1);
+  const ProfileRef op = profile.StartOp(AllReduce(1), {});
+  const ProfileRef send = CommProfile::StartProxyOp(op, 1, 2, true, 2);
+  for (int number = 0; number < 2; ++number) {
+    const ProfileRef step = CommProfile::StartStep(send, number);
+    CommProfile::SetStepWait(step, StepWait::kSendGpu, 0);
+    std::this_thread::sleep_for(std::chrono::milliseconds(150));  // the GPU's wait: not the network's
+    CommProfile::SetStepWait(step, StepWait::kSendPeer, 0);
+    CommProfile::SetStepWait(step, StepWait::kSendNet, 1 << 20);
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    CommProfile::StopStep(step);
+  }
+  const ProfileRef receive = CommProfile::StartProxyOp(op, 1, 0, false, 1);
+  const ProfileRef step = CommProfile::StartStep(receive, 0);
+  CommProfile::SetStepWait(step, StepWait::kRecvNet, 1 << 20);
+  CommProfile::StopStep(step);
+
+  const CommProfileSnapshot snapshot = profile.Snapshot();
+  REQUIRE(snapshot.ops.size() == 1);
+  REQUIRE(snapshot.ops[0].proxy_ops.size() == 2);
+  const ProxyOpSnapshot& sent = snapshot.ops[0].proxy_ops[0];
+  CHECK(sent.network_steps == 2);
+  CHECK(sent.network_bytes == 2u << 20);
+  CHECK(sent.network_ns >= 20'000'000);
+  CHECK(sent.network_ns < 300'000'000);  // with the GPU's waits it would be 320 ms or more
+  const ProxyOpSnapshot& received = snapshot.ops[0].proxy_ops[1];
+  CHECK(received.network_steps == 0);
+  CHECK(received.network_ns == 0);
 }
 
 TEST_CASE("events for an operation whose slot a newer one took are dropped", "[profiles]") {

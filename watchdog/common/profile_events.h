@@ -85,6 +85,11 @@ struct ProxyOpSnapshot {
   int steps = 0;  // to do
   int steps_done = 0;
   bool stopped = false;
+  // Send steps on the network (NCCL's SendWait state): their time there, their bytes (NCCL's
+  // transSize; 0 when it gave none) and how many.
+  std::int64_t network_ns = 0;
+  std::uint64_t network_bytes = 0;
+  int network_steps = 0;
   // The oldest step in flight: its number, what it waits for and since when (epoch ns).
   int waiting_step = -1;
   StepWait waiting = StepWait::kNone;

@@ -62,8 +62,8 @@
   X(profiler_stop_proxy_op, hooks::profiler::StopProxyOp, void, (const ProfileRef& proxy), (proxy), )        \
   X(profiler_start_step, hooks::profiler::StartStep, ProfileRef, (const ProfileRef& proxy, int step),        \
     (proxy, step), ProfileRef{})                                                                             \
-  X(profiler_set_step_wait, hooks::profiler::SetStepWait, void, (const ProfileRef& step, StepWait wait),     \
-    (step, wait), )                                                                                          \
+  X(profiler_set_step_wait, hooks::profiler::SetStepWait, void,                                              \
+    (const ProfileRef& step, StepWait wait, std::size_t bytes), (step, wait, bytes), )                                                                                          \
   X(profiler_stop_step, hooks::profiler::StopStep, void, (const ProfileRef& step), (step), )                 \
   X(report_missing_function, hooks::ReportMissingFunction, void, (Api api, int library), (api, library), )   \
   X(wait_if_exiting, hooks::WaitIfExiting, void, (), (), )                                                   \

@@ -118,7 +118,8 @@ void StopChannel(const ProfileRef& channel, std::int64_t gpu_ns) noexcept;
 ProfileRef StartProxyOp(const ProfileRef& op, int channel, int peer, bool send, int steps) noexcept;
 void StopProxyOp(const ProfileRef& proxy) noexcept;
 ProfileRef StartStep(const ProfileRef& proxy, int step) noexcept;
-void SetStepWait(const ProfileRef& step, StepWait wait) noexcept;
+// `bytes`: the step's size as NCCL gives it with the state (transSize), 0 when it gives none.
+void SetStepWait(const ProfileRef& step, StepWait wait, std::size_t bytes) noexcept;
 void StopStep(const ProfileRef& step) noexcept;
 }  // namespace profiler
 

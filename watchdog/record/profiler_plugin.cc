@@ -182,7 +182,9 @@ void StopProxyOp(const ProfileRef& proxy) noexcept { CommProfile::StopProxyOp(pr
 ProfileRef StartStep(const ProfileRef& proxy, int step) noexcept {
   return CommProfile::StartStep(proxy, step);
 }
-void SetStepWait(const ProfileRef& step, StepWait wait) noexcept { CommProfile::SetStepWait(step, wait); }
+void SetStepWait(const ProfileRef& step, StepWait wait, std::size_t bytes) noexcept {
+  CommProfile::SetStepWait(step, wait, bytes);
+}
 void StopStep(const ProfileRef& step) noexcept { CommProfile::StopStep(step); }
 
 }  // namespace profiler

@@ -190,9 +190,21 @@ CommProfile::Step* CommProfile::FindStep(ProxyOp* proxy, int step) {
   return slot.step.load(kRelaxed) == step ? &slot : nullptr;
 }
 
-void CommProfile::SetStepWait(const ProfileRef& step_ref, StepWait wait) noexcept {
-  if (Step* slot = FindStep(FindProxy(step_ref), step_ref.index)) {
-    slot->since_ns.store(WallNowNs(), kRelaxed);
+void CommProfile::EndNetworkWait(ProxyOp& proxy, Step& slot, std::int64_t now_ns) {
+  if (slot.wait.load(kRelaxed) != StepWait::kSendNet) return;
+  proxy.network_ns.fetch_add(std::max<std::int64_t>(0, now_ns - slot.since_ns.load(kRelaxed)), kRelaxed);
+}
+
+void CommProfile::SetStepWait(const ProfileRef& step_ref, StepWait wait, std::size_t bytes) noexcept {
+  ProxyOp* proxy = FindProxy(step_ref);
+  if (Step* slot = FindStep(proxy, step_ref.index)) {
+    const std::int64_t now_ns = WallNowNs();
+    EndNetworkWait(*proxy, *slot, now_ns);
+    if (wait == StepWait::kSendNet && slot->wait.load(kRelaxed) != StepWait::kSendNet) {
+      proxy->network_bytes.fetch_add(bytes, kRelaxed);
+      proxy->network_steps.fetch_add(1, kRelaxed);
+    }
+    slot->since_ns.store(now_ns, kRelaxed);
     slot->wait.store(wait, std::memory_order_release);
   }
 }
@@ -200,9 +212,11 @@ void CommProfile::SetStepWait(const ProfileRef& step_ref, StepWait wait) noexcep
 void CommProfile::StopStep(const ProfileRef& step_ref) noexcept {
   ProxyOp* proxy = FindProxy(step_ref);
   int step = step_ref.index;
-  if (Step* slot = FindStep(proxy, step); slot != nullptr && slot->step.compare_exchange_strong(step, -1)) {
-    proxy->steps_done.fetch_add(1, std::memory_order_release);
-  }
+  Step* slot = FindStep(proxy, step);
+  if (slot == nullptr) return;
+  EndNetworkWait(*proxy, *slot, WallNowNs());
+  slot->wait.store(StepWait::kNone, kRelaxed);
+  if (slot->step.compare_exchange_strong(step, -1)) proxy->steps_done.fetch_add(1, std::memory_order_release);
 }
 
 OpProfileSnapshot CommProfile::Copy(const Op& op, std::uint32_t generation) {
@@ -235,7 +249,10 @@ OpProfileSnapshot CommProfile::Copy(const Op& op, std::uint32_t generation) {
                                                    .send = proxy.send.load(kRelaxed),
                                                    .steps = proxy.steps.load(kRelaxed),
                                                    .steps_done = proxy.steps_done.load(kRelaxed),
-                                                   .stopped = proxy.stopped.load(kRelaxed)});
+                                                   .stopped = proxy.stopped.load(kRelaxed),
+                                                   .network_ns = proxy.network_ns.load(kRelaxed),
+                                                   .network_bytes = proxy.network_bytes.load(kRelaxed),
+                                                   .network_steps = proxy.network_steps.load(kRelaxed)});
     // The step in flight longest is the one the link waits on.
     for (const Step& step : proxy.in_flight) {
       const int number = step.step.load(std::memory_order_acquire);

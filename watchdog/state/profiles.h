@@ -52,7 +52,9 @@ class CommProfile {
   static ProfileRef StartProxyOp(const ProfileRef& op, int channel, int peer, bool send, int steps) noexcept;
   static void StopProxyOp(const ProfileRef& proxy) noexcept;
   static ProfileRef StartStep(const ProfileRef& proxy, int step) noexcept;
-  static void SetStepWait(const ProfileRef& step, StepWait wait) noexcept;
+  // A send step's time on the network (from SendWait to its next state or its stop) and its bytes
+  // add to its proxy operation's network figures: what tells a slow link from the others.
+  static void SetStepWait(const ProfileRef& step, StepWait wait, std::size_t bytes = 0) noexcept;
   static void StopStep(const ProfileRef& step) noexcept;
 
   CommProfileSnapshot Snapshot() const;
@@ -74,6 +76,9 @@ class CommProfile {
     std::atomic<int> steps{0};
     std::atomic<int> steps_done{0};
     std::atomic<bool> stopped{false};
+    std::atomic<std::int64_t> network_ns{0};
+    std::atomic<std::uint64_t> network_bytes{0};
+    std::atomic<int> network_steps{0};
     std::array<Step, kStepsInFlight> in_flight{};
   };
   struct Channel {
@@ -103,6 +108,8 @@ class CommProfile {
   static ProxyOp* FindProxy(const ProfileRef& ref);
   // Step `step` of `proxy` while it is in flight.
   static Step* FindStep(ProxyOp* proxy, int step);
+  // Ends `slot`'s time on the network, if it was there, as of `now_ns`.
+  static void EndNetworkWait(ProxyOp& proxy, Step& slot, std::int64_t now_ns);
   // A copy of `op` as of generation `generation`.
   static OpProfileSnapshot Copy(const Op& op, std::uint32_t generation);
 
