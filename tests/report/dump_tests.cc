@@ -239,9 +239,10 @@ TEST_CASE("each snapshot type has one JSON form; a status file carries a part of
   CHECK(Json(op_back) == op_json);
 
   const Json status = CommJson(comm, SnapshotDocument::kStatus);
-  CHECK(Keys(status) == std::vector<std::string>{"id", "rank", "nranks", "state", "timing", "last_enqueued",
-                                                 "last_started", "last_completed", "async_error",
-                                                 "last_completed_op", "oldest_outstanding", "signatures"});
+  CHECK(Keys(status) == std::vector<std::string>{"id", "rank", "nranks", "device", "state", "timing",
+                                                 "last_enqueued", "last_started", "last_completed",
+                                                 "async_error", "last_completed_op", "oldest_outstanding",
+                                                 "signatures"});
   CHECK(Keys(status["last_completed_op"]) ==
         std::vector<std::string>{"seq", "op", "dtype", "count", "bytes", "root", "peer", "reduction"});
   CHECK(Keys(status["oldest_outstanding"]) == std::vector<std::string>{"seq", "op", "state", "bytes", "dtype",
@@ -272,6 +273,28 @@ TEST_CASE("each snapshot type has one JSON form; a status file carries a part of
   wrong["nranks"] = 100'000'000;
   CHECK_THROWS(ReadComm(wrong));
   CHECK_THROWS(ReadStall(nlohmann::json::array()));
+}
+
+TEST_CASE("a dump carries the pace blocks and reads them back", "[dump]") {
+  ProcessSnapshot snapshot = StalledSnapshot();
+  CommSnapshot& comm = snapshot.comms.at(0);
+  PaceBlockSnapshot& block = comm.pace.emplace_back();
+  block.first_seq = 1025;
+  block.collectives = 7;
+  block.wait_ms = 812.5;
+  block.span_ms = 2000.25;
+  block.links.push_back(
+      PaceLinkSnapshot{.peer = 3, .channel = 1, .bytes = 1 << 20, .steps = 8, .network_ms = 3.5});
+  const absl::StatusOr<ParsedDump> parsed = ParseDump(FormatDump(snapshot, SomeFacts()));
+  REQUIRE(parsed.ok());
+  const CommSnapshot& read_comm = parsed->snapshot.comms.at(0);
+  REQUIRE(read_comm.pace.size() == 1);
+  CHECK(read_comm.pace[0].first_seq == 1025);
+  CHECK(read_comm.pace[0].wait_ms == 812.5);
+  CHECK(read_comm.pace[0].span_ms == 2000.25);
+  REQUIRE(read_comm.pace[0].links.size() == 1);
+  CHECK(read_comm.pace[0].links[0].channel == 1);
+  CHECK(read_comm.pace[0].links[0].network_ms == 3.5);
 }
 
 TEST_CASE("a dump without communicators, stall or rank is still complete", "[dump]") {

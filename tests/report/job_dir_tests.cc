@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <limits>
 #include <map>
 #include <string>
@@ -27,6 +28,7 @@
 #include "watchdog/diagnose/verdicts.h"
 #include "watchdog/report/dump.h"
 #include "watchdog/report/job_dir.h"
+#include "watchdog/report/snapshot_fields.h"
 
 namespace ncclguard {
 namespace {
@@ -122,7 +124,8 @@ TEST_CASE("the launch id: NCCLGUARD_LAUNCH_ID, else every launcher's id, whateve
           "[job_dir]") {
   // One NCCLGUARD_JOB_ID given to two torchrun jobs: one job id, two launches.
   const auto shared_job_id = [](const std::string& run) {
-    return FakeEnvironment({{"NCCLGUARD_JOB_ID", "shared"}, {"SLURM_JOB_ID", "4242"}, {"TORCHELASTIC_RUN_ID", run}});
+    return FakeEnvironment(
+        {{"NCCLGUARD_JOB_ID", "shared"}, {"SLURM_JOB_ID", "4242"}, {"TORCHELASTIC_RUN_ID", run}});
   };
   CHECK(JobId(shared_job_id("a"), "ff") == JobId(shared_job_id("b"), "ff"));
   CHECK(LaunchId(shared_job_id("a")) == "slurm-4242_torchelastic-a");
@@ -130,8 +133,9 @@ TEST_CASE("the launch id: NCCLGUARD_LAUNCH_ID, else every launcher's id, whateve
   // torchrun keeps its run id across the restarts of its job: the same launch.
   CHECK(LaunchId(shared_job_id("a")) == LaunchId(shared_job_id("a")));
   // `ncclguard run` pins it for attempts whose own ids differ (a new srun step each).
-  CHECK(LaunchId(FakeEnvironment({{"NCCLGUARD_LAUNCH_ID", "slurm-4242"}, {"SLURM_JOB_ID", "4242"},
-                                  {"SLURM_STEP_ID", "7"}})) == "slurm-4242");
+  CHECK(LaunchId(FakeEnvironment(
+            {{"NCCLGUARD_LAUNCH_ID", "slurm-4242"}, {"SLURM_JOB_ID", "4242"}, {"SLURM_STEP_ID", "7"}})) ==
+        "slurm-4242");
   CHECK(LaunchId(FakeEnvironment({{"NCCLGUARD_JOB_ID", "shared"}})).empty());
   CHECK(LaunchId(nullptr).empty());
 }
@@ -262,6 +266,66 @@ TEST_CASE("status files are small, and read back", "[job_dir]") {
   CHECK(second.snapshot.time_ns == 5'000'000'000);
   CHECK_FALSE(second.snapshot.stall.has_value());
   CHECK(second.snapshot.comms.empty());
+}
+
+TEST_CASE("a status carries each communicator's pace blocks and the fail-slow verdicts held, bounded",
+          "[job_dir]") {
+  TemporaryDirectory temporary;
+  const std::string job_dir = temporary.path() + "/job";
+  ProcessSnapshot snapshot = BusySnapshot(1);
+  CommSnapshot& comm = snapshot.comms[0];
+  comm.device = 3;
+  PaceBlockSnapshot& block = comm.pace.emplace_back();
+  block.first_seq = 1025;
+  block.collectives = 7;
+  block.wait_ms = 812.5;
+  block.span_ms = 2000.25;
+  block.links.push_back(
+      PaceLinkSnapshot{.peer = 4, .channel = 1, .bytes = 1 << 20, .steps = 8, .network_ms = 3.5});
+  snapshot.fail_slow.push_back(
+      FailSlowSnapshot{.kind = "slow_rank", .comm_id = comm.id, .ranks = {2}, .message = "rank 2 is late"});
+  const absl::StatusOr<std::string> path = WriteStatus(job_dir, snapshot, Identity("gpu-node-1", 100));
+  REQUIRE(path.ok());
+  std::ifstream file(*path);
+  const std::string text((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  CHECK(text.find(R"("fail_slow":[{"kind":"slow_rank")") != std::string::npos);
+
+  const absl::StatusOr<StatusScan> scan = ReadStatuses(job_dir);
+  REQUIRE(scan.ok());
+  REQUIRE(scan->statuses.size() == 1);
+  const CommSnapshot& read_comm = scan->statuses[0].snapshot.comms.at(0);
+  CHECK(read_comm.device == 3);
+  REQUIRE(read_comm.pace.size() == 1);
+  CHECK(read_comm.pace[0].first_seq == 1025);
+  CHECK(read_comm.pace[0].collectives == 7);
+  CHECK(read_comm.pace[0].wait_ms == 812.5);
+  CHECK(read_comm.pace[0].span_ms == 2000.25);
+  REQUIRE(read_comm.pace[0].links.size() == 1);
+  CHECK(read_comm.pace[0].links[0].peer == 4);
+  CHECK(read_comm.pace[0].links[0].channel == 1);
+  CHECK(read_comm.pace[0].links[0].bytes == 1 << 20);
+  CHECK(read_comm.pace[0].links[0].steps == 8);
+  CHECK(read_comm.pace[0].links[0].network_ms == 3.5);
+
+  // A writer that claims more blocks and links than any of ours writes: the rest is not read.
+  using Json = nlohmann::json;
+  Json hostile = Json::parse(text.substr(0, text.rfind(",\"checksum\"")) + "}");
+  Json many_links = Json::array();
+  for (int i = 0; i < 1000; ++i)
+    many_links.push_back({{"peer", i}, {"channel", 0}, {"bytes", 1}, {"steps", 1}, {"network_ms", 1}});
+  Json many_blocks = Json::array();
+  for (int i = 0; i < 1000; ++i)
+    many_blocks.push_back({{"first_seq", 1 + 8 * i},
+                           {"collectives", 8},
+                           {"wait_ms", 1},
+                           {"span_ms", 1},
+                           {"links", many_links}});
+  hostile["communicators"][0]["pace"] = many_blocks;
+  hostile.erase("checksummed");
+  const absl::StatusOr<PeerStatus> bounded = ParseStatusRecord("status-x-1.json", hostile.dump());
+  REQUIRE(bounded.ok());
+  CHECK(bounded->snapshot.comms[0].pace.size() == kMaxPaceBlocks);
+  CHECK(bounded->snapshot.comms[0].pace[0].links.size() == kMaxPaceLinks);
 }
 
 // Every process rewrites its status file every interval, in place: a reader that reads it while a
@@ -627,13 +691,15 @@ TEST_CASE("a status reads the same whatever the order and number of its members"
     std::vector<std::pair<std::string, nlohmann::ordered_json>> members;
     for (const auto& member : object.items()) members.emplace_back(member.key(), member.value());
     nlohmann::ordered_json turned = nlohmann::ordered_json::object();
-    for (auto member = members.rbegin(); member != members.rend(); ++member) turned[member->first] = member->second;
+    for (auto member = members.rbegin(); member != members.rend(); ++member)
+      turned[member->first] = member->second;
     return turned;
   };
   nlohmann::ordered_json backwards = reversed(written);
   for (nlohmann::ordered_json& comm : backwards["communicators"]) comm = reversed(comm);
   nlohmann::ordered_json crowded = written;
-  for (int extra = 0; extra < 40; ++extra) crowded["communicators"][0]["extra_" + std::to_string(extra)] = extra;
+  for (int extra = 0; extra < 40; ++extra)
+    crowded["communicators"][0]["extra_" + std::to_string(extra)] = extra;
   for (int extra = 0; extra < 40; ++extra) crowded["extra_" + std::to_string(extra)] = extra;
 
   const absl::StatusOr<PeerStatus> expected = ParseStatusRecord("status-good", *good);

@@ -63,6 +63,9 @@ OpProfileSnapshot SampleProfile() {
                                     .steps = 8,
                                     .steps_done = 3,
                                     .stopped = false,
+                                    .network_ns = 2'500'000,
+                                    .network_bytes = 3 << 20,
+                                    .network_steps = 3,
                                     .waiting_step = 4,
                                     .waiting = StepWait::kSendPeer,
                                     .waiting_since_ns = 1'700'000'000'000'004'000}}};
@@ -92,6 +95,12 @@ CommSnapshot SampleComm() {
   comm.signatures_first_seq = 7;
   comm.signatures = {0x1234'5678, 0x9abc'def0};
   comm.profile = {SampleProfile()};
+  comm.pace = {PaceBlockSnapshot{
+      .first_seq = 1,
+      .collectives = 7,
+      .wait_ms = 12.5,
+      .span_ms = 250.25,
+      .links = {PaceLinkSnapshot{.peer = 3, .channel = 1, .bytes = 8 << 20, .steps = 8, .network_ms = 6.5}}}};
   return comm;
 }
 
@@ -154,6 +163,11 @@ ProcessSnapshot Sample() {
                                                 .start_ns = 1'700'000'000'000'000'500,
                                                 .result = "ncclInvalidArgument"}};
   snapshot.exiting = true;
+  snapshot.fail_slow = {
+      FailSlowSnapshot{.kind = "slow_link",
+                       .comm_id = "9f3a000000000001",
+                       .ranks = {2, 3},
+                       .message = "the link from rank 2 to rank 3 on channel 1 is 3.0x slower"}};
   snapshot.threads = SampleThreads();
   return snapshot;
 }
@@ -214,6 +228,9 @@ TEST_CASE("the checked-in dump is what this build writes, and reads back whole",
   CHECK(comm.last_completed == 7);
   CHECK(comm.ring.at(1).stream == 0xfedc'ba98'7654'3210);
   CHECK(comm.profile.at(0).proxy_ops.at(0).waiting == StepWait::kSendPeer);
+  CHECK(comm.profile.at(0).proxy_ops.at(0).network_bytes == 3 << 20);
+  CHECK(comm.pace.at(0).links.at(0).network_ms == 6.5);
+  CHECK(parsed->snapshot.fail_slow.at(0).ranks == std::vector<int>{2, 3});
   CHECK(parsed->snapshot.stall->skipped_dumps == 2);
   CHECK(parsed->snapshot.threads->threads.at(0).native.at(0).offset == 0x1f00);
 }
@@ -235,6 +252,9 @@ TEST_CASE("the checked-in status is what this build writes, and reads back whole
   CHECK(comm.signatures == std::vector<std::uint32_t>{0x1234'5678, 0x9abc'def0});
   CHECK(comm.ring.at(1).start_ns == 1'700'000'000'000'001'008);
   CHECK(parsed->snapshot.pending_inits.at(0).result == "ncclInvalidArgument");
+  CHECK(comm.pace.at(0).wait_ms == 12.5);
+  CHECK(comm.device == 1);
+  CHECK(parsed->snapshot.fail_slow.at(0).kind == "slow_link");
 }
 
 TEST_CASE("write the samples again", "[.write-samples]") {

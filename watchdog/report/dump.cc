@@ -87,6 +87,7 @@ std::string FormatDump(const ProcessSnapshot& snapshot, const ProcessFacts& fact
       {"last_nccl_warning", snapshot.last_nccl_warning},
       {"pending_inits", snapshot.pending_inits},
       {"exiting", snapshot.exiting},
+      {"fail_slow", WrittenArray(snapshot.fail_slow, kFailSlowFields, kInDump)},
       {"threads", snapshot.threads ? ThreadsJson(*snapshot.threads, kThreadFramesBudget) : Json(nullptr)}};
   // Text from NCCL or the environment may hold invalid UTF-8: replace it rather than fail.
   return document.dump(-1, ' ', false, Json::error_handler_t::replace) + "\n";

@@ -74,6 +74,12 @@ ProcessSnapshot ReadSnapshot(const Json& document) {
         ReadArray(*inits, [](const Json& init) { return init.get<PendingInitSnapshot>(); });
   }
   snapshot.exiting = document.value("exiting", false);
+  // Added to format version 2 later.
+  if (const auto fail_slow = document.find("fail_slow"); fail_slow != document.end()) {
+    snapshot.fail_slow = ReadArray(*fail_slow, [](const Json& verdict) {
+      return ReadRecord<FailSlowSnapshot>(verdict, kFailSlowFields, kInDump);
+    });
+  }
   // Format version 2 on.
   if (const auto threads = document.find("threads"); threads != document.end() && !threads->is_null()) {
     snapshot.threads = ReadThreads(*threads);

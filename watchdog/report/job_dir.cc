@@ -44,9 +44,11 @@
 #include "watchdog/report/dump.h"
 #include "watchdog/report/dump_reader.h"
 #include "watchdog/report/facts.h"
+#include "watchdog/report/fields_json.h"
 #include "watchdog/report/job_files.h"
 #include "watchdog/report/op_signature.h"
 #include "watchdog/report/snapshot.h"
+#include "watchdog/report/snapshot_fields.h"
 #include "watchdog/report/snapshot_json.h"
 #include "watchdog/report/status_reader.h"
 
@@ -107,6 +109,8 @@ Json StatusJson(const ProcessSnapshot& snapshot, const ProcessFacts& facts, std:
       {"communicators", std::move(communicators)},
       {"pending_inits", snapshot.pending_inits},
       {"exiting", snapshot.exiting}};
+  if (!snapshot.fail_slow.empty())
+    document["fail_slow"] = WrittenArray(snapshot.fail_slow, kFailSlowFields, kInStatus);
   if (facts_digest.empty()) {
     AddFactsJson(facts, document);
   } else {

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "watchdog/common/pace.h"
 #include "watchdog/common/profile_events.h"
 
 namespace ncclguard {
@@ -61,6 +62,8 @@ struct CommSnapshot {
   // Dumps only: what NCCL's profiler told of its latest operations (shim/profiler.cc), oldest first;
   // empty when NCCL did not load ncclguard's profiler plugin.
   std::vector<OpProfileSnapshot> profile;
+  // Its latest complete pace blocks (common/pace.h), oldest first: what the fail-slow rules compare.
+  std::vector<PaceBlockSnapshot> pace;
 };
 
 // What the watchdog found wrong.
@@ -130,6 +133,14 @@ struct ThreadsSnapshot {
   std::vector<ThreadSnapshot> threads;
 };
 
+// A fail-slow verdict (slow_link, slow_rank) that the process judging the job's pace holds now.
+struct FailSlowSnapshot {
+  std::string kind;
+  std::string comm_id;
+  std::vector<int> ranks;
+  std::string message;
+};
+
 struct ProcessSnapshot {
   std::string reason;        // "stall", "async_error", "error_return", "signal", "peer_request", "exit"
   std::int64_t time_ns = 0;  // since the Unix epoch
@@ -141,6 +152,8 @@ struct ProcessSnapshot {
   std::vector<PendingInitSnapshot> pending_inits;
   bool exiting = false;                    // taken on the way out of a normal exit (atexit)
   std::optional<ThreadsSnapshot> threads;  // dumps only; none when not taken
+  // The process that judges the job's pace (detect/fail_slow.h): what it finds now; empty elsewhere.
+  std::vector<FailSlowSnapshot> fail_slow;
 };
 
 }  // namespace ncclguard

@@ -119,6 +119,7 @@ CommSnapshot SnapshotOfCommunicator(const CommState& comm, bool with_rings, bool
   }
   copy.dropped = comm.dropped.load(std::memory_order_relaxed);
   CopyOperations(comm, with_rings, sign, to_wall, copy);
+  copy.pace = comm.pace.Blocks();
   // A dump has every operation NCCL's profiler told of; a status, which every peer reads at a
   // stall, those still running.
   if (std::optional<CommProfileSnapshot> profile = GetProfileTable().Find(copy.id, copy.rank)) {

@@ -182,7 +182,8 @@ inline constexpr std::string_view kOutstandingOrder[] = {
 inline constexpr auto kCommFields = std::make_tuple(
     Mapped("id", &CommSnapshot::id, kDump | kStatus), Mapped("handle", &CommSnapshot::handle, kDump, AsHex{}),
     Mapped("rank", &CommSnapshot::rank, kDump | kStatus),
-    Mapped("nranks", &CommSnapshot::nranks, kDump | kStatus), Mapped("device", &CommSnapshot::device, kDump),
+    Mapped("nranks", &CommSnapshot::nranks, kDump | kStatus),
+    Mapped("device", &CommSnapshot::device, kDump | kStatusOptional),
     Mapped("created_by", &CommSnapshot::created_by, kDump),
     Mapped("parent_id", &CommSnapshot::parent_id, kDump),
     Mapped("library_path", &CommSnapshot::library_path, kDump),
@@ -241,9 +242,36 @@ inline constexpr auto kProxyOpFields =
                     Mapped("steps", &ProxyOpSnapshot::steps, kDump | kStatus),
                     Mapped("steps_done", &ProxyOpSnapshot::steps_done, kDump | kStatus),
                     Mapped("stopped", &ProxyOpSnapshot::stopped, kDump | kStatus),
+                    Mapped("network_ns", &ProxyOpSnapshot::network_ns, kDumpOptional | kStatusOptional),
+                    Mapped("network_bytes", &ProxyOpSnapshot::network_bytes, kDumpOptional | kStatusOptional),
+                    Mapped("network_steps", &ProxyOpSnapshot::network_steps, kDumpOptional | kStatusOptional),
                     Mapped("waiting_step", &ProxyOpSnapshot::waiting_step, kDump | kStatus),
                     Mapped("waiting", &ProxyOpSnapshot::waiting, kDump | kStatus, AsStepWait{}),
                     Mapped("waiting_since_ns", &ProxyOpSnapshot::waiting_since_ns, kDump | kStatus));
+
+// A communicator's pace blocks (common/pace.h), in statuses and dumps from format version 2 on;
+// each block's links follow by hand.
+inline constexpr std::size_t kMaxPaceBlocks = 2 * kPaceBlocks;
+inline constexpr std::size_t kMaxPaceLinks = 2 * kPaceLinksPerBlock;
+inline constexpr auto kPaceBlockFields =
+    std::make_tuple(Mapped("first_seq", &PaceBlockSnapshot::first_seq, kDump | kStatus),
+                    Mapped("collectives", &PaceBlockSnapshot::collectives, kDump | kStatus),
+                    Mapped("wait_ms", &PaceBlockSnapshot::wait_ms, kDump | kStatus),
+                    Mapped("span_ms", &PaceBlockSnapshot::span_ms, kDump | kStatus));
+
+inline constexpr auto kPaceLinkFields =
+    std::make_tuple(Mapped("peer", &PaceLinkSnapshot::peer, kDump | kStatus),
+                    Mapped("channel", &PaceLinkSnapshot::channel, kDump | kStatus),
+                    Mapped("bytes", &PaceLinkSnapshot::bytes, kDump | kStatus),
+                    Mapped("steps", &PaceLinkSnapshot::steps, kDump | kStatus),
+                    Mapped("network_ms", &PaceLinkSnapshot::network_ms, kDump | kStatus));
+
+// A fail-slow verdict held now (statuses and dumps of the process that judges the job's pace).
+inline constexpr auto kFailSlowFields =
+    std::make_tuple(Mapped("kind", &FailSlowSnapshot::kind, kDump | kStatus),
+                    Mapped("comm_id", &FailSlowSnapshot::comm_id, kDump | kStatus),
+                    Mapped("ranks", &FailSlowSnapshot::ranks, kDump | kStatus),
+                    Mapped("message", &FailSlowSnapshot::message, kDump | kStatus));
 
 // A dump's threads section (format version 2 on); its list of threads follows by hand.
 inline constexpr auto kThreadsFields =

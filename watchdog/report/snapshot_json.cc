@@ -69,6 +69,30 @@ std::vector<OpProfileSnapshot> ReadProfile(const Json& json) {
   });
 }
 
+OrderedJson PaceJson(const std::vector<PaceBlockSnapshot>& pace, FieldSet set) {
+  OrderedJson blocks = OrderedJson::array();
+  for (const PaceBlockSnapshot& block : pace) {
+    OrderedJson entry = Written(block, kPaceBlockFields, set);
+    entry["links"] = WrittenArray(block.links, kPaceLinkFields, set);
+    blocks.push_back(std::move(entry));
+  }
+  return blocks;
+}
+
+// At most kMaxPaceBlocks blocks of kMaxPaceLinks links each are read: more is no writer's of ours.
+std::vector<PaceBlockSnapshot> ReadPace(const Json& json) {
+  std::vector<PaceBlockSnapshot> blocks;
+  for (const Json& entry : CheckedArray(json)) {
+    if (blocks.size() == kMaxPaceBlocks) break;
+    auto& block = blocks.emplace_back(ReadRecord<PaceBlockSnapshot>(entry, kPaceBlockFields, kInDump));
+    for (const Json& link : CheckedArray(entry.at("links"))) {
+      if (block.links.size() == kMaxPaceLinks) break;
+      block.links.push_back(ReadRecord<PaceLinkSnapshot>(link, kPaceLinkFields, kInDump));
+    }
+  }
+  return blocks;
+}
+
 OrderedJson SignaturesJson(const CommSnapshot& comm) {
   if (comm.signatures.empty()) return nullptr;
   return OrderedJson{{"first_seq", comm.signatures_first_seq}, {"hashes", SignaturesToHex(comm.signatures)}};
@@ -141,6 +165,7 @@ OrderedJson CommJson(const CommSnapshot& comm, SnapshotDocument document) {
     OrderedJson json = Written(comm, kCommFields, kInDump);
     json["ops"] = WrittenArray(comm.ring, kOpFields, kInDump);
     json["profile"] = ProfileJson(comm.profile);
+    json["pace"] = PaceJson(comm.pace, kInDump);
     return json;
   }
   OrderedJson json = Written(comm, kCommFields, kInStatus);
@@ -148,6 +173,7 @@ OrderedJson CommJson(const CommSnapshot& comm, SnapshotDocument document) {
   json["oldest_outstanding"] = OldestOutstandingJson(comm);
   json["signatures"] = SignaturesJson(comm);
   if (!comm.profile.empty()) json["profile"] = ProfileJson(comm.profile);
+  if (!comm.pace.empty()) json["pace"] = PaceJson(comm.pace, kInStatus);
   return json;
 }
 
@@ -157,6 +183,7 @@ CommSnapshot ReadComm(const Json& json) {
   comm.ring = ReadArray(json.at("ops"), [](const Json& op) { return ReadOp(op, OpFields::kAll); });
   // Added to format version 2 later.
   if (const auto profile = json.find("profile"); profile != json.end()) comm.profile = ReadProfile(*profile);
+  if (const auto pace = json.find("pace"); pace != json.end()) comm.pace = ReadPace(*pace);
   return comm;
 }
 

@@ -71,8 +71,8 @@ class Members {
     element value;
   };
   static constexpr std::size_t kMostMembers = 24;  // a status has 17, its communicators 14
-  // A communicator's own fields and its ops, profile and signatures.
-  static_assert(FieldCount(kCommFields, kInStatus) + 4 <= kMostMembers);
+  // A communicator's own fields and its ops, profile, signatures and pace.
+  static_assert(FieldCount(kCommFields, kInStatus) + 5 <= kMostMembers);
 
   object object_;
   std::array<Field, kMostMembers> fields_{};
@@ -219,6 +219,24 @@ OpProfileSnapshot ReadOpProfile(const Members& json) {
   return op;
 }
 
+// A communicator's pace blocks (added to format version 2 later), kMaxPaceBlocks of kMaxPaceLinks
+// links at most.
+std::vector<PaceBlockSnapshot> ReadPace(element json) {
+  std::vector<PaceBlockSnapshot> blocks;
+  const simdjson::dom::array entries = json.get_array().value();
+  for (const element entry : entries) {
+    if (blocks.size() == kMaxPaceBlocks) break;
+    const Members members(entry);
+    auto& block = blocks.emplace_back(ReadRecord<PaceBlockSnapshot>(members, kPaceBlockFields, kInStatus));
+    const simdjson::dom::array links = At(members, "links").get_array().value();
+    for (const element link : links) {
+      if (block.links.size() == kMaxPaceLinks) break;
+      block.links.push_back(ReadRecord<PaceLinkSnapshot>(link, kPaceLinkFields, kInStatus));
+    }
+  }
+  return blocks;
+}
+
 CommSnapshot ReadComm(const Members& json) {
   auto comm = ReadRecord<CommSnapshot>(json, kCommFields, kInStatus);
   CheckRanks(comm.rank, comm.nranks);
@@ -227,6 +245,7 @@ CommSnapshot ReadComm(const Members& json) {
   if (const std::optional<element> profile = Find(json, "profile")) {
     comm.profile = ReadArray(*profile, [](element op) { return ReadOpProfile(op); });
   }
+  if (const std::optional<element> pace = Find(json, "pace")) comm.pace = ReadPace(*pace);
   return comm;
 }
 
@@ -306,6 +325,11 @@ PeerStatus ReadStatusDocument(const std::string& file, const std::string& conten
     snapshot.pending_inits = ReadArray(*inits, [](element init) { return ReadPendingInit(init); });
   }
   ReadIfPresent(document, "exiting", snapshot.exiting);
+  if (const std::optional<element> fail_slow = Find(document, "fail_slow")) {  // added later
+    snapshot.fail_slow = ReadArray(*fail_slow, [](element verdict) {
+      return ReadRecord<FailSlowSnapshot>(verdict, kFailSlowFields, kInStatus);
+    });
+  }
   ReadFacts(document, status.facts);
   ReadIfPresent(document, "facts", status.facts_digest);
   return status;

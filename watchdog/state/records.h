@@ -13,6 +13,7 @@
 
 #include "watchdog/common/nccl_api.h"
 #include "watchdog/state/gpu_events.h"
+#include "watchdog/state/pace.h"
 
 namespace ncclguard {
 
@@ -224,6 +225,8 @@ struct CommState {
   std::int64_t stall_reported_ns = 0;  // when that stall was found
   bool verdict_settling = false;       // the recheck awaits a settled verdict: not logged
   std::int64_t closed_seen_ns = 0;     // when it freed the ring of a closed communicator
+  std::uint64_t pace_cursor = 1;       // the next operation FoldPace adds to `pace`
+  PaceLog pace;
 
   const std::size_t ring_size;
   // Freed (null) by the watchdog thread once the application has closed the communicator and
