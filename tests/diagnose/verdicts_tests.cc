@@ -172,9 +172,10 @@ TEST_CASE("a stopped rank is said to be stopped, where its last status left it, 
     verdicts = Classify(job);
     REQUIRE(Kinds(verdicts) == std::vector<std::string>{"rank_not_joined"});
     CHECK(verdicts[0].ranks == std::vector<int>{2});
-    CHECK(absl::StrContains(verdicts[0].message,
-                            "continued); its last status, 9.0 s old, says it was in AllReduce #31 while ranks "
-                            "0,1,3 wait in AllReduce #31"));
+    CHECK(
+        absl::StrContains(verdicts[0].message,
+                          "continued); its last status, 9.0 s old, says it was in AllReduce #31 while ranks "
+                          "0,1,3 wait in AllReduce #31"));
     CHECK_FALSE(ActOnTimeout(verdicts));
   }
   SECTION("just continued: alive, its status not written since the stop") {
@@ -1423,8 +1424,8 @@ TEST_CASE("every verdict kind is named as docs/verdicts.md names it, and read ba
           "[verdicts]") {
   const std::vector<std::string> names{"async_error", "p2p_suspect",     "stuck_in_init", "rank_dead",
                                        "mismatch",    "rank_not_joined", "link_stalled",  "stuck_inside_nccl",
-                                       "failed_call", "unexplained",     "straggler",     "healthy",
-                                       "unknown"};
+                                       "failed_call", "unexplained",     "straggler",     "slow_link",
+                                       "slow_rank",   "healthy",         "unknown"};
   for (int kind = 0; kind <= static_cast<int>(VerdictKind::kUnknown); ++kind) {
     const std::string name(VerdictKindName(static_cast<VerdictKind>(kind)));
     CHECK(name == names[kind]);
@@ -1475,7 +1476,8 @@ TEST_CASE("S5: a late rank's stacks say where it is, in the verdict and its evid
   CHECK(absl::StrContains(
       verdicts[0].message,
       "rank 1 completed AllReduce #10 and issued nothing after; it is alive and busy outside "
-      "NCCL: in `save_checkpoint` (train.py:88), sleeping for 41 s at its dump, 1.0 s before while ranks 0,2,3 "
+      "NCCL: in `save_checkpoint` (train.py:88), sleeping for 41 s at its dump, 1.0 s before while ranks "
+      "0,2,3 "
       "wait"));
   const nlohmann::json& location = verdicts[0].evidence["late_ranks"][0]["location"];
   CHECK(location["function"] == "save_checkpoint");
@@ -1527,13 +1529,15 @@ TEST_CASE("a late rank's dump taken just after it went to sleep says so, not tha
   late.snapshot.threads = threads;
   std::vector<Verdict> verdicts = Classify(job);
   CHECK_FALSE(absl::StrContains(verdicts[0].message, "sleeping for 0.0 s"));
-  CHECK(absl::StrContains(verdicts[0].message,
-                          "in `save_checkpoint` (train.py:88), sleeping for under 0.1 s at its dump, 9.0 s before"));
+  CHECK(absl::StrContains(
+      verdicts[0].message,
+      "in `save_checkpoint` (train.py:88), sleeping for under 0.1 s at its dump, 9.0 s before"));
   SECTION("a fresh dump says how long as of now") {
     late.snapshot.threads->time_ns = kNow - 100 * kMillisecond;
     late.snapshot.threads->threads[0].blocked_seconds = 6;
     verdicts = Classify(job);
-    CHECK(absl::StrContains(verdicts[0].message, "in `save_checkpoint` (train.py:88), sleeping for 6.0 s while"));
+    CHECK(absl::StrContains(verdicts[0].message,
+                            "in `save_checkpoint` (train.py:88), sleeping for 6.0 s while"));
   }
 }
 
@@ -1551,9 +1555,10 @@ TEST_CASE("an initialisation that a rank never joined says where that rank is", 
   });
   REQUIRE(init != verdicts.end());
   CHECK(init->ranks == std::vector<int>{3});
-  CHECK(absl::StrContains(init->message,
-                          "; rank 3 (pid 1003) is in `save_checkpoint` (train.py:88), sleeping for 41 s at its "
-                          "dump, 1.0 s before"));
+  CHECK(
+      absl::StrContains(init->message,
+                        "; rank 3 (pid 1003) is in `save_checkpoint` (train.py:88), sleeping for 41 s at its "
+                        "dump, 1.0 s before"));
   CHECK(init->evidence["missing_whereabouts"][0]["rank"] == 3);
 
   SECTION("stacks older than the initialisation say nothing") {

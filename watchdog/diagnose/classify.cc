@@ -62,6 +62,7 @@ std::vector<Verdict> ClassifyAsIs(const JobView& job, const std::vector<KnownBad
     const std::optional<std::uint64_t> mismatch_seq = classifier::ClassifyMismatch(communicator, buckets);
     classifier::ClassifyStuckOperation(communicator, job, known_bad, mismatch_seq, buckets);
     classifier::ClassifyStraggler(communicator, buckets);
+    classifier::ClassifyPace(communicator, buckets);
   }
   classifier::ClassifyStuckInits(job, communicators, buckets);
   classifier::ClassifyFailedInits(job, buckets);
@@ -128,6 +129,13 @@ std::optional<JobEnd> EndedTogether(const JobView& job) {
         process.pid, process.host, IsoTime(newest_ns));
   }
   return end;
+}
+
+std::vector<Verdict> ClassifyFailSlow(const JobView& job) {
+  classifier::Buckets buckets;
+  for (const classifier::Communicator& communicator : classifier::GroupByCommunicator(job))
+    classifier::ClassifyPace(communicator, buckets);
+  return buckets.TakeAll();
 }
 
 std::vector<Verdict> Classify(JobView& job, const std::vector<KnownBadEntry>& known_bad) {

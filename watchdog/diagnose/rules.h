@@ -8,6 +8,7 @@
 //   rules_link.cc      link_stalled (which link inside it, from NCCL's profiler)
 //   rules_init.cc      stuck_in_init, rank_dead in an initialisation
 //   rules_straggler.cc straggler
+//   rules_pace.cc      slow_link, slow_rank (fail-slow, from the ranks' pace blocks)
 #pragma once
 
 #include <array>
@@ -87,7 +88,7 @@ std::string JoinClauses(const std::vector<std::string>& clauses);
 // ---------------------------------------------------------------------------------------------
 // The verdicts found so far, by kind, in the order Classify lists them
 
-// The rules name the kinds they find, kAsyncError to kStraggler.
+// The rules name the kinds they find, kAsyncError to kSlowRank.
 using enum VerdictKind;
 
 class Buckets {
@@ -143,5 +144,8 @@ std::string KernelChannelsNote(const Communicator& communicator);
 void ClassifyStuckInits(const JobView& job, const std::vector<Communicator>& communicators, Buckets& buckets);
 
 void ClassifyStraggler(const Communicator& communicator, Buckets& buckets);
+
+// slow_link and slow_rank, from the ranks' pace blocks.
+void ClassifyPace(const Communicator& communicator, Buckets& buckets);
 
 }  // namespace ncclguard::classifier

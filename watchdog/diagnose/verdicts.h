@@ -30,6 +30,8 @@ enum class VerdictKind {
   kFailedCall,
   kUnexplained,
   kStraggler,
+  kSlowLink,
+  kSlowRank,
   kHealthy,
   kUnknown,
 };
@@ -73,6 +75,10 @@ std::optional<JobEnd> EndedTogether(const JobView& job);
 // p2p_suspect (the watchdog and `ncclguard analyze` pass ProcessKnownBad().entries).
 // Sets job.ended_together_ns (EndedTogether), and nothing else of `job`.
 std::vector<Verdict> Classify(JobView& job, const std::vector<KnownBadEntry>& known_bad);
+
+// Only the fail-slow verdicts (slow_link, slow_rank) of a job that runs: what the watchdog that
+// judges the job's pace looks for at every interval, at the cost of reading statuses only.
+std::vector<Verdict> ClassifyFailSlow(const JobView& job);
 
 // {"verdicts": [{"kind", "comm", "seq", "ranks", "message", "evidence"}...], "job_end", "directory",
 //  "time", "processes", "problems"} — documented in docs/verdicts.md.

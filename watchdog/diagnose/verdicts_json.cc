@@ -18,9 +18,9 @@ namespace {
 using Json = nlohmann::json;
 
 constexpr std::array<std::string_view, static_cast<size_t>(VerdictKind::kUnknown) + 1> kKindNames{
-    "async_error",  "p2p_suspect",       "stuck_in_init", "rank_dead",   "mismatch",  "rank_not_joined",
-    "link_stalled", "stuck_inside_nccl", "failed_call",   "unexplained", "straggler", "healthy",
-    "unknown"};
+    "async_error",     "p2p_suspect",  "stuck_in_init",     "rank_dead",   "mismatch",
+    "rank_not_joined", "link_stalled", "stuck_inside_nccl", "failed_call", "unexplained",
+    "straggler",       "slow_link",    "slow_rank",         "healthy",     "unknown"};
 
 const char* LivenessName(ProcessView::Liveness liveness) {
   switch (liveness) {
