@@ -135,6 +135,12 @@ class RecordingEffects final : public WatchdogEffects {
     ++classifications;
     return verdicts;
   }
+  std::vector<Verdict> fail_slow;  // what ClassifyFailSlow answers
+  int fail_slow_looks = 0;
+  std::vector<Verdict> ClassifyFailSlow() override {
+    ++fail_slow_looks;
+    return fail_slow;
+  }
   std::int64_t TakePeerDumpRequest() override { return std::exchange(pending_peer_request_ns, 0); }
   ProcessFacts facts;
   const ProcessFacts& Facts() override { return facts; }

@@ -116,7 +116,11 @@
   X(POLL_INTERVAL, poll_interval, Seconds, Seconds{0.1},                                             \
     "How often the watchdog looks at outstanding operations, in seconds.")                           \
   X(STATUS_INTERVAL, status_interval, Seconds, Seconds{2},                                           \
-    "How often each process rewrites its status file in the job directory, in seconds.")
+    "How often each process rewrites its status file in the job directory, in seconds.")             \
+  X(SLOW_INTERVAL, slow_interval, Seconds, Seconds{15},                                              \
+    "How often the process holding rank 0 of the largest communicator reads the job's statuses "     \
+    "to name a slow link or a slow rank (`slow_link`, `slow_rank`), in seconds; never more often "   \
+    "than the status interval. `0`: never.")
 
 // The accepted range of each numeric setting, inclusive: a value outside is reported like any bad
 // value and the default is used (a poll interval of a nanosecond burns a core, a ring of millions
@@ -131,4 +135,5 @@
   X(PROBATION_OPS, 1, 16)                  \
   X(PROBATION_MAX_BYTES, 1, 1099511627776) \
   X(POLL_INTERVAL, 0.01, 10)               \
-  X(STATUS_INTERVAL, 0.1, 600)
+  X(STATUS_INTERVAL, 0.1, 600)             \
+  X(SLOW_INTERVAL, 0, 3600)

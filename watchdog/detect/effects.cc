@@ -48,6 +48,9 @@
 namespace ncclguard {
 namespace {
 
+// How long the judge of the job's pace may read the statuses: its watchdog waits meanwhile.
+constexpr std::chrono::milliseconds kFailSlowReadDeadline{2000};
+
 // Set by NCCLGUARD_ACTION=exit just before it aborts: application threads entering NCCL wait.
 std::atomic<bool> g_holding_application_calls{false};
 
@@ -186,6 +189,24 @@ std::vector<Verdict> SystemEffects::Classify(const ProcessSnapshot& own_status) 
               board->Where());
   }
   return ncclguard::Classify(*job, ProcessKnownBad().entries);
+}
+
+std::vector<Verdict> SystemEffects::ClassifyFailSlow() {
+  const std::shared_ptr<JobBoard> board = Board();
+  if (!board) return {};
+  // The watchdog waits for this read: bounded well below any stall timeout. Statuses only: a job
+  // that runs has no dumps worth the time.
+  JobReadLimits limits;
+  limits.deadline = kFailSlowReadDeadline;
+  limits.sampled_dumps = 0;
+  const double interval = StatusIntervalSeconds(GetConfig().status_interval.value, 0);
+  absl::StatusOr<JobView> job =
+      ReadJob(board, ::ncclguard::WallNowNs(), interval, JobDirectoryOrigin::kOwn, limits);
+  if (!job.ok()) {
+    log::Info("no pace judged: {}", std::string(job.status().message()));
+    return {};
+  }
+  return ncclguard::ClassifyFailSlow(*job);
 }
 
 std::int64_t SystemEffects::TakePeerDumpRequest() {

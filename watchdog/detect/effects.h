@@ -47,6 +47,7 @@ class SystemEffects final : public WatchdogEffects {
   std::optional<P2pVerdictRecord> FreshP2pVerdict() override;
   void RequestPeerDumps(const std::string& why) override;
   std::vector<Verdict> Classify(const ProcessSnapshot& own_status) override;
+  std::vector<Verdict> ClassifyFailSlow() override;
   std::int64_t TakePeerDumpRequest() override;
   ncclResult_t AsyncError(CommState& comm) override;
   std::string LastNcclError() override;

@@ -162,6 +162,9 @@ std::string PrometheusText(const MetricsSample& sample, const MetricsLabels& lab
   // Every kind, 0 until it happens: a series that appeared at 1 would show no increase().
   std::map<std::string, std::uint64_t, std::less<>> by_kind = counts.stall_verdicts;
   for (int kind = 0; kind <= static_cast<int>(VerdictKind::kUnknown); ++kind) {
+    // A running job's pace is no stall's verdict: those have families of their own.
+    if (kind == static_cast<int>(VerdictKind::kSlowLink) || kind == static_cast<int>(VerdictKind::kSlowRank))
+      continue;
     by_kind.try_emplace(std::string(VerdictKindName(static_cast<VerdictKind>(kind))), 0);
   }
   std::vector<std::pair<std::string, std::uint64_t>> verdicts;
@@ -172,6 +175,22 @@ std::string PrometheusText(const MetricsSample& sample, const MetricsLabels& lab
   AppendFamily(text, "ncclguard_stall_verdicts_total", "counter",
                "The cross-rank verdict of each stall reported, by kind (docs/verdicts.md).", common,
                verdicts);
+  std::vector<std::pair<std::string, std::uint64_t>> held;
+  std::vector<std::pair<std::string, std::uint64_t>> reported;
+  for (const VerdictKind kind : {VerdictKind::kSlowLink, VerdictKind::kSlowRank}) {
+    const std::string name(VerdictKindName(kind));
+    const std::string label = absl::StrCat("kind=\"", name, "\"");
+    const auto now = sample.fail_slow_held.find(name);
+    const auto total = sample.fail_slow_reported.find(name);
+    held.emplace_back(label, now != sample.fail_slow_held.end() ? now->second : 0);
+    reported.emplace_back(label, total != sample.fail_slow_reported.end() ? total->second : 0);
+  }
+  AppendFamily(text, "ncclguard_fail_slow", "gauge",
+               "Fail-slow verdicts held now, by kind (on the process that judges the job's pace).", common,
+               held);
+  AppendFamily(text, "ncclguard_fail_slow_reported_total", "counter",
+               "Fail-slow verdicts reported, by kind (on the process that judges the job's pace).", common,
+               reported);
   AppendFamily(text, "ncclguard_async_errors_total", "counter", "Asynchronous NCCL errors reported.", common,
                {{"", counts.async_errors}});
   AppendFamily(

@@ -74,20 +74,6 @@ bool AwaitsProbationHostFunction(CommState& comm) {
 
 }  // namespace
 
-// Marks what the watchdog is calling, for the monitor: a CUDA or NCCL call that never returns
-// stops the heartbeat, and the monitor then says where the watchdog is stuck.
-class Watchdog::Activity {
- public:
-  Activity(Watchdog& watchdog, const char* what) : watchdog_(watchdog) {
-    watchdog_.activity_since_ns_.store(SteadyNowNs(), std::memory_order_relaxed);
-    watchdog_.activity_.store(what, std::memory_order_relaxed);
-  }
-  ~Activity() { watchdog_.activity_.store(nullptr, std::memory_order_relaxed); }
-
- private:
-  Watchdog& watchdog_;
-};
-
 void Watchdog::PollOnce(std::int64_t now_ns, std::optional<std::int64_t> due_ns) {
   heartbeat_.fetch_add(1, std::memory_order_relaxed);
   if (due_ns && LateRound(*due_ns, now_ns, ToNs(config_.poll_interval), ToNs(config_.timeout))) {
@@ -118,6 +104,7 @@ void Watchdog::PollOnce(std::int64_t now_ns, std::optional<std::int64_t> due_ns)
     }
     PublishMetrics(true);
   }
+  JudgePace(now_ns);
   // Every round: the board is looked at after each status, apart from the rounds, and a request
   // found there is answered at the next round, not a status interval later.
   if (effects_.JobDirectoryKnown()) {
@@ -256,6 +243,7 @@ void Watchdog::CheckCommunicator(CommState& comm, std::int64_t now_ns) {
     Activity activity(*this, "cuEventQuery");
     AdvanceOperations(comm, events_, now_ns);
   }
+  FoldPace(comm, now_ns);
   if (lifecycle == CommLifecycle::kInitializing && error == ncclSuccess &&
       CompleteRegistrationUnlessClosing(comm)) {
     next_status_ns_ = 0;  // on record in the job directory from now on

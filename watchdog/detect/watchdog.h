@@ -18,6 +18,7 @@
 #include "watchdog/common/config.h"
 #include "watchdog/common/mutex.h"
 #include "watchdog/detect/dump_spacing.h"
+#include "watchdog/detect/fail_slow.h"
 #include "watchdog/detect/metrics.h"
 #include "watchdog/detect/progress.h"
 #include "watchdog/diagnose/verdicts.h"
@@ -77,6 +78,9 @@ class WatchdogEffects {
   virtual void HoldApplicationCalls() = 0;
   [[noreturn]] virtual void Exit(int code) = 0;
   virtual std::int64_t WallNowNs() = 0;
+  // The fail-slow verdicts (slow_link, slow_rank) from the statuses on the job board; empty when
+  // the board cannot be read.
+  virtual std::vector<Verdict> ClassifyFailSlow() { return {}; }
   // NCCLGUARD_METRICS_DIR: publishes the sample as this process's metrics file.
   virtual void WriteMetrics(const MetricsSample& sample) { (void)sample; }
 };
@@ -171,7 +175,25 @@ class Watchdog {
   // kRestartExitCode (returns only where a test's effects do).
   void ExitForRestart(const std::string& why);
 
-  class Activity;
+  // Marks what the watchdog is calling, for the monitor: a CUDA or NCCL call that never returns
+  // stops the heartbeat, and the monitor then says where the watchdog is stuck.
+  class Activity {
+   public:
+    Activity(Watchdog& watchdog, const char* what) : watchdog_(watchdog) {
+      watchdog_.activity_since_ns_.store(SteadyNowNs(), std::memory_order_relaxed);
+      watchdog_.activity_.store(what, std::memory_order_relaxed);
+    }
+    ~Activity() { watchdog_.activity_.store(nullptr, std::memory_order_relaxed); }
+    Activity(const Activity&) = delete;
+    Activity& operator=(const Activity&) = delete;
+
+   private:
+    Watchdog& watchdog_;
+  };
+
+  // NCCLGUARD_SLOW_INTERVAL: judges the job's pace when due and this process is the judge
+  // (detect/fail_slow.h), and logs what changed.
+  void JudgePace(std::int64_t now_ns);
 
   const Config& config_;
   Registry& registry_;
@@ -196,6 +218,8 @@ class Watchdog {
   std::int64_t last_dump_wall_ns_ = 0;
   std::int64_t ignored_p2p_verdict_ns_ = 0;  // the time of the last foreign record reported
   std::set<std::string> reported_inits_;
+  FailSlowReport fail_slow_ ABSL_GUARDED_BY(status_mutex_);
+  std::int64_t next_pace_ns_ = 0;
   // The last late round: stall timers count from then (time the process did not run is no stall).
   std::int64_t counted_from_ns_ = 0;
   StallDumpSpacing dump_spacing_;

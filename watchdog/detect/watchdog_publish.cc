@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
 
 #include "absl/base/thread_annotations.h"
 #include "watchdog/common/mutex.h"
@@ -29,16 +32,24 @@ void Watchdog::WriteStatusNow(std::int64_t now_ns) {
     if (over) reported_stall_.reset();
   }
   status.stall = reported_stall_;
+  status.fail_slow = fail_slow_.Current();
   effects_.WriteStatus(status);
 }
 
 void Watchdog::PublishMetrics(bool running) {
   bool stalled = false;
+  std::map<std::string, std::uint64_t> fail_slow_held;
+  std::map<std::string, std::uint64_t> fail_slow_reported;
   {
     MutexLock lock(status_mutex_);
     stalled = reported_stall_.has_value();
+    fail_slow_held = fail_slow_.HeldByKind();
+    fail_slow_reported = fail_slow_.ReportedByKind();
   }
-  effects_.WriteMetrics(metrics_.Sample(registry_, heartbeat(), stalled, running, effects_.WallNowNs()));
+  MetricsSample sample = metrics_.Sample(registry_, heartbeat(), stalled, running, effects_.WallNowNs());
+  sample.fail_slow_held = std::move(fail_slow_held);
+  sample.fail_slow_reported = std::move(fail_slow_reported);
+  effects_.WriteMetrics(sample);
 }
 
 ProcessSnapshot Watchdog::FinalStatus(std::int64_t now_ns) {
@@ -47,11 +58,13 @@ ProcessSnapshot Watchdog::FinalStatus(std::int64_t now_ns) {
     if (lifecycle != CommLifecycle::kDestroyed && lifecycle != CommLifecycle::kAborted &&
         !comm->aborted_by_ncclguard.load(std::memory_order_acquire)) {
       AdvanceOperations(*comm, events_, now_ns);
+      FoldPace(*comm, now_ns);
     }
   }
   ProcessSnapshot status = BuildSnapshot(registry_, "status", false, now_ns, effects_.WallNowNs());
   MutexLock lock(status_mutex_);
   status.stall = reported_stall_;
+  status.fail_slow = fail_slow_.Current();
   status.exiting = true;
   return status;
 }

@@ -1,0 +1,128 @@
+#include "watchdog/detect/fail_slow.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "watchdog/common/log.h"
+#include "watchdog/common/mutex.h"
+#include "watchdog/detect/watchdog.h"
+#include "watchdog/state/records.h"
+
+namespace ncclguard {
+namespace {
+
+// The figure a verdict's size is told by: how much slower the link, how long the peers wait.
+double FigureOf(const Verdict& verdict) {
+  for (const char* key : {"ratio_to_median", "waited_ms_per_block"}) {
+    if (const auto found = verdict.evidence.find(key); found != verdict.evidence.end() && found->is_number())
+      return found->get<double>();
+  }
+  return 0;
+}
+
+// Changes smaller than this share of the figure are the same verdict: not said again.
+constexpr double kChangeWorthSaying = 0.25;
+
+}  // namespace
+
+bool JudgesPace(Registry& registry) {
+  int largest = 0;
+  bool rank_zero_of_largest = false;
+  for (const CommState* comm : registry.All()) {
+    if (comm->lifecycle.load(std::memory_order_acquire) != CommLifecycle::kReady) continue;
+    const int nranks = comm->nranks.load(std::memory_order_relaxed);
+    const bool rank_zero = comm->rank.load(std::memory_order_relaxed) == 0;
+    if (nranks > largest) {
+      largest = nranks;
+      rank_zero_of_largest = rank_zero;
+    } else if (nranks == largest) {
+      rank_zero_of_largest = rank_zero_of_largest || rank_zero;
+    }
+  }
+  return largest >= 2 && rank_zero_of_largest;
+}
+
+std::string FailSlowReport::KeyOf(const Verdict& verdict) {
+  std::string key = fmt::format("{}/{}", VerdictKindName(verdict.kind), verdict.comm);
+  for (const int rank : verdict.ranks) key += fmt::format("/{}", rank);
+  if (const auto channel = verdict.evidence.find("channel"); channel != verdict.evidence.end())
+    key += fmt::format("/c{}", channel->dump());
+  return key;
+}
+
+std::vector<FailSlowReport::Line> FailSlowReport::Update(const std::vector<Verdict>& verdicts) {
+  std::vector<Line> lines;
+  std::map<std::string, Verdict> now;
+  for (const Verdict& verdict : verdicts) {
+    if (verdict.kind != VerdictKind::kSlowLink && verdict.kind != VerdictKind::kSlowRank) continue;
+    const std::string key = KeyOf(verdict);
+    const auto before = held_.find(key);
+    const bool changed = before != held_.end() && std::fabs(FigureOf(verdict) - FigureOf(before->second)) >
+                                                      kChangeWorthSaying * FigureOf(before->second);
+    if (before == held_.end() || changed) {
+      lines.push_back(Line{.ended = false,
+                           .text = fmt::format("{}: {}", VerdictKindName(verdict.kind), verdict.message)});
+      if (before == held_.end()) ++reported_[std::string(VerdictKindName(verdict.kind))];
+      now.emplace(key, verdict);
+    } else {
+      now.emplace(key, before->second);  // what was said stays what is held
+    }
+  }
+  for (const auto& [key, verdict] : held_) {
+    if (now.contains(key)) continue;
+    lines.push_back(
+        Line{.ended = true,
+             .text = fmt::format("{} ended: no longer so in the latest operations of communicator {} "
+                                 "(it was: {})",
+                                 VerdictKindName(verdict.kind), verdict.comm, verdict.message)});
+  }
+  held_ = std::move(now);
+  return lines;
+}
+
+std::vector<FailSlowSnapshot> FailSlowReport::Current() const {
+  std::vector<FailSlowSnapshot> current;
+  for (const auto& [key, verdict] : held_) {
+    current.push_back(FailSlowSnapshot{.kind = std::string(VerdictKindName(verdict.kind)),
+                                       .comm_id = verdict.comm,
+                                       .ranks = verdict.ranks,
+                                       .message = verdict.message});
+  }
+  return current;
+}
+
+std::map<std::string, std::uint64_t> FailSlowReport::HeldByKind() const {
+  std::map<std::string, std::uint64_t> held;
+  for (const auto& [key, verdict] : held_) ++held[std::string(VerdictKindName(verdict.kind))];
+  return held;
+}
+
+void Watchdog::JudgePace(std::int64_t now_ns) {
+  const auto interval_ns = static_cast<std::int64_t>(config_.slow_interval.value * 1e9);
+  if (interval_ns <= 0 || !effects_.JobDirectoryKnown() || now_ns < next_pace_ns_) return;
+  // Never more often than the statuses it reads change.
+  next_pace_ns_ = now_ns + std::max(interval_ns, status_interval_ns_);
+  if (!JudgesPace(registry_)) return;
+  std::vector<Verdict> verdicts;
+  {
+    Activity activity(*this, "judging the job's pace");
+    verdicts = effects_.ClassifyFailSlow();
+  }
+  std::vector<FailSlowReport::Line> lines;
+  {
+    MutexLock lock(status_mutex_);
+    lines = fail_slow_.Update(verdicts);
+  }
+  for (const FailSlowReport::Line& line : lines) log::Warn("{}", line.text);
+  if (lines.empty()) return;
+  RequestStatus();  // the board and the metrics say it at the next round, not an interval later
+  PublishMetrics(true);
+}
+
+}  // namespace ncclguard
