@@ -4,6 +4,7 @@
 // when EMU_PROFILER_ERRORS=1, so that a test sees NCCL go on regardless.
 #include <dlfcn.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -34,6 +35,9 @@ void report(RecordedCall& call) {
   using Sink = void (*)(const RecordedCall*);
   static const auto sink = reinterpret_cast<Sink>(dlsym(RTLD_DEFAULT, "emuProfilerTestRecord"));
   call.thread = static_cast<pid_t>(syscall(SYS_gettid));
+  timespec now{};
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  call.ns = static_cast<uint64_t>(now.tv_sec) * 1000000000ull + static_cast<uint64_t>(now.tv_nsec);
   if (sink != nullptr) sink(&call);
 }
 

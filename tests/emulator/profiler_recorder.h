@@ -36,6 +36,7 @@ struct RecordedCall {
   int rank = -1;
   bool has_logger = false;
   pid_t thread = 0;
+  uint64_t ns = 0;  // CLOCK_MONOTONIC (the emulated GPU's clock too) when the plugin was called
 };
 
 }  // namespace profilertest
