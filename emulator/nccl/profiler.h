@@ -119,8 +119,9 @@ class KernelTrace {
     size_t bytes = 0;
     int chunk = 0;
     int steps = 0;
-    int completed = 0;  // steps stopped
-    int posted = 0;     // send steps the proxy handed to the network (SendWait)
+    int completed = 0;      // steps stopped
+    int posted = 0;         // send steps the proxy handed to the network (SendWait)
+    size_t trans_size = 0;  // NCCL's sub->transSize: the size of the last step sent or received
     void* event = nullptr;
     std::vector<void*> step_events;
   };

@@ -122,11 +122,16 @@ void KernelTrace::startSub(const Traced& traced, ProxySub& sub) {
   }
 }
 
-// NCCL updates a step only while its ProxyOp event exists.
+// NCCL updates a step only while its ProxyOp event exists. Each state carries the connection's
+// sub->transSize, which NCCL sets to a step's size just before that step enters SendWait (or,
+// received, RecvFlushWait): the states before carry the previous step's size.
 void KernelTrace::recordStep(ProxySub& sub, int step, ncclProfilerEventState_t state) {
   if (sub.event == nullptr) return;
+  if (state == ncclProfilerProxyStepSendWait || state == ncclProfilerProxyStepRecvFlushWait) {
+    sub.trans_size = channelShare(sub.bytes, step, sub.steps);
+  }
   ncclProfilerEventStateArgs_t args{};
-  args.proxyStep.transSize = channelShare(sub.bytes, step, sub.steps);
+  args.proxyStep.transSize = sub.trans_size;
   profilerRecordState(*core_, sub.step_events[step], state, &args);
 }
 

@@ -44,7 +44,13 @@ void checkCompletedProxyOp(const EventLog& log, const Event& op, int rank, int s
     const Event& step = *step_events[s];
     CHECK(step.start.descr.proxyStep.step == s);
     CHECK(step.start.descr.rank == rank);
-    CHECK(step.stateNumbers() == (d.proxyOp.isSend ? kSendStates : kRecvStates));
+    REQUIRE(step.stateNumbers() == (d.proxyOp.isSend ? kSendStates : kRecvStates));
+    // NCCL's sub->transSize: set to the step's size as it enters SendWait (RecvFlushWait); the
+    // states before carry the previous step's size, nothing before the first step moved.
+    const size_t chunk = static_cast<size_t>(d.proxyOp.chunkSize);
+    CHECK(step.states[d.proxyOp.isSend ? 2 : 1].args.proxyStep.transSize == chunk);
+    CHECK(step.states[0].args.proxyStep.transSize == 0);  // every step is posted before any moves
+    if (d.proxyOp.isSend) CHECK(step.states[1].args.proxyStep.transSize == (s == 0 ? 0 : chunk));
     CHECK(step.states.back().args.proxyStep.transSize > 0);
     CHECK(step.stopped());
     CHECK(step.stop_index < op.stop_index);
