@@ -202,8 +202,6 @@ void CUDA_CB runCapturedTask(void* task);
 // Parses NCCL_COMM_ID-style "host:port"; false if malformed.
 bool validCommIdAddress(const std::string& address);
 
-uint64_t mixBits(uint64_t value);
-
 }  // namespace ncclemu
 
 // The handle the application holds. Never freed: a use after destroy or abort is reported as an

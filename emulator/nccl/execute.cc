@@ -11,11 +11,14 @@
 #include "comm.h"
 #include "debug.h"
 #include "faults.h"
+#include "links.h"
 
 namespace ncclemu {
 namespace {
 
 constexpr size_t kPage = 4096;
+
+using Clock = std::chrono::steady_clock;
 
 size_t roundUp(size_t value, size_t alignment) { return (value + alignment - 1) / alignment * alignment; }
 
@@ -140,7 +143,50 @@ struct PointToPoint {
   size_t total_bytes;
   size_t done_bytes = 0;
   bool withheld = false;  // a stopped link (hang with peer=): never moves, never completes
+  // With the link model, a Send's link carries one step at a time, each for step_time from when
+  // the step went onto it (from when the step before arrived): posted steps went onto the link,
+  // carried ones arrived, and only their bytes may move.
+  std::chrono::nanoseconds step_time{0};
+  Clock::time_point step_due{};  // when the step on the link arrives
+  int steps = 1;
+  int posted = 0;
+  int carried = 0;
 };
+
+// Where step `step` of a transfer ends; rounded up, so that KernelTrace::progress counts it whole.
+size_t stepEnd(const PointToPoint& transfer, int step) {
+  return (transfer.total_bytes * step + transfer.steps - 1) / transfer.steps;
+}
+
+// The bytes a Send may have moved by `now`: those of the steps its link carried.
+size_t carriedBytes(PointToPoint& transfer, Clock::time_point now) {
+  if (transfer.step_time.count() <= 0) return transfer.total_bytes;
+  if (transfer.carried < transfer.posted && now >= transfer.step_due) ++transfer.carried;
+  return stepEnd(transfer, transfer.carried);
+}
+
+// Once a carried step's bytes have moved, the next step goes onto the link.
+void postNextStep(PointToPoint& transfer) {
+  if (transfer.step_time.count() <= 0 || transfer.posted != transfer.carried ||
+      transfer.posted == transfer.steps || transfer.done_bytes < stepEnd(transfer, transfer.carried)) {
+    return;
+  }
+  ++transfer.posted;
+  transfer.step_due = Clock::now() + transfer.step_time;
+  transfer.trace->postNextSend(0);
+}
+
+// How long until a Send's link carries the step it holds; at most `limit`.
+std::chrono::nanoseconds nextCarried(const std::vector<PointToPoint>& transfers,
+                                     std::chrono::nanoseconds limit) {
+  const Clock::time_point now = Clock::now();
+  for (const PointToPoint& transfer : transfers) {
+    if (transfer.step_time.count() > 0 && !transfer.withheld && transfer.carried < transfer.posted) {
+      limit = std::min(limit, std::chrono::duration_cast<std::chrono::nanoseconds>(transfer.step_due - now));
+    }
+  }
+  return limit;
+}
 
 void ringDoorbell(CommCore& core, int rank) {
   Doorbell& bell = core.shared.doorbell(rank);
@@ -161,7 +207,8 @@ bool progress(CommCore& core, PointToPoint& transfer) {
   const uint64_t consumed =
       channel.consumed.load(sending ? std::memory_order_acquire : std::memory_order_relaxed);
   const size_t available = sending ? kRingBytes - (written - consumed) : written - consumed;
-  size_t moved = std::min(available, transfer.total_bytes - transfer.done_bytes);
+  const size_t allowed = sending ? carriedBytes(transfer, Clock::now()) : transfer.total_bytes;
+  size_t moved = std::min(available, allowed - std::min(allowed, transfer.done_bytes));
   if (moved == 0) return false;
   uint64_t position = sending ? written : consumed;
   for (size_t left = moved; left > 0;) {
@@ -182,6 +229,7 @@ bool progress(CommCore& core, PointToPoint& transfer) {
   ringDoorbell(core, sending ? to : from);
   transfer.trace->progress(transfer.done_bytes, transfer.total_bytes);
   if (transfer.done_bytes == transfer.total_bytes) transfer.trace->completeAll();
+  postNextStep(transfer);
   return true;
 }
 
@@ -205,7 +253,7 @@ bool runPointToPoint(CommCore& core, std::vector<PointToPoint>& transfers) {
     }
     if (!pending) return true;
     if (interrupted(core)) return false;
-    if (!moved) futexWait(&my_bell.rings, rings, 1000);
+    if (!moved) futexWaitFor(&my_bell.rings, rings, nextCarried(transfers, std::chrono::seconds(1)));
   }
 }
 
@@ -298,6 +346,7 @@ bool runTracedCollective(CommCore& core, const Operation& op) {
   if (!splitsIntoChannels(op.kind)) {
     if (link) return stallOnLink(core, trace, *link);
     if (!runCollective(core, op, 0, op.count)) return false;
+    if (linksModelled() && !waitExchangeLinks(core, op)) return false;
     trace.completeAll();
     return true;
   }
@@ -308,9 +357,19 @@ bool runTracedCollective(CommCore& core, const Operation& op) {
     if (link && channel == 0) return stallOnLink(core, trace, *link);
     const size_t begin = channelBegin(op.count, channel);
     if (!runCollective(core, op, begin, channelBegin(op.count, channel + 1))) return false;
+    if (linksModelled() && !waitRingChannel(core, op, trace, channel)) return false;
     trace.completeChannel(channel);
   }
   return true;
+}
+
+// The Send's first step goes onto its link; its data moves as the link carries it.
+void timeSend(const CommCore& core, const Operation& send, PointToPoint& transfer) {
+  const std::chrono::nanoseconds link_time = sendLinkTime(core, send);
+  if (link_time.count() <= 0) return;
+  transfer.steps = proxyStepCount(transfer.total_bytes);
+  transfer.step_time = link_time / transfer.steps;
+  postNextStep(transfer);
 }
 
 void runTracedPointToPoint(CommCore& core, const std::vector<const Operation*>& operations) {
@@ -335,6 +394,8 @@ void runTracedPointToPoint(CommCore& core, const std::vector<const Operation*>& 
       transfers.back().withheld = true;
     } else if (transfers.back().total_bytes == 0) {
       trace.completeAll();
+    } else if (op->kind == OpKind::Send && linksModelled()) {
+      timeSend(core, *op, transfers.back());
     }
   }
   runPointToPoint(core, transfers);

@@ -369,11 +369,11 @@ ncclResult_t rendezvous(CommCore& core, const InitRequest& request) {
 
 ncclResult_t initCommunicatorSteps(CommCore& core, const InitRequest& request) {
   LogDeviceScope log_device(core.cuda_dev);
-  const FaultPlan& faults = activeFaultPlan();
-  if (!faults.error.empty()) {
-    EMU_WARN("NCCLEMU_FAULTS: %s", faults.error.c_str());
+  if (const std::string error = transportSpecError(); !error.empty()) {
+    EMU_WARN("%s", error.c_str());
     return ncclInvalidArgument;
   }
+  const FaultPlan& faults = activeFaultPlan();
   p2pPolicy();
   core.magic = request.magic;
   core.comm_index = communicatorIndex(request.magic);
@@ -627,13 +627,6 @@ bool validCommIdAddress(const std::string& address) {
   char* end = nullptr;
   const long port = strtol(address.c_str() + colon + 1, &end, 10);
   return *end == '\0' && port > 0 && port < 65536;
-}
-
-uint64_t mixBits(uint64_t value) {
-  value += 0x9e3779b97f4a7c15ULL;
-  value = (value ^ (value >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  value = (value ^ (value >> 27)) * 0x94d049bb133111ebULL;
-  return value ^ (value >> 31);
 }
 
 std::shared_ptr<CommCore> liveCore(ncclComm_t comm, const char* caller, ncclResult_t* error) {

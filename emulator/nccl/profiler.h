@@ -94,6 +94,12 @@ void profilerHandOver(CommCore& core, std::vector<Operation>& operations, bool g
 // NCCL hands a captured plan over at every replay when the plan has proxy operations.
 bool profilerHasProxyWork(const CommCore& core, const std::vector<Operation>& operations);
 
+// The part of `bytes` that channel `channel` of `channels` carries (or step `channel` of a
+// connection's steps); the data path splits elements alike.
+size_t channelShare(size_t bytes, int channel, int channels);
+// How many proxy steps carry `bytes` over one network connection (NCCL_STEPS at most).
+int proxyStepCount(size_t bytes);
+
 // The kernel and proxy side of one operation on one rank, on the stream's worker: KernelCh per
 // task and channel, and, over NET connections, ProxyOp per channel and peer with its ProxySteps.
 class KernelTrace {
@@ -110,6 +116,11 @@ class KernelTrace {
   // The GPU filled the next step for `peer` on `channel` and the proxy posted it to the network,
   // which never completes it: the step stays in SendWait.
   void sendPosted(int channel, int peer);
+  // The proxy posts the next send step on `channel` to the network (SendPeerWait, SendWait),
+  // unless one is still there.
+  void postNextSend(int channel);
+  // The network completed the sends (or receives) of `channel` up to step `upto`, exclusive.
+  void completeNetSteps(int channel, bool send, int upto);
 
  private:
   struct ProxySub {

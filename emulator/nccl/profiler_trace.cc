@@ -27,12 +27,19 @@ uint64_t nowNanoseconds() {
   return static_cast<uint64_t>(now.tv_sec) * 1000000000ull + static_cast<uint64_t>(now.tv_nsec);
 }
 
-// The part of `bytes` that channel `channel` carries; the data path splits elements alike.
+size_t chunkBytes(size_t bytes) {
+  return std::min<size_t>(INT_MAX, std::max(kMinChunkBytes, (bytes + kMaxSteps - 1) / kMaxSteps));
+}
+
+}  // namespace
+
 size_t channelShare(size_t bytes, int channel, int channels) {
   return bytes * (channel + 1) / channels - bytes * channel / channels;
 }
 
-}  // namespace
+int proxyStepCount(size_t bytes) {
+  return std::max<int>(1, static_cast<int>((bytes + chunkBytes(bytes) - 1) / chunkBytes(bytes)));
+}
 
 KernelTrace::KernelTrace(CommCore& core, const Operation& op) : core_(&core) {
   for (const ProfiledTask& task : op.profiled) {
@@ -51,9 +58,8 @@ KernelTrace::KernelTrace(CommCore& core, const Operation& op) : core_(&core) {
       }
     }
     for (ProxySub& sub : traced.subs) {
-      sub.chunk = static_cast<int>(
-          std::min<size_t>(INT_MAX, std::max(kMinChunkBytes, (sub.bytes + kMaxSteps - 1) / kMaxSteps)));
-      sub.steps = std::max<int>(1, static_cast<int>((sub.bytes + sub.chunk - 1) / sub.chunk));
+      sub.chunk = static_cast<int>(chunkBytes(sub.bytes));
+      sub.steps = proxyStepCount(sub.bytes);
     }
     traced_.push_back(std::move(traced));
   }
@@ -198,6 +204,28 @@ void KernelTrace::progress(size_t done, size_t total) {
   for (Traced& traced : traced_) {
     for (ProxySub& sub : traced.subs) {
       completeSteps(sub, total == 0 ? sub.steps : static_cast<int>(done * sub.steps / total));
+    }
+  }
+}
+
+void KernelTrace::postNextSend(int channel) {
+  for (Traced& traced : traced_) {
+    for (ProxySub& sub : traced.subs) {
+      // One step at a time: the next once the network completed the one before.
+      if (!sub.send || sub.channel != channel || sub.posted > sub.completed || sub.completed >= sub.steps)
+        continue;
+      sub.posted = sub.completed;
+      recordStep(sub, sub.posted, ncclProfilerProxyStepSendPeerWait);
+      recordStep(sub, sub.posted, ncclProfilerProxyStepSendWait);
+      ++sub.posted;
+    }
+  }
+}
+
+void KernelTrace::completeNetSteps(int channel, bool send, int upto) {
+  for (Traced& traced : traced_) {
+    for (ProxySub& sub : traced.subs) {
+      if (sub.send == send && sub.channel == channel) completeSteps(sub, std::min(upto, sub.steps));
     }
   }
 }

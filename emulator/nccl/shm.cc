@@ -7,14 +7,20 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <ctime>
 
 namespace ncclemu {
 
 void futexWait(std::atomic<uint32_t>* word, uint32_t expected, int timeout_ms) {
-  timespec timeout{timeout_ms / 1000, (timeout_ms % 1000) * 1000000L};
-  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, expected, &timeout, nullptr, 0);
+  futexWaitFor(word, expected, std::chrono::milliseconds(timeout_ms));
+}
+
+void futexWaitFor(std::atomic<uint32_t>* word, uint32_t expected, std::chrono::nanoseconds timeout) {
+  const int64_t ns = std::max<int64_t>(0, timeout.count());
+  timespec relative{static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)};
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, expected, &relative, nullptr, 0);
 }
 
 void futexWakeAll(std::atomic<uint32_t>* word) {

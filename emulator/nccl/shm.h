@@ -4,6 +4,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -15,6 +16,7 @@ static_assert(std::atomic<uint32_t>::is_always_lock_free && std::atomic<uint64_t
 
 // Sleeps while *word == expected, at most timeout_ms; shared (not process-private) futex.
 void futexWait(std::atomic<uint32_t>* word, uint32_t expected, int timeout_ms);
+void futexWaitFor(std::atomic<uint32_t>* word, uint32_t expected, std::chrono::nanoseconds timeout);
 void futexWakeAll(std::atomic<uint32_t>* word);
 
 struct alignas(64) SharedBarrier {

@@ -29,8 +29,9 @@ TEST_CASE("emulated NCCL fault spec: every kind with its keys", "[nccl][faults]"
 
 TEST_CASE("emulated NCCL fault spec: malformed parts are named", "[nccl][faults]") {
   auto error = [](const char* spec) { return parseFaultSpec(spec).error; };
-  CHECK(error("freeze:rank=1") == "unknown fault kind 'freeze' in 'freeze:rank=1' (kinds: hang, p2p_stall, slow, "
-                                  "async_error, init_hang, crash)");
+  CHECK(error("freeze:rank=1") ==
+        "unknown fault kind 'freeze' in 'freeze:rank=1' (kinds: hang, p2p_stall, slow, "
+        "slow_link, async_error, init_hang, crash)");
   CHECK(error("hang:rank=1") == "missing key 'seq' in 'hang:rank=1'");
   CHECK(error("hang:rank=1,seq=2,depth=3") == "unknown key 'depth' for hang in 'hang:rank=1,seq=2,depth=3'");
   CHECK(error("hang:rank=x,seq=2") == "bad value 'x' for rank in 'hang:rank=x,seq=2' (expected a non-negative integer)");
