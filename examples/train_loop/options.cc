@@ -24,7 +24,8 @@ A small data-parallel training job on the CUDA driver API and NCCL.
   --verbose              one line per step
   --stop-early R:S       rank R stops issuing collectives after step S and exits 0
   --sleep R:S:SEC        rank R saves a checkpoint for SEC seconds after step S, then continues
-  --slow R:MS            rank R computes MS milliseconds longer every step (a straggler)
+  --slow R:MS[:F-L]      rank R computes MS milliseconds longer every step, or in steps F to L
+                         only (a straggler, for a while)
   --exit R:S             rank R exits with code 3 after step S
   --desync R:S           rank R uses C+1048576 elements in the AllReduce of step S
 )";
@@ -73,6 +74,22 @@ std::vector<std::string_view> split_fields(std::string_view text, size_t expecte
 RankStep parse_rank_step(std::string_view text, const std::string& flag) {
   const auto fields = split_fields(text, 2, flag, "RANK:STEP");
   return RankStep{static_cast<int>(parse_integer(fields[0], flag + " rank", 0)), parse_integer(fields[1], flag + " step", 0)};
+}
+
+// RANK:MILLISECONDS, or RANK:MILLISECONDS:FIRST-LAST (steps, 1-based, inclusive).
+SlowRank parse_slow(std::string_view text, const std::string& flag) {
+  const char* shape = "RANK:MILLISECONDS[:FIRST-LAST]";
+  const auto fields = split_fields(text, text.find(':') != text.rfind(':') ? 3 : 2, flag, shape);
+  SlowRank slow{static_cast<int>(parse_integer(fields[0], flag + " rank", 0)),
+                parse_seconds(fields[1], flag)};
+  if (fields.size() == 3) {
+    const size_t dash = fields[2].find('-');
+    if (dash == std::string_view::npos)
+      usage_error(flag + " expects " + shape + ", got '" + std::string(text) + "'");
+    slow.first = parse_integer(fields[2].substr(0, dash), flag + " first step", 1);
+    slow.last = parse_integer(fields[2].substr(dash + 1), flag + " last step", slow.first);
+  }
+  return slow;
 }
 
 NcclLoader parse_loader(std::string_view text) {
@@ -168,9 +185,7 @@ Options parse_options(int argc, char** argv) {
       options.sleep = SleepAfterStep{static_cast<int>(parse_integer(fields[0], flag + " rank", 0)),
                                      parse_integer(fields[1], flag + " step", 0), parse_seconds(fields[2], flag)};
     } else if (flag == "--slow") {
-      const auto fields = split_fields(value, 2, flag, "RANK:MILLISECONDS");
-      options.slow = SlowRank{static_cast<int>(parse_integer(fields[0], flag + " rank", 0)),
-                              parse_seconds(fields[1], flag)};
+      options.slow = parse_slow(value, flag);
     } else {
       usage_error("unknown option '" + flag + "'");
     }
@@ -185,6 +200,9 @@ Options parse_options(int argc, char** argv) {
   check_fault_step(options.exit_after, "--exit", 0, options.steps);
   check_fault_step(options.desync, "--desync", 1, options.steps);
   if (options.sleep) check_fault_step(RankStep{options.sleep->rank, options.sleep->step}, "--sleep", 0, options.steps);
+  if (options.slow && options.slow->last > options.steps) {
+    usage_error("--slow last step must be at most --steps (" + std::to_string(options.steps) + ")");
+  }
   return options;
 }
 

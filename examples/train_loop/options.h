@@ -19,10 +19,13 @@ struct SleepAfterStep {
   double seconds;
 };
 
-// A rank whose compute is slower by `milliseconds` every step.
+// A rank whose compute is slower by `milliseconds` in steps first..last (last 0: to the end).
 struct SlowRank {
   int rank;
   double milliseconds;
+  long first = 1;
+  long last = 0;
+  bool covers(long step) const { return step >= first && (last == 0 || step <= last); }
 };
 
 struct Options {

@@ -253,7 +253,9 @@ void train_step(const Job& job, const DeviceState& state, long step, std::vector
   const size_t model_count = job.options.model_count;
   const int rank = job.identity.rank;
   for (size_t index = 0; index < count; ++index) gradients[index] = gradient(model[index % model_count], rank, step, index);
-  if (job.options.slow && job.options.slow->rank == rank) {
+  if (job.options.slow && job.options.slow->rank == rank && job.options.slow->covers(step)) {
+    if (job.options.verbose)
+      std::printf("rank %d: step %ld: %g ms longer (--slow)\n", rank, step, job.options.slow->milliseconds);
     std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(job.options.slow->milliseconds));
   }
   const size_t elements = fault_here(job.options.desync, job, step) ? count + kDesyncExtraElements : count;

@@ -212,6 +212,24 @@ TEST_CASE("a rank that sleeps after a step delays the job, which then completes 
   require_every_rank_reports(run, 2, expected_checksum(2, 20, 1024, 1024));
 }
 
+TEST_CASE("a rank slow for a range of steps only is slow there, and the job completes exactly",
+          "[emulator]") {
+  const Run run = train_loop("--ranks 2 --steps 8 --slow 1:20:3-5 --verbose --timeout 60");
+  REQUIRE(run.exited_with(0));
+  for (long step = 1; step <= 8; ++step) {
+    INFO("step " << step);
+    CHECK(run.contains("rank 1: step " + std::to_string(step) + ": 20 ms longer (--slow)") ==
+          (step >= 3 && step <= 5));
+    CHECK_FALSE(run.contains("rank 0: step " + std::to_string(step) + ": 20 ms longer"));
+  }
+  require_every_rank_reports(run, 2, expected_checksum(2, 8, 1024, 1024));
+  // Without a range, every step.
+  const Run always = train_loop("--ranks 2 --steps 3 --slow 0:1 --verbose --timeout 60");
+  REQUIRE(always.exited_with(0));
+  for (const char* step : {"1", "2", "3"})
+    CHECK(always.contains(std::string("rank 0: step ") + step + ": 1 ms longer (--slow)"));
+}
+
 TEST_CASE("a rank that issues a different element count makes the job fail or hang", "[emulator]") {
   const Run run = train_loop("--ranks 2 --steps 20 --desync 1:5 --timeout 8");
   CHECK(run.exited_with(1));
@@ -259,6 +277,15 @@ TEST_CASE("bad command lines are refused with the reason", "[emulator]") {
   run = train_loop("--ranks 2 --exit 2:1");
   CHECK(run.exited_with(2));
   CHECK(run.contains("--exit names rank 2 but the job has 2 ranks"));
+  run = train_loop("--slow 1:20:5");
+  CHECK(run.exited_with(2));
+  CHECK(run.contains("--slow expects RANK:MILLISECONDS[:FIRST-LAST], got '1:20:5'"));
+  run = train_loop("--slow 1:20:5-4");
+  CHECK(run.exited_with(2));
+  CHECK(run.contains("--slow last step expects an integer >= 5, got '4'"));
+  run = train_loop("--steps 10 --slow 1:20:5-11");
+  CHECK(run.exited_with(2));
+  CHECK(run.contains("--slow last step must be at most --steps (10)"));
   run = train_loop("--nccl-loader static");
   CHECK(run.exited_with(2));
   CHECK(run.contains("--nccl-loader expects linked, dlopen or rtld-local, got 'static'"));
