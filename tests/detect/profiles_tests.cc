@@ -87,6 +87,18 @@ TEST_CASE("a send's steps add their time on the network and their bytes to their
   const ProxyOpSnapshot& received = snapshot.ops[0].proxy_ops[1];
   CHECK(received.network_steps == 0);
   CHECK(received.network_ns == 0);
+
+  // A later operation in the same slot starts from nothing.
+  for (std::uint64_t nccl_seq = 2; nccl_seq <= kProfiledOps + 1; ++nccl_seq) {
+    const ProfileRef later = profile.StartOp(AllReduce(nccl_seq), {});
+    const ProfileRef proxy = CommProfile::StartProxyOp(later, 1, 2, true, 1);
+    CommProfile::StopStep(CommProfile::StartStep(proxy, 0));
+  }
+  for (const OpProfileSnapshot& later : profile.Snapshot().ops) {
+    REQUIRE(later.proxy_ops.size() == 1);
+    CHECK(later.proxy_ops[0].network_steps == 0);
+    CHECK(later.proxy_ops[0].network_ns == 0);
+  }
 }
 
 TEST_CASE("events for an operation whose slot a newer one took are dropped", "[profiles]") {

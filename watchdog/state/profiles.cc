@@ -161,7 +161,13 @@ ProfileRef CommProfile::StartProxyOp(const ProfileRef& op_ref, int channel, int 
   proxy.steps.store(steps, kRelaxed);
   proxy.steps_done.store(0, kRelaxed);
   proxy.stopped.store(false, kRelaxed);
-  for (Step& step : proxy.in_flight) step.step.store(-1, kRelaxed);
+  proxy.network_ns.store(0, kRelaxed);
+  proxy.network_bytes.store(0, kRelaxed);
+  proxy.network_steps.store(0, kRelaxed);
+  for (Step& step : proxy.in_flight) {
+    step.step.store(-1, kRelaxed);
+    step.wait.store(StepWait::kNone, kRelaxed);
+  }
   proxy.owner.store(op_ref.generation, std::memory_order_release);
   ProfileRef ref = op_ref;
   ref.proxy = static_cast<std::int16_t>(index);
