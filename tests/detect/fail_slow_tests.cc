@@ -23,7 +23,7 @@ Verdict SlowLink(double ratio) {
                  .seq = 64,
                  .ranks = {2, 3},
                  .message = "the link from rank 2 to rank 3 on channel 1 is slower",
-                 .evidence = {{"channel", 1}, {"ratio_to_median", ratio}}};
+                 .evidence = {{"channels", {1}}, {"ratio_to_median", ratio}}};
 }
 
 Verdict SlowRank() {
@@ -50,7 +50,9 @@ TEST_CASE("a fail-slow verdict is said when it appears, changes and ends, and he
   REQUIRE(lines.size() == 1);
   CHECK_FALSE(lines[0].ended);
   CHECK(report.ReportedByKind().at("slow_link") == 1);
-  // The link recovered: its end is said.
+  // The link recovered: its end is said once a second look confirms it.
+  CHECK(report.Update({SlowRank()}).empty());
+  CHECK(report.HeldByKind().at("slow_link") == 1);
   lines = report.Update({SlowRank()});
   REQUIRE(lines.size() == 1);
   CHECK(lines[0].ended);
@@ -83,7 +85,10 @@ TEST_CASE(
   judge.effects.fail_slow.clear();
   judge.watchdog.PollOnce(11 * kSecond);
   CHECK(judge.effects.fail_slow_looks == 2);
-  judge.watchdog.PollOnce(12 * kSecond);
+  CHECK(judge.effects.statuses.back().fail_slow.size() == 1);  // one look without it is not its end
+  judge.watchdog.PollOnce(21 * kSecond);
+  CHECK(judge.effects.fail_slow_looks == 3);
+  judge.watchdog.PollOnce(22 * kSecond);
   CHECK(judge.effects.statuses.back().fail_slow.empty());
   CHECK(judge.effects.metrics.back().fail_slow_held.empty());
 

@@ -165,8 +165,23 @@ TEST_CASE("a link slower than the others is named: its ranks, hosts, GPUs, chann
   // 8 MB in 8 × 3 ms: about 2.8 Gb/s, against the median link's 8.4.
   CHECK(verdict.evidence.at("gbps").get<double>() == Approx(8.0 * 8 * 1.048576 / 24).epsilon(0.15));
   CHECK(verdict.evidence.at("median_gbps").get<double>() == Approx(8.0 * 8 * 1.048576 / 8).epsilon(0.15));
-  CHECK(verdict.evidence.at("channel") == 1);
+  CHECK(verdict.evidence.at("channels") == std::vector<int>{1});
   CHECK(verdict.evidence.at("peer_host") == "node-1");
+}
+
+TEST_CASE("a link slow on every channel is one verdict that lists them", "[pace]") {
+  const JobView job = Job(8, 4, 0.1, 8, [](int rank, RankPace& pace) {
+    if (rank != 6) return;
+    for (auto& channels : pace.link_ms_per_mb) {
+      for (double& ms : channels) ms *= 4;
+    }
+  });
+  const std::vector<Verdict> verdicts = ClassifyFailSlow(job);
+  REQUIRE(verdicts.size() == 1);
+  CHECK(verdicts[0].ranks == std::vector<int>{6, 7});
+  CHECK(absl::StrContains(verdicts[0].message, "to rank 7 (node-1 GPU 3) on channels 0,1 is "));
+  CHECK(verdicts[0].evidence.at("ratio_to_median").get<double>() == Approx(4).epsilon(0.2));
+  CHECK(verdicts[0].evidence.at("channels") == std::vector<int>{0, 1});
 }
 
 TEST_CASE("links whose steps NCCL gave no size are judged by their time per step", "[pace]") {

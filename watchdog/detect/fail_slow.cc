@@ -51,36 +51,40 @@ bool JudgesPace(Registry& registry) {
 std::string FailSlowReport::KeyOf(const Verdict& verdict) {
   std::string key = fmt::format("{}/{}", VerdictKindName(verdict.kind), verdict.comm);
   for (const int rank : verdict.ranks) key += fmt::format("/{}", rank);
-  if (const auto channel = verdict.evidence.find("channel"); channel != verdict.evidence.end())
-    key += fmt::format("/c{}", channel->dump());
+  if (const auto channels = verdict.evidence.find("channels"); channels != verdict.evidence.end())
+    key += fmt::format("/c{}", channels->dump());
   return key;
 }
 
 std::vector<FailSlowReport::Line> FailSlowReport::Update(const std::vector<Verdict>& verdicts) {
   std::vector<Line> lines;
-  std::map<std::string, Verdict> now;
+  std::map<std::string, Held> now;
   for (const Verdict& verdict : verdicts) {
     if (verdict.kind != VerdictKind::kSlowLink && verdict.kind != VerdictKind::kSlowRank) continue;
     const std::string key = KeyOf(verdict);
     const auto before = held_.find(key);
-    const bool changed = before != held_.end() && std::fabs(FigureOf(verdict) - FigureOf(before->second)) >
-                                                      kChangeWorthSaying * FigureOf(before->second);
-    if (before == held_.end() || changed) {
+    const bool known = before != held_.end();
+    const double said = known ? FigureOf(before->second.verdict) : 0;
+    if (!known || std::fabs(FigureOf(verdict) - said) > kChangeWorthSaying * said) {
       lines.push_back(Line{.ended = false,
                            .text = fmt::format("{}: {}", VerdictKindName(verdict.kind), verdict.message)});
-      if (before == held_.end()) ++reported_[std::string(VerdictKindName(verdict.kind))];
-      now.emplace(key, verdict);
+      if (!known) ++reported_[std::string(VerdictKindName(verdict.kind))];
+      now.emplace(key, Held{.verdict = verdict});
     } else {
-      now.emplace(key, before->second);  // what was said stays what is held
+      now.emplace(key, Held{.verdict = before->second.verdict});  // what was said stays what is held
     }
   }
-  for (const auto& [key, verdict] : held_) {
+  for (const auto& [key, held] : held_) {
     if (now.contains(key)) continue;
-    lines.push_back(
-        Line{.ended = true,
-             .text = fmt::format("{} ended: no longer so in the latest operations of communicator {} "
-                                 "(it was: {})",
-                                 VerdictKindName(verdict.kind), verdict.comm, verdict.message)});
+    if (held.missed + 1 < kLooksToEnd) {
+      now.emplace(key, Held{.verdict = held.verdict, .missed = held.missed + 1});
+      continue;
+    }
+    lines.push_back(Line{
+        .ended = true,
+        .text = fmt::format("{} ended: no longer so in the latest operations of communicator {} "
+                            "(it was: {})",
+                            VerdictKindName(held.verdict.kind), held.verdict.comm, held.verdict.message)});
   }
   held_ = std::move(now);
   return lines;
@@ -88,7 +92,8 @@ std::vector<FailSlowReport::Line> FailSlowReport::Update(const std::vector<Verdi
 
 std::vector<FailSlowSnapshot> FailSlowReport::Current() const {
   std::vector<FailSlowSnapshot> current;
-  for (const auto& [key, verdict] : held_) {
+  for (const auto& [key, held] : held_) {
+    const Verdict& verdict = held.verdict;
     current.push_back(FailSlowSnapshot{.kind = std::string(VerdictKindName(verdict.kind)),
                                        .comm_id = verdict.comm,
                                        .ranks = verdict.ranks,
@@ -98,9 +103,9 @@ std::vector<FailSlowSnapshot> FailSlowReport::Current() const {
 }
 
 std::map<std::string, std::uint64_t> FailSlowReport::HeldByKind() const {
-  std::map<std::string, std::uint64_t> held;
-  for (const auto& [key, verdict] : held_) ++held[std::string(VerdictKindName(verdict.kind))];
-  return held;
+  std::map<std::string, std::uint64_t> counts;
+  for (const auto& [key, held] : held_) ++counts[std::string(VerdictKindName(held.verdict.kind))];
+  return counts;
 }
 
 void Watchdog::JudgePace(std::int64_t now_ns) {

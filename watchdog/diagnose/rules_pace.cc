@@ -12,6 +12,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "watchdog/diagnose/rules.h"
 #include "watchdog/report/snapshot.h"
@@ -229,25 +230,26 @@ const Member* MemberOfRank(const Communicator& communicator, int rank) {
   return nullptr;
 }
 
-void AddSlowLink(const Communicator& communicator, const std::vector<CommonBlock>& blocks, const LinkKey& key,
-                 const SlowLinkRecord& record, Buckets& buckets) {
-  const Member& from = communicator.members[key.member];
-  const Member* to = MemberOfRank(communicator, key.peer);
+// `channels`: the link's channels that were slow, each in enough blocks; `record`: theirs together.
+void AddSlowLink(const Communicator& communicator, const std::vector<CommonBlock>& blocks, std::size_t member,
+                 int peer, const std::vector<int>& channels, const SlowLinkRecord& record, Buckets& buckets) {
+  const Member& from = communicator.members[member];
+  const Member* to = MemberOfRank(communicator, peer);
   const double ratio = Median(record.ratios);
   const double gbps = Gbps(record.bytes, record.network_ms);
   const std::string bandwidth =
       record.bytes > 0 ? fmt::format(", {:.2f} Gb/s against a median link's {:.2f}", gbps, record.median_gbps)
                        : "";
-  Add(buckets, kSlowLink, communicator.id, blocks.back().first_seq + kPaceBlockOps - 1, {from.rank, key.peer},
-      fmt::format("the link from {} to {} on channel {} is {:.1f}x slower than the communicator's median "
+  Add(buckets, kSlowLink, communicator.id, blocks.back().first_seq + kPaceBlockOps - 1, {from.rank, peer},
+      fmt::format("the link from {} to {} on channel{} {} is {:.1f}x slower than the communicator's median "
                   "link{} (in {} of the latest {} blocks of operations #{}-#{}); every collective on it "
                   "runs at its pace: check that link's NIC, cable or switch port",
-                  RankAt(from), to != nullptr ? RankAt(*to) : fmt::format("rank {}", key.peer), key.channel,
-                  ratio, bandwidth, record.blocks, blocks.size(), blocks.front().first_seq,
-                  blocks.back().first_seq + kPaceBlockOps - 1),
+                  RankAt(from), to != nullptr ? RankAt(*to) : fmt::format("rank {}", peer),
+                  channels.size() > 1 ? "s" : "", fmt::join(channels, ","), ratio, bandwidth, record.blocks,
+                  blocks.size(), blocks.front().first_seq, blocks.back().first_seq + kPaceBlockOps - 1),
       Json{{"rank", from.rank},
-           {"peer", key.peer},
-           {"channel", key.channel},
+           {"peer", peer},
+           {"channels", channels},
            {"host", from.process->host},
            {"peer_host", to != nullptr ? to->process->host : ""},
            {"device", from.comm->device},
@@ -260,12 +262,25 @@ void AddSlowLink(const Communicator& communicator, const std::vector<CommonBlock
            {"first_seq", blocks.front().first_seq}});
 }
 
+// One verdict per link between two ranks, with every channel of it that was slow: a NIC or cable
+// slows all the channels it carries.
 void ClassifySlowLinks(const Communicator& communicator, const std::vector<CommonBlock>& blocks,
                        Buckets& buckets) {
   std::map<LinkKey, SlowLinkRecord> records;
   for (const CommonBlock& block : blocks) FlagSlowLinks(block, records);
+  std::map<std::pair<std::size_t, int>, std::pair<std::vector<int>, SlowLinkRecord>> links;
   for (const auto& [key, record] : records) {
-    if (record.blocks >= kMinFlaggedBlocks) AddSlowLink(communicator, blocks, key, record, buckets);
+    if (record.blocks < kMinFlaggedBlocks) continue;
+    auto& [channels, merged] = links[{key.member, key.peer}];
+    channels.push_back(key.channel);
+    merged.blocks = std::max(merged.blocks, record.blocks);
+    merged.ratios.insert(merged.ratios.end(), record.ratios.begin(), record.ratios.end());
+    merged.bytes += record.bytes;
+    merged.network_ms += record.network_ms;
+    merged.median_gbps = record.median_gbps;
+  }
+  for (const auto& [link, found] : links) {
+    AddSlowLink(communicator, blocks, link.first, link.second, found.first, found.second, buckets);
   }
 }
 
