@@ -198,7 +198,7 @@ TEST_CASE("links whose steps NCCL gave no size are judged by their time per step
   CHECK_FALSE(absl::StrContains(links[0].message, "Gb/s"));
 }
 
-TEST_CASE("only blocks every rank completed are judged, three of them at least", "[pace]") {
+TEST_CASE("three blocks of every rank at least are judged, and a whole communicator", "[pace]") {
   auto late_rank_2 = [](int rank, RankPace& pace) {
     if (rank == 2)
       for (double& wait : pace.wait_ms) wait -= 80;
@@ -216,6 +216,24 @@ TEST_CASE("only blocks every rank completed are judged, three of them at least",
   const std::vector<Verdict> all = Classify(whole, {});
   REQUIRE_FALSE(all.empty());
   CHECK(all.back().kind == VerdictKind::kSlowRank);
+}
+
+TEST_CASE("ranks whose latest blocks hold no operation in common are judged by blocks of the same recency",
+          "[pace]") {
+  // A fast job: each rank's status was written at another moment, 16 blocks apart at most.
+  JobView job = Job(8, 4, 0.1, 9, [](int rank, RankPace& pace) {
+    if (rank != 2) return;
+    for (auto& channels : pace.link_ms_per_mb) channels[0] *= 3;
+  });
+  for (ProcessView& process : job.processes) {
+    for (PaceBlockSnapshot& block : process.snapshot.comms[0].pace)
+      block.first_seq += kPaceBlockOps * 4 * static_cast<std::uint64_t>(process.snapshot.rank % 5);
+  }
+  const std::vector<Verdict> verdicts = ClassifyFailSlow(job);
+  REQUIRE(verdicts.size() == 1);
+  CHECK(verdicts[0].kind == VerdictKind::kSlowLink);
+  CHECK(verdicts[0].ranks == std::vector<int>{2, 3});
+  CHECK(absl::StrContains(verdicts[0].message, "of operations #1-#160)"));
 }
 
 std::vector<ProxyOpSnapshot> Send(int peer, int channel, std::uint64_t bytes, std::int64_t network_ns) {

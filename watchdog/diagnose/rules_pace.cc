@@ -43,7 +43,8 @@ double Median(std::vector<double> values) {
 
 // One block as every member has it, by member.
 struct CommonBlock {
-  std::uint64_t first_seq = 0;
+  std::uint64_t first_seq = 0;  // of the operations its members' blocks hold
+  std::uint64_t last_seq = 0;
   std::vector<const PaceBlockSnapshot*> by_member;
 };
 
@@ -55,6 +56,7 @@ std::vector<CommonBlock> LatestCommonBlocks(const Communicator& communicator) {
     for (const PaceBlockSnapshot& block : communicator.members[i].comm->pace) {
       CommonBlock& common = blocks[block.first_seq];
       common.first_seq = block.first_seq;
+      common.last_seq = block.first_seq + kPaceBlockOps - 1;
       common.by_member.resize(members, nullptr);
       common.by_member[i] = &block;
     }
@@ -68,6 +70,46 @@ std::vector<CommonBlock> LatestCommonBlocks(const Communicator& communicator) {
   }
   std::reverse(latest.begin(), latest.end());
   return latest;
+}
+
+// Each rank's i-th newest block, side by side, for the newest kJudgedBlocks; fewer when a rank
+// has fewer. Ranks write their statuses at different moments: in a job of many operations per
+// second their newest blocks may hold no operation in common, yet a slowness that lasts shows in
+// the blocks of the same moment all the same.
+std::vector<CommonBlock> LatestBlocksByRecency(const Communicator& communicator) {
+  std::size_t depth = kJudgedBlocks;
+  for (const Member& member : communicator.members) depth = std::min(depth, member.comm->pace.size());
+  std::vector<CommonBlock> latest(depth);
+  for (std::size_t age = 0; age < depth; ++age) {
+    CommonBlock& common = latest[depth - 1 - age];
+    for (const Member& member : communicator.members) {
+      const PaceBlockSnapshot& block = member.comm->pace[member.comm->pace.size() - 1 - age];
+      common.first_seq =
+          common.by_member.empty() ? block.first_seq : std::min(common.first_seq, block.first_seq);
+      common.last_seq = std::max(common.last_seq, block.first_seq + kPaceBlockOps - 1);
+      common.by_member.push_back(&block);
+    }
+  }
+  return latest;
+}
+
+// The blocks judged: those every rank completed when there are enough, else those of the same
+// recency.
+std::vector<CommonBlock> JudgedBlocks(const Communicator& communicator) {
+  std::vector<CommonBlock> common = LatestCommonBlocks(communicator);
+  if (common.size() >= kMinFlaggedBlocks) return common;
+  return LatestBlocksByRecency(communicator);
+}
+
+// "#17-#48": the operations the judged blocks hold.
+std::string SeqRange(const std::vector<CommonBlock>& blocks) {
+  std::uint64_t first = blocks.front().first_seq;
+  std::uint64_t last = 0;
+  for (const CommonBlock& block : blocks) {
+    first = std::min(first, block.first_seq);
+    last = std::max(last, block.last_seq);
+  }
+  return fmt::format("#{}-#{}", first, last);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -119,14 +161,13 @@ void AddSlowRank(const Communicator& communicator, const std::vector<CommonBlock
   const ProcessView& process = *communicator.members[member].process;
   const double per_block_ms = record.waited_ms / static_cast<double>(record.blocks);
   const double share = record.span_ms > 0 ? record.waited_ms / record.span_ms : 0;
-  Add(buckets, kSlowRank, communicator.id, blocks.back().first_seq + kPaceBlockOps - 1, {rank},
+  Add(buckets, kSlowRank, communicator.id, blocks.back().last_seq, {rank},
       fmt::format("rank {} (pid {} on host {}) is late into the collectives: its peers wait for it {} ms in "
                   "every {} operations, {:.0f} % of the job's time (in {} of the latest {} blocks of "
-                  "operations #{}-#{}); it is slow outside NCCL (compute, data loading, a throttled GPU or "
+                  "operations {}); it is slow outside NCCL (compute, data loading, a throttled GPU or "
                   "host)",
                   rank, process.pid, process.host, fmt::format("{:.0f}", per_block_ms), kPaceBlockOps,
-                  100 * share, record.blocks, blocks.size(), blocks.front().first_seq,
-                  blocks.back().first_seq + kPaceBlockOps - 1),
+                  100 * share, record.blocks, blocks.size(), SeqRange(blocks)),
       Json{{"rank", rank},
            {"host", process.host},
            {"pid", process.pid},
@@ -240,13 +281,13 @@ void AddSlowLink(const Communicator& communicator, const std::vector<CommonBlock
   const std::string bandwidth =
       record.bytes > 0 ? fmt::format(", {:.2f} Gb/s against a median link's {:.2f}", gbps, record.median_gbps)
                        : "";
-  Add(buckets, kSlowLink, communicator.id, blocks.back().first_seq + kPaceBlockOps - 1, {from.rank, peer},
+  Add(buckets, kSlowLink, communicator.id, blocks.back().last_seq, {from.rank, peer},
       fmt::format("the link from {} to {} on channel{} {} is {:.1f}x slower than the communicator's median "
-                  "link{} (in {} of the latest {} blocks of operations #{}-#{}); every collective on it "
+                  "link{} (in {} of the latest {} blocks of operations {}); every collective on it "
                   "runs at its pace: check that link's NIC, cable or switch port",
                   RankAt(from), to != nullptr ? RankAt(*to) : fmt::format("rank {}", peer),
                   channels.size() > 1 ? "s" : "", fmt::join(channels, ","), ratio, bandwidth, record.blocks,
-                  blocks.size(), blocks.front().first_seq, blocks.back().first_seq + kPaceBlockOps - 1),
+                  blocks.size(), SeqRange(blocks)),
       Json{{"rank", from.rank},
            {"peer", peer},
            {"channels", channels},
@@ -289,7 +330,7 @@ void ClassifySlowLinks(const Communicator& communicator, const std::vector<Commo
 void ClassifyPace(const Communicator& communicator, Buckets& buckets) {
   if (communicator.members.size() < 2 || static_cast<int>(communicator.members.size()) != communicator.nranks)
     return;
-  const std::vector<CommonBlock> blocks = LatestCommonBlocks(communicator);
+  const std::vector<CommonBlock> blocks = JudgedBlocks(communicator);
   if (blocks.size() < kMinFlaggedBlocks) return;
   ClassifySlowLinks(communicator, blocks, buckets);
   ClassifySlowRanks(communicator, blocks, buckets);
