@@ -38,6 +38,11 @@ Verdict SlowRank() {
 TEST_CASE("a fail-slow verdict is said when it appears, changes and ends, and held meanwhile",
           "[fail_slow]") {
   FailSlowReport report;
+  // Found once, then not: nothing said (a look that caught the ranks at different moments).
+  CHECK(report.Update({SlowLink(3.0)}).empty());
+  CHECK(report.Update({}).empty());
+  CHECK(report.Current().empty());
+  CHECK(report.Update({SlowLink(3.0), SlowRank()}).empty());
   std::vector<FailSlowReport::Line> lines = report.Update({SlowLink(3.0), SlowRank()});
   REQUIRE(lines.size() == 2);
   CHECK(lines[0].text == "slow_link: the link from rank 2 to rank 3 on channel 1 is slower");
@@ -75,7 +80,10 @@ TEST_CASE(
   CHECK(judge.effects.fail_slow_looks == 1);
   judge.watchdog.PollOnce(5 * kSecond);  // not due yet
   CHECK(judge.effects.fail_slow_looks == 1);
-  judge.watchdog.PollOnce(6 * kSecond);
+  CHECK(judge.effects.statuses.back().fail_slow.empty());  // seen once: not yet said
+  judge.watchdog.PollOnce(11 * kSecond);
+  CHECK(judge.effects.fail_slow_looks == 2);
+  judge.watchdog.PollOnce(12 * kSecond);
   REQUIRE_FALSE(judge.effects.statuses.empty());
   REQUIRE(judge.effects.statuses.back().fail_slow.size() == 1);
   CHECK(judge.effects.statuses.back().fail_slow[0].kind == "slow_link");
@@ -83,12 +91,12 @@ TEST_CASE(
   CHECK(judge.effects.metrics.back().fail_slow_held.at("slow_link") == 1);
   CHECK(judge.effects.metrics.back().fail_slow_reported.at("slow_link") == 1);
   judge.effects.fail_slow.clear();
-  judge.watchdog.PollOnce(11 * kSecond);
-  CHECK(judge.effects.fail_slow_looks == 2);
-  CHECK(judge.effects.statuses.back().fail_slow.size() == 1);  // one look without it is not its end
   judge.watchdog.PollOnce(21 * kSecond);
   CHECK(judge.effects.fail_slow_looks == 3);
-  judge.watchdog.PollOnce(22 * kSecond);
+  CHECK(judge.effects.statuses.back().fail_slow.size() == 1);  // one look without it is not its end
+  judge.watchdog.PollOnce(31 * kSecond);
+  CHECK(judge.effects.fail_slow_looks == 4);
+  judge.watchdog.PollOnce(32 * kSecond);
   CHECK(judge.effects.statuses.back().fail_slow.empty());
   CHECK(judge.effects.metrics.back().fail_slow_held.empty());
 

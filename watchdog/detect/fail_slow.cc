@@ -59,16 +59,23 @@ std::string FailSlowReport::KeyOf(const Verdict& verdict) {
 std::vector<FailSlowReport::Line> FailSlowReport::Update(const std::vector<Verdict>& verdicts) {
   std::vector<Line> lines;
   std::map<std::string, Held> now;
+  std::map<std::string, int> pending;
   for (const Verdict& verdict : verdicts) {
     if (verdict.kind != VerdictKind::kSlowLink && verdict.kind != VerdictKind::kSlowRank) continue;
     const std::string key = KeyOf(verdict);
     const auto before = held_.find(key);
-    const bool known = before != held_.end();
-    const double said = known ? FigureOf(before->second.verdict) : 0;
-    if (!known || std::fabs(FigureOf(verdict) - said) > kChangeWorthSaying * said) {
+    if (before == held_.end()) {
+      const int looks = pending_.contains(key) ? pending_.at(key) + 1 : 1;
+      if (looks < kLooks) {
+        pending.emplace(key, looks);
+        continue;
+      }
+      ++reported_[std::string(VerdictKindName(verdict.kind))];
+    }
+    const double said = before != held_.end() ? FigureOf(before->second.verdict) : 0;
+    if (before == held_.end() || std::fabs(FigureOf(verdict) - said) > kChangeWorthSaying * said) {
       lines.push_back(Line{.ended = false,
                            .text = fmt::format("{}: {}", VerdictKindName(verdict.kind), verdict.message)});
-      if (!known) ++reported_[std::string(VerdictKindName(verdict.kind))];
       now.emplace(key, Held{.verdict = verdict});
     } else {
       now.emplace(key, Held{.verdict = before->second.verdict});  // what was said stays what is held
@@ -76,7 +83,7 @@ std::vector<FailSlowReport::Line> FailSlowReport::Update(const std::vector<Verdi
   }
   for (const auto& [key, held] : held_) {
     if (now.contains(key)) continue;
-    if (held.missed + 1 < kLooksToEnd) {
+    if (held.missed + 1 < kLooks) {
       now.emplace(key, Held{.verdict = held.verdict, .missed = held.missed + 1});
       continue;
     }
@@ -87,6 +94,7 @@ std::vector<FailSlowReport::Line> FailSlowReport::Update(const std::vector<Verdi
                             VerdictKindName(held.verdict.kind), held.verdict.comm, held.verdict.message)});
   }
   held_ = std::move(now);
+  pending_ = std::move(pending);
   return lines;
 }
 

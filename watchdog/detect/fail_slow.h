@@ -27,9 +27,10 @@ class FailSlowReport {
     bool ended = false;  // the verdict no longer holds
     std::string text;
   };
-  // The judgement of a new look at the job; the lines to log, each verdict that appeared or
-  // changed (its ranks, or its figures by more than a quarter) and each that ended: missing from
-  // kLooksToEnd looks in a row (one look may miss it for want of one rank's latest figures).
+  // The judgement of a new look at the job; the lines to log, each verdict that appeared (found by
+  // kLooks looks in a row: one look may compare ranks caught at different moments, as a slowness
+  // begins or ends) or changed (its figure by more than a quarter), and each that ended (missing
+  // from kLooks looks in a row: one look may miss it for want of one rank's latest figures).
   std::vector<Line> Update(const std::vector<Verdict>& verdicts);
   // The verdicts held now, as statuses carry them.
   std::vector<FailSlowSnapshot> Current() const;
@@ -40,12 +41,13 @@ class FailSlowReport {
  private:
   // A verdict's identity across looks: its kind, communicator, ranks and (for a link) channel.
   static std::string KeyOf(const Verdict& verdict);
-  static constexpr int kLooksToEnd = 2;
+  static constexpr int kLooks = 2;
   struct Held {
     Verdict verdict;
     int missed = 0;  // looks in a row that did not find it
   };
   std::map<std::string, Held> held_;
+  std::map<std::string, int> pending_;  // found, not yet by kLooks looks in a row: how many
   std::map<std::string, std::uint64_t> reported_;
 };
 
