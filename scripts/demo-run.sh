@@ -155,9 +155,20 @@ for e in events:
         print(f"   rank {e['pid'] - 1}, track '{tracks.get((e['pid'], e['tid']))}': {e['name']} — {verdict}")
 PY
 
+say "10. Slow, not hung: the same network ring of eight ranks, every link jittering by 10 %, and rank 3's" \
+    "   link to rank 4 three times slower until operation #300. Nothing stalls and nothing fails; the" \
+    "   job runs at that link's pace. Rank 0 judges the job's pace from the statuses every 4 s and" \
+    "   names the link while the job goes on, then says when it is fast again:"
+start=$(date +%s)
+NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCLEMU_LINKS="gbps=1,jitter=0.1" \
+  NCCLEMU_FAULTS="slow_link:rank=3,peer=4,factor=3,until=300" NCCLGUARD_JOB_ID=slow-link NCCLGUARD_SLOW_INTERVAL=4 \
+  watched "$train_loop" --ranks 8 --steps 800 --count 262144 --timeout 300 2>&1 |
+  grep -E 'ncclguard WARN slow|all 8 ranks' | sed -E 's/^.*ncclguard WARN /   /; s/ \(it was: .*\)$//' || true
+echo "   (the job ran $(( $(date +%s) - start )) s)"
+
 program="$build/tests/cudart_e2e/cudart_nccl_program"
 if [[ -x "$program" ]]; then
-  say "10. A program written the way NCCL's own benchmarks and JAX are: built by nvcc against the CUDA" \
+  say "11. A program written the way NCCL's own benchmarks and JAX are: built by nvcc against the CUDA" \
       "   runtime, one process driving four GPUs, their communicators created inside one group." \
       "   It runs on the emulator's libcudart; rank 2's fourth AllReduce hangs (injected). ncclguard" \
       "   describes each communicator once NCCL has created it, so the stall names all four ranks:"
