@@ -8,11 +8,13 @@
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdlib.h>
+#include <strings.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cstddef>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "shim/libraries.h"
@@ -86,6 +88,18 @@ const DoorEntries* Load() {
   return entries;  // the handle stays open for the process's life
 }
 
+// NCCLGUARD_DISABLE asks for NCCL untouched: the core is not even loaded, so that a process under
+// the kill switch maps nothing of ncclguard but this front end. Spelled as the core reads its
+// booleans (common/config.cc); a value it would refuse is not "disabled", and the core says so.
+bool DisabledByEnvironment() {
+  const char* value = std::getenv("NCCLGUARD_DISABLE");
+  if (value == nullptr) return false;
+  for (const char* yes : {"1", "true", "yes", "on"}) {
+    if (strcasecmp(value, yes) == 0) return true;
+  }
+  return false;
+}
+
 // A fork() while another thread loads the core must not leave the child's mutex locked.
 void RegisterForkHandlersOnce() {
   static std::atomic<bool> registered{false};
@@ -101,7 +115,7 @@ const DoorEntries* LoadOnce() noexcept {
   const DoorEntries* core = g_core.load(std::memory_order_acquire);
   if (core == nullptr && !g_core_failed.load(std::memory_order_acquire)) {
     t_loading = true;
-    core = Load();
+    core = DisabledByEnvironment() ? nullptr : Load();
     t_loading = false;
     if (core != nullptr) {
       g_core.store(core, std::memory_order_release);

@@ -2,6 +2,8 @@
 // calls NCCL maps neither the core nor what the core needs, and a missing core leaves NCCL calls
 // passing through, said once.
 #include <filesystem>
+#include <map>
+#include <string>
 
 #include <catch2/catch.hpp>
 
@@ -16,8 +18,10 @@ using ncclguard::testing::TemporaryDirectory;
 namespace {
 
 ProcessResult RunProbe(const std::string& mode, const std::string& preload,
-                       const std::string& library_path = "") {
+                       const std::string& library_path = "",
+                       const std::map<std::string, std::string>& environment = {}) {
   ProcessOptions options;
+  for (const auto& [name, value] : environment) options.environment[name] = value;
   options.environment["LD_LIBRARY_PATH"] =
       library_path.empty() ? REAL_NCCL_DIR : library_path + ":" REAL_NCCL_DIR;
   if (!preload.empty()) options.environment["LD_PRELOAD"] = preload;
@@ -53,6 +57,19 @@ TEST_CASE("the first NCCL call loads the core", "[lazy]") {
   // The same answer as NCCL's own.
   CHECK(Line(result.out, "version ") == Line(direct.out, "version "));
   CHECK(Line(result.out, "version ").find(" result 0") != std::string::npos);
+}
+
+TEST_CASE("under NCCLGUARD_DISABLE the first NCCL call loads nothing of ncclguard's core", "[lazy]") {
+  for (const char* yes : {"1", "YES", "on"}) {
+    const ProcessResult result = RunProbe("call", PRELOAD_LIBRARY, "", {{"NCCLGUARD_DISABLE", yes}});
+    const ProcessResult direct = RunProbe("call", "");
+    CHECK(result.out.find("after_call core=0 absl=0 simdjson=0 front_end=1\n") != std::string::npos);
+    CHECK(Line(result.out, "version ") == Line(direct.out, "version "));
+    CHECK(result.err.empty());
+  }
+  // A value that is no boolean is not "disabled": the core loads, and says what is wrong.
+  const ProcessResult odd = RunProbe("call", PRELOAD_LIBRARY, "", {{"NCCLGUARD_DISABLE", "2"}});
+  CHECK(odd.out.find("after_call core=1") != std::string::npos);
 }
 
 // Runs the probe's NCCL call under a copy of the front end in `directory`, beside `core` ("": none),
