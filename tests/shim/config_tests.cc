@@ -1,6 +1,6 @@
-#include <catch2/catch.hpp>
-
 #include <map>
+
+#include <catch2/catch.hpp>
 
 #include "tests/support/process.h"
 #include "watchdog/common/config.h"
@@ -42,10 +42,10 @@ TEST_CASE("valid values are used and listed", "[config]") {
   CHECK(config.log_file == "/tmp/g-%p.log");
   CHECK(config.nccl_library == "/opt/nccl/libnccl.so.2");
   CHECK(config.problems.empty());
-  CHECK(config.effective_values ==
-        std::vector<std::string>{"NCCLGUARD_DISABLE=1", "NCCLGUARD_LOG_LEVEL=debug",
-                                 "NCCLGUARD_LOG_FILE=/tmp/g-%p.log",
-                                 "NCCLGUARD_NCCL_LIBRARY=/opt/nccl/libnccl.so.2"});
+  CHECK(config.effective_values == std::vector<std::string>{"NCCLGUARD_DISABLE=1",
+                                                            "NCCLGUARD_LOG_LEVEL=debug",
+                                                            "NCCLGUARD_LOG_FILE=/tmp/g-%p.log",
+                                                            "NCCLGUARD_NCCL_LIBRARY=/opt/nccl/libnccl.so.2"});
 }
 
 TEST_CASE("every accepted spelling of a boolean", "[config]") {
@@ -78,8 +78,7 @@ TEST_CASE("the table of variables in docs/settings.md is the configuration table
   const size_t to = doc.find(end);
   REQUIRE(from != std::string::npos);
   REQUIRE(to != std::string::npos);
-  CHECK(doc.substr(from + begin.size(), to - from - begin.size()) ==
-        ncclguard::OptionsMarkdownTable());
+  CHECK(doc.substr(from + begin.size(), to - from - begin.size()) == ncclguard::OptionsMarkdownTable());
 }
 
 TEST_CASE("a dump signal must leave the signal's default action alone", "[config]") {
@@ -109,14 +108,22 @@ TEST_CASE("a numeric setting outside its range is reported and the default used"
   CHECK(config.status_interval.value == 2);
   CHECK(config.timeout.value == 120);
   REQUIRE(config.problems.size() == 4);
-  CHECK(config.problems[0] == "NCCLGUARD_TIMEOUT='inf' is not a positive number of seconds; using the default '120'");
-  CHECK(config.problems[1] == "NCCLGUARD_RING_SIZE='16777216' is not between 16 and 65536; using the default '2048'");
-  CHECK(config.problems[2] == "NCCLGUARD_POLL_INTERVAL='1e-9' is not between 0.01 and 10; using the default '0.1'");
+  CHECK(config.problems[0] == "NCCLGUARD_TIMEOUT='inf' is not a number of seconds; using the default '120'");
+  CHECK(config.problems[1] ==
+        "NCCLGUARD_RING_SIZE='16777216' is not between 16 and 65536; using the default '2048'");
+  CHECK(config.problems[2] ==
+        "NCCLGUARD_POLL_INTERVAL='1e-9' is not between 0.01 and 10; using the default '0.1'");
   CHECK(config.problems[3] ==
-        "NCCLGUARD_STATUS_INTERVAL='nan' is not a positive number of seconds; using the default '2'");
+        "NCCLGUARD_STATUS_INTERVAL='nan' is not a number of seconds; using the default '2'");
 
   const Config edges = Parse({{"NCCLGUARD_POLL_INTERVAL", "0.01"}, {"NCCLGUARD_RING_SIZE", "65536"}});
   CHECK(edges.problems.empty());
+  // 0 s is a value where the range allows it (the fail-slow judge off), and out of range elsewhere.
+  const Config zero = Parse({{"NCCLGUARD_SLOW_INTERVAL", "0"}, {"NCCLGUARD_TIMEOUT", "0"}});
+  CHECK(zero.slow_interval.value == 0);
+  CHECK(zero.timeout.value == 120);
+  REQUIRE(zero.problems.size() == 1);
+  CHECK(zero.problems[0] == "NCCLGUARD_TIMEOUT='0' is not between 1 and 604800; using the default '120'");
   CHECK(edges.poll_interval.value == 0.01);
   CHECK(edges.ring_size.value == 65536);
 }

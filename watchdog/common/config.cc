@@ -69,8 +69,9 @@ absl::StatusOr<RecoverMode> ParseValue(std::string_view text, RecoverMode*) {
 
 absl::StatusOr<Seconds> ParseValue(std::string_view text, Seconds*) {
   double value = 0;
-  if (!absl::SimpleAtod(std::string(text), &value) || !(value > 0) || !std::isfinite(value)) {
-    return absl::InvalidArgumentError("is not a positive number of seconds");
+  // 0 is a number of seconds; a setting that cannot be 0 says so by its range (config_table.h).
+  if (!absl::SimpleAtod(std::string(text), &value) || !(value >= 0) || !std::isfinite(value)) {
+    return absl::InvalidArgumentError("is not a number of seconds");
   }
   return Seconds{value};
 }

@@ -19,7 +19,7 @@ enum class P2pMode { kAuto, kOn, kOff };
 enum class RecoverMode { kOff, kInProcess };
 
 // Value types of settings that need more than a C++ type says.
-struct Seconds {  // a positive number of seconds
+struct Seconds {  // a number of seconds, at least 0 (each setting's range says more)
   double value;
   bool operator==(const Seconds&) const = default;
 };
