@@ -267,6 +267,11 @@ TEST_CASE("a rank's pace log keeps its latest complete blocks", "[pace]") {
   CHECK(blocks[0].links[0].network_ms == Approx(12.0));
   CHECK(blocks[1].first_seq == 9);
 
+  // Figures are kept to the microsecond: the digits beyond would only lengthen every status.
+  PaceLog fine;
+  for (std::uint64_t seq = 1; seq <= kPaceBlockOps; ++seq) fine.Add(seq, true, 1.0004, 1, 2, {});
+  CHECK(fine.Blocks().at(0).wait_ms == 8.003);
+
   // Only the newest kPaceBlocks are kept.
   for (std::uint64_t seq = 21; seq <= 8 * (kPaceBlocks + 3); ++seq) log.Add(seq, true, 1.0, 1, 2, {});
   const std::vector<PaceBlockSnapshot> newest = log.Blocks();

@@ -37,6 +37,27 @@ nlohmann::ordered_json WrittenArray(const std::vector<Record>& records, const Fi
   return array;
 }
 
+// `record` as an array of every field's value, in the table's order: for records a status carries
+// by the thousand, whose names would double its size.
+template <typename Record, typename Fields>
+nlohmann::ordered_json WrittenPositionally(const Record& record, const Fields& fields) {
+  nlohmann::ordered_json array = nlohmann::ordered_json::array();
+  ForEachField(fields, [&](const auto& field) { array.push_back(field.Encode(record)); });
+  return array;
+}
+
+// Reads what WrittenPositionally wrote; an array too short is nlohmann's out_of_range.
+template <typename Record, typename Fields>
+void ReadPositionally(const nlohmann::json& array, Record& record, const Fields& fields) {
+  if (!array.is_array())
+    throw std::runtime_error(absl::StrCat("an array was expected, not ", array.type_name()));
+  std::size_t index = 0;
+  ForEachField(fields, [&](const auto& field) {
+    using Wire = typename std::decay_t<decltype(field)>::Wire;
+    field.Decode(array.at(index++).template get<Wire>(), record);
+  });
+}
+
 // Reads the fields of `fields` that a document of `set` carries into `record`: those present
 // (nlohmann's type_error when of the wrong type); throws when a required one is absent.
 template <typename Record, typename Fields>

@@ -249,8 +249,9 @@ inline constexpr auto kProxyOpFields =
                     Mapped("waiting", &ProxyOpSnapshot::waiting, kDump | kStatus, AsStepWait{}),
                     Mapped("waiting_since_ns", &ProxyOpSnapshot::waiting_since_ns, kDump | kStatus));
 
-// A communicator's pace blocks (common/pace.h), in statuses and dumps from format version 2 on;
-// each block's links follow by hand.
+// A communicator's pace blocks (common/pace.h), in statuses and dumps from format version 2 on, a
+// status carrying a thousand of them in a large job: each block is written as an array of these
+// fields' values in this order, then the array of its links, each an array of theirs.
 inline constexpr std::size_t kMaxPaceBlocks = 2 * kPaceBlocks;
 inline constexpr std::size_t kMaxPaceLinks = 2 * kPaceLinksPerBlock;
 inline constexpr auto kPaceBlockFields =
@@ -258,6 +259,7 @@ inline constexpr auto kPaceBlockFields =
                     Mapped("collectives", &PaceBlockSnapshot::collectives, kDump | kStatus),
                     Mapped("wait_ms", &PaceBlockSnapshot::wait_ms, kDump | kStatus),
                     Mapped("span_ms", &PaceBlockSnapshot::span_ms, kDump | kStatus));
+inline constexpr std::size_t kPaceBlockLinksAt = std::tuple_size_v<decltype(kPaceBlockFields)>;
 
 inline constexpr auto kPaceLinkFields =
     std::make_tuple(Mapped("peer", &PaceLinkSnapshot::peer, kDump | kStatus),

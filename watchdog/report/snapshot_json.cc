@@ -69,11 +69,15 @@ std::vector<OpProfileSnapshot> ReadProfile(const Json& json) {
   });
 }
 
-OrderedJson PaceJson(const std::vector<PaceBlockSnapshot>& pace, FieldSet set) {
+// Each block as [its fields..., [each link as [its fields...]]] (snapshot_fields.h).
+OrderedJson PaceJson(const std::vector<PaceBlockSnapshot>& pace) {
   OrderedJson blocks = OrderedJson::array();
   for (const PaceBlockSnapshot& block : pace) {
-    OrderedJson entry = Written(block, kPaceBlockFields, set);
-    entry["links"] = WrittenArray(block.links, kPaceLinkFields, set);
+    OrderedJson entry = WrittenPositionally(block, kPaceBlockFields);
+    OrderedJson links = OrderedJson::array();
+    for (const PaceLinkSnapshot& link : block.links)
+      links.push_back(WrittenPositionally(link, kPaceLinkFields));
+    entry.push_back(std::move(links));
     blocks.push_back(std::move(entry));
   }
   return blocks;
@@ -84,10 +88,11 @@ std::vector<PaceBlockSnapshot> ReadPace(const Json& json) {
   std::vector<PaceBlockSnapshot> blocks;
   for (const Json& entry : CheckedArray(json)) {
     if (blocks.size() == kMaxPaceBlocks) break;
-    auto& block = blocks.emplace_back(ReadRecord<PaceBlockSnapshot>(entry, kPaceBlockFields, kInDump));
-    for (const Json& link : CheckedArray(entry.at("links"))) {
+    PaceBlockSnapshot& block = blocks.emplace_back();
+    ReadPositionally(entry, block, kPaceBlockFields);
+    for (const Json& link : CheckedArray(entry.at(kPaceBlockLinksAt))) {
       if (block.links.size() == kMaxPaceLinks) break;
-      block.links.push_back(ReadRecord<PaceLinkSnapshot>(link, kPaceLinkFields, kInDump));
+      ReadPositionally(link, block.links.emplace_back(), kPaceLinkFields);
     }
   }
   return blocks;
@@ -165,7 +170,7 @@ OrderedJson CommJson(const CommSnapshot& comm, SnapshotDocument document) {
     OrderedJson json = Written(comm, kCommFields, kInDump);
     json["ops"] = WrittenArray(comm.ring, kOpFields, kInDump);
     json["profile"] = ProfileJson(comm.profile);
-    json["pace"] = PaceJson(comm.pace, kInDump);
+    json["pace"] = PaceJson(comm.pace);
     return json;
   }
   OrderedJson json = Written(comm, kCommFields, kInStatus);
@@ -173,7 +178,7 @@ OrderedJson CommJson(const CommSnapshot& comm, SnapshotDocument document) {
   json["oldest_outstanding"] = OldestOutstandingJson(comm);
   json["signatures"] = SignaturesJson(comm);
   if (!comm.profile.empty()) json["profile"] = ProfileJson(comm.profile);
-  if (!comm.pace.empty()) json["pace"] = PaceJson(comm.pace, kInStatus);
+  if (!comm.pace.empty()) json["pace"] = PaceJson(comm.pace);
   return json;
 }
 

@@ -219,6 +219,17 @@ OpProfileSnapshot ReadOpProfile(const Members& json) {
   return op;
 }
 
+// What WrittenPositionally (fields_json.h) wrote: `fields`' values in order; an array too short is
+// simdjson's out-of-bounds error.
+template <typename Record, typename Fields>
+void ReadPositionally(element json, Record& record, const Fields& fields) {
+  const simdjson::dom::array values = json.get_array().value();
+  std::size_t index = 0;
+  ForEachField(fields, [&](const auto& field) {
+    field.Decode(Read<typename std::decay_t<decltype(field)>::Wire>(values.at(index++).value()), record);
+  });
+}
+
 // A communicator's pace blocks (added to format version 2 later), kMaxPaceBlocks of kMaxPaceLinks
 // links at most.
 std::vector<PaceBlockSnapshot> ReadPace(element json) {
@@ -226,12 +237,12 @@ std::vector<PaceBlockSnapshot> ReadPace(element json) {
   const simdjson::dom::array entries = json.get_array().value();
   for (const element entry : entries) {
     if (blocks.size() == kMaxPaceBlocks) break;
-    const Members members(entry);
-    auto& block = blocks.emplace_back(ReadRecord<PaceBlockSnapshot>(members, kPaceBlockFields, kInStatus));
-    const simdjson::dom::array links = At(members, "links").get_array().value();
+    PaceBlockSnapshot& block = blocks.emplace_back();
+    ReadPositionally(entry, block, kPaceBlockFields);
+    const simdjson::dom::array links = entry.get_array().at(kPaceBlockLinksAt).get_array().value();
     for (const element link : links) {
       if (block.links.size() == kMaxPaceLinks) break;
-      block.links.push_back(ReadRecord<PaceLinkSnapshot>(link, kPaceLinkFields, kInStatus));
+      ReadPositionally(link, block.links.emplace_back(), kPaceLinkFields);
     }
   }
   return blocks;

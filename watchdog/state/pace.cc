@@ -1,6 +1,7 @@
 #include "watchdog/state/pace.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -17,6 +18,9 @@ namespace {
 
 // Links a block gathers before the slowest kPaceLinksPerBlock are kept: a proxy operation each.
 constexpr std::size_t kGatheredLinks = kProfiledProxyOps;
+
+// Microseconds are all a judgement needs; the digits beyond would lengthen every status.
+double ToMicroseconds(double ms) { return std::round(ms * 1000) / 1000; }
 
 // Milliseconds on the network per MB (per step where NCCL gave no sizes): higher is slower.
 double SlownessOf(const PaceLinkSnapshot& link) {
@@ -84,9 +88,11 @@ std::vector<PaceBlockSnapshot> PaceLog::Blocks() const {
   for (const Block& block : blocks_) {
     if (block.ops != kPaceBlockOps) continue;
     PaceBlockSnapshot& copy = blocks.emplace_back(block.pace);
+    copy.wait_ms = ToMicroseconds(copy.wait_ms);
     if (block.first_enqueue_ns > 0 && block.last_end_ns > block.first_enqueue_ns) {
-      copy.span_ms = static_cast<double>(block.last_end_ns - block.first_enqueue_ns) / 1e6;
+      copy.span_ms = ToMicroseconds(static_cast<double>(block.last_end_ns - block.first_enqueue_ns) / 1e6);
     }
+    for (PaceLinkSnapshot& link : copy.links) link.network_ms = ToMicroseconds(link.network_ms);
     std::sort(copy.links.begin(), copy.links.end(), [](const PaceLinkSnapshot& a, const PaceLinkSnapshot& b) {
       return SlownessOf(a) > SlownessOf(b);
     });
