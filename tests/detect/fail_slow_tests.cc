@@ -76,14 +76,16 @@ TEST_CASE(
   config.slow_interval = Seconds{10};
   WatchdogFixture judge(config, 0);
   judge.effects.fail_slow = {SlowLink(3.0)};
-  judge.watchdog.PollOnce(1 * kSecond);
+  judge.watchdog.PollOnce(1 * kSecond);  // no block is complete yet: the first look is an interval on
+  CHECK(judge.effects.fail_slow_looks == 0);
+  judge.watchdog.PollOnce(11 * kSecond);
   CHECK(judge.effects.fail_slow_looks == 1);
-  judge.watchdog.PollOnce(5 * kSecond);  // not due yet
+  judge.watchdog.PollOnce(15 * kSecond);  // not due yet
   CHECK(judge.effects.fail_slow_looks == 1);
   CHECK(judge.effects.statuses.back().fail_slow.empty());  // seen once: not yet said
-  judge.watchdog.PollOnce(11 * kSecond);
+  judge.watchdog.PollOnce(21 * kSecond);
   CHECK(judge.effects.fail_slow_looks == 2);
-  judge.watchdog.PollOnce(12 * kSecond);
+  judge.watchdog.PollOnce(22 * kSecond);
   REQUIRE_FALSE(judge.effects.statuses.empty());
   REQUIRE(judge.effects.statuses.back().fail_slow.size() == 1);
   CHECK(judge.effects.statuses.back().fail_slow[0].kind == "slow_link");
@@ -91,12 +93,12 @@ TEST_CASE(
   CHECK(judge.effects.metrics.back().fail_slow_held.at("slow_link") == 1);
   CHECK(judge.effects.metrics.back().fail_slow_reported.at("slow_link") == 1);
   judge.effects.fail_slow.clear();
-  judge.watchdog.PollOnce(21 * kSecond);
+  judge.watchdog.PollOnce(31 * kSecond);
   CHECK(judge.effects.fail_slow_looks == 3);
   CHECK(judge.effects.statuses.back().fail_slow.size() == 1);  // one look without it is not its end
-  judge.watchdog.PollOnce(31 * kSecond);
+  judge.watchdog.PollOnce(41 * kSecond);
   CHECK(judge.effects.fail_slow_looks == 4);
-  judge.watchdog.PollOnce(32 * kSecond);
+  judge.watchdog.PollOnce(42 * kSecond);
   CHECK(judge.effects.statuses.back().fail_slow.empty());
   CHECK(judge.effects.metrics.back().fail_slow_held.empty());
 

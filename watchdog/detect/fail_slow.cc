@@ -119,6 +119,10 @@ std::map<std::string, std::uint64_t> FailSlowReport::HeldByKind() const {
 void Watchdog::JudgePace(std::int64_t now_ns) {
   const auto interval_ns = static_cast<std::int64_t>(config_.slow_interval.value * 1e9);
   if (interval_ns <= 0 || !effects_.JobDirectoryKnown() || now_ns < next_pace_ns_) return;
+  if (next_pace_ns_ == 0) {  // the first look after one interval: before it no block is complete
+    next_pace_ns_ = now_ns + interval_ns;
+    return;
+  }
   // Never more often than the statuses it reads change.
   next_pace_ns_ = now_ns + std::max(interval_ns, status_interval_ns_);
   if (!JudgesPace(registry_)) return;

@@ -85,8 +85,13 @@ void WatchdogMetrics::CountLateRound() {
 MetricsSample WatchdogMetrics::Sample(const Registry& registry, std::uint64_t rounds, bool stalled,
                                       bool running, std::int64_t wall_ns) {
   MutexLock lock(mutex_);
-  MetricsSample sample{
-      .counts = counts_, .rounds = rounds, .stalled = stalled, .running = running, .wall_ns = wall_ns};
+  MetricsSample sample{.counts = counts_,
+                       .rounds = rounds,
+                       .stalled = stalled,
+                       .running = running,
+                       .wall_ns = wall_ns,
+                       .fail_slow_held = {},
+                       .fail_slow_reported = {}};
   std::map<const CommState*, std::uint64_t> now_seen;
   for (const CommState* comm : registry.All()) {
     std::uint64_t operations = comm->last_enqueued.load(std::memory_order_acquire);

@@ -44,11 +44,11 @@ struct MetricsSample {
   std::uint64_t rounds = 0;      // the watchdog's rounds (its heartbeat)
   bool stalled = false;          // a stall is reported and its operation has not completed
   bool running = true;           // false in the last publication, at exit
+  std::int64_t wall_ns = 0;
   // The process that judges the job's pace: its fail-slow verdicts held now, and reported since it
   // started, by kind (slow_link, slow_rank); empty elsewhere.
   std::map<std::string, std::uint64_t> fail_slow_held;
   std::map<std::string, std::uint64_t> fail_slow_reported;
-  std::int64_t wall_ns = 0;
 };
 
 // What every metric of a process is labelled with.
