@@ -1,5 +1,6 @@
 #include "cli/synthetic_job.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -13,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "watchdog/common/clock.h"
+#include "watchdog/common/pace.h"
 #include "watchdog/report/dump.h"
 #include "watchdog/report/facts.h"
 #include "watchdog/report/job_board.h"
@@ -28,6 +30,9 @@ constexpr std::int64_t kStepNs = 100 * kNsPerMs;
 constexpr std::int64_t kLaunchNs = 20'000;
 constexpr std::int64_t kRunNs = 5 * kNsPerMs;
 constexpr std::uint64_t kCount = 1 << 20;  // float32 elements: a 4 MiB gradient bucket
+// kSlowLink's links: 10 GB/s (0.1 ms per MB) in NCCL's 512 KiB steps.
+constexpr double kLinkMsPerMb = 0.1;
+constexpr std::uint64_t kStepBytes = std::uint64_t{512} * 1024;
 
 OpSnapshot AllReduce(std::uint64_t seq, std::int64_t enqueue_ns, bool completed) {
   OpSnapshot op;
@@ -89,6 +94,49 @@ struct Timeline {
   }
 };
 
+// A deterministic jitter in [-0.1, 0.1] for the figure named by (rank, block, item).
+double Jitter(int rank, std::uint64_t block, int item) {
+  std::uint64_t x =
+      (static_cast<std::uint64_t>(rank) << 32) ^ (block << 8) ^ static_cast<std::uint64_t>(item);
+  x ^= x >> 33;  // splitmix64's finaliser
+  x *= 0xff51afd7ed558ccdULL;
+  x ^= x >> 33;
+  x *= 0xc4ceb9fe1a85ec53ULL;
+  x ^= x >> 33;
+  return (static_cast<double>(x % 20001) / 10000.0 - 1.0) * 0.1;
+}
+
+// kSlowLink: the rank's pace blocks up to operation `completed`, the latest kPaceBlocks of them.
+std::vector<PaceBlockSnapshot> RankPace(const SyntheticJob& job, int rank, std::uint64_t completed) {
+  std::vector<PaceBlockSnapshot> pace;
+  const std::uint64_t complete_blocks = completed / kPaceBlockOps;
+  const std::uint64_t first_block = complete_blocks > kPaceBlocks ? complete_blocks - kPaceBlocks : 0;
+  const int channels = 2 + rank % 3;
+  // A ring AllReduce sends about twice the buffer, over the channels.
+  const std::uint64_t bytes = kPaceBlockOps * 2 * kCount * 4 / static_cast<std::uint64_t>(channels);
+  for (std::uint64_t block = first_block; block < complete_blocks; ++block) {
+    PaceBlockSnapshot snapshot;
+    snapshot.first_seq = block * kPaceBlockOps + 1;
+    snapshot.collectives = static_cast<int>(kPaceBlockOps);
+    snapshot.wait_ms = static_cast<double>(kPaceBlockOps * kRunNs) / kNsPerMs * (1 + Jitter(rank, block, 0));
+    snapshot.span_ms = static_cast<double>((kPaceBlockOps - 1) * kStepNs + kLaunchNs + kRunNs) / kNsPerMs;
+    for (int channel = 0; channel < channels; ++channel) {
+      PaceLinkSnapshot link;
+      link.peer = (rank + 1) % job.ranks;
+      link.channel = channel;
+      link.bytes = bytes;
+      link.steps = static_cast<int>(bytes / kStepBytes);
+      link.network_ms =
+          static_cast<double>(bytes) / 1e6 * kLinkMsPerMb * (1 + Jitter(rank, block, 1 + channel));
+      if (rank == job.slow_link_rank && channel == job.slow_link_channel)
+        link.network_ms *= job.slow_link_factor;
+      snapshot.links.push_back(link);
+    }
+    pace.push_back(std::move(snapshot));
+  }
+  return pace;
+}
+
 // What rank `rank` recorded of the communicator: operations up to `issued`, the last completed or not.
 CommSnapshot RankComm(const SyntheticJob& job, const Timeline& timeline, int rank, std::uint64_t issued,
                       bool last_issued_completed) {
@@ -112,12 +160,14 @@ CommSnapshot RankComm(const SyntheticJob& job, const Timeline& timeline, int ran
   for (std::uint64_t seq = first_kept; seq <= issued; ++seq) {
     comm.ring.push_back(AllReduce(seq, timeline.EnqueueTime(seq), seq < issued || last_issued_completed));
   }
+  if (job.scenario == SyntheticJob::Scenario::kSlowLink) comm.pace = RankPace(job, rank, comm.last_completed);
   return comm;
 }
 
 // Rank `rank`'s snapshot: healthy, stalled in the last operation, or the late rank.
 ProcessSnapshot RankSnapshot(const SyntheticJob& job, const Timeline& timeline, int rank) {
-  const bool faulty = job.scenario != SyntheticJob::Scenario::kHealthy;
+  const bool faulty = job.scenario == SyntheticJob::Scenario::kRankNotJoined ||
+                      job.scenario == SyntheticJob::Scenario::kAllStuck;
   const bool late = job.scenario == SyntheticJob::Scenario::kRankNotJoined && rank == job.late_rank;
   // The highest operation this rank issued, and whether that one completed.
   const std::uint64_t issued = late ? timeline.last - 1 : timeline.last;
@@ -180,10 +230,18 @@ absl::Status WriteSyntheticJob(const std::shared_ptr<JobBoard>& board, const Syn
       (job.late_rank < 0 || job.late_rank >= job.ranks)) {
     return absl::InvalidArgumentError("the late rank is not a rank of the job");
   }
+  const bool slow_link = job.scenario == SyntheticJob::Scenario::kSlowLink;
+  if (slow_link && (job.slow_link_rank < 0 || job.slow_link_rank >= job.ranks || job.slow_link_channel < 0 ||
+                    job.slow_link_channel > 1)) {
+    return absl::InvalidArgumentError("the slow link is not a link of the job (channel 0 or 1 of a rank)");
+  }
   Timeline timeline;
   timeline.now_ns = job.now_ns != 0 ? job.now_ns : WallNowNs();
   timeline.last = static_cast<std::uint64_t>(job.operations);
-  const std::int64_t stalled_ns = static_cast<std::int64_t>(job.stalled_seconds * kNsPerSecond);
+  // A job that runs issued its last operation a step ago, after enough for every pace block.
+  if (slow_link) timeline.last = std::max<std::uint64_t>(timeline.last, kPaceBlocks * kPaceBlockOps);
+  const std::int64_t stalled_ns =
+      slow_link ? kStepNs : static_cast<std::int64_t>(job.stalled_seconds * kNsPerSecond);
   timeline.base_ns =
       timeline.now_ns - stalled_ns - kLaunchNs - static_cast<std::int64_t>(timeline.last) * kStepNs;
 

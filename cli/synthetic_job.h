@@ -18,6 +18,10 @@ struct SyntheticJob {
     kHealthy,        // every rank completed every operation
     kRankNotJoined,  // every rank but `late_rank` waits inside the last operation
     kAllStuck,       // every rank entered the last operation and none completed it
+    // Runs, nothing stalled, and every rank carries its latest pace blocks (common/pace.h): its
+    // send link to the next rank of the ring on 2 to 4 channels, each within ±10 % of the others
+    // per byte, but `slow_link_rank`'s link on `slow_link_channel`, slow_link_factor times slower.
+    kSlowLink,
   };
   // Where the late rank of kRankNotJoined is.
   enum class LateRank {
@@ -36,6 +40,12 @@ struct SyntheticJob {
   std::int64_t now_ns = 0;      // when the job is looked at (epoch ns); 0: the current time
   double stalled_seconds = 30;  // how long the last operation has been hanging at now_ns
   std::string comm_id = "5eed0c0ffee0cafe";
+  // kSlowLink: the link from slow_link_rank to the next rank, on that channel (each rank's links
+  // have 2 + rank % 3 channels, so channel 0 and 1 always exist). At least kPaceBlocks blocks of
+  // operations run: `operations` is raised to that.
+  int slow_link_rank = 0;
+  int slow_link_channel = 1;
+  double slow_link_factor = 3;
 };
 
 // Writes the job into `job_dir` (created if missing). Host names never match this machine's, so a
