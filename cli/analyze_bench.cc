@@ -1,12 +1,14 @@
-// analyze_bench [--ranks N] [--keep DIR [--reuse]]: writes a synthetic job of N ranks in which one
-// rank never joined the last AllReduce, then times what `ncclguard analyze` does with it
-// (ReadJobDirectory and Classify) and reports the process's peak memory. Exit status 1 when the
+// analyze_bench [--ranks N] [--scenario rank-not-joined|slow-link] [--keep DIR [--reuse]]: writes a
+// synthetic job of N ranks in which one rank never joined the last AllReduce (or, with slow-link,
+// that runs with one link 3x slower than the others), then times what `ncclguard analyze` does with
+// it (ReadJobDirectory and Classify) and reports the process's peak memory. Exit status 1 when the
 // verdict is wrong. Writing 131,072 ranks takes minutes: --reuse analyses the job an earlier run
 // left in DIR, as of the time that run wrote it (DIR/now_ns).
 #include <stdlib.h>
 #include <sys/resource.h>
 
 #include <chrono>
+#include <cstddef>
 #include <cstdlib>
 #include <exception>
 #include <filesystem>
@@ -27,6 +29,7 @@
 #include "watchdog/diagnose/verdicts.h"
 #include "watchdog/report/job_board.h"
 #include "watchdog/report/job_dir.h"
+#include "watchdog/report/job_read.h"
 
 namespace {
 
@@ -76,7 +79,49 @@ void PrintFetchTime(const std::shared_ptr<ncclguard::JobBoard>& board) {
   std::cout << "fetch_seconds: " << SecondsSince(fetch_start) << "\nstatus_bytes: " << bytes << '\n';
 }
 
-// Prints the figures and the verdict; whether the verdict names the late rank alone.
+// The job of `ranks` ranks, as of now: rank N/3 late, or its link to the next slow on channel 1.
+ncclguard::SyntheticJob BenchJob(int ranks, const std::string& scenario) {
+  ncclguard::SyntheticJob job;
+  job.ranks = ranks;
+  job.scenario = scenario == "slow-link" ? ncclguard::SyntheticJob::Scenario::kSlowLink
+                                         : ncclguard::SyntheticJob::Scenario::kRankNotJoined;
+  job.late_rank = ranks / 3;
+  job.slow_link_rank = ranks / 3;
+  job.slow_link_channel = 1;
+  job.now_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                   std::chrono::system_clock::now().time_since_epoch())
+                   .count();
+  return job;
+}
+
+// The fail-slow rules alone (diagnose/rules_pace.cc), which Classify runs after the stall rules.
+void PrintFailSlowTime(const ncclguard::JobView& view) {
+  const auto start = std::chrono::steady_clock::now();
+  const std::size_t found = ncclguard::ClassifyFailSlow(view).size();
+  std::cout << "fail_slow_seconds: " << SecondsSince(start) << " (" << found << " verdicts)\n";
+}
+
+// Whether the first verdict is the one the job was written with: rank_not_joined naming the late
+// rank alone, or slow_link naming the slow link's two ranks and its channel alone. Else what was expected.
+std::string Unexpected(const std::vector<ncclguard::Verdict>& verdicts, const ncclguard::SyntheticJob& job) {
+  using Scenario = ncclguard::SyntheticJob::Scenario;
+  if (job.scenario == Scenario::kSlowLink) {
+    const std::vector<int> ranks{job.slow_link_rank, (job.slow_link_rank + 1) % job.ranks};
+    const bool right = !verdicts.empty() && verdicts[0].kind == ncclguard::VerdictKind::kSlowLink &&
+                       verdicts[0].ranks == ranks &&
+                       verdicts[0].evidence.value("channels", nlohmann::json::array()) ==
+                           nlohmann::json::array({job.slow_link_channel});
+    if (right) return "";
+    return "expected slow_link naming ranks " + std::to_string(ranks[0]) + " and " +
+           std::to_string(ranks[1]) + " on channel " + std::to_string(job.slow_link_channel) + " alone";
+  }
+  if (!verdicts.empty() && verdicts[0].kind == ncclguard::VerdictKind::kRankNotJoined &&
+      verdicts[0].ranks == std::vector<int>{job.late_rank})
+    return "";
+  return "expected rank_not_joined naming only rank " + std::to_string(job.late_rank);
+}
+
+// Prints the figures and the verdict; whether the verdict is the one the job was written with.
 bool Report(const ncclguard::JobView& view, const std::vector<ncclguard::Verdict>& verdicts,
             const ncclguard::SyntheticJob& job, double analysis_seconds, double read_seconds) {
   rusage usage{};
@@ -88,17 +133,14 @@ bool Report(const ncclguard::JobView& view, const std::vector<ncclguard::Verdict
             << "files_not_read: " << view.not_read.files << '\n'
             << "processes_not_read: " << view.not_read.processes << '\n'
             << "problems: " << view.problems.size() << '\n';
-  const bool expected = !verdicts.empty() && verdicts[0].kind == ncclguard::VerdictKind::kRankNotJoined &&
-                        verdicts[0].ranks == std::vector<int>{job.late_rank} &&
-                        view.processes.size() == static_cast<std::size_t>(job.ranks);
+  std::string unexpected = Unexpected(verdicts, job);
+  if (unexpected.empty() && view.processes.size() != static_cast<std::size_t>(job.ranks))
+    unexpected = "expected every rank read";
   std::cout << "verdict: " << (verdicts.empty() ? "none" : ncclguard::VerdictKindName(verdicts[0].kind))
             << " ranks [" << (verdicts.empty() ? "" : ncclguard::FormatRanks(verdicts[0].ranks)) << "]"
-            << (expected
-                    ? ""
-                    : " (expected rank_not_joined naming only rank " + std::to_string(job.late_rank) + ")")
-            << '\n';
+            << (unexpected.empty() ? "" : " (" + unexpected + ")") << '\n';
   if (!verdicts.empty()) std::cout << "message: " << verdicts[0].message << '\n';
-  return expected;
+  return unexpected.empty();
 }
 
 }  // namespace
@@ -110,6 +152,7 @@ int main(int argc, char** argv) try {
   bool reuse = false;
   ncclguard::JobReadLimits limits;
   std::string store;
+  std::string scenario = "rank-not-joined";
   app.add_option("--ranks", ranks, "Ranks in the job")->check(CLI::Range(2, 1 << 20));
   app.add_option("--threads", limits.threads, "Threads reading the files (default: 8)")
       ->check(CLI::Range(0, 64));
@@ -120,6 +163,10 @@ int main(int argc, char** argv) try {
   app.add_option("--store", store,
                  "The job board the statuses go on, as NCCLGUARD_STORE names it (default: the job directory; "
                  "redis://host:port/db: Redis, the dumps still files of the job directory)");
+  app.add_option("--scenario", scenario,
+                 "rank-not-joined: one rank never joined the last AllReduce; slow-link: the job runs, and "
+                 "the link from rank N/3 to the next on channel 1 is 3x slower per byte than the others")
+      ->check(CLI::IsMember({"rank-not-joined", "slow-link"}));
   CLI11_PARSE(app, argc, argv);
 
   const std::string root = kept_directory.empty() ? MakeTemporaryDirectory() : kept_directory;
@@ -128,21 +175,15 @@ int main(int argc, char** argv) try {
     return 2;
   }
   const std::string job_dir = root + "/job";
-  // One job id per size: a run with --reuse finds the statuses an earlier one left on Redis.
+  // One job id per size and scenario: a run with --reuse finds the statuses an earlier one left on Redis.
   absl::StatusOr<std::shared_ptr<ncclguard::JobBoard>> board = ncclguard::OpenJobBoard(
-      store, job_dir, "analyze-bench-" + std::to_string(ranks), ncclguard::BoardIdentity{});
+      store, job_dir, "analyze-bench-" + std::to_string(ranks) + "-" + scenario, ncclguard::BoardIdentity{});
   if (!board.ok()) {
     std::cerr << "analyze_bench: " << board.status() << '\n';
     return 2;
   }
 
-  ncclguard::SyntheticJob job;
-  job.ranks = ranks;
-  job.scenario = ncclguard::SyntheticJob::Scenario::kRankNotJoined;
-  job.late_rank = ranks / 3;
-  job.now_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                   std::chrono::system_clock::now().time_since_epoch())
-                   .count();
+  ncclguard::SyntheticJob job = BenchJob(ranks, scenario);
   // The interval a job of this size runs with on this board (at least 2 s, stretched for large jobs).
   const double status_interval =
       ncclguard::StatusIntervalSeconds(2, ranks, (*board)->StatusWritesPerSecond());
@@ -166,6 +207,7 @@ int main(int argc, char** argv) try {
       ncclguard::Classify(*view, ncclguard::ProcessKnownBad().entries);
   const double analysis_seconds = SecondsSince(analysis_start);
 
+  if (job.scenario == ncclguard::SyntheticJob::Scenario::kSlowLink) PrintFailSlowTime(*view);
   const bool expected = Report(*view, verdicts, job, analysis_seconds, read_seconds);
   if (kept_directory.empty()) std::filesystem::remove_all(root);
   return expected ? 0 : 1;
