@@ -18,9 +18,10 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "watchdog/common/clock.h"
+#include "watchdog/common/pace.h"
 #include "watchdog/common/profile_events.h"
-#include "watchdog/diagnose/job_view.h"
 #include "watchdog/diagnose/verdicts.h"
+#include "watchdog/report/job_read.h"
 #include "watchdog/report/snapshot.h"
 #include "watchdog/report/whereabouts.h"
 
@@ -64,6 +65,14 @@ std::int64_t Origin(const JobView& job) {
   return origin;
 }
 
+// Jobs of up to this many processes get every rank's pace counters; larger ones only those of the
+// ranks a fail-slow verdict names, so that the trace stays the size of its operations.
+constexpr std::size_t kMaxPacedProcesses = 64;
+
+bool IsFailSlow(const Verdict& verdict) {
+  return verdict.kind == VerdictKind::kSlowLink || verdict.kind == VerdictKind::kSlowRank;
+}
+
 // A process's track number: rank + 1, which overflows an int for rank 2147483647.
 using TracePid = std::int64_t;
 
@@ -75,6 +84,7 @@ class TraceBuilder {
       if (!verdict.comm.empty() && verdict.seq != 0)
         verdict_of_[{verdict.comm, verdict.seq}] = VerdictKindName(verdict.kind);
       if (verdict.kind == VerdictKind::kLinkStalled) RememberLinks(verdict);
+      if (IsFailSlow(verdict)) fail_slow_.push_back(&verdict);
     }
   }
 
@@ -112,6 +122,8 @@ class TraceBuilder {
               {{"state", comm.state}});
       }
       for (const OpSnapshot& op : comm.ring) AddOperation(trace_pid, tid, comm.id, op);
+      next_tid = AddPace(trace_pid, next_tid, thread_of_comm.size(), comm,
+                         snapshot.time_ns > 0 ? snapshot.time_ns : job_.now_ns);
       if (!comm.async_error.empty()) {
         Instant(trace_pid, tid, "async error", snapshot.time_ns,
                 {{"async_error", comm.async_error}, {"last_nccl_warning", snapshot.last_nccl_warning}});
@@ -344,8 +356,115 @@ class TraceBuilder {
                        {"args", std::move(args)}});
   }
 
+  // Where operation #seq of a communicator ends on the trace, for its pace blocks (which have no
+  // time of their own): from the operations its ring still holds, spaced as they were (or as the
+  // blocks' spans say when it holds one), else at the status time.
+  struct SeqClock {
+    std::uint64_t seq = 0;
+    std::int64_t ns = 0;
+    double ns_per_op = 0;
+  };
+
+  SeqClock ClockOf(const CommSnapshot& comm) const {
+    SeqClock clock;
+    const OpSnapshot* oldest = nullptr;
+    const OpSnapshot* newest = nullptr;
+    for (const OpSnapshot& op : comm.ring) {
+      if (op.end_ns <= 0) continue;
+      if (oldest == nullptr || op.seq < oldest->seq) oldest = &op;
+      if (newest == nullptr || op.seq > newest->seq) newest = &op;
+    }
+    if (newest != nullptr) {
+      clock.seq = newest->seq;
+      clock.ns = newest->end_ns;
+    }
+    if (newest != nullptr && newest->seq > oldest->seq) {
+      clock.ns_per_op = static_cast<double>(newest->end_ns - oldest->end_ns) /
+                        static_cast<double>(newest->seq - oldest->seq);
+    } else if (newest != nullptr && !comm.pace.empty()) {
+      clock.ns_per_op = comm.pace.back().span_ms * 1e6 / static_cast<double>(kPaceBlockOps);
+    }
+    return clock;  // ns 0 when no operation has a time: TimeOfSeq takes the status time
+  }
+
+  std::int64_t TimeOfSeq(const SeqClock& clock, std::uint64_t seq, std::int64_t status_ns) const {
+    if (clock.ns <= 0) return std::max(status_ns, origin_ns_);
+    const double offset = (static_cast<double>(seq) - static_cast<double>(clock.seq)) * clock.ns_per_op;
+    return std::clamp(clock.ns + static_cast<std::int64_t>(offset), origin_ns_,
+                      std::max(job_.now_ns, clock.ns));
+  }
+
+  bool ShowsPace(const CommSnapshot& comm) const {
+    if (job_.processes.size() <= kMaxPacedProcesses) return true;
+    return std::any_of(fail_slow_.begin(), fail_slow_.end(), [&](const Verdict* verdict) {
+      return verdict->comm == comm.id &&
+             std::find(verdict->ranks.begin(), verdict->ranks.end(), comm.rank) != verdict->ranks.end();
+    });
+  }
+
+  // The communicator's pace blocks as counters at each block's end: the GPU's wait in its
+  // collectives, and each send link's network time per MB by channel; and, on a track of their
+  // own, the fail-slow verdicts naming this rank over the blocks they were judged on. Returns the
+  // next free track number.
+  int AddPace(TracePid trace_pid, int next_tid, std::size_t comm_track, const CommSnapshot& comm,
+              std::int64_t status_ns) {
+    if (comm.pace.empty() || !ShowsPace(comm)) return next_tid;
+    const SeqClock clock = ClockOf(comm);
+    for (const PaceBlockSnapshot& block : comm.pace) {
+      const std::int64_t ns = TimeOfSeq(clock, block.first_seq + kPaceBlockOps - 1, status_ns);
+      Counter(trace_pid, absl::StrCat("comm ", comm.id, " GPU wait per ", kPaceBlockOps, " ops (ms)"), ns,
+              {{"wait_ms", block.wait_ms}});
+      std::map<int, Json> by_peer;
+      for (const PaceLinkSnapshot& link : block.links) {
+        if (link.bytes == 0) continue;
+        by_peer[link.peer][absl::StrCat("channel ", link.channel)] =
+            link.network_ms / (static_cast<double>(link.bytes) / 1e6);
+      }
+      for (auto& [peer, channels] : by_peer) {
+        Counter(trace_pid, absl::StrCat("comm ", comm.id, " network to rank ", peer, " (ms per MB)"), ns,
+                std::move(channels));
+      }
+    }
+    for (const Verdict* verdict : fail_slow_) {
+      if (verdict->comm != comm.id ||
+          std::find(verdict->ranks.begin(), verdict->ranks.end(), comm.rank) == verdict->ranks.end())
+        continue;
+      const int tid = next_tid++;
+      Metadata("thread_name", trace_pid, tid, {{"name", absl::StrCat("comm ", comm.id, " fail-slow")}});
+      Metadata("thread_sort_index", trace_pid, tid, {{"sort_index", SortIndex(comm_track, kSortStride - 2)}});
+      const std::uint64_t first_seq = verdict->evidence.value("first_seq", std::uint64_t{0});
+      const std::int64_t begin_ns = TimeOfSeq(clock, first_seq > 0 ? first_seq - 1 : verdict->seq, status_ns);
+      Slice(trace_pid, tid, VerdictName(*verdict), begin_ns, TimeOfSeq(clock, verdict->seq, status_ns),
+            kWaitingColour,
+            {{"verdict", VerdictKindName(verdict->kind)},
+             {"message", verdict->message},
+             {"first_seq", first_seq},
+             {"last_seq", verdict->seq},
+             {"evidence", verdict->evidence}});
+    }
+    return next_tid;
+  }
+
+  static std::string VerdictName(const Verdict& verdict) {
+    if (verdict.kind == VerdictKind::kSlowLink && verdict.ranks.size() == 2) {
+      return absl::StrCat("slow_link: rank ", verdict.ranks[0], " to rank ", verdict.ranks[1]);
+    }
+    std::string name(VerdictKindName(verdict.kind));
+    for (const int rank : verdict.ranks) absl::StrAppend(&name, " rank ", rank);
+    return name;
+  }
+
+  void Counter(TracePid trace_pid, std::string name, std::int64_t ns, Json args) {
+    events_.push_back({{"ph", "C"},
+                       {"name", std::move(name)},
+                       {"pid", trace_pid},
+                       {"ts", Micros(ns)},
+                       {"args", std::move(args)}});
+  }
+
   const JobView& job_;
   std::int64_t origin_ns_;
+  std::vector<const Verdict*> fail_slow_;
   std::map<std::pair<std::string, std::uint64_t>, std::string> verdict_of_;
   // link_stalled: (communicator, rank at either end, channel) -> "rank F to rank T"
   std::map<std::tuple<std::string, int, int>, std::string> stalled_link_of_;
