@@ -1,8 +1,6 @@
 // `ncclguard analyze` end to end: the built command run on job directories written in the real
 // formats by the synthetic job generator, checked the way a user or a script reads it: the exit
 // status, the text, the --json document and the --trace file.
-#include <catch2/catch.hpp>
-
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -17,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
 #include "absl/status/status.h"
@@ -50,7 +49,8 @@ ProcessResult Ncclguard(const std::vector<std::string>& arguments,
 }
 
 std::string Transcript(const ProcessResult& result) {
-  return "exit " + std::to_string(result.exit_code) + "\n--- stdout\n" + result.out + "--- stderr\n" + result.err;
+  return "exit " + std::to_string(result.exit_code) + "\n--- stdout\n" + result.out + "--- stderr\n" +
+         result.err;
 }
 
 // A job written now into a fresh directory.
@@ -126,7 +126,8 @@ TEST_CASE("a one-process job is counted in the singular") {
 
 TEST_CASE("the shipped known-bad file is found beside the command, and a missing one is said") {
   Job job(Scenario(SyntheticJob::Scenario::kHealthy));
-  const ProcessResult shipped = Ncclguard({"analyze", job.path}, {{"NCCLGUARD_KNOWN_BAD_FILE", std::nullopt}});
+  const ProcessResult shipped =
+      Ncclguard({"analyze", job.path}, {{"NCCLGUARD_KNOWN_BAD_FILE", std::nullopt}});
   INFO(Transcript(shipped));
   CHECK(shipped.exit_code == kHealthy);
   CHECK(shipped.err.find("known-bad") == std::string::npos);
@@ -241,9 +242,9 @@ TEST_CASE("a job of 20000 ranks on Redis: every status read, batch by batch, and
   }
   // The one thing left out: most dumps, sampled, nobody blamed for them.
   REQUIRE(document.at("problems").size() == 1);
-  CHECK(document["problems"][0].get<std::string>().find(
-            "dumps: not read, their processes' statuses are like most of the job's, and 1024 of their dumps were "
-            "read") != std::string::npos);
+  CHECK(document["problems"][0].get<std::string>().find("dumps: not read, their processes' statuses are like "
+                                                        "most of the job's, and 1024 of their dumps were "
+                                                        "read") != std::string::npos);
 }
 
 TEST_CASE("analyze --json prints only the verdicts document") {
@@ -350,7 +351,8 @@ TEST_CASE("a rank that finished its loop is shown as exited") {
   CHECK(result.out.substr(row, result.out.find('\n', row + 1) - row).find(" exited ") != std::string::npos);
 }
 
-TEST_CASE("analyze --trace writes a Chrome trace: a track per rank, a slice per operation, stuck ones marked") {
+TEST_CASE(
+    "analyze --trace writes a Chrome trace: a track per rank, a slice per operation, stuck ones marked") {
   Job job(Scenario(SyntheticJob::Scenario::kRankNotJoined, /*late_rank=*/0));
   const std::string trace_path = job.directory.path() + "/trace.json";
   const ProcessResult result = Ncclguard({"analyze", job.path, "--trace", trace_path});
@@ -390,7 +392,8 @@ TEST_CASE("analyze --trace writes a Chrome trace: a track per rank, a slice per 
   std::set<std::string> names;
   for (const auto& [pid, name] : process_names) names.insert(name);
   for (int rank = 0; rank < 4; ++rank) {
-    const std::string expected = "rank " + std::to_string(rank) + " (node0:" + std::to_string(20000 + rank) + ")";
+    const std::string expected =
+        "rank " + std::to_string(rank) + " (node0:" + std::to_string(20000 + rank) + ")";
     CHECK(names.count(expected) == 1);
   }
   // Ranks 1-3 wait inside #8; rank 0 never issued it.
@@ -424,6 +427,68 @@ TEST_CASE("analyze --trace gives rank 2147483647 a track of its own, with no neg
     if (event.at("ph") == "M" && event.at("name") == "process_name") CHECK(process_tracks.insert(pid).second);
   }
   CHECK(process_tracks.size() == 4);
+}
+
+namespace {
+
+// The trace `analyze --trace` writes of a running job of `ranks` ranks whose link from `slow_rank`
+// to the next is 3x slower on channel 1; that analyze named it.
+Json SlowLinkTrace(int ranks, int slow_rank) {
+  SyntheticJob options = Scenario(SyntheticJob::Scenario::kSlowLink);
+  options.ranks = ranks;
+  options.slow_link_rank = slow_rank;
+  options.slow_link_channel = 1;
+  Job job(options);
+  const std::string trace_path = job.directory.path() + "/trace.json";
+  const ProcessResult result = Ncclguard({"analyze", job.path, "--trace", trace_path});
+  INFO(Transcript(result));
+  CHECK(result.exit_code == kProblemFound);
+  CHECK(result.out.find("SLOW_LINK") != std::string::npos);
+  REQUIRE(std::filesystem::exists(trace_path));
+  return ParseJson(ReadFile(trace_path));
+}
+
+}  // namespace
+
+TEST_CASE("analyze --trace marks a slow link over the blocks it was judged on, with the pace counters") {
+  const Json trace = SlowLinkTrace(8, 5);
+
+  std::map<int, int> wait_counters;  // trace pid (rank + 1) -> GPU wait counter events
+  std::vector<Json> link_counters;   // rank 5's link to rank 6
+  std::set<int> marked;              // trace pids with the slow link's slice
+  for (const Json& event : trace.at("traceEvents")) {
+    const std::string name = event.value("name", "");
+    if (event.at("ph") == "C" && name.find("GPU wait") != std::string::npos) {
+      CHECK(event.at("args").at("wait_ms").get<double>() > 0);
+      ++wait_counters[event.at("pid").get<int>()];
+    }
+    if (event.at("ph") == "C" && event.at("pid") == 6 && name.find("network to rank 6") != std::string::npos)
+      link_counters.push_back(event);
+    if (event.at("ph") == "X" && name == "slow_link: rank 5 to rank 6") {
+      CHECK(event.at("args").at("first_seq") == 33);
+      CHECK(event.at("args").at("last_seq") == 64);
+      // Four blocks of 8 operations, 100 ms apart.
+      CHECK(event.at("dur").get<double>() == Approx(3.2e6).epsilon(0.01));
+      marked.insert(event.at("pid").get<int>());
+    }
+  }
+  CHECK(marked == std::set<int>{6, 7});
+  CHECK(wait_counters.size() == 8);
+  for (const auto& [pid, count] : wait_counters) CHECK(count == 8);
+  REQUIRE(link_counters.size() == 8);
+  for (const Json& counter : link_counters) {
+    const Json& channels = counter.at("args");
+    CHECK(channels.at("channel 1").get<double>() > 2 * channels.at("channel 0").get<double>());
+  }
+}
+
+TEST_CASE("analyze --trace of a large job keeps the pace counters of the ranks a fail-slow verdict names") {
+  const Json trace = SlowLinkTrace(80, 40);
+  std::set<int> with_counters;
+  for (const Json& event : trace.at("traceEvents")) {
+    if (event.at("ph") == "C") with_counters.insert(event.at("pid").get<int>());
+  }
+  CHECK(with_counters == std::set<int>{41, 42});  // ranks 40 and 41
 }
 
 TEST_CASE("control characters from the job directory are escaped in analyze's text") {
@@ -487,7 +552,8 @@ TEST_CASE("usage errors and unreadable directories exit 2 with a message") {
   }
   SECTION("an unwritable trace file") {
     Job job(Scenario(SyntheticJob::Scenario::kHealthy));
-    const ProcessResult result = Ncclguard({"analyze", job.path, "--trace", empty.path() + "/missing/trace.json"});
+    const ProcessResult result =
+        Ncclguard({"analyze", job.path, "--trace", empty.path() + "/missing/trace.json"});
     INFO(Transcript(result));
     CHECK(result.exit_code == kUsageError);
     CHECK(result.err.find("trace.json") != std::string::npos);
