@@ -17,11 +17,13 @@
 #include <nlohmann/json.hpp>
 
 #include "tests/support/process.h"
-#include "tests/support/redis_server.h"
 #include "tests/support/train_loop_output.h"
+#include "tests/verdicts_e2e/analysis.h"
 
-using ncclguard::testing::AnalyzeTarget;
+using ncclguard::testing::Analysis;
+using ncclguard::testing::Analyze;
 using ncclguard::testing::EmulatorJobEnvironment;
+using ncclguard::testing::FindVerdict;
 using ncclguard::testing::ProcessOptions;
 using ncclguard::testing::ProcessResult;
 using ncclguard::testing::RankPids;
@@ -110,36 +112,6 @@ Job RunJob(const TemporaryDirectory& dump_dir, std::vector<std::string> argument
 }  // namespace
 
 namespace {
-
-struct Analysis {
-  ProcessResult result;
-  Json document;
-};
-
-Analysis Analyze(const std::string& job_dir) {
-  std::vector<std::string> argv = {NCCLGUARD_CLI, "analyze"};
-  for (const std::string& argument : AnalyzeTarget(job_dir)) argv.push_back(argument);
-  argv.emplace_back("--json");
-  ProcessOptions options;
-  options.timeout_seconds = 30;
-  Analysis analysis;
-  analysis.result = RunProcess(argv, options);
-  INFO("ncclguard analyze: exit code " << analysis.result.exit_code << "\nstdout:\n"
-                                       << analysis.result.out << "\nstderr:\n"
-                                       << analysis.result.err);
-  REQUIRE_FALSE(analysis.result.timed_out);
-  REQUIRE(analysis.result.exit_code != 2);
-  analysis.document = Json::parse(analysis.result.out);
-  return analysis;
-}
-
-// The first verdict of `kind`, or null.
-Json FindVerdict(const Json& document, const std::string& kind) {
-  for (const Json& verdict : document.at("verdicts")) {
-    if (verdict.at("kind") == kind) return verdict;
-  }
-  return nullptr;
-}
 
 // The lines of `log` that contain `needle`.
 std::vector<std::string> LinesWith(const std::string& log, const std::string& needle) {

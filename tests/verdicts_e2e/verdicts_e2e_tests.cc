@@ -24,10 +24,14 @@
 #include "tests/support/process.h"
 #include "tests/support/redis_server.h"
 #include "tests/support/train_loop_output.h"
+#include "tests/verdicts_e2e/analysis.h"
 
+using ncclguard::testing::Analysis;
+using ncclguard::testing::Analyze;
 using ncclguard::testing::AnalyzeTarget;
 using ncclguard::testing::Checksums;
 using ncclguard::testing::EmulatorJobEnvironment;
+using ncclguard::testing::FindVerdict;
 using ncclguard::testing::LogLinesOf;
 using ncclguard::testing::ProcessOptions;
 using ncclguard::testing::ProcessResult;
@@ -80,37 +84,6 @@ Job RunTrainLoop(const TemporaryDirectory& dump_dir, std::vector<std::string> ar
                  const Environment& settings, bool guarded = true, double kill_after_seconds = 50) {
   arguments.insert(arguments.begin(), TRAIN_LOOP);
   return RunProgram(dump_dir, arguments, settings, guarded, kill_after_seconds);
-}
-
-struct Analysis {
-  ProcessResult result;
-  Json document;
-};
-
-Analysis Analyze(const std::string& job_dir, std::vector<std::string> extra = {}) {
-  std::vector<std::string> argv = {NCCLGUARD_CLI, "analyze"};
-  for (const std::string& argument : AnalyzeTarget(job_dir)) argv.push_back(argument);
-  argv.emplace_back("--json");
-  argv.insert(argv.end(), extra.begin(), extra.end());
-  ProcessOptions options;
-  options.timeout_seconds = 30;
-  Analysis analysis;
-  analysis.result = RunProcess(argv, options);
-  INFO("ncclguard analyze: exit code " << analysis.result.exit_code << "\nstdout:\n"
-                                       << analysis.result.out << "\nstderr:\n"
-                                       << analysis.result.err);
-  REQUIRE_FALSE(analysis.result.timed_out);
-  REQUIRE(analysis.result.exit_code != 2);
-  analysis.document = Json::parse(analysis.result.out);
-  return analysis;
-}
-
-// The first verdict of `kind`, or null.
-Json FindVerdict(const Json& document, const std::string& kind) {
-  for (const Json& verdict : document.at("verdicts")) {
-    if (verdict.at("kind") == kind) return verdict;
-  }
-  return nullptr;
 }
 
 std::vector<int> Ranks(const Json& verdict) { return verdict.at("ranks").get<std::vector<int>>(); }
