@@ -261,7 +261,7 @@ TEST_CASE("a rank slow for a while is said to end after its last slow step", "[f
   TemporaryDirectory dump_dir;
   const Job job = RunJob(
       dump_dir,
-      {"--ranks", "8", "--steps", "250", "--count", kCount, "--slow", "5:150:1-40", "--timeout", "140"},
+      {"--ranks", "8", "--steps", "600", "--count", kCount, "--slow", "5:150:1-100", "--timeout", "140"},
       {{"NCCLEMU_LINKS", kLinks}, {"NCCLGUARD_SLOW_INTERVAL", kSlowInterval}}, "slow_rank: rank 5 (");
   INFO(job.transcript);
   REQUIRE(job.result.exit_code == 0);
@@ -281,8 +281,7 @@ TEST_CASE("a rank slow for a while is said to end after its last slow step", "[f
 // About a minute of a healthy job judged every 5 s: links with 20 % jitter and a 4 s checkpoint
 // save on one rank, which every other rank waits for once. Steps of 524,288 floats: a status's 8
 // blocks of 8 operations span several seconds, more than the ranks' statuses differ in time, so
-// that the judge finds blocks every rank completed and judges them (with steps of a few tens of
-// milliseconds it may find too few to judge at all, and a quiet judge would prove nothing).
+// that the judge finds blocks every rank completed and judges them.
 TEST_CASE("a healthy job with jitter and a checkpoint pause has no fail-slow line", "[fail_slow][healthy]") {
   TemporaryDirectory dump_dir;
   const Job job = RunJob(
