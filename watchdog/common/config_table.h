@@ -7,8 +7,8 @@
 
 #define NCCLGUARD_FOR_EACH_OPTION(X)                                                                 \
   X(DISABLE, disable, bool, false,                                                                   \
-    "Kill switch: `1` turns every wrapper into a pure pass-through to NCCL; ncclguard then loads "    \
-    "nothing beyond `libncclguard.so`, starts nothing, writes nothing and logs nothing.")             \
+    "Kill switch: `1` turns every wrapper into a pure pass-through to NCCL; ncclguard then loads "   \
+    "nothing beyond `libncclguard.so`, starts nothing, writes nothing and logs nothing.")            \
   X(LOG_LEVEL, log_level, LogLevel, LogLevel::kWarn,                                                 \
     "Least severe message logged: `trace` (every call with its arguments), `debug` (every call "     \
     "with its result), `info`, `warn`, `error` or `off`.")                                           \

@@ -1,10 +1,12 @@
 #include "watchdog/detect/fail_slow.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -12,7 +14,10 @@
 #include "watchdog/common/log.h"
 #include "watchdog/common/mutex.h"
 #include "watchdog/detect/watchdog.h"
+#include "watchdog/diagnose/verdicts.h"
+#include "watchdog/report/snapshot.h"
 #include "watchdog/state/records.h"
+#include "watchdog/state/registry.h"
 
 namespace ncclguard {
 namespace {

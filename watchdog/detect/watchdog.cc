@@ -36,6 +36,7 @@
 #include "watchdog/report/snapshot.h"
 #include "watchdog/report/snapshot_builder.h"
 #include "watchdog/state/gpu_events.h"
+#include "watchdog/state/pace.h"
 #include "watchdog/state/records.h"
 #include "watchdog/state/registration.h"
 #include "watchdog/state/registry.h"

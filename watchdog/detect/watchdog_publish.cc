@@ -9,10 +9,12 @@
 
 #include "absl/base/thread_annotations.h"
 #include "watchdog/common/mutex.h"
+#include "watchdog/detect/metrics.h"
 #include "watchdog/detect/progress.h"
 #include "watchdog/detect/watchdog.h"
 #include "watchdog/report/snapshot.h"
 #include "watchdog/report/snapshot_builder.h"
+#include "watchdog/state/pace.h"
 #include "watchdog/state/records.h"
 #include "watchdog/state/registry.h"
 

@@ -11,10 +11,10 @@
 #include <fmt/format.h>
 
 #include "watchdog/common/clock.h"
-#include "watchdog/diagnose/job_view.h"
 #include "watchdog/diagnose/known_bad.h"
 #include "watchdog/diagnose/rules.h"
 #include "watchdog/diagnose/verdicts.h"
+#include "watchdog/report/job_read.h"
 
 namespace ncclguard {
 namespace {

@@ -8,13 +8,16 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "watchdog/common/pace.h"
 #include "watchdog/diagnose/rules.h"
+#include "watchdog/report/job_read.h"
 #include "watchdog/report/snapshot.h"
 
 namespace ncclguard::classifier {
@@ -127,6 +130,8 @@ struct LateInBlock {
 LateInBlock FindLateMembers(const CommonBlock& block) {
   std::vector<double> waits;
   std::vector<double> spans;
+  waits.reserve(block.by_member.size());
+  spans.reserve(block.by_member.size());
   for (const PaceBlockSnapshot* pace : block.by_member) {
     waits.push_back(pace->wait_ms);
     spans.push_back(pace->span_ms);
@@ -135,6 +140,7 @@ LateInBlock FindLateMembers(const CommonBlock& block) {
   late.others_wait_ms = Median(waits);
   late.span_ms = Median(spans);
   std::vector<double> deviations;
+  deviations.reserve(waits.size());
   for (const double wait : waits) deviations.push_back(std::fabs(wait - late.others_wait_ms));
   const double threshold =
       std::max({kSpreadFactor * Median(deviations), kMinShareOfSpan * late.span_ms, kMinWaitMs});

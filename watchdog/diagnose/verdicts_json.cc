@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "watchdog/common/clock.h"
-#include "watchdog/diagnose/job_view.h"
 #include "watchdog/diagnose/verdicts.h"
+#include "watchdog/report/job_read.h"
 
 namespace ncclguard {
 namespace {

@@ -14,6 +14,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "watchdog/common/pace.h"
 #include "watchdog/common/profile_events.h"
 #include "watchdog/report/dump_reader.h"
 #include "watchdog/report/facts.h"

@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "watchdog/common/exit_gate.h"
+#include "watchdog/common/pace.h"
 #include "watchdog/common/profile_events.h"
 #include "watchdog/report/dump_reader.h"
 #include "watchdog/report/facts.h"

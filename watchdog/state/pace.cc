@@ -1,6 +1,7 @@
 #include "watchdog/state/pace.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -9,6 +10,7 @@
 
 #include "watchdog/common/mutex.h"
 #include "watchdog/common/nccl_api.h"
+#include "watchdog/common/pace.h"
 #include "watchdog/common/profile_events.h"
 #include "watchdog/state/profiles.h"
 #include "watchdog/state/records.h"
