@@ -114,6 +114,36 @@ TEST_CASE("a rank that comes late into every block is a slow rank, with what it 
   CHECK(verdict.evidence.at("share_of_time").get<double>() == Approx(waited / 1000).epsilon(0.01));
 }
 
+TEST_CASE("a slow rank's stacks, from a dump the user asked it for, say where it spends the time", "[pace]") {
+  auto late_rank_5 = [](int rank, RankPace& pace) {
+    if (rank == 5)
+      for (double& wait : pace.wait_ms) wait -= 80;
+  };
+  JobView job = Job(8, 4, 0.05, 10, late_rank_5);
+  ProcessView& slow = job.processes[5];
+  ThreadsSnapshot threads;
+  threads.time_ns = kNow;
+  ThreadSnapshot& main_thread = threads.threads.emplace_back();
+  main_thread.tid = slow.pid;
+  main_thread.state = "sleeping";
+  main_thread.syscall = "read";
+  main_thread.fd_target = "/data/shard-17.bin";
+  FrameSnapshot& frame = main_thread.python.emplace_back();
+  frame.function = "load_batch";
+  frame.file = "data.py";
+  frame.line = 42;
+  slow.snapshot.threads = threads;
+  slow.dump_reason = "stall";  // a dump of another moment says nothing of the slowness
+  REQUIRE(ClassifyFailSlow(job).size() == 1);
+  CHECK_FALSE(absl::StrContains(ClassifyFailSlow(job)[0].message, "its stacks"));
+  slow.dump_reason = "signal";  // the dump signal: the user asked
+  const std::vector<Verdict> verdicts = ClassifyFailSlow(job);
+  REQUIRE(verdicts.size() == 1);
+  CHECK(absl::StrContains(verdicts[0].message,
+                          " — its stacks at its dump show it in `load_batch` (data.py:42)"));
+  CHECK(verdicts[0].evidence.at("location").at("tid") == slow.pid);
+}
+
 TEST_CASE("a few late ranks are each named; half the job late is nobody's slowness", "[pace]") {
   const JobView few = Job(8, 4, 0.05, 2, [](int rank, RankPace& pace) {
     if (rank != 1 && rank != 6) return;

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -19,6 +20,7 @@
 #include "watchdog/diagnose/rules.h"
 #include "watchdog/report/job_read.h"
 #include "watchdog/report/snapshot.h"
+#include "watchdog/report/whereabouts.h"
 
 namespace ncclguard::classifier {
 namespace {
@@ -161,28 +163,46 @@ struct LateRecord {
   double span_ms = 0;
 };
 
+// Where the late rank spends its time, from the stacks of a dump the user asked it for (the dump
+// signal: a dump taken for a stall or at exit says nothing of a slowness): " — its stacks at its
+// dump show it in `load_batch` (data.py:42), blocked in read()", or "".
+std::string WhereItIs(const Member& member, Json& evidence) {
+  const ProcessView& process = *member.process;
+  if (process.dump_reason != "signal" || !process.snapshot.threads) return "";
+  const OpSnapshot* last = FindOp(*member.comm, member.comm->last_enqueued);
+  const std::optional<ThreadLocation> location =
+      LocateProcess(*process.snapshot.threads, last != nullptr ? last->host_thread : 0, process.pid);
+  if (!location || location->sentence.empty()) return "";
+  evidence["location"] = Json{{"sentence", location->sentence},
+                              {"dump_time_ns", process.snapshot.threads->time_ns},
+                              {"tid", location->thread != nullptr ? location->thread->tid : 0}};
+  return fmt::format(" — its stacks at its dump show it {}", location->sentence);
+}
+
 void AddSlowRank(const Communicator& communicator, const std::vector<CommonBlock>& blocks, std::size_t member,
                  const LateRecord& record, Buckets& buckets) {
   const int rank = communicator.members[member].rank;
   const ProcessView& process = *communicator.members[member].process;
   const double per_block_ms = record.waited_ms / static_cast<double>(record.blocks);
   const double share = record.span_ms > 0 ? record.waited_ms / record.span_ms : 0;
+  Json evidence{{"rank", rank},
+                {"host", process.host},
+                {"pid", process.pid},
+                {"waited_ms_per_block", per_block_ms},
+                {"block_ops", kPaceBlockOps},
+                {"share_of_time", share},
+                {"blocks_late", record.blocks},
+                {"blocks_judged", blocks.size()},
+                {"first_seq", blocks.front().first_seq}};
+  const std::string where = WhereItIs(communicator.members[member], evidence);
   Add(buckets, kSlowRank, communicator.id, blocks.back().last_seq, {rank},
       fmt::format("rank {} (pid {} on host {}) is late into the collectives: its peers wait for it {} ms in "
                   "every {} operations, {:.0f} % of the job's time (in {} of the latest {} blocks of "
                   "operations {}); it is slow outside NCCL (compute, data loading, a throttled GPU or "
-                  "host)",
+                  "host){}",
                   rank, process.pid, process.host, fmt::format("{:.0f}", per_block_ms), kPaceBlockOps,
-                  100 * share, record.blocks, blocks.size(), SeqRange(blocks)),
-      Json{{"rank", rank},
-           {"host", process.host},
-           {"pid", process.pid},
-           {"waited_ms_per_block", per_block_ms},
-           {"block_ops", kPaceBlockOps},
-           {"share_of_time", share},
-           {"blocks_late", record.blocks},
-           {"blocks_judged", blocks.size()},
-           {"first_seq", blocks.front().first_seq}});
+                  100 * share, record.blocks, blocks.size(), SeqRange(blocks), where),
+      std::move(evidence));
 }
 
 void ClassifySlowRanks(const Communicator& communicator, const std::vector<CommonBlock>& blocks,
