@@ -198,6 +198,13 @@ std::vector<Verdict> Buckets::TakeAll() {
   return verdicts;
 }
 
+double Median(std::vector<double> values) {
+  if (values.empty()) return 0;
+  const auto middle = values.begin() + static_cast<std::ptrdiff_t>(values.size() / 2);
+  std::nth_element(values.begin(), middle, values.end());
+  return *middle;
+}
+
 Verdict& Add(Buckets& buckets, VerdictKind kind, std::string comm, std::uint64_t seq, std::vector<int> ranks,
              std::string message, Json evidence) {
   return buckets[kind].emplace_back(Verdict{.kind = kind,

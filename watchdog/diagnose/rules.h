@@ -76,6 +76,8 @@ std::string RanksBriefly(const std::vector<int>& ranks);
 // What the verdicts rest on when some files of the job were not read: "this rests on 66380 of
 // 131072 processes: the files of 64692 were not read (the deadline passed)"; "" when all were.
 std::string PartOfJob(const JobView& job);
+// The middle value of `values` (the upper middle of an even count); 0 when there is none.
+double Median(std::vector<double> values);
 // "AllReduce #42", or "#42" when the operation is unknown.
 std::string OpName(const OpSnapshot* op, std::uint64_t seq);
 // "AllReduce #42 (float32 × 1024, sum)".

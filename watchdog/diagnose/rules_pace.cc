@@ -39,13 +39,6 @@ constexpr double kMinWaitMs = 2;
 constexpr double kMinLinkRatio = 2;
 constexpr double kMinLinkMs = 1;
 
-double Median(std::vector<double> values) {
-  if (values.empty()) return 0;
-  const auto middle = values.begin() + static_cast<std::ptrdiff_t>(values.size() / 2);
-  std::nth_element(values.begin(), middle, values.end());
-  return *middle;
-}
-
 // One block as every member has it, by member.
 struct CommonBlock {
   std::uint64_t first_seq = 0;  // of the operations its members' blocks hold

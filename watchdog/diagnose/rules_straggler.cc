@@ -12,17 +12,6 @@
 #include "watchdog/report/snapshot.h"
 
 namespace ncclguard::classifier {
-namespace {
-
-double Median(std::vector<double> values) {
-  if (values.empty()) return 0;
-  const auto middle = values.begin() + static_cast<std::ptrdiff_t>(values.size() / 2);
-  std::nth_element(values.begin(), middle, values.end());
-  return *middle;
-}
-
-}  // namespace
-
 // One rank consistently last into the collectives that every rank's ring holds. Enqueue times
 // only: GPU start times are seen at the watchdog's poll interval, too coarse for this.
 void ClassifyStraggler(const Communicator& communicator, Buckets& buckets) {
