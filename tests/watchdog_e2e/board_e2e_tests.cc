@@ -103,8 +103,12 @@ TEST_CASE("a Redis board stopped before the job costs the job no time, and gets 
   const double plain = Median(without_redis);
   const double stuck = Median(stopped_redis);
   INFO("median wall time: " << plain << " s on the job directory, " << stuck << " s on a stopped Redis");
-  // 5 %, and 50 ms for the noise of starting processes on a loaded machine.
-  CHECK(stuck <= plain * 1.05 + 0.05);
+  // A stopped redis-server takes connections and never answers: a call that waited for it would
+  // wait out a whole command timeout (2 s, report/redis_client.cc) at least once per process, so
+  // half of one is the bound. A tighter one (5 % + 50 ms) measured the machine's load, not
+  // ncclguard: it failed once under a load of 14 on 2 cores. What the time is made of is the
+  // log's line above: each process gave the board 25 ms at its first call, once.
+  CHECK(stuck <= plain + 1.0);
 
   // Each process's status at its communicator's creation was sent before the job ended: the board
   // holds it once it answers again.
