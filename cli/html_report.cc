@@ -47,7 +47,7 @@ constexpr std::array<StateStyle, kRankStates> kStyles = {{
     {RankState::kLate, 'L', "#f08c00", "alive and has not entered it"},
     {RankState::kDead, 'D', "#d62728", "its process is gone without exiting"},
     {RankState::kFinished, 'F', "#2ca02c", "completed it"},
-    {RankState::kExited, 'X', "#7f7f7f", "exited normally before it"},
+    {RankState::kExited, 'X', "#7f7f7f", "exited before it (or closed its communicators and ended)"},
     {RankState::kStopped, 'S', "#9467bd", "its process is stopped"},
     {RankState::kUnknown, 'U', "#d9d9d9", "nothing of it was read"},
 }};

@@ -13,7 +13,9 @@
 namespace ncclguard {
 
 std::string ProcessState(const JobView& job, const ProcessView& process) {
-  if (process.exited) return "exited";
+  // Gone once its communicators were closed: it ended its work, whatever ended the process.
+  if (process.exited || (process.closed_nccl && process.liveness == ProcessView::Liveness::kGone))
+    return "exited";
   switch (process.liveness) {
     case ProcessView::Liveness::kAlive:
       return "alive";

@@ -1059,6 +1059,28 @@ TEST_CASE("a job killed as a whole is judged as it was at its end: the late rank
   }
 }
 
+TEST_CASE("a process that closed its communicators before it ended finished: an _exit is no kill",
+          "[verdicts][job_end]") {
+  // A forked worker that destroys its communicators and ends with os._exit writes no final status:
+  // its last status says its communicators are closed (record/operations.cc writes it then).
+  JobView job = KilledWhileRank1Saves();
+  for (ProcessView& process : job.processes) process.snapshot.comms[0].state = "destroyed";
+  job.processes[1].closed_nccl = true;
+  CHECK_FALSE(EndedTogether(job).has_value());
+  const std::vector<Verdict> verdicts = Classify(job);
+  REQUIRE_FALSE(verdicts.empty());
+  CHECK(verdicts[0].ranks == std::vector<int>{1});
+  CHECK(VerdictKindName(verdicts[0].kind) != std::string("rank_dead"));
+  CHECK(absl::StrContains(verdicts[0].message,
+                          "it finished its loop (closed its communicators, then its process ended)"));
+  CHECK(verdicts[0].evidence["late_ranks"][0]["where"] == "finished");
+
+  SECTION("without its communicators closed, the same end is a kill from outside") {
+    job.processes[1].closed_nccl = false;
+    CHECK(EndedTogether(job).has_value());
+  }
+}
+
 TEST_CASE("a rank that vanished while its peers lived on is dead, even when the rest was killed later",
           "[verdicts][job_end]") {
   JobView job = KilledWhileRank1Saves();

@@ -1005,6 +1005,32 @@ TEST_CASE("a link that stops is named under NCCL's profiler version 4 too: link_
   CheckStoppedLink(4, 2, 3, {{"NCCLEMU_PROFILER_VERSION", "4"}});
 }
 
+// Forked ranks that end with _exit, as Python's multiprocessing workers do (os._exit), run no exit
+// hook: what says they finished is the status each wrote when its application closed its last
+// communicator. Before it was written, analyze took the job for one killed from outside.
+TEST_CASE("ranks that close their communicators and end with _exit finished: the job is healthy",
+          "[healthy][job_end]") {
+  const bool nonblocking = GENERATE(false, true);
+  INFO((nonblocking ? "non-blocking" : "blocking") << " communicators");
+  TemporaryDirectory dump_dir;
+  std::vector<std::string> command = {DDP_HABITS, "--ranks", "4", "--steps", "5"};
+  if (nonblocking) command.emplace_back("--nonblocking");
+  const Job job = RunProgram(dump_dir, command, {}, /*guarded=*/true, /*kill_after_seconds=*/50);
+  INFO(job.transcript);
+  REQUIRE(job.result.exit_code == 0);
+  const Analysis analysis = Analyze(job.job_dir);
+  CHECK(analysis.result.exit_code == 0);
+  CHECK(analysis.document.at("healthy") == true);
+  CHECK(analysis.document.at("job_end").is_null());
+  const Json& processes = analysis.document.at("processes");
+  REQUIRE(processes.size() == 4);
+  for (const Json& process : processes) {
+    INFO(process.dump());
+    CHECK(process.at("exited") == false);  // no exit hook ran
+    CHECK(process.at("closed_nccl") == true);
+  }
+}
+
 // The same under PyTorch's habits (ddp_habits): the data-parallel communicator split from the
 // default one, collectives on a dedicated NCCL stream, broadcasts and bucketed all-reduces queued
 // back to back, the framework's own watchdog polling events and ncclCommGetAsyncError, which ends

@@ -86,13 +86,17 @@ void SystemEffects::WriteStatus(const ProcessSnapshot& snapshot) {
   board_thread_.PostStatus(std::move(board), snapshot, &Facts());
 }
 
-void SystemEffects::FinishBoardAtExit() {
+void SystemEffects::FlushBoard() {
   // A board that answers takes a millisecond or two; one that has held its call in flight this long
-  // is not answering, and the application's exit does not wait for it. Nor for a board that has not
+  // is not answering, and the application does not wait for it. Nor for a board that has not
   // answered once: stopped before the job started, it would cost every short job that much.
-  constexpr std::chrono::milliseconds kExitDeadline{1000};
+  constexpr std::chrono::milliseconds kDeadline{1000};
   constexpr std::chrono::milliseconds kStuckAfter{100};
-  if (board_thread_.HasAnswered()) board_thread_.Flush(kExitDeadline, kStuckAfter);
+  if (board_thread_.HasAnswered()) board_thread_.Flush(kDeadline, kStuckAfter);
+}
+
+void SystemEffects::FinishBoardAtExit() {
+  FlushBoard();
   board_thread_.Stop();
 }
 

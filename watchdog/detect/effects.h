@@ -33,9 +33,11 @@ class SystemEffects final : public WatchdogEffects {
   void WriteStatus(const ProcessSnapshot& snapshot) override;
   std::optional<ThreadsSnapshot> CaptureThreads() override;
 
-  // At exit, on the application's thread: waits a little for the statuses and requests posted
-  // before to be published (not at all for a board that does not answer), then publishes nothing
-  // more.
+  // On an application's thread: waits for the statuses and requests handed to the board to be
+  // published, a second at most, not at all for a board that never answered or whose call in
+  // flight is stuck.
+  void FlushBoard();
+  // At exit: the same, then publishes nothing more.
   void FinishBoardAtExit();
 
   // On the watchdog thread, before its first round: the driver and NVML calls behind these facts

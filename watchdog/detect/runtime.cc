@@ -325,4 +325,26 @@ void WriteStatusAtInit() noexcept {
   }
 }
 
+void WriteStatusAfterClosing(bool last) noexcept {
+  Runtime* runtime = g_runtime.load(std::memory_order_acquire);
+  if (runtime == nullptr || t_watchdog_thread || g_exiting.load(std::memory_order_seq_cst)) return;
+  constexpr std::int64_t kWaitsApartNs = 1'000'000'000;
+  constexpr std::chrono::milliseconds kRoundDeadline{1000};
+  static std::atomic<std::int64_t> last_wait_ns{-kWaitsApartNs};
+  try {
+    runtime->watchdog.RequestStatus();
+    const std::int64_t now_ns = SteadyNowNs();
+    std::int64_t previous_ns = last_wait_ns.load(std::memory_order_relaxed);
+    if (!last || now_ns - previous_ns < kWaitsApartNs ||
+        !last_wait_ns.compare_exchange_strong(previous_ns, now_ns, std::memory_order_relaxed)) {
+      runtime->rounds.Wake();
+      return;
+    }
+    runtime->rounds.RunRoundAndWait(kRoundDeadline);  // the round hands the status to the board
+    runtime->effects.FlushBoard();
+  } catch (const std::exception& error) {
+    log::Error("cannot write the status after a communicator closed: {}", error.what());
+  }
+}
+
 }  // namespace ncclguard

@@ -48,4 +48,11 @@ void WaitIfExiting() noexcept;
 // before the watchdog's next status interval is then known to have been part of the job.
 void WriteStatusAtInit() noexcept;
 
+// The same once the application closed a communicator; `last`: none of the process's is open any
+// more. A forked worker may then end at once with _exit, which runs no exit hook, so the status
+// that says its communicators are closed (not a process that died) is written before the last
+// one's closing returns: within a second, and at most once a second, so that a program that
+// creates and destroys communicators in a loop is not slowed. Nothing on the watchdog's thread.
+void WriteStatusAfterClosing(bool last) noexcept;
+
 }  // namespace ncclguard

@@ -100,7 +100,8 @@ std::optional<JobEnd> EndedTogether(const JobView& job) {
   std::int64_t oldest_ns = job.processes.front().last_seen_ns;
   std::int64_t newest_ns = oldest_ns;
   for (const ProcessView& process : job.processes) {
-    if (process.exited || !classifier::GoneWhenRead(process, job) || process.last_seen_ns <= 0)
+    if (process.exited || process.closed_nccl || !classifier::GoneWhenRead(process, job) ||
+        process.last_seen_ns <= 0)
       return std::nullopt;
     oldest_ns = std::min(oldest_ns, process.last_seen_ns);
     newest_ns = std::max(newest_ns, process.last_seen_ns);

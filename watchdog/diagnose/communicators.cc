@@ -177,7 +177,9 @@ const char* WhereaboutsName(Whereabouts where) {
 
 Whereabouts Locate(const ProcessView& process, const JobView& job) {
   if (process.exited) return Whereabouts::kFinished;
-  if (IsGone(process, job)) return Whereabouts::kGone;
+  // Gone after the application closed every communicator of it: it finished, by an exit that ran
+  // no exit handler (os._exit in a forked worker) or a signal once its work was done.
+  if (IsGone(process, job)) return process.closed_nccl ? Whereabouts::kFinished : Whereabouts::kGone;
   // Whatever its status says it was doing, it is doing nothing now. So it is for a process alive on
   // this host whose watchdog has not written its status for several intervals: it was stopped (and
   // may have just been continued) or starved, and its status is no news of where it is.

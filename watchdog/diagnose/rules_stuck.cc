@@ -186,7 +186,7 @@ std::string CompletedClause(const std::vector<const Member*>& finished, const Co
     std::string next;
     switch (Locate(*member->process, job)) {
       case Whereabouts::kFinished:
-        next = "exited";
+        next = member->process->exited ? "exited" : "closed its communicators and ended";
         break;
       case Whereabouts::kGone:
         next = "then vanished (presumed killed)";
@@ -310,7 +310,8 @@ void AddLateMember(const Member& member, const Communicator& communicator, const
   }
   switch (where) {
     case Whereabouts::kFinished:
-      clause += "it finished its loop (exited normally)";
+      clause += process.exited ? "it finished its loop (exited normally)"
+                               : "it finished its loop (closed its communicators, then its process ended)";
       break;
     case Whereabouts::kInsideNccl:
       clause += fmt::format("it is inside {} (not in this operation)", process.snapshot.in_nccl_call);

@@ -54,7 +54,8 @@ struct Verdict {
   bool late_ranks_busy_outside_nccl = false;
 };
 
-// How the whole job ended, when every process of it is gone, none exited normally, and their last
+// How the whole job ended, when every process of it is gone, none exited normally or closed its
+// communicators first (ProcessView::closed_nccl), and their last
 // records (status files, dumps) end within about one status interval of each other: they were
 // killed from outside all at once (a launcher's or scheduler's time limit, a signal to the whole
 // job), and no rank vanished while its peers lived. Classify then judges every process as it was

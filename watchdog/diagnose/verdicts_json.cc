@@ -73,6 +73,7 @@ nlohmann::json VerdictsToJson(const JobView& job, const std::vector<Verdict>& ve
                              {"rank", process.snapshot.rank},
                              {"liveness", LivenessName(process.liveness)},
                              {"exited", process.exited},
+                             {"closed_nccl", process.closed_nccl},
                              {"last_seen_ns", process.last_seen_ns},
                              {"in_nccl_call", process.snapshot.in_nccl_call},
                              {"status_file", process.status_file},

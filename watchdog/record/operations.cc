@@ -569,8 +569,9 @@ void AfterCommCall(Api api, ncclComm_t handle, ncclResult_t result) noexcept {
       break;
 #endif
     default:
-      break;
+      return;
   }
+  WriteStatusAfterClosing(!GetRegistry().AnyOpen());
 }
 
 void AfterAsyncErrorQuery(ncclComm_t handle, const ncclResult_t* async_error, ncclResult_t result) noexcept {

@@ -26,10 +26,20 @@
 #include "watchdog/report/job_read.h"
 #include "watchdog/report/liveness.h"
 #include "watchdog/report/snapshot.h"
+#include "watchdog/state/records.h"
 
 namespace ncclguard::job_reading {
 
 inline std::string ProcessKey(const std::string& host, int pid) { return absl::StrCat(host, "/", pid); }
+
+// ProcessView::closed_nccl: the states are CommLifecycleName's (state/records.h).
+inline bool ClosedEveryCommunicator(const ProcessSnapshot& snapshot) {
+  return !snapshot.comms.empty() &&
+         std::all_of(snapshot.comms.begin(), snapshot.comms.end(), [](const CommSnapshot& comm) {
+           return comm.state == CommLifecycleName(CommLifecycle::kDestroyed) ||
+                  comm.state == CommLifecycleName(CommLifecycle::kFinalized);
+         });
+}
 
 // The classifier walks every rank of every communicator, and its evidence names each rank that
 // left nothing (a few hundred bytes each): the communicators' claimed sizes, each within
@@ -211,6 +221,7 @@ class Merger {
       view.last_seen_ns = view.snapshot.time_ns;
       view.liveness = CheckLiveness(view.host, view.pid, own_host);
       view.exited = view.snapshot.exiting || view.dump_reason == "exit";
+      view.closed_nccl = ClosedEveryCommunicator(view.snapshot);
     }
   }
 

@@ -39,6 +39,10 @@ struct ProcessView {
   enum class Liveness { kAlive, kGone, kUnknown, kStopped };
   Liveness liveness = Liveness::kUnknown;
   bool exited = false;  // it wrote a final status or dump on its way out (a normal exit)
+  // Every communicator its last status lists (one at least) was closed by the application, destroyed
+  // or finalized: its NCCL work was over, whatever then ended the process (an exit without exit
+  // handlers, such as os._exit in a forked worker, writes no final status).
+  bool closed_nccl = false;
   // Communicator initialisations that returned an error: a failure is dumped (reason
   // error_return) before the call returns, so the dump shows the initialisation pending; one that
   // is neither pending since nor a communicator of the process failed. Not in pending_inits.

@@ -2,6 +2,7 @@
 
 #include <nccl.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -126,6 +127,14 @@ bool Registry::Rekey(CommState* state, ncclComm_t new_handle, int new_library) n
 std::vector<CommState*> Registry::All() const {
   MutexLock lock(mutex_);
   return all_;
+}
+
+bool Registry::AnyOpen() const {
+  MutexLock lock(mutex_);
+  return std::any_of(all_.begin(), all_.end(), [](const CommState* comm) {
+    const CommLifecycle lifecycle = comm->lifecycle.load(std::memory_order_acquire);
+    return lifecycle == CommLifecycle::kInitializing || lifecycle == CommLifecycle::kReady;
+  });
 }
 
 void Registry::Unlink(CommState* state) noexcept {

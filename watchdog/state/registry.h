@@ -60,6 +60,8 @@ class Registry {
   // Every communicator registered and not yet removed, oldest first (a copy: safe to walk while
   // others register).
   std::vector<CommState*> All() const;
+  // Whether one of them is open: initialising or ready, not closed by the application.
+  bool AnyOpen() const;
 
   // Watchdog thread only. Unlink: Find() no longer returns `state` (its handle may already name a
   // newer communicator, which stays). Remove: also gone from All(), and freed.
