@@ -100,10 +100,10 @@ void FinishCreation(const Ticket& ticket, int library, ncclResult_t result, cons
   }
 }
 
-// `returned` is nullptr for a function that returns nothing; `detail` what LoggedCallDetail says.
+// `returned` is nullptr for a function that returns nothing; `detail` what LoggedCallDetail says,
+// not kNone.
 template <Api A, typename Result, typename... Args>
 void LogCall(hooks::CallDetail detail, const Result* returned, const Args&... args) {
-  if (detail == hooks::CallDetail::kNone) return;
   fmt::memory_buffer value;
   if (returned != nullptr) {
     AppendValue(value, *returned);
@@ -142,20 +142,20 @@ Ticket BeforeCall(int library, const Args&... args) noexcept {
   return ticket;
 }
 
-// After the real call: `result` is what it returned.
+// After the real call: `result` is what it returned; `logged` what the log wants of the call.
 template <Api A, typename Result, typename... Args>
-void AfterCall(const Ticket& ticket, int library, const Result& result, const Args&... args) noexcept {
+void AfterCall(const Ticket& ticket, int library, hooks::CallDetail logged, const Result& result,
+               const Args&... args) noexcept {
   constexpr ApiKind kKind = Describe(A).kind;
   constexpr bool kOperation = kKind == ApiKind::kCollective || kKind == ApiKind::kPointToPoint;
   constexpr bool kHot = std::is_same_v<Result, ncclResult_t> && (kOperation || kKind == ApiKind::kGroup);
   if constexpr (!kHot) hooks::LeaveNccl();
   try {
-    hooks::CallDetail logged = hooks::CallDetail::kNone;
     if constexpr (std::is_same_v<Result, ncclResult_t>) {
       if constexpr (kOperation) {
-        logged = hooks::LeaveOperation(ticket, result);
+        hooks::LeaveOperation(ticket, result);
       } else if constexpr (kKind == ApiKind::kGroup) {
-        logged = hooks::LeaveGroupCall(A, result);
+        hooks::LeaveGroupCall(A, result);
       } else if constexpr (kKind == ApiKind::kCommCreate) {
         detail::FinishCreation<A>(ticket, library, result, args...);
       } else if constexpr (A == Api::ncclCommGetAsyncError) {  // (comm, asyncError*)
@@ -165,18 +165,17 @@ void AfterCall(const Ticket& ticket, int library, const Result& result, const Ar
         AfterCommCall(A, FirstCommunicator(args...), result);
       }
     }
-    if constexpr (!kHot) logged = hooks::LoggedCallDetail();
-    detail::LogCall<A>(logged, &result, args...);
+    if (logged != hooks::CallDetail::kNone) detail::LogCall<A>(logged, &result, args...);
   } catch (...) {
   }
 }
 
 // The same for the functions that return nothing.
 template <Api A, typename... Args>
-void AfterVoidCall(const Ticket&, int, const Args&... args) noexcept {
+void AfterVoidCall(const Ticket&, int, hooks::CallDetail logged, const Args&... args) noexcept {
   hooks::LeaveNccl();
   try {
-    detail::LogCall<A, int>(hooks::LoggedCallDetail(), nullptr, args...);
+    if (logged != hooks::CallDetail::kNone) detail::LogCall<A, int>(logged, nullptr, args...);
   } catch (...) {
   }
 }

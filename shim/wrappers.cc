@@ -3,6 +3,7 @@
 #include "shim/wrappers.h"
 
 #include <nccl.h>
+#include <pthread.h>
 
 #include <atomic>
 #include <string>
@@ -113,6 +114,24 @@ bool ResolvesCommunicators(bool active) noexcept {
   return known == 1;
 }
 
+// What the core answers once it has started holds for every later call: that it watches, and how
+// much of each call the log wants (its level is set at the start). Kept here, so that a call
+// crosses the door only to be recorded; asked again in a forked child, which starts over.
+std::atomic<bool> g_core_active{false};
+std::atomic<hooks::CallDetail> g_logged_detail{hooks::CallDetail::kNone};
+
+bool CoreActive() noexcept {
+  if (g_core_active.load(std::memory_order_acquire)) [[likely]]
+    return true;
+  if (!hooks::Active(Libraries())) return false;
+  static std::atomic<bool> fork_handler{false};
+  if (!fork_handler.exchange(true))
+    pthread_atfork(nullptr, nullptr, [] { g_core_active.store(false, std::memory_order_relaxed); });
+  g_logged_detail.store(hooks::LoggedCallDetail(), std::memory_order_relaxed);
+  g_core_active.store(true, std::memory_order_release);
+  return true;
+}
+
 template <Api A, int Library, typename... Args>
 typename Signature<A>::Result Forward(Args... args) noexcept {
   using Function = typename Signature<A>::Function;
@@ -121,7 +140,7 @@ typename Signature<A>::Result Forward(Args... args) noexcept {
   int library = nested ? t_calls.outer_library : Library;
   // Started before the real function is looked up, so that what the lookup says is logged, and
   // before communicators are resolved, so that in-process recovery is in place if it is asked for.
-  const bool active = !nested && hooks::Active(Libraries());
+  const bool active = !nested && CoreActive();
   // Before the core sees them, so that it sees NCCL's communicators only. Nested calls come from
   // NCCL itself and carry their own.
   if (!nested && ResolvesCommunicators(active)) ((args = RealArgument(args, &library)), ...);
@@ -137,9 +156,10 @@ typename Signature<A>::Result Forward(Args... args) noexcept {
   if (!active) return real(args...);
   CallScope scope(A, library);
   const Ticket ticket = BeforeCall<A, Result>(library, args...);
+  const hooks::CallDetail logged = g_logged_detail.load(std::memory_order_relaxed);
   if constexpr (std::is_void_v<Result>) {
     real(args...);
-    AfterVoidCall<A>(ticket, library, args...);
+    AfterVoidCall<A>(ticket, library, logged, args...);
   } else {
     if constexpr (std::is_same_v<Result, ncclResult_t>) {
       if (!ticket.forward) return ticket.result;
@@ -152,7 +172,7 @@ typename Signature<A>::Result Forward(Args... args) noexcept {
       }
     }
     const Result result = real != nullptr ? real(args...) : MissingFunctionResult<Result>();
-    AfterCall<A>(ticket, library, result, args...);
+    AfterCall<A>(ticket, library, logged, result, args...);
     return result;
   }
 }

@@ -75,11 +75,10 @@
     (detail, call, returned), )                                                                              \
   X(enter_operation, hooks::EnterOperation, Ticket,                                                          \
     (Api api, int library, const OperationArguments& arguments), (api, library, arguments), Ticket{})        \
-  X(leave_operation, hooks::LeaveOperation, hooks::CallDetail, (const Ticket& ticket, ncclResult_t result),  \
-    (ticket, result), hooks::CallDetail::kNone)                                                              \
+  X(leave_operation, hooks::LeaveOperation, void, (const Ticket& ticket, ncclResult_t result),               \
+    (ticket, result), )                                                                                      \
   X(enter_group_call, hooks::EnterGroupCall, Ticket, (Api api), (api), Ticket{})                             \
-  X(leave_group_call, hooks::LeaveGroupCall, hooks::CallDetail, (Api api, ncclResult_t result),              \
-    (api, result), hooks::CallDetail::kNone)
+  X(leave_group_call, hooks::LeaveGroupCall, void, (Api api, ncclResult_t result), (api, result), )
 // clang-format on
 
 namespace ncclguard {

@@ -160,10 +160,9 @@ Ticket EnterOperation(Api api, int library, const OperationArguments& arguments)
   return ticket;
 }
 
-CallDetail LeaveOperation(const Ticket& ticket, ncclResult_t result) noexcept {
+void LeaveOperation(const Ticket& ticket, ncclResult_t result) noexcept {
   ::ncclguard::LeaveNccl();
   AfterOperation(ticket, result);
-  return LoggedCallDetail();
 }
 
 Ticket EnterGroupCall(Api api) noexcept {
@@ -173,10 +172,9 @@ Ticket EnterGroupCall(Api api) noexcept {
   return ticket;
 }
 
-CallDetail LeaveGroupCall(Api api, ncclResult_t result) noexcept {
+void LeaveGroupCall(Api api, ncclResult_t result) noexcept {
   ::ncclguard::LeaveNccl();
   AfterGroupCall(api, result);
-  return LoggedCallDetail();
 }
 
 void LogCall(CallDetail detail, const std::string& call, const std::string& returned) noexcept {

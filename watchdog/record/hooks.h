@@ -147,7 +147,7 @@ void EnterNccl(Api api) noexcept;
 void LeaveNccl() noexcept;
 
 // How much of each call the log wants: nothing, its name and result (debug), or its arguments too
-// (trace).
+// (trace). Fixed once ncclguard has started (the log's level is set then): the front end asks once.
 enum class CallDetail { kNone, kName, kArguments };
 CallDetail LoggedCallDetail() noexcept;
 // `call` is the name, or "name(arguments)" when `detail` (what LoggedCallDetail said) asks for them.
@@ -156,11 +156,11 @@ void LogCall(CallDetail detail, const std::string& call, const std::string& retu
 // An operation's or a group call's steps on each side of its real call, so that a call crosses the
 // front end's door (door_entries.h) once on each side rather than once per step: WaitIfExiting,
 // BeforeOperation (BeforeGroupCall), then EnterNccl unless the ticket says not to call NCCL; after
-// the call, LeaveNccl, AfterOperation (AfterGroupCall), and what LoggedCallDetail says.
+// the call, LeaveNccl and AfterOperation (AfterGroupCall).
 Ticket EnterOperation(Api api, int library, const OperationArguments& arguments) noexcept;
-CallDetail LeaveOperation(const Ticket& ticket, ncclResult_t result) noexcept;
+void LeaveOperation(const Ticket& ticket, ncclResult_t result) noexcept;
 Ticket EnterGroupCall(Api api) noexcept;
-CallDetail LeaveGroupCall(Api api, ncclResult_t result) noexcept;
+void LeaveGroupCall(Api api, ncclResult_t result) noexcept;
 
 }  // namespace hooks
 }  // namespace ncclguard
