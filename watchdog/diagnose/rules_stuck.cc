@@ -13,11 +13,11 @@
 #include <fmt/format.h>
 
 #include "absl/strings/str_join.h"
-#include "watchdog/diagnose/job_view.h"
 #include "watchdog/diagnose/known_bad.h"
 #include "watchdog/diagnose/op_states.h"
 #include "watchdog/diagnose/rules.h"
 #include "watchdog/diagnose/verdicts.h"
+#include "watchdog/report/job_read.h"
 #include "watchdog/report/snapshot.h"
 #include "watchdog/report/whereabouts.h"
 #include "watchdog/state/records.h"
