@@ -216,14 +216,59 @@ TEST_CASE("a group block's operations share their seq ids and end with nccl:coal
   for (int i : {1, 2, 3}) {
     const Json& entry = dump["entries"][i];
     INFO(entry.dump());
-    CHECK(entry["p2p_seq_id"] == 5);
-    CHECK(entry["collective_seq_id"] == 5);
+    CHECK(entry["p2p_seq_id"] == -5);
+    CHECK(entry["collective_seq_id"] == -5);
     CHECK(entry["is_p2p"] == true);
     CHECK(entry["pg_id"] == 1);
   }
   CHECK(dump["entries"][3]["input_sizes"] == Json::array());
   CHECK(dump["entries"][3]["state"] == "completed");
-  CHECK(dump["entries"][5]["p2p_seq_id"] == 7);
+  CHECK(dump["entries"][5]["p2p_seq_id"] == -7);
+}
+
+// One step of a 3-stage pipeline on a 3-rank communicator: each stage receives from the one before
+// it and sends to the one after it in a block, then every rank all-reduces. The first stage only
+// sends, so its AllReduce is its communicator's #2 where the middle stage's is #3.
+ProcessSnapshot PipelineStage(int rank) {
+  ProcessSnapshot snapshot;
+  snapshot.rank = rank;
+  CommSnapshot comm;
+  comm.id = "00000000000000aa";
+  comm.rank = rank;
+  comm.nranks = 3;
+  std::uint64_t seq = 1;
+  for (int peer : {rank - 1, rank + 1}) {
+    if (peer < 0 || peer > 2) continue;
+    OpSnapshot p2p =
+        Op(seq, peer < rank ? "Recv" : "Send", "completed", 100 + static_cast<std::int64_t>(seq));
+    ++seq;
+    p2p.peer = peer;
+    p2p.group = 7;
+    comm.ring.push_back(p2p);
+  }
+  comm.ring.push_back(Op(seq, "AllReduce", "enqueued", 200));
+  snapshot.comms = {comm};
+  return snapshot;
+}
+
+TEST_CASE("a collective has the same number on every rank, however many point-to-point ops came before") {
+  const CommMembers members = {{"00000000000000aa", {0, 1, 2}}};
+  std::vector<Json> entries;
+  for (int rank : {0, 1, 2}) {
+    const Json dump = Json::parse(
+        PythonLoads(FlightRecorderDump(PipelineStage(rank), members, FlightRecorderStates::kUntimed), true));
+    INFO("rank " << rank << ": " << dump["entries"].dump());
+    REQUIRE(dump["entries"].back()["profiling_name"] == "nccl:all_reduce");
+    entries.push_back(dump["entries"]);
+  }
+  for (const Json& rank : entries) CHECK(rank.back()["collective_seq_id"] == 1);
+  // A block's number is no collective's: FR's analyzer would take the AllReduce for part of it.
+  const Json& middle = entries[1];
+  REQUIRE(middle.size() == 4);  // recv, send, coalesced, all_reduce
+  for (int i = 0; i < 3; ++i) {
+    CHECK(middle[i]["p2p_seq_id"] == -1);
+    CHECK(middle[i]["collective_seq_id"] == -1);
+  }
 }
 
 TEST_CASE("operations not completed are scheduled, or started when asked for timed states") {

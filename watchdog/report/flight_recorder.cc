@@ -95,29 +95,49 @@ struct Item {
   bool coalesced = false;
   bool p2p = false;  // a coalesced entry: the block holds point-to-point operations
   std::string_view state;
+  std::int64_t key = 0;  // collective_seq_id and p2p_seq_id (BlockKey)
   std::int64_t record_id = 0;
   bool frames = false;  // carries its thread's Python frames
 };
 
+// The number FR matches an entry by (collective_seq_id) and finds a block's entries by (they share
+// it, p2p_seq_id for point-to-point ones). The communicator's seq counts every operation of the
+// rank, point-to-point ones too, which ranks issue in different numbers (a pipeline's first stage
+// only sends): a collective is numbered by its seq less the point-to-point operations before it
+// in the ring, the same on every rank whose ring holds them all (or the same number of them). A
+// block holding point-to-point operations takes its first seq, negated: never the number of a
+// collective next to it, which FR's analyzer would take for part of the same block.
+std::int64_t BlockKey(const OpSnapshot& first, std::uint64_t p2p_before, bool p2p) {
+  if (p2p) return -static_cast<std::int64_t>(first.seq);
+  return static_cast<std::int64_t>(first.seq - p2p_before);
+}
+
 // The items of one communicator, oldest first: each ncclGroupStart/End block's operations keyed
-// by the block's first operation, then its coalesced entry.
+// by the block (BlockKey), then its coalesced entry.
 void AddCommItems(const CommSnapshot& comm, int index, FlightRecorderStates states,
                   std::vector<Item>& items) {
   const auto& ring = comm.ring;
+  std::uint64_t p2p_before = 0;  // point-to-point operations of the ring before ring[i]
   for (std::size_t i = 0; i < ring.size();) {
-    if (!Exported(ring[i])) {
-      ++i;
-      continue;
-    }
     std::size_t end = i + 1;
     if (ring[i].group != 0) {
       while (end < ring.size() && ring[end].group == ring[i].group) ++end;
     }
-    Item block_end{.comm = index, .first = &ring[i], .coalesced = true, .state = "completed"};
+    const auto first = ring.begin() + static_cast<std::ptrdiff_t>(i);
+    const auto last = ring.begin() + static_cast<std::ptrdiff_t>(end);
+    const auto p2p_ops = static_cast<std::uint64_t>(std::count_if(first, last, IsP2p));
+    if (!Exported(ring[i])) {
+      p2p_before += IsP2p(ring[i]) ? 1 : 0;
+      ++i;
+      continue;
+    }
+    const std::int64_t key = BlockKey(ring[i], p2p_before, p2p_ops > 0);
+    p2p_before += p2p_ops;
+    Item block_end{.comm = index, .first = &ring[i], .coalesced = true, .state = "completed", .key = key};
     for (std::size_t k = i; k < end; ++k) {
       if (!Exported(ring[k])) continue;
-      items.push_back(
-          Item{.comm = index, .op = &ring[k], .first = &ring[i], .state = FrState(ring[k], states)});
+      items.push_back(Item{
+          .comm = index, .op = &ring[k], .first = &ring[i], .state = FrState(ring[k], states), .key = key});
       block_end.op = &ring[k];
       block_end.p2p = block_end.p2p || IsP2p(ring[k]);
       const std::string_view state = FrState(ring[k], states);
@@ -239,10 +259,6 @@ void WriteEntry(PickleWriter& out, const ProcessSnapshot& snapshot, const Item& 
   const CommSnapshot& comm = snapshot.comms[static_cast<std::size_t>(item.comm)];
   const OpSnapshot& op = *item.op;
   const ThreadSnapshot* thread = ThreadOf(snapshot, op.host_thread);
-  // Collectives are matched across ranks by collective_seq_id, and the operations of a block by
-  // sharing it (p2p_seq_id for point-to-point): both are the communicator's seq, which every rank
-  // counts alike, that of the block's first operation inside a block.
-  const auto key = static_cast<std::int64_t>(item.first->seq);
   out.BeginDict();
   WriteFrames(out, thread, item.frames);
   out.String("record_id");
@@ -259,9 +275,9 @@ void WriteEntry(PickleWriter& out, const ProcessSnapshot& snapshot, const Item& 
   out.String("thread_id");
   out.String(std::to_string(op.host_thread));
   out.String("collective_seq_id");
-  out.Int(key);
+  out.Int(item.key);
   out.String("p2p_seq_id");
-  out.Int(key);
+  out.Int(item.key);
   out.String("op_id");
   out.Int(static_cast<std::int64_t>(op.seq));
   out.String("profiling_name");
