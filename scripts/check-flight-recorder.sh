@@ -114,21 +114,21 @@ refuse() {
 }
 
 echo "== uneven data: rank 3 of 4 stops after step 20; the others wait in AllReduce #22"
-guarded uneven "$build/examples/train_loop" --ranks 4 --steps 60 --stop-early 3:20 --timeout 7
+guarded uneven "$build/examples/train_loop" --ranks 4 --steps 60 --stop-early 3:20 --timeout 10
 analyzer uneven-fr
 expect "Not all ranks joining collective, sequence number: 22" "collective: nccl:all_reduce" "missing ranks: {3}"
 analyzer uneven-fr -j
 expect "all_reduce(input_sizes=[[1024]], state=scheduled)"
 
 echo "== a 2-stage pipeline through ctypes: stage 1 never posts its receive of step 6"
-guarded pipeline SCENE=pipeline LATE_RANK=1 LATE_STEP=5 launch 8 2 python3 "$job_script"
+guarded pipeline SCENE=pipeline LATE_RANK=1 LATE_STEP=5 launch 12 2 python3 "$job_script"
 for files in pipeline-fr pipeline-own; do
   analyzer "$files"
   expect "collective: nccl:send 0->1" "missing ranks: {1}" "pipeline_step at $job_script"
 done
 
 echo "== 4 pipeline stages, each stage's receive and send in one block, then an AllReduce"
-guarded stages SCENE=stages LATE_RANK=2 LATE_STEP=5 launch 8 4 python3 "$job_script"
+guarded stages SCENE=stages LATE_RANK=2 LATE_STEP=5 launch 12 4 python3 "$job_script"
 analyzer stages-fr
 # The first step's blocks and its AllReduce match on every rank (the analyzer's matching of the
 # second step's blocks fails on any pipeline: it pops as many entries of every rank's block as the
@@ -137,7 +137,7 @@ expect "Match"
 refuse "missing ranks: {1, 2}"
 
 echo "== FSDP-like steps: two AllReduces in one block, AllGather, ReduceScatter; rank 1's #19 hangs"
-guarded buckets NCCLEMU_FAULTS=hang:rank=1,seq=19 SCENE=buckets STEPS=20 launch 7 4 python3 "$job_script"
+guarded buckets NCCLEMU_FAULTS=hang:rank=1,seq=19 SCENE=buckets STEPS=20 launch 10 4 python3 "$job_script"
 analyzer buckets-fr
 expect
 refuse "MISMATCH" "missing ranks" "has errors" "not a supported operation"
