@@ -9,6 +9,7 @@
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/str_cat.h"
 #include "tests/support/process.h"
 #include "watchdog/report/flight_recorder.h"
 #include "watchdog/report/pickle_writer.h"
@@ -320,17 +321,91 @@ TEST_CASE("alone, a process knows the members of a communicator of the world's s
 
 TEST_CASE("at dump time a process writes its file with the communicators whose members it knows") {
   TemporaryDirectory directory;
-  const absl::StatusOr<std::string> written =
+  const absl::StatusOr<std::vector<std::string>> written =
       WriteOwnFlightRecorder(directory.path() + "/fr", PipelineProcess(), LauncherFacts("1", "4"));
   INFO(written.status().ToString());
   REQUIRE(written.ok());
-  CHECK(*written == directory.path() + "/fr/nccl_trace_rank_1");
-  const Json dump = Json::parse(PythonLoads(testing::ReadFile(*written), true));
+  REQUIRE(*written == std::vector<std::string>{directory.path() + "/fr/nccl_trace_rank_1"});
+  const Json dump = Json::parse(PythonLoads(testing::ReadFile(written->front()), true));
   CHECK(dump["pg_config"].size() == 1);
   CHECK(dump["pg_config"]["255"]["ranks"] == "[0, 1, 2, 3]");
   CHECK(dump["pg_status"].size() == 1);
   // The pipeline communicator's members are unknown: its operations are left out with it.
   CHECK(Names(dump) == std::vector<std::string>{"nccl:all_gather", "nccl:all_reduce"});
+}
+
+// Process `process` of a job of 2 processes that drive 2 devices each, as JAX does: devices 0 and 1
+// hold ranks 2 * process and 2 * process + 1 of one communicator, each a communicator of its own
+// too; every rank completed AllReduce #1 and waits in #2.
+ProcessSnapshot TwoDeviceProcess(int process) {
+  ProcessSnapshot snapshot;
+  snapshot.rank = 2 * process;
+  for (int device : {0, 1}) {
+    CommSnapshot world;
+    world.id = "0000000000000abc";
+    world.rank = 2 * process + device;
+    world.nranks = 4;
+    world.device = device;
+    world.ring = {Op(1, "AllReduce", "completed", 100 + device),
+                  Op(2, "AllReduce", "enqueued", 200 + device)};
+    world.ring[1].count = 64 + static_cast<std::uint64_t>(world.rank);  // tells the ranks' entries apart
+    CommSnapshot own;
+    own.id = absl::StrCat("00000000000001", process, device);
+    own.rank = 0;
+    own.nranks = 1;
+    own.device = device;
+    snapshot.comms.push_back(world);
+    snapshot.comms.push_back(own);
+  }
+  return snapshot;
+}
+
+TEST_CASE("a process that drives several devices has a rank per device, named by the widest communicator") {
+  const std::vector<FlightRecorderRankOf> ranks = FlightRecorderRanks(TwoDeviceProcess(1), 1);
+  REQUIRE(ranks.size() == 2);
+  CHECK((ranks[0].rank == 2 && ranks[0].device == 0));
+  CHECK((ranks[1].rank == 3 && ranks[1].device == 1));
+  const std::vector<FlightRecorderRankOf> one = FlightRecorderRanks(PipelineProcess(), 5);
+  REQUIRE(one.size() == 1);
+  CHECK((one[0].rank == 5 && one[0].device == -1));
+}
+
+TEST_CASE("at dump time a process that drives several devices writes each device's rank its own file") {
+  TemporaryDirectory directory;
+  const absl::StatusOr<std::vector<std::string>> written =
+      WriteOwnFlightRecorder(directory.path(), TwoDeviceProcess(1), LauncherFacts("1", "2"));
+  INFO(written.status().ToString());
+  REQUIRE(written.ok());
+  REQUIRE(*written == std::vector<std::string>{directory.path() + "/nccl_trace_rank_2",
+                                               directory.path() + "/nccl_trace_rank_3"});
+  for (int rank : {2, 3}) {
+    const Json dump = Json::parse(PythonLoads(testing::ReadFile((*written)[rank - 2]), true));
+    INFO("rank " << rank << ": " << dump.dump());
+    CHECK(dump["pg_config"]["2748"]["ranks"] == "[0, 1, 2, 3]");
+    CHECK(dump["pg_config"][std::to_string(0x110 + (rank - 2))]["ranks"] == absl::StrCat("[", rank, "]"));
+    REQUIRE(dump["entries"].size() == 2);
+    CHECK(dump["entries"][1]["input_sizes"] == Json::parse(absl::StrCat("[[", 64 + rank, "]]")));
+  }
+}
+
+TEST_CASE("analyze writes a file per rank of the processes that drive several devices") {
+  JobView job;
+  for (int process : {0, 1}) {
+    ProcessView view;
+    view.snapshot = TwoDeviceProcess(process);
+    view.facts = LauncherFacts(std::to_string(process), "2");
+    job.processes.push_back(view);
+  }
+  const std::vector<FlightRecorderFile> files = FlightRecorderFiles(job, FlightRecorderStates::kUntimed);
+  REQUIRE(files.size() == 4);
+  for (int rank = 0; rank < 4; ++rank) {
+    CHECK(files[static_cast<std::size_t>(rank)].rank == rank);
+    const Json dump = Json::parse(PythonLoads(files[static_cast<std::size_t>(rank)].contents, true));
+    INFO("rank " << rank << ": " << dump.dump());
+    CHECK(dump["pg_config"]["2748"]["ranks"] == "[0, 1, 2, 3]");
+    REQUIRE(dump["entries"].size() == 2);
+    CHECK(dump["entries"][1]["input_sizes"] == Json::parse(absl::StrCat("[[", 64 + rank, "]]")));
+  }
 }
 
 }  // namespace

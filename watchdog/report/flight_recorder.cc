@@ -407,6 +407,40 @@ int FlightRecorderRank(const ProcessView& process) {
 
 namespace {
 
+// The widest communicator of which the process holds ranks on several devices; nullptr when it
+// drives one device.
+const CommSnapshot* DevicesWorld(const ProcessSnapshot& snapshot) {
+  const CommSnapshot* widest = nullptr;
+  for (const CommSnapshot& comm : snapshot.comms) {
+    const bool several = std::any_of(
+        snapshot.comms.begin(), snapshot.comms.end(),
+        [&](const CommSnapshot& other) { return other.id == comm.id && other.device != comm.device; });
+    if (several && (widest == nullptr || comm.nranks > widest->nranks)) widest = &comm;
+  }
+  return widest;
+}
+
+}  // namespace
+
+std::vector<FlightRecorderRankOf> FlightRecorderRanks(const ProcessSnapshot& snapshot, int process_rank) {
+  const CommSnapshot* world = DevicesWorld(snapshot);
+  if (world == nullptr) return {FlightRecorderRankOf{.rank = process_rank}};
+  std::vector<FlightRecorderRankOf> ranks;
+  for (const CommSnapshot& comm : snapshot.comms) {
+    if (comm.id == world->id && comm.rank >= 0) ranks.push_back({.rank = comm.rank, .device = comm.device});
+  }
+  return ranks;
+}
+
+ProcessSnapshot DeviceSnapshot(const ProcessSnapshot& snapshot, int device) {
+  ProcessSnapshot copy = snapshot;
+  if (device < 0) return copy;
+  std::erase_if(copy.comms, [device](const CommSnapshot& comm) { return comm.device != device; });
+  return copy;
+}
+
+namespace {
+
 int LauncherWorldSize(const ProcessFacts& facts) {
   for (const char* variable : {"WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"}) {
     for (const auto& [name, value] : facts.launcher) {
@@ -424,7 +458,27 @@ int LauncherWorldSize(const ProcessFacts& facts) {
 
 }  // namespace
 
+namespace {
+
+// OwnCommMembers of a process that drives several devices: the widest communicator spans the
+// ranks by definition, and one of a single rank is its device's rank.
+CommMembers OwnDevicesMembers(const ProcessSnapshot& snapshot, const CommSnapshot& world) {
+  CommMembers members;
+  std::vector<int>& ranks = members[world.id];
+  for (int i = 0; i < world.nranks; ++i) ranks.push_back(i);
+  for (const CommSnapshot& comm : snapshot.comms) {
+    if (comm.nranks != 1) continue;
+    for (const CommSnapshot& mine : snapshot.comms) {
+      if (mine.id == world.id && mine.device == comm.device) members[comm.id] = {mine.rank};
+    }
+  }
+  return members;
+}
+
+}  // namespace
+
 CommMembers OwnCommMembers(const ProcessSnapshot& snapshot, const ProcessFacts& facts) {
+  if (const CommSnapshot* devices = DevicesWorld(snapshot)) return OwnDevicesMembers(snapshot, *devices);
   const int rank = LauncherRank(facts) >= 0 ? LauncherRank(facts) : snapshot.rank;
   const int world = LauncherWorldSize(facts);
   CommMembers members;
@@ -440,17 +494,26 @@ CommMembers OwnCommMembers(const ProcessSnapshot& snapshot, const ProcessFacts& 
   return members;
 }
 
-absl::StatusOr<std::string> WriteOwnFlightRecorder(const std::string& directory,
-                                                   const ProcessSnapshot& snapshot,
-                                                   const ProcessFacts& facts) noexcept {
+absl::StatusOr<std::vector<std::string>> WriteOwnFlightRecorder(const std::string& directory,
+                                                                const ProcessSnapshot& snapshot,
+                                                                const ProcessFacts& facts) noexcept {
   try {
     const int rank = LauncherRank(facts) >= 0 ? LauncherRank(facts) : snapshot.rank;
-    if (rank < 0) return absl::FailedPreconditionError("no rank known to name the Flight Recorder file by");
-    const std::string contents =
-        FlightRecorderDump(snapshot, OwnCommMembers(snapshot, facts), FlightRecorderStates::kUntimed);
-    return WriteFileAtomically(directory, absl::StrCat(std::string(kFlightRecorderFilePrefix), rank),
-                               contents,
-                               /*durable=*/false);
+    const CommMembers members = OwnCommMembers(snapshot, facts);
+    std::vector<std::string> written;
+    for (const FlightRecorderRankOf& file : FlightRecorderRanks(snapshot, rank)) {
+      if (file.rank < 0)
+        return absl::FailedPreconditionError("no rank known to name the Flight Recorder file by");
+      const std::string contents =
+          FlightRecorderDump(file.device < 0 ? snapshot : DeviceSnapshot(snapshot, file.device), members,
+                             FlightRecorderStates::kUntimed);
+      absl::StatusOr<std::string> path =
+          WriteFileAtomically(directory, absl::StrCat(std::string(kFlightRecorderFilePrefix), file.rank),
+                              contents, /*durable=*/false);
+      if (!path.ok()) return path.status();
+      written.push_back(*std::move(path));
+    }
+    return written;
   } catch (const std::exception& error) {
     return absl::InternalError(absl::StrCat("cannot write the Flight Recorder file: ", error.what()));
   }
@@ -458,17 +521,23 @@ absl::StatusOr<std::string> WriteOwnFlightRecorder(const std::string& directory,
 
 namespace {
 
-// Each communicator's members from every process of the job that has it. A communicator some of
-// whose processes left nothing names the missing ranks only when it spans the whole job (rank i
-// of it is then taken to be global rank i); otherwise they stay unknown and out of pg_config.
-CommMembers MembersOf(const std::vector<const ProcessView*>& processes) {
+// One rank's file: a process, or one device of a process that drives several.
+struct RankFile {
+  const ProcessView* process = nullptr;
+  int device = -1;
+};
+
+// Each communicator's members from every rank of the job that has it. A communicator some of
+// whose ranks left nothing names the missing ones only when it spans the whole job (rank i of it
+// is then taken to be global rank i); otherwise they stay unknown and out of pg_config.
+CommMembers MembersOf(const std::map<int, RankFile>& files) {
   CommMembers members;
   int world = 0;
-  for (const ProcessView* process : processes) {
-    const int rank = FlightRecorderRank(*process);
+  for (const auto& [rank, file] : files) {
     world = std::max(world, rank + 1);
-    for (const CommSnapshot& comm : process->snapshot.comms) {
+    for (const CommSnapshot& comm : file.process->snapshot.comms) {
       if (comm.nranks <= 0 || comm.rank < 0 || comm.rank >= comm.nranks) continue;
+      if (file.device >= 0 && comm.device != file.device) continue;
       std::vector<int>& ranks = members[comm.id];
       if (ranks.size() < static_cast<std::size_t>(comm.nranks))
         ranks.resize(static_cast<std::size_t>(comm.nranks), -1);
@@ -488,22 +557,25 @@ CommMembers MembersOf(const std::vector<const ProcessView*>& processes) {
 }  // namespace
 
 std::vector<FlightRecorderFile> FlightRecorderFiles(const JobView& job, FlightRecorderStates states) {
-  std::map<int, const ProcessView*> newest;
+  std::map<int, RankFile> newest;
   for (const ProcessView& process : job.processes) {
-    const int rank = FlightRecorderRank(process);
-    if (rank < 0) continue;
-    const ProcessView*& slot = newest[rank];
-    if (slot == nullptr || process.last_seen_ns > slot->last_seen_ns) slot = &process;
+    for (const FlightRecorderRankOf& rank :
+         FlightRecorderRanks(process.snapshot, FlightRecorderRank(process))) {
+      if (rank.rank < 0) continue;
+      RankFile& slot = newest[rank.rank];
+      if (slot.process == nullptr || process.last_seen_ns > slot.process->last_seen_ns)
+        slot = RankFile{.process = &process, .device = rank.device};
+    }
   }
-  std::vector<const ProcessView*> processes;
-  processes.reserve(newest.size());
-  for (const auto& [rank, process] : newest) processes.push_back(process);
-  const CommMembers members = MembersOf(processes);
+  const CommMembers members = MembersOf(newest);
   std::vector<FlightRecorderFile> files;
   files.reserve(newest.size());
-  for (const auto& [rank, process] : newest) {
-    files.push_back(
-        FlightRecorderFile{.rank = rank, .contents = FlightRecorderDump(process->snapshot, members, states)});
+  for (const auto& [rank, file] : newest) {
+    const ProcessSnapshot& snapshot = file.process->snapshot;
+    files.push_back(FlightRecorderFile{
+        .rank = rank,
+        .contents = FlightRecorderDump(file.device < 0 ? snapshot : DeviceSnapshot(snapshot, file.device),
+                                       members, states)});
   }
   return files;
 }

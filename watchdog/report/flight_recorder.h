@@ -53,25 +53,39 @@ std::string FlightRecorderDump(const ProcessSnapshot& snapshot, const CommMember
 // The rank a process's file is named by: the launcher's rank, else the best known.
 int FlightRecorderRank(const ProcessView& process);
 
+// The ranks a process writes files for. A process drives one rank, named by `process_rank`, or
+// several devices, each with its own rank of the same communicator (as JAX and XLA drive a host's
+// GPUs): then one file per device, holding that device's communicators, named by the device's
+// rank in the widest communicator the process has on several devices (the job's world).
+struct FlightRecorderRankOf {
+  int rank = -1;
+  int device = -1;  // -1: every communicator of the process
+};
+std::vector<FlightRecorderRankOf> FlightRecorderRanks(const ProcessSnapshot& snapshot, int process_rank);
+// The communicators of `snapshot` on `device` (every one for -1): what one rank's file holds.
+ProcessSnapshot DeviceSnapshot(const ProcessSnapshot& snapshot, int device);
+
 // What a process knows alone of its communicators' members, at dump time: a communicator of the
 // launcher's world size (WORLD_SIZE, OMPI_COMM_WORLD_SIZE, PMI_SIZE, SLURM_NTASKS) in which the
 // process's rank is its global rank spans the job (rank i is global rank i), and one of a single
-// rank is the process. The members of other communicators are known only from the whole job
-// (FlightRecorderFiles).
+// rank is the process. In a process that drives several devices, the widest communicator names
+// the ranks (FlightRecorderRanks): its rank i is global rank i. The members of other communicators
+// are known only from the whole job (FlightRecorderFiles).
 CommMembers OwnCommMembers(const ProcessSnapshot& snapshot, const ProcessFacts& facts);
 
-// NCCLGUARD_FLIGHT_RECORDER_DIR at dump time: the process's file, <directory>/nccl_trace_rank_<rank>,
-// replaced atomically, with the communicators of OwnCommMembers. Never throws; the path written.
-absl::StatusOr<std::string> WriteOwnFlightRecorder(const std::string& directory,
-                                                   const ProcessSnapshot& snapshot,
-                                                   const ProcessFacts& facts) noexcept;
+// NCCLGUARD_FLIGHT_RECORDER_DIR at dump time: the process's file, <directory>/nccl_trace_rank_<rank>
+// (one per device of a process that drives several, FlightRecorderRanks), replaced atomically, with
+// the communicators of OwnCommMembers. Never throws; the paths written.
+absl::StatusOr<std::vector<std::string>> WriteOwnFlightRecorder(const std::string& directory,
+                                                                const ProcessSnapshot& snapshot,
+                                                                const ProcessFacts& facts) noexcept;
 
 struct FlightRecorderFile {
   int rank = -1;
   std::string contents;
 };
-// A file for every process of the job with a known rank (the newest process of a rank when there
-// are several), with the communicators' members taken from the whole job.
+// A file for every rank of the job's processes (FlightRecorderRanks; the newest process of a rank
+// when there are several), with the communicators' members taken from the whole job.
 std::vector<FlightRecorderFile> FlightRecorderFiles(const JobView& job, FlightRecorderStates states);
 
 }  // namespace ncclguard
