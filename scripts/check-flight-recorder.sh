@@ -144,6 +144,14 @@ refuse "MISMATCH" "missing ranks" "has errors" "not a supported operation"
 analyzer buckets-fr -j
 expect "all_gather(input_sizes=[[1024]], state=scheduled)" "reduce_scatter(input_sizes=[[4096]]"
 
+echo "== 2 processes that drive 2 devices each, as JAX does; process 1 stops after step 5"
+guarded devices SCENE=devices LOCAL_DEVICES=2 LATE_RANK=1 LATE_STEP=5 launch 12 2 python3 "$job_script"
+for files in devices-fr devices-own; do
+  analyzer "$files"
+  expect "Not all ranks joining collective, sequence number: 6" "missing ranks: {2, 3}" "world size: 4" \
+    "run_devices at $job_script"
+done
+
 if ((failures > 0)); then
   echo "check-flight-recorder: $failures checks failed; the scenes' files are kept in $work" >&2
   trap - EXIT

@@ -12,6 +12,10 @@ same unique id from NCCL_COMM_ID. SCENE picks what each step does:
              and a ReduceScatter (an FSDP-like step). A fault of the emulator (NCCLEMU_FAULTS) stops
              a link or a rank.
   ring       an exchange with both neighbours in one block, then the buckets' step.
+  devices    LOCAL_DEVICES devices per process, as JAX drives them: one communicator spans every
+             device of the job (global rank: process × LOCAL_DEVICES + device), each process
+             initialises its devices' ranks and all-reduces on each in one block. After step
+             LATE_STEP, process LATE_RANK loads its next batch for ever.
 """
 import ctypes
 import os
@@ -41,6 +45,8 @@ class Job:
     def __init__(self):
         self.rank = int(os.environ["RANK"])
         self.nranks = int(os.environ["WORLD_SIZE"])
+        if os.environ.get("SCENE") == "devices":
+            return
         device = ctypes.c_int()
         context = ctypes.c_void_p()
         self.stream = ctypes.c_void_p()
@@ -140,8 +146,55 @@ def ring_step(job, step):
     buckets_step(job, step)
 
 
+class Device:
+    """One device of a process that drives several, with its rank of the job's communicator."""
+
+    def __init__(self, index, rank):
+        self.rank = rank
+        device = ctypes.c_int()
+        context = ctypes.c_void_p()
+        self.stream = ctypes.c_void_p()
+        self.comm = ctypes.c_void_p()
+        check(cuda.cuDeviceGet(ctypes.byref(device), index), "cuDeviceGet")
+        check(cuda.cuDevicePrimaryCtxRetain(ctypes.byref(context), device), "cuDevicePrimaryCtxRetain")
+        self.context = context
+        check(cuda.cuCtxSetCurrent(context), "cuCtxSetCurrent")
+        check(cuda.cuStreamCreate(ctypes.byref(self.stream), 1), "cuStreamCreate")
+        self.buffer = Job.alloc(4096 * 4)
+
+
+def run_devices(job):
+    local = int(os.environ.get("LOCAL_DEVICES", "2"))
+    check(cuda.cuInit(0), "cuInit")
+    devices = [Device(job.rank * local + d, job.rank * local + d) for d in range(local)]
+    unique_id = UniqueId()
+    check(nccl.ncclGetUniqueId(ctypes.byref(unique_id)), "ncclGetUniqueId")
+    check(nccl.ncclGroupStart(), "ncclGroupStart")
+    for device in devices:
+        check(cuda.cuCtxSetCurrent(device.context), "cuCtxSetCurrent")
+        check(nccl.ncclCommInitRank(ctypes.byref(device.comm), job.nranks * local, unique_id, device.rank),
+              "ncclCommInitRank")
+    check(nccl.ncclGroupEnd(), "ncclGroupEnd")
+    print(f"process {job.rank}: ranks {[d.rank for d in devices]}, pid {os.getpid()}", file=sys.stderr, flush=True)
+    for step in range(1, int(os.environ.get("STEPS", "20")) + 1):
+        load_batch(job, step)
+        check(nccl.ncclGroupStart(), "ncclGroupStart")
+        for device in devices:
+            check(nccl.ncclAllReduce(device.buffer, device.buffer, ctypes.c_size_t(4096), NCCL_FLOAT32, NCCL_SUM,
+                                     device.comm, device.stream), "ncclAllReduce")
+        check(nccl.ncclGroupEnd(), "ncclGroupEnd")
+        for device in devices:
+            check(cuda.cuStreamSynchronize(device.stream), "cuStreamSynchronize")
+    for device in devices:
+        check(nccl.ncclCommDestroy(device.comm), "ncclCommDestroy")
+    print(f"process {job.rank}: done", file=sys.stderr, flush=True)
+
+
 def main():
     job = Job()
+    if os.environ.get("SCENE") == "devices":
+        run_devices(job)
+        return
     step_of = {"pipeline": pipeline_step, "stages": stages_step, "buckets": buckets_step,
                "ring": ring_step}[os.environ.get("SCENE", "pipeline")]
     for step in range(1, int(os.environ.get("STEPS", "20")) + 1):
