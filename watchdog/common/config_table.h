@@ -105,9 +105,10 @@
     "recoveries, operations watched, watchdog health (docs/metrics.md). Empty: none.")               \
   X(FLIGHT_RECORDER_DIR, flight_recorder_dir, std::string, "",                                       \
     "With a directory: each dump also writes the process's operations there as PyTorch's Flight "    \
-    "Recorder does, `nccl_trace_rank_<rank>` (format 2.10, for `torchfrtrace`), replacing the "      \
-    "previous one. Only communicators whose members a process knows alone are in it (of a single "   \
-    "rank, or of the launcher's world size); `ncclguard analyze --flight-recorder` writes all.")     \
+    "Recorder does, `nccl_trace_rank_<rank>` (format 2.10, for `torchfrtrace`; one per device "      \
+    "of a process that drives several), replacing the previous one. Only communicators whose "       \
+    "members a process knows alone are in it (of a single rank, of the launcher's world size, or "   \
+    "its devices' widest); `ncclguard analyze --flight-recorder` writes all.")                       \
   X(PROFILER, profiler, bool, true,                                                                  \
     "`0`: ncclguard leaves `NCCL_PROFILER_PLUGIN` alone. Otherwise it points NCCL at the profiler "  \
     "plugin that `libncclguard.so` serves, before the first communicator, and forwards every event " \
