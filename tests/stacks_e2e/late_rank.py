@@ -7,21 +7,10 @@ import os
 import sys
 import time
 
-NCCL_FLOAT32 = 7
-NCCL_SUM = 0
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+from nccl_ctypes import NCCL_FLOAT32, NCCL_SUM, UniqueId, check, cuda, nccl  # noqa: E402
+
 COUNT = 1024
-
-cuda = ctypes.CDLL("libcuda.so.1")
-nccl = ctypes.CDLL("libnccl.so.2")
-
-
-class UniqueId(ctypes.Structure):
-    _fields_ = [("internal", ctypes.c_char * 128)]
-
-
-def check(result, call):
-    if result != 0:
-        sys.exit(f"{call} failed: {result}")
 
 
 def save_checkpoint(step):
