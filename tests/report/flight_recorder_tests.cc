@@ -248,6 +248,9 @@ ProcessSnapshot PipelineStage(int rank) {
     comm.ring.push_back(p2p);
   }
   comm.ring.push_back(Op(seq, "AllReduce", "enqueued", 200));
+  comm.last_enqueued = seq;
+  comm.last_started = seq - 1;
+  comm.last_completed = seq - 1;
   snapshot.comms = {comm};
   return snapshot;
 }
@@ -263,6 +266,14 @@ TEST_CASE("a collective has the same number on every rank, however many point-to
     entries.push_back(dump["entries"]);
   }
   for (const Json& rank : entries) CHECK(rank.back()["collective_seq_id"] == 1);
+  // pg_status counts in the same numbering: AllReduce #1 enqueued, no collective completed.
+  for (int rank : {0, 1, 2}) {
+    const Json dump = Json::parse(
+        PythonLoads(FlightRecorderDump(PipelineStage(rank), members, FlightRecorderStates::kUntimed), true));
+    CHECK(dump["pg_status"]["0"] == Json({{"last_enqueued_collective", 1},
+                                          {"last_started_collective", 0},
+                                          {"last_completed_collective", 0}}));
+  }
   // A block's number is no collective's: FR's analyzer would take the AllReduce for part of it.
   const Json& middle = entries[1];
   REQUIRE(middle.size() == 4);  // recv, send, coalesced, all_reduce

@@ -112,6 +112,16 @@ std::int64_t BlockKey(const OpSnapshot& first, std::uint64_t p2p_before, bool p2
   return static_cast<std::int64_t>(first.seq - p2p_before);
 }
 
+// A seq of the communicator in the numbering of collective_seq_id (BlockKey): less the
+// point-to-point operations of the ring up to it. pg_status's counts, which tools compare with
+// the entries' numbers (resiliency-ext's attribution takes the operations numbered above the
+// highest last_completed_collective as pending).
+std::int64_t CollectiveNumber(const CommSnapshot& comm, std::uint64_t seq) {
+  const auto p2p = std::count_if(comm.ring.begin(), comm.ring.end(),
+                                 [seq](const OpSnapshot& op) { return op.seq <= seq && IsP2p(op); });
+  return static_cast<std::int64_t>(seq) - static_cast<std::int64_t>(p2p);
+}
+
 // The items of one communicator, oldest first: each ncclGroupStart/End block's operations keyed
 // by the block (BlockKey), then its coalesced entry.
 void AddCommItems(const CommSnapshot& comm, int index, FlightRecorderStates states,
@@ -341,12 +351,13 @@ void WriteProcessGroups(PickleWriter& out, const ProcessSnapshot& snapshot, cons
     if (!members.contains(snapshot.comms[c].id)) continue;
     out.String(std::to_string(c));
     out.BeginDict();
+    const CommSnapshot& comm = snapshot.comms[c];
     out.String("last_enqueued_collective");
-    out.Int(static_cast<std::int64_t>(snapshot.comms[c].last_enqueued));
+    out.Int(CollectiveNumber(comm, comm.last_enqueued));
     out.String("last_started_collective");
-    out.Int(static_cast<std::int64_t>(snapshot.comms[c].last_started));
+    out.Int(CollectiveNumber(comm, comm.last_started));
     out.String("last_completed_collective");
-    out.Int(static_cast<std::int64_t>(snapshot.comms[c].last_completed));
+    out.Int(CollectiveNumber(comm, comm.last_completed));
     out.EndDict();
   }
   out.EndDict();
