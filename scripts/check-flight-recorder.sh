@@ -119,6 +119,11 @@ analyzer uneven-fr
 expect "Not all ranks joining collective, sequence number: 22" "collective: nccl:all_reduce" "missing ranks: {3}"
 analyzer uneven-fr -j
 expect "all_reduce(input_sizes=[[1024]], state=scheduled)"
+# At dump time: rank 3 exits normally and dumps nothing, unless every process dumps as it exits.
+guarded uneven-exit NCCLGUARD_DUMP_ON_EXIT=1 "$build/examples/train_loop" --ranks 4 --steps 60 --stop-early 3:20 \
+  --timeout 10
+analyzer uneven-exit-own
+expect "Not all ranks joining collective, sequence number: 22" "missing ranks: {3}"
 
 echo "== a 2-stage pipeline through ctypes: stage 1 never posts its receive of step 6"
 guarded pipeline SCENE=pipeline LATE_RANK=1 LATE_STEP=5 launch 12 2 python3 "$job_script"
