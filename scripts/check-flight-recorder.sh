@@ -125,6 +125,19 @@ guarded uneven-exit NCCLGUARD_DUMP_ON_EXIT=1 "$build/examples/train_loop" --rank
 analyzer uneven-exit-own
 expect "Not all ranks joining collective, sequence number: 22" "missing ranks: {3}"
 
+echo "== a healthy job: 4 ranks, 30 steps, every rank exits normally"
+guarded healthy "$build/examples/train_loop" --ranks 4 --steps 30 --timeout 30
+analyzer healthy-fr
+expect
+refuse "missing ranks" "has errors" "MISMATCH" "Missing dump files"
+
+echo "== a desync: rank 2 all-reduces 1,048,576 more elements in step 12; then waits in #31 alone"
+guarded desync "$build/examples/train_loop" --ranks 4 --steps 30 --desync 2:12 --timeout 10
+analyzer desync-fr
+# Ranks 0, 1 and 3 exited normally and left their last operation only (their status files): the
+# analyzer sees #31 completed there and scheduled on rank 2.
+expect "Collective sequence number: 31 has errors" "Culprit rank 2" "COLLECTIVE_STATE_MISMATCH"
+
 echo "== a 2-stage pipeline through ctypes: stage 1 never posts its receive of step 6"
 guarded pipeline SCENE=pipeline LATE_RANK=1 LATE_STEP=5 launch 12 2 python3 "$job_script"
 for files in pipeline-fr pipeline-own; do
