@@ -12,6 +12,10 @@
 # time with NCCLGUARD_FLIGHT_RECORDER_DIR), runs torchfrtrace on them inside the chroot, prints what
 # it said and checks that it names what it should. Exits 0 when every scene passed.
 set -euo pipefail
+if ((EUID != 0)); then
+  echo "check-flight-recorder: skipped: needs root (debootstrap and chroot)" >&2
+  exit 77
+fi
 cd "$(dirname "$0")/.."
 root=${NCCLGUARD_TORCH_CHROOT:-/var/tmp/ncclguard-torch-sid}
 if [[ ${1:-} == --chroot ]]; then
@@ -20,11 +24,6 @@ if [[ ${1:-} == --chroot ]]; then
 fi
 build=$(cd "${1:-build}" && pwd)
 job_script=$PWD/tests/flight_recorder/fr_job.py
-
-if ((EUID != 0)); then
-  echo "check-flight-recorder: skipped: needs root (debootstrap and chroot)" >&2
-  exit 77
-fi
 
 # Debian's sid moves daily; a mirror's Release file may be past its Valid-Until on a machine whose
 # clock runs ahead. The signatures are still checked.
