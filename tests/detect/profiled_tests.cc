@@ -12,8 +12,10 @@
 
 #include "tests/detect/fakes.h"
 #include "watchdog/common/nccl_api.h"
+#include "watchdog/common/pace.h"
 #include "watchdog/detect/progress.h"
 #include "watchdog/record/hooks.h"
+#include "watchdog/state/pace.h"
 #include "watchdog/state/profiles.h"
 #include "watchdog/state/registry.h"
 
@@ -274,4 +276,54 @@ TEST_CASE("with the profiler, the proxy thread's channel events race the watchdo
   CHECK(f.comm->dropped.load() == 0);
   CHECK(f.comm->last_completed.load() == kOps);
   CHECK(f.Op(kOps).gpu_ms.load() == Approx(11e-6));
+}
+
+TEST_CASE("with the profiler, every operation's send links count in its pace block, not only the profile's",
+          "[profiled][pace]") {
+  Fixture f(64);
+  constexpr std::uint64_t kOps = 5 * kPaceBlockOps;  // five times what the profile holds
+  static_assert(kOps > static_cast<std::uint64_t>(kProfiledOps));
+  // Runs the next operation on one channel, its send of one step to rank 2 on the network; the send
+  // stays open with `keep_open`.
+  auto run = [&](bool keep_open) {
+    const ProfileRef coll = f.AllReduce(1);
+    hooks::profiler::StopChannel(hooks::profiler::StartChannel(coll, 0, 1000), 3000);
+    const ProfileRef send = hooks::profiler::StartProxyOp(coll, 0, 2, true, 1);
+    const ProfileRef step = hooks::profiler::StartStep(send, 0);
+    hooks::profiler::SetStepWait(step, StepWait::kSendNet, 1000);
+    hooks::profiler::StopStep(step);
+    if (!keep_open) hooks::profiler::StopProxyOp(send);
+    return send;
+  };
+  for (std::uint64_t seq = 1; seq <= kOps; ++seq) run(false);
+  const std::int64_t now = f.Op(kOps).enqueue_ns.load() + kSecond / 10;
+  AdvanceOperations(*f.comm, f.events, now);
+  FoldPace(*f.comm, now);  // one look after them all, as a job issuing hundreds a second gets
+  std::vector<PaceBlockSnapshot> blocks = f.comm->pace.Blocks();
+  REQUIRE(blocks.size() == kOps / kPaceBlockOps);
+  for (const PaceBlockSnapshot& block : blocks) {
+    INFO("block of #" << block.first_seq);
+    REQUIRE(block.links.size() == 1);
+    CHECK(block.links[0].peer == 2);
+    CHECK(block.links[0].channel == 0);
+    CHECK(block.links[0].steps == static_cast<int>(kPaceBlockOps));
+    CHECK(block.links[0].bytes == kPaceBlockOps * 1000);
+  }
+
+  // A block whose send still runs waits for it, up to a grace after its last operation's end.
+  ProfileRef open;
+  for (std::uint64_t seq = kOps + 1; seq <= kOps + kPaceBlockOps; ++seq)
+    open = run(seq == kOps + kPaceBlockOps);
+  const std::int64_t later = f.Op(kOps + kPaceBlockOps).enqueue_ns.load() + kSecond / 10;
+  AdvanceOperations(*f.comm, f.events, later);
+  FoldPace(*f.comm, later);
+  CHECK(f.comm->pace.Blocks().size() == blocks.size());
+  hooks::profiler::StopProxyOp(open);
+  hooks::profiler::StopProxyOp(open);  // NCCL may stop it twice: it counts once
+  FoldPace(*f.comm, later);
+  blocks = f.comm->pace.Blocks();
+  REQUIRE(blocks.size() == kOps / kPaceBlockOps + 1);
+  REQUIRE(blocks.back().links.size() == 1);
+  CHECK(blocks.back().links[0].steps == static_cast<int>(kPaceBlockOps));
+  CHECK(f.profile->pace_links().dropped() == 0);
 }

@@ -266,15 +266,6 @@ TEST_CASE("ranks whose latest blocks hold no operation in common are judged by b
   CHECK(absl::StrContains(verdicts[0].message, "of operations #1-#160)"));
 }
 
-std::vector<ProxyOpSnapshot> Send(int peer, int channel, std::uint64_t bytes, std::int64_t network_ns) {
-  return {ProxyOpSnapshot{.channel = channel,
-                          .peer = peer,
-                          .send = true,
-                          .network_ns = network_ns,
-                          .network_bytes = bytes,
-                          .network_steps = 2}};
-}
-
 TEST_CASE("a rank's pace log keeps its latest complete blocks", "[pace]") {
   PaceLog log;
   const std::int64_t ms = 1'000'000;
@@ -282,8 +273,12 @@ TEST_CASE("a rank's pace log keeps its latest complete blocks", "[pace]") {
     const bool collective = seq % 4 != 0;       // every fourth a Send, which adds no GPU time
     const double gpu_ms = seq == 3 ? -1 : 2.0;  // #3 failed: in its place, untimed
     log.Add(seq, collective, gpu_ms, static_cast<std::int64_t>(seq) * 10 * ms,
-            static_cast<std::int64_t>(seq) * 10 * ms + 5 * ms,
-            Send(1, static_cast<int>(seq % 2), 1000, 3 * ms));
+            static_cast<std::int64_t>(seq) * 10 * ms + 5 * ms);
+    if (seq % kPaceBlockOps != 0) continue;
+    // A block's links, as the table gives them: the faster first, so that the log sorts them.
+    log.SetLinks(seq,
+                 {PaceLinkSnapshot{.peer = 1, .channel = 0, .bytes = 4000, .steps = 8, .network_ms = 6.0},
+                  PaceLinkSnapshot{.peer = 1, .channel = 1, .bytes = 4000, .steps = 8, .network_ms = 12.0}});
   }
   const std::vector<PaceBlockSnapshot> blocks = log.Blocks();
   REQUIRE(blocks.size() == 2);  // #17-#20 are not a whole block yet
@@ -299,11 +294,11 @@ TEST_CASE("a rank's pace log keeps its latest complete blocks", "[pace]") {
 
   // Figures are kept to the microsecond: the digits beyond would only lengthen every status.
   PaceLog fine;
-  for (std::uint64_t seq = 1; seq <= kPaceBlockOps; ++seq) fine.Add(seq, true, 1.0004, 1, 2, {});
+  for (std::uint64_t seq = 1; seq <= kPaceBlockOps; ++seq) fine.Add(seq, true, 1.0004, 1, 2);
   CHECK(fine.Blocks().at(0).wait_ms == 8.003);
 
   // Only the newest kPaceBlocks are kept.
-  for (std::uint64_t seq = 21; seq <= 8 * (kPaceBlocks + 3); ++seq) log.Add(seq, true, 1.0, 1, 2, {});
+  for (std::uint64_t seq = 21; seq <= 8 * (kPaceBlocks + 3); ++seq) log.Add(seq, true, 1.0, 1, 2);
   const std::vector<PaceBlockSnapshot> newest = log.Blocks();
   REQUIRE(newest.size() == kPaceBlocks);
   CHECK(newest.back().first_seq == 8 * (kPaceBlocks + 2) + 1);

@@ -63,7 +63,9 @@ struct ProfileRef {
   std::uint32_t generation = 0;  // of the operation's slot
   std::int16_t slot = -1;
   std::int16_t proxy = -1;
-  std::int32_t index = -1;  // the channel (kernel channel) or the step (proxy step)
+  // The channel (kernel channel), the step (proxy step), or whether a send counts in its pace
+  // block (proxy operation: state/profiles.cc).
+  std::int32_t index = -1;
   // The ring record of ncclguard's operation it belongs to, while that holds operation
   // `record_seq`: NCCL's API event ties it, and the events below the API event inherit it.
   OpRecord* record = nullptr;

@@ -3,23 +3,19 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
-#include <cstddef>
 #include <cstdint>
-#include <optional>
+#include <utility>
 #include <vector>
 
 #include "watchdog/common/mutex.h"
 #include "watchdog/common/nccl_api.h"
 #include "watchdog/common/pace.h"
-#include "watchdog/common/profile_events.h"
+#include "watchdog/state/pace_links.h"
 #include "watchdog/state/profiles.h"
 #include "watchdog/state/records.h"
 
 namespace ncclguard {
 namespace {
-
-// Links a block gathers before the slowest kPaceLinksPerBlock are kept: a proxy operation each.
-constexpr std::size_t kGatheredLinks = kProfiledProxyOps;
 
 // Microseconds are all a judgement needs; the digits beyond would lengthen every status.
 double ToMicroseconds(double ms) { return std::round(ms * 1000) / 1000; }
@@ -31,39 +27,14 @@ double SlownessOf(const PaceLinkSnapshot& link) {
 }
 
 // NCCL reports a send's proxy steps until the network completed them, which may be after the
-// kernel stopped: an operation whose proxy operations still run is folded once they stopped, or
-// once it ended this long ago.
+// kernel stopped: a block whose proxy operations still run is folded once they stopped, or once
+// its last operation ended this long ago.
 constexpr std::int64_t kProxyGraceNs = 1'000'000'000;
-
-const OpProfileSnapshot* ProfileOf(const std::optional<CommProfileSnapshot>& profile, std::uint64_t seq) {
-  if (!profile) return nullptr;
-  for (const OpProfileSnapshot& op : profile->ops) {
-    if (op.seq == seq) return &op;
-  }
-  return nullptr;
-}
 
 }  // namespace
 
-void PaceLog::AddLinks(Block& block, const std::vector<ProxyOpSnapshot>& proxies) {
-  for (const ProxyOpSnapshot& proxy : proxies) {
-    if (!proxy.send || proxy.network_steps <= 0) continue;
-    std::vector<PaceLinkSnapshot>& links = block.pace.links;
-    auto link = std::find_if(links.begin(), links.end(), [&](const PaceLinkSnapshot& known) {
-      return known.peer == proxy.peer && known.channel == proxy.channel;
-    });
-    if (link == links.end()) {
-      if (links.size() >= kGatheredLinks) continue;
-      link = links.insert(links.end(), PaceLinkSnapshot{.peer = proxy.peer, .channel = proxy.channel});
-    }
-    link->bytes += proxy.network_bytes;
-    link->steps += proxy.network_steps;
-    link->network_ms += static_cast<double>(proxy.network_ns) / 1e6;
-  }
-}
-
 void PaceLog::Add(std::uint64_t seq, bool collective, double gpu_ms, std::int64_t enqueue_ns,
-                  std::int64_t end_ns, const std::vector<ProxyOpSnapshot>& proxies) {
+                  std::int64_t end_ns) {
   if (seq == 0) return;
   const std::uint64_t number = (seq - 1) / kPaceBlockOps;
   MutexLock lock(mutex_);
@@ -81,7 +52,14 @@ void PaceLog::Add(std::uint64_t seq, bool collective, double gpu_ms, std::int64_
     ++block.pace.collectives;
     block.pace.wait_ms += gpu_ms;
   }
-  AddLinks(block, proxies);
+}
+
+void PaceLog::SetLinks(std::uint64_t seq, std::vector<PaceLinkSnapshot> links) {
+  if (seq == 0) return;
+  const std::uint64_t number = (seq - 1) / kPaceBlockOps;
+  MutexLock lock(mutex_);
+  Block& block = blocks_[number % blocks_.size()];
+  if (block.pace.first_seq == number * kPaceBlockOps + 1) block.pace.links = std::move(links);
 }
 
 std::vector<PaceBlockSnapshot> PaceLog::Blocks() const {
@@ -107,27 +85,46 @@ std::vector<PaceBlockSnapshot> PaceLog::Blocks() const {
   return blocks;
 }
 
+namespace {
+
+// Operations whose blocks' links are not needed: those the ring overwrote before the watchdog saw
+// them, [from, to). Their blocks' places in the table are made ready for the blocks after.
+void DropLinks(PaceLinkTable& links, std::uint64_t from, std::uint64_t to) {
+  const std::uint64_t first = (from - 1) / kPaceBlockOps;
+  const std::uint64_t end = (to - 1) / kPaceBlockOps;  // its block is still to come
+  for (std::uint64_t number = std::max(first, end > kPaceLinkBlocks ? end - kPaceLinkBlocks : 0);
+       number < end; ++number)
+    links.Take(number);
+}
+
+}  // namespace
+
 void FoldPace(CommState& comm, std::int64_t now_ns) {
   if (comm.ring == nullptr) return;
   const std::uint64_t finished_before = comm.watch_cursor;  // every earlier operation is finished
-  if (finished_before > comm.ring_size)
-    comm.pace_cursor = std::max(comm.pace_cursor, finished_before - comm.ring_size);
-  if (comm.pace_cursor >= finished_before) return;
-  std::optional<CommProfileSnapshot> profile;
-  if (CommProfile* source = comm.profile.load(std::memory_order_acquire)) profile = source->Snapshot();
-  static const std::vector<ProxyOpSnapshot> kNoProxies;
+  CommProfile* profile = comm.profile.load(std::memory_order_acquire);
+  PaceLinkTable* links = profile != nullptr ? &profile->pace_links() : nullptr;
+  if (finished_before > comm.ring_size && comm.pace_cursor < finished_before - comm.ring_size) {
+    if (links != nullptr) DropLinks(*links, comm.pace_cursor, finished_before - comm.ring_size);
+    comm.pace_cursor = finished_before - comm.ring_size;
+  }
   for (; comm.pace_cursor < finished_before; ++comm.pace_cursor) {
     const std::uint64_t seq = comm.pace_cursor;
+    const std::uint64_t number = (seq - 1) / kPaceBlockOps;
+    const bool closes_block = seq % kPaceBlockOps == 0;
     const OpRecord& op = comm.Slot(seq);
-    if (op.seq.load(std::memory_order_relaxed) != seq) continue;  // overwritten: its block stays incomplete
+    if (op.seq.load(std::memory_order_relaxed) != seq) {  // overwritten: its block stays incomplete
+      if (closes_block && links != nullptr) links->Take(number);
+      continue;
+    }
     const OpState state = op.state.load(std::memory_order_acquire);
     const std::int64_t end_ns = op.end_ns.load(std::memory_order_relaxed);
-    const OpProfileSnapshot* profiled = ProfileOf(profile, seq);
-    if (profiled != nullptr && StillRunning(*profiled) && now_ns - end_ns < kProxyGraceNs) return;
+    if (closes_block && links != nullptr && links->Running(number) > 0 && now_ns - end_ns < kProxyGraceNs)
+      return;
     const bool collective = Describe(op.api.load(std::memory_order_relaxed)).kind == ApiKind::kCollective;
     const double gpu_ms = state == OpState::kCompleted ? op.gpu_ms.load(std::memory_order_relaxed) : -1.0;
-    comm.pace.Add(seq, collective, gpu_ms, op.enqueue_ns.load(std::memory_order_relaxed), end_ns,
-                  profiled != nullptr ? profiled->proxy_ops : kNoProxies);
+    comm.pace.Add(seq, collective, gpu_ms, op.enqueue_ns.load(std::memory_order_relaxed), end_ns);
+    if (closes_block && links != nullptr) comm.pace.SetLinks(seq, links->Take(number));
   }
 }
 

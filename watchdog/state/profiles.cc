@@ -12,12 +12,15 @@
 #include "watchdog/common/clock.h"
 #include "watchdog/common/mutex.h"
 #include "watchdog/common/profile_events.h"
+#include "watchdog/state/pace_links.h"
 #include "watchdog/state/records.h"
 
 namespace ncclguard {
 
 namespace {
 constexpr auto kRelaxed = std::memory_order_relaxed;
+// A proxy operation's reference's `index`: a send counted in its block's pace links.
+constexpr std::int32_t kCountedSend = 1;
 }  // namespace
 
 CommProfile::Op* CommProfile::Find(const ProfileRef& ref) {
@@ -148,10 +151,16 @@ void CommProfile::StopChannel(const ProfileRef& channel, std::int64_t gpu_ns) no
 
 ProfileRef CommProfile::StartProxyOp(const ProfileRef& op_ref, int channel, int peer, bool send,
                                      int steps) noexcept {
+  // A send is counted before anything else: the watchdog waits for the block's open sends.
+  ProfileRef counted;
+  if (send && op_ref.comm != nullptr && op_ref.record_seq != 0) {
+    op_ref.comm->pace_links_.Open(op_ref.record_seq);
+    counted = ProfileRef{.comm = op_ref.comm, .index = kCountedSend, .record_seq = op_ref.record_seq};
+  }
   Op* op = Find(op_ref);
-  if (op == nullptr) return {};
+  if (op == nullptr) return counted;
   const int index = op->proxy_count.fetch_add(1, kRelaxed);
-  if (index >= kProfiledProxyOps) return {};
+  if (index >= kProfiledProxyOps) return counted;
   ProxyOp& proxy = op->proxies[static_cast<std::size_t>(index)];
   proxy.owner.store(0, kRelaxed);
   std::atomic_thread_fence(std::memory_order_release);
@@ -171,11 +180,26 @@ ProfileRef CommProfile::StartProxyOp(const ProfileRef& op_ref, int channel, int 
   proxy.owner.store(op_ref.generation, std::memory_order_release);
   ProfileRef ref = op_ref;
   ref.proxy = static_cast<std::int16_t>(index);
+  ref.index = counted.index;
   return ref;
 }
 
 void CommProfile::StopProxyOp(const ProfileRef& proxy_ref) noexcept {
-  if (ProxyOp* proxy = FindProxy(proxy_ref)) proxy->stopped.store(true, std::memory_order_release);
+  ProxyOp* proxy = FindProxy(proxy_ref);
+  // NCCL may stop an event twice: its figures count once.
+  if (proxy != nullptr && proxy->stopped.exchange(true, std::memory_order_acq_rel)) return;
+  if (proxy_ref.index != kCountedSend) return;  // a receive, or an operation not tied to its record
+  // Not kept, or replaced while it ran (a newer operation took its slot): its figures are gone.
+  if (proxy == nullptr) {
+    proxy_ref.comm->pace_links_.Close(proxy_ref.record_seq, nullptr, /*lost=*/true);
+    return;
+  }
+  const ProxyNetworkFigures figures{.peer = proxy->peer.load(kRelaxed),
+                                    .channel = proxy->channel.load(kRelaxed),
+                                    .network_ns = proxy->network_ns.load(kRelaxed),
+                                    .network_bytes = proxy->network_bytes.load(kRelaxed),
+                                    .network_steps = proxy->network_steps.load(kRelaxed)};
+  proxy_ref.comm->pace_links_.Close(proxy_ref.record_seq, &figures);
 }
 
 ProfileRef CommProfile::StartStep(const ProfileRef& proxy_ref, int step) noexcept {

@@ -21,6 +21,7 @@
 #include "absl/base/thread_annotations.h"
 #include "watchdog/common/mutex.h"
 #include "watchdog/common/profile_events.h"
+#include "watchdog/state/pace_links.h"
 
 namespace ncclguard {
 
@@ -49,6 +50,9 @@ class CommProfile {
   ProfileRef StartOp(const ProfiledOpStart& start, const ProfileRef& api) noexcept;
   static ProfileRef StartChannel(const ProfileRef& op, int channel, std::int64_t gpu_ns) noexcept;
   static void StopChannel(const ProfileRef& channel, std::int64_t gpu_ns) noexcept;
+  // A send proxy operation of an operation tied to its record counts in the pace links
+  // (PaceLinkTable) from its start to its stop, even when the profile does not keep it (the
+  // reference is then not valid(), and carries only the record).
   static ProfileRef StartProxyOp(const ProfileRef& op, int channel, int peer, bool send, int steps) noexcept;
   static void StopProxyOp(const ProfileRef& proxy) noexcept;
   static ProfileRef StartStep(const ProfileRef& proxy, int step) noexcept;
@@ -58,6 +62,8 @@ class CommProfile {
   static void StopStep(const ProfileRef& step) noexcept;
 
   CommProfileSnapshot Snapshot() const;
+  // Every proxy operation's send figures by pace block, also those the profile no longer holds.
+  PaceLinkTable& pace_links() { return pace_links_; }
 
  private:
   // Written by NCCL's threads with relaxed atomics and read by snapshots, without a lock: an
@@ -121,6 +127,7 @@ class CommProfile {
   std::atomic<CommState*> state_{nullptr};
   std::array<Op, kProfiledOps> ops_{};
   std::atomic<std::uint64_t> started_{0};
+  PaceLinkTable pace_links_;
 };
 
 // Every communicator's profile. One NCCL finalized stays for the dumps up to kMaxProfiles in all;
