@@ -10,6 +10,10 @@
 #include <benchmark/benchmark.h>
 
 #include "shim/nccl_profiler.h"
+#include "watchdog/common/pace.h"
+#include "watchdog/common/profile_events.h"
+#include "watchdog/state/profiles.h"
+#include "watchdog/state/records.h"
 
 extern "C" const ncclProfiler_t ncclProfiler_v5;
 
@@ -163,6 +167,32 @@ void BM_ProxyThreadCallbacks(benchmark::State& state) {
   PerCallback(state, steps ? 5 : 3);
 }
 BENCHMARK(BM_ProxyThreadCallbacks)->Arg(0)->Arg(1);
+
+// The proxy thread's proxy operations of an AllReduce tied to its ring record (as NCCL's API
+// event ties it): per channel a send and a receive, start and stop, the stop counting a send's
+// network figures in its pace block. The watchdog's take of each block is in the loop too.
+void BM_TiedProxyOpCallbacks(benchmark::State& state) {
+  using ncclguard::CommProfile;
+  using ncclguard::ProfileRef;
+  CommProfile profile("c0ffee", 0);
+  ncclguard::OpRecord record;
+  record.state.store(ncclguard::OpState::kEnqueued);
+  std::uint64_t seq = 0;
+  for (auto _ : state) {
+    record.seq.store(++seq, std::memory_order_relaxed);
+    const ProfileRef op = profile.StartOp({.func = "AllReduce", .channels = kChannels},
+                                          ProfileRef{.record = &record, .record_seq = seq});
+    for (int channel = 0; channel < kChannels; ++channel) {
+      for (const bool send : {true, false})
+        CommProfile::StopProxyOp(CommProfile::StartProxyOp(op, channel, 1, send, kSteps));
+    }
+    if (seq % ncclguard::kPaceBlockOps == 0)
+      benchmark::DoNotOptimize(profile.pace_links().Take((seq - 1) / 8));
+  }
+  state.SetLabel("proxy operation: start, stop");
+  PerCallback(state, kChannels * 2 * 2);
+}
+BENCHMARK(BM_TiedProxyOpCallbacks);
 
 }  // namespace
 
