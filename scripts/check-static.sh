@@ -3,8 +3,9 @@
 #   0. size: no file over 600 lines, no function over 80 (scripts/function_sizes.py, on every file;
 #      clang-tidy's readability-function-size says the same of the files it checks);
 #   1. formatting: clang-format with the committed .clang-format changes nothing;
-#   2. thread safety: a clang build of the library and the command with -Wthread-safety as errors,
-#      which checks every ABSL_GUARDED_BY member;
+#   2. thread safety: clang with -Wthread-safety as errors on every file of the library and the
+#      command (scripts/compile_check.py: -fsyntax-only, no code generated, nothing linked), which
+#      checks every ABSL_GUARDED_BY member;
 #   3. clang-tidy (.clang-tidy) on the C++ files changed since $NCCLGUARD_TIDY_BASE (default: the
 #      previous commit), or on every file with --all. A finding is an error.
 set -euo pipefail
@@ -31,11 +32,12 @@ python3 scripts/function_sizes.py --max 80 "${sources[@]}"
 echo "== clang-format"
 clang-format --dry-run -Werror "${sources[@]}"
 
-echo "== clang build with -Wthread-safety"
+echo "== clang's -Wthread-safety"
+# Configured only: the compile commands serve this check and clang-tidy.
 cmake -S . -B build-clang -DCMAKE_BUILD_TYPE=Debug -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
   -DNCCLGUARD_BUILD_TESTS=OFF -DNCCLGUARD_BUILD_EMULATOR=OFF \
   "-DCMAKE_CXX_FLAGS=-Wthread-safety -Werror=thread-safety" >/dev/null
-cmake --build build-clang -j "$jobs" --target ncclguard ncclguard_cli
+python3 scripts/compile_check.py --jobs "$jobs" build-clang watchdog/ shim/ cli/
 
 echo "== clang-tidy"
 tidy=$(command -v clang-tidy-19 || command -v clang-tidy)
