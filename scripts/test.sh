@@ -72,13 +72,17 @@ stage "tests, tier $tier"
 (cd build && ctest --output-on-failure -j "$test_jobs" "${selection[@]}")
 [[ $tier == quick ]] && exit 0
 
-# The sanitizer builds compile only the core, the shim and their tests (no emulator, no examples).
+# The sanitizer builds compile only the core, the shim and their tests (no emulator, no examples),
+# at -O0 (-O1 would make their tests faster but their compiles 40 to 80 % slower) with -g1: line
+# tables, enough for the file and line of every frame of a sanitizer's report, without the
+# variables' descriptions (6 % of the ASan+UBSan build's CPU time).
 for sanitizer in address,undefined thread; do
   dir="build-${sanitizer%%,*}"
   sanitized_jobs=$test_jobs
   [[ $sanitizer == thread ]] && sanitized_jobs=$jobs
   stage "sanitizer build and tests ($sanitizer)"
-  cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=Debug -DNCCLGUARD_SANITIZE="$sanitizer" "${cache[@]}"
+  cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=Debug -DNCCLGUARD_SANITIZE="$sanitizer" "${cache[@]}" \
+    -DCMAKE_C_FLAGS_DEBUG=-g1 -DCMAKE_CXX_FLAGS_DEBUG=-g1
   cmake --build "$dir" -j "$jobs" --target sanitized_tests
   (cd "$dir" && ctest --output-on-failure -j "$sanitized_jobs" -L sanitized)
 done
