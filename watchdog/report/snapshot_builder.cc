@@ -69,13 +69,15 @@ void SignLatestOperations(const CommState& comm, std::int64_t to_wall, CommSnaps
 // from `copy.last_enqueued` and `copy.last_completed`.
 void CopyOperations(const CommState& comm, bool with_rings, bool sign, std::int64_t to_wall,
                     CommSnapshot& copy) {
-  if (comm.ring == nullptr) {  // closed and freed: what its last status said of its operations
+  if (comm.ring == nullptr) {  // closed and freed: its operations as the ring held them then
     if (comm.closed_status != nullptr) {
       if (sign) {
         copy.signatures_first_seq = comm.closed_status->signatures_first_seq;
         copy.signatures = comm.closed_status->signatures;
       }
-      copy.ring = comm.closed_status->ring;
+      for (const OpSnapshot& op : comm.closed_status->ring) {
+        if (with_rings || op.seq == copy.last_completed) copy.ring.push_back(op);
+      }
     }
     return;
   }
@@ -136,7 +138,9 @@ CommSnapshot ClosedStatusOf(const CommState& comm, std::int64_t to_wall) {
   CommSnapshot copy;
   copy.last_enqueued = comm.last_enqueued.load(std::memory_order_acquire);
   copy.last_completed = comm.last_completed.load(std::memory_order_acquire);
-  CopyOperations(comm, false, true, to_wall, copy);
+  // The whole ring: a dump (at exit, say) still has the operations of a communicator the
+  // application closed an instant before, for as long as its state is kept (a status interval).
+  CopyOperations(comm, true, true, to_wall, copy);
   return copy;
 }
 

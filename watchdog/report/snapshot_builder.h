@@ -14,8 +14,9 @@ namespace ncclguard {
 ProcessSnapshot BuildSnapshot(Registry& registry, const std::string& reason, bool with_rings,
                               std::int64_t steady_now_ns, std::int64_t wall_now_ns);
 
-// What a status file says of the operations of a communicator about to lose its ring: kept as its
-// `closed_status`. Cheap: no library queries, on the watchdog thread.
+// The operations of a communicator about to lose its ring, all of them, and their signatures: kept
+// as its `closed_status` until its state goes (a status interval). Cheap: no library queries, on
+// the watchdog thread.
 CommSnapshot ClosedStatusOf(const CommState& comm, std::int64_t to_wall);
 
 }  // namespace ncclguard

@@ -232,9 +232,10 @@ struct CommState {
   // Freed (null) by the watchdog thread once the application has closed the communicator and
   // every operation has its final state; the state itself stays one status interval longer.
   RingPointer ring;
-  // What status files keep saying of it once the ring is freed (its last operations' signatures,
-  // its last completed operation): a peer that exits right after destroying its communicators
-  // still lets the others find a desync. Set by the watchdog thread under its status lock.
+  // Its operations once the ring is freed (the ring's copy, its last operations' signatures): status
+  // files keep saying its last completed operation, so that a peer that exits right after
+  // destroying its communicators still lets the others find a desync, and a dump (at exit) still
+  // has every operation. Set by the watchdog thread under its status lock.
   std::shared_ptr<const CommSnapshot> closed_status;
   std::atomic<std::uint64_t> last_enqueued{0};
   std::atomic<std::uint64_t> last_started{0};
