@@ -213,10 +213,15 @@ TEST_CASE("a link 5x slower under a DDP-like job of hundreds of operations a sec
   INFO(job.transcript);
   REQUIRE(job.result.exit_code == 0);
   REQUIRE(job.pids.size() == 4);
+  // Named, and only that link. On a machine loaded by other tests a slowness of a few milliseconds
+  // a block may dip below the threshold for two looks: it is then said to end and said again,
+  // which is what the judge is for; so the test counts the links named, not the lines.
   const std::vector<std::string> lines = LinesWith(job.judge_log, "WARN slow_link: ");
-  REQUIRE(lines.size() == 1);
-  CHECK(Contains(lines[0], "slow_link: the link from rank 1 ("));
-  CHECK(Contains(lines[0], " to rank 2 ("));
+  REQUIRE_FALSE(lines.empty());
+  for (const std::string& line : lines) {
+    CHECK(Contains(line, "slow_link: the link from rank 1 ("));
+    CHECK(Contains(line, " to rank 2 ("));
+  }
   CHECK(LinesWith(job.all_logs, "slow_rank").empty());
 
   const Analysis analysis = Analyze(job.job_dir);
