@@ -240,14 +240,15 @@ TEST_CASE("each snapshot type has one JSON form; a status file carries a part of
 
   const Json status = CommJson(comm, SnapshotDocument::kStatus);
   CHECK(Keys(status) == std::vector<std::string>{"id", "rank", "nranks", "device", "state", "timing",
-                                                 "last_enqueued", "last_started", "last_completed",
-                                                 "async_error", "last_completed_op", "oldest_outstanding",
-                                                 "signatures"});
-  CHECK(Keys(status["last_completed_op"]) ==
-        std::vector<std::string>{"seq", "op", "dtype", "count", "bytes", "root", "peer", "reduction"});
+                                                 "last_enqueued", "collectives", "last_started",
+                                                 "last_completed", "async_error", "last_completed_op",
+                                                 "oldest_outstanding", "signatures"});
+  CHECK(Keys(status["last_completed_op"]) == std::vector<std::string>{"seq", "op", "coll_seq", "dtype",
+                                                                      "count", "bytes", "root", "peer",
+                                                                      "reduction"});
   CHECK(Keys(status["oldest_outstanding"]) == std::vector<std::string>{"seq", "op", "state", "bytes", "dtype",
                                                                        "count", "root", "peer", "reduction",
-                                                                       "enqueue_ns", "start_ns"});
+                                                                       "enqueue_ns", "start_ns", "coll_seq"});
   ProcessSnapshot process;
   process.comms = {comm};
   const absl::StatusOr<std::string> status_text = FormatStatus(process, ProcessFacts{});

@@ -25,6 +25,7 @@ const std::string kStatusSample = std::string(NCCLGUARD_SAMPLES_DIR) + "/status-
 
 OpSnapshot SampleOp(std::uint64_t seq, const char* state) {
   return OpSnapshot{.seq = seq,
+                    .coll_seq = seq - 2,
                     .op = "AllReduce",
                     .dtype = "bfloat16",
                     .count = 1000 + seq,
@@ -87,6 +88,7 @@ CommSnapshot SampleComm() {
   comm.init_start_ns = 1'600'000'000'000'000'000;
   comm.init_end_ns = 1'600'000'000'500'000'000;
   comm.last_enqueued = 8;
+  comm.collectives = 6;
   comm.last_started = 8;
   comm.last_completed = 7;
   comm.async_error = "ncclRemoteError";

@@ -275,6 +275,9 @@ Ticket BeforeOperation(Api api, int library, const OperationArguments& arguments
   }
   // Every operation gets a number, recorded or not, so numbers agree across ranks.
   const std::uint64_t seq = comm->last_enqueued.load(std::memory_order_relaxed) + 1;
+  std::uint64_t coll_seq = comm->collectives.load(std::memory_order_relaxed);
+  if (Describe(api).kind == ApiKind::kCollective)
+    comm->collectives.store(++coll_seq, std::memory_order_relaxed);
   OpRecord& op = comm->Slot(seq);
   if (!IsFinished(op.state.load(std::memory_order_acquire))) ReclaimIfFinished(*comm, op, seq);
   if (!IsFinished(op.state.load(std::memory_order_acquire))) {
@@ -284,6 +287,7 @@ Ticket BeforeOperation(Api api, int library, const OperationArguments& arguments
     return ticket;
   }
   op.api.store(api, std::memory_order_relaxed);
+  op.coll_seq.store(coll_seq, std::memory_order_relaxed);
   op.datatype.store(arguments.datatype, std::memory_order_relaxed);
   op.reduction.store(arguments.reduction, std::memory_order_relaxed);
   op.root_or_peer.store(arguments.root_or_peer, std::memory_order_relaxed);

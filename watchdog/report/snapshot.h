@@ -14,7 +14,11 @@ namespace ncclguard {
 
 // One collective or point-to-point operation, as recorded in a communicator's ring.
 struct OpSnapshot {
-  std::uint64_t seq = 0;         // per communicator, from 1; the same on every rank
+  std::uint64_t seq = 0;  // per communicator, from 1: this rank's order of its operations
+  // The collectives issued up to it (itself included; before it for a Send or Recv): the same on
+  // every rank for a collective, where seq differs when the ranks' sends and receives do. 0 when
+  // not known (files of earlier versions).
+  std::uint64_t coll_seq = 0;
   std::string op;                // "AllReduce", "Broadcast", "Send", ...
   std::string dtype;             // "float32", "bfloat16", ...
   std::uint64_t count = 0;       // elements, as passed to NCCL
@@ -50,6 +54,7 @@ struct CommSnapshot {
   std::int64_t init_start_ns = 0;
   std::int64_t init_end_ns = 0;
   std::uint64_t last_enqueued = 0;   // highest seq enqueued
+  std::uint64_t collectives = 0;     // collectives enqueued (0 also when not known)
   std::uint64_t last_started = 0;    // highest seq seen started on the GPU
   std::uint64_t last_completed = 0;  // highest seq seen completed
   std::string async_error;           // ncclCommGetAsyncError's answer when not success, else ""

@@ -29,6 +29,7 @@ OpSnapshot CopyOperation(const OpRecord& op, std::uint64_t seq, std::int64_t to_
   auto wall = [to_wall](std::int64_t steady) { return steady == 0 ? 0 : steady + to_wall; };
   OpSnapshot copy;
   copy.seq = seq;
+  copy.coll_seq = op.coll_seq.load(std::memory_order_relaxed);
   const Api api = op.api.load(std::memory_order_relaxed);
   copy.op = std::string(OperationName(api));
   const int datatype = op.datatype.load(std::memory_order_relaxed);
@@ -113,6 +114,7 @@ CommSnapshot SnapshotOfCommunicator(const CommState& comm, bool with_rings, bool
   const std::int64_t init_end = comm.init_end_ns.load(std::memory_order_acquire);
   copy.init_end_ns = init_end == 0 ? 0 : init_end + to_wall;
   copy.last_enqueued = comm.last_enqueued.load(std::memory_order_acquire);
+  copy.collectives = comm.collectives.load(std::memory_order_relaxed);
   copy.last_started = comm.last_started.load(std::memory_order_acquire);
   copy.last_completed = comm.last_completed.load(std::memory_order_acquire);
   const int async_error = comm.async_error.load(std::memory_order_relaxed);

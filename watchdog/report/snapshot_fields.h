@@ -157,6 +157,7 @@ constexpr std::size_t FieldCount(const Fields& fields, FieldSet set) {
 inline constexpr auto kOpFields = std::make_tuple(
     Mapped("seq", &OpSnapshot::seq, kDump | kStatus | kOutstanding),
     Mapped("op", &OpSnapshot::op, kDump | kStatus | kOutstanding),
+    Mapped("coll_seq", &OpSnapshot::coll_seq, kDumpOptional | kStatusOptional | kOutstandingOptional),
     // The description after seq and op was added to status format version 1 later.
     Mapped("dtype", &OpSnapshot::dtype, kDump | kStatusOptional | kOutstandingOptional),
     Mapped("count", &OpSnapshot::count, kDump | kStatusOptional | kOutstandingOptional),
@@ -174,8 +175,9 @@ inline constexpr auto kOpFields = std::make_tuple(
 // The order a status's oldest_outstanding is written in, which is not the table's: its state,
 // bytes and times came first and the description was added after them. The same fields as
 // kOutstandingOptional marks (checked below).
-inline constexpr std::string_view kOutstandingOrder[] = {
-    "seq", "op", "state", "bytes", "dtype", "count", "root", "peer", "reduction", "enqueue_ns", "start_ns"};
+inline constexpr std::string_view kOutstandingOrder[] = {"seq",       "op",         "state",    "bytes",
+                                                         "dtype",     "count",      "root",     "peer",
+                                                         "reduction", "enqueue_ns", "start_ns", "coll_seq"};
 
 // A communicator's own fields; its operations, profile and signatures are written by hand after
 // them. Its progress is in a status's entry, and in a dump's watchdog.progress section.
@@ -193,6 +195,7 @@ inline constexpr auto kCommFields = std::make_tuple(
     Mapped("init_start_ns", &CommSnapshot::init_start_ns, kDump),
     Mapped("init_end_ns", &CommSnapshot::init_end_ns, kDump),
     Mapped("last_enqueued", &CommSnapshot::last_enqueued, kStatus | kProgress),
+    Mapped("collectives", &CommSnapshot::collectives, kStatusOptional | kDumpOptional),
     Mapped("last_started", &CommSnapshot::last_started, kStatus | kProgress),
     Mapped("last_completed", &CommSnapshot::last_completed, kStatus | kProgress),
     Mapped("async_error", &CommSnapshot::async_error, kDump | kStatusOptional),

@@ -43,6 +43,10 @@ std::string_view TimingSourceName(TimingSource source);  // "cuda_events", "prof
 // Relaxed accesses are published by `state` (release/acquire).
 struct OpRecord {
   std::atomic<std::uint64_t> seq{0};
+  // The communicator's collectives issued up to this operation, itself included: a collective's
+  // number among collectives, which every rank gives it even where their sends and receives differ
+  // (pipeline stages); for a Send or Recv, the collectives issued before it.
+  std::atomic<std::uint64_t> coll_seq{0};
   std::atomic<OpState> state{OpState::kFree};
   std::atomic<Api> api{};
   std::atomic<int> datatype{0};
@@ -238,6 +242,7 @@ struct CommState {
   // has every operation. Set by the watchdog thread under its status lock.
   std::shared_ptr<const CommSnapshot> closed_status;
   std::atomic<std::uint64_t> last_enqueued{0};
+  std::atomic<std::uint64_t> collectives{0};  // issued so far: the last collective's coll_seq
   std::atomic<std::uint64_t> last_started{0};
   std::atomic<std::uint64_t> last_completed{0};
   std::atomic<std::uint64_t> dropped{0};
