@@ -598,8 +598,8 @@ TEST_CASE("the JSON of the verdicts carries every field", "[verdicts]") {
   const nlohmann::json& op = document["verdicts"][0]["evidence"].at("op");
   std::vector<std::string> keys;
   for (const auto& [key, value] : op.items()) keys.push_back(key);
-  CHECK(keys == std::vector<std::string>{"bytes", "count", "dtype", "enqueue_ns", "op", "peer", "reduction",
-                                         "root", "seq", "start_ns", "state"});
+  CHECK(keys == std::vector<std::string>{"bytes", "coll_seq", "count", "dtype", "enqueue_ns", "op", "peer",
+                                         "reduction", "root", "seq", "start_ns", "state"});
   CHECK(op["seq"] == 32);
 }
 

@@ -37,6 +37,24 @@ std::string OpDetails(const OpSnapshot& op) {
   return details;
 }
 
+// Whether the members number the communicator's operations differently: one #N a collective on
+// one rank and a Send or Recv on another, or one collective under different #N.
+bool NumbersDiffer(const std::vector<Member>& members) {
+  std::unordered_map<std::uint64_t, bool> point_to_point_at;  // by seq
+  std::unordered_map<std::uint64_t, std::uint64_t> seq_of;    // by coll_seq
+  for (const Member& member : members) {
+    for (const OpSnapshot& op : member.comm->ring) {
+      const bool point_to_point = IsPointToPoint(op);
+      const auto [kind, new_seq] = point_to_point_at.try_emplace(op.seq, point_to_point);
+      if (!new_seq && kind->second != point_to_point) return true;
+      if (point_to_point || op.coll_seq == 0) continue;
+      const auto [seq, new_collective] = seq_of.try_emplace(op.coll_seq, op.seq);
+      if (!new_collective && seq->second != op.seq) return true;
+    }
+  }
+  return false;
+}
+
 }  // namespace
 
 std::string Ranks(const std::vector<int>& ranks) {
@@ -120,6 +138,7 @@ std::vector<Communicator> GroupByCommunicator(const JobView& job) {
     members.erase(std::unique(members.begin(), members.end(),
                               [](const Member& a, const Member& b) { return a.rank == b.rank; }),
                   members.end());
+    communicator.numbers_differ = NumbersDiffer(members);
   }
   std::sort(communicators.begin(), communicators.end(),
             [](const Communicator& a, const Communicator& b) { return a.id < b.id; });

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -41,6 +42,10 @@ struct Communicator {
   std::string id;
   int nranks = 0;
   std::vector<Member> members;  // by rank, one per rank
+  // The ranks number its operations differently (pipeline stages send and receive different
+  // counts): an #N names a different operation on each rank, so operations are matched as NCCL
+  // matches them, a collective by its coll_seq and a Send to a peer with that peer's Recv.
+  bool numbers_differ = false;
 };
 
 // Sorted by id; a rank seen twice (a pid of an earlier launch under the same job id) is its newest.
@@ -142,6 +147,43 @@ bool ClassifyStoppedLink(Buckets& buckets, const Communicator& communicator, std
 // What NCCL's profiler shows without a link to name: the kernel channels that never stopped, as
 // a clause for stuck_inside_nccl's message ("" when it shows nothing).
 std::string KernelChannelsNote(const Communicator& communicator);
+
+// Ranks that never entered the operation others wait in (or are stopped in it), sorted into the
+// dead and those that did not join (rules_stuck.cc).
+struct Absentees {
+  std::vector<int> dead_ranks;
+  std::vector<std::string> dead_clauses;
+  Json dead_evidence = Json::array();
+  std::vector<int> not_joined_ranks;
+  std::vector<std::string> not_joined_clauses;
+  Json not_joined_evidence = Json::array();
+  bool all_finished = true;  // every one that did not join finished its loop
+  // Every one that did not join is alive and busy outside NCCL, or stopped: each comes back to NCCL
+  // by itself (once continued), so waiting for it is worth more than acting.
+  bool all_busy_outside_nccl = true;
+  // Ranks with no record among the processes read while some processes' files were not read:
+  // neither present nor absent, never named as missing.
+  std::vector<int> not_read_ranks;
+};
+
+// One rank that others wait for: where it is, a clause saying so and its evidence.
+struct LateRank {
+  const Member* member;
+  Whereabouts where;
+  std::string clause;
+  Json evidence;
+};
+// `missed` names what it never entered ("#12"); `done_everywhere` is the highest seq every rank
+// went through (0 when not known).
+LateRank DescribeLateRank(const Member& member, const Communicator& communicator, const JobView& job,
+                          std::uint64_t done_everywhere, std::string_view missed);
+void AddLateRank(LateRank late, Absentees& absent);
+
+// Where the ranks of a communicator whose numbers differ wait, and for whom (rules_waits.cc):
+// rank_dead or rank_not_joined for the ranks outside NCCL they wait for, stuck_inside_nccl when
+// both sides of every awaited operation are inside it, mismatch when they wait for each other.
+void ClassifyWaits(const Communicator& communicator, const JobView& job, bool mismatch_found,
+                   Buckets& buckets);
 
 void ClassifyStuckInits(const JobView& job, const std::vector<Communicator>& communicators, Buckets& buckets);
 

@@ -64,6 +64,13 @@ std::vector<KnownCall> KnownCalls(const Communicator& communicator) {
   for (const Member& member : communicator.members) {
     const CommSnapshot& comm = *member.comm;
     for (const OpSnapshot& op : comm.ring) {
+      // Where the ranks number operations differently, collectives are matched by coll_seq; a
+      // status file's signatures are by #N, which names another operation on each rank.
+      if (communicator.numbers_differ) {
+        if (op.coll_seq == 0 || IsPointToPoint(op)) continue;
+        calls.push_back(KnownCall{op.coll_seq, member.rank, &op, OperationSignature(op)});
+        continue;
+      }
       if (last_signed == nullptr || !SameSigned(op, *last_signed)) {
         last_signed = &op;
         last_signature = OperationSignature(op);
@@ -72,7 +79,7 @@ std::vector<KnownCall> KnownCalls(const Communicator& communicator) {
       calls.push_back(KnownCall{op.seq, member.rank, &op,
                                 signature != kNoSignature ? signature : StatusSignature(comm, op.seq)});
     }
-    for (size_t i = 0; i < comm.signatures.size(); ++i) {
+    for (size_t i = 0; i < (communicator.numbers_differ ? 0 : comm.signatures.size()); ++i) {
       const std::uint64_t seq = comm.signatures_first_seq + i;
       if (comm.signatures[i] != kNoSignature && FindOp(comm, seq) == nullptr) {
         calls.push_back(KnownCall{seq, member.rank, nullptr, comm.signatures[i]});
@@ -113,6 +120,9 @@ Json SideJson(const CallGroup& group) {
 // "AllReduce #26 (float32 × 1024, sum)", or "#26 with signature 5e0c1f3a" when only a status
 // file's signature tells.
 std::string DescribeCall(const CallGroup& group, std::uint64_t seq) {
+  if (group.call.op != nullptr && group.call.op->seq != seq) {  // matched by coll_seq
+    return fmt::format("{} (collective {})", DescribeOp(group.call.op, group.call.op->seq), seq);
+  }
   if (group.call.op != nullptr) return DescribeOp(group.call.op, seq);
   return fmt::format("#{} with signature {}", seq, SignatureText(group.call.signature));
 }
@@ -162,10 +172,11 @@ std::optional<std::uint64_t> ClassifyMismatch(const Communicator& communicator, 
       const bool count_only = other.call.op != nullptr && majority.call.op != nullptr &&
                               DifferOnlyInCount(*other.call.op, *majority.call.op);
       counts_only = counts_only && count_only;
-      clauses.push_back(
-          count_only ? fmt::format("{} issued {} with {} {} elements", Ranks(other.ranks),
-                                   OpName(other.call.op, seq), other.call.op->count, other.call.op->dtype)
-                     : fmt::format("{} issued {}", Ranks(other.ranks), DescribeCall(other, seq)));
+      clauses.push_back(count_only
+                            ? fmt::format("{} issued {} with {} {} elements", Ranks(other.ranks),
+                                          OpName(other.call.op, other.call.op->seq), other.call.op->count,
+                                          other.call.op->dtype)
+                            : fmt::format("{} issued {}", Ranks(other.ranks), DescribeCall(other, seq)));
       culprits.insert(culprits.end(), other.ranks.begin(), other.ranks.end());
       sides.push_back(SideJson(other));
     }

@@ -352,7 +352,9 @@ void ClassifyPace(const Communicator& communicator, Buckets& buckets) {
   const std::vector<CommonBlock> blocks = JudgedBlocks(communicator);
   if (blocks.size() < kMinFlaggedBlocks) return;
   ClassifySlowLinks(communicator, blocks, buckets);
-  ClassifySlowRanks(communicator, blocks, buckets);
+  // A block is a run of #N, which holds different operations on each rank when their numbers
+  // differ: how long one rank's peers waited in it says nothing then. A link's pace is its own.
+  if (!communicator.numbers_differ) ClassifySlowRanks(communicator, blocks, buckets);
 }
 
 }  // namespace ncclguard::classifier

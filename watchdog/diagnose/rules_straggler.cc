@@ -21,6 +21,9 @@ void ClassifyStraggler(const Communicator& communicator, Buckets& buckets) {
   constexpr double kMinRatio = 5;
   const size_t nranks = communicator.members.size();
   if (nranks < 2 || static_cast<int>(nranks) != communicator.nranks) return;
+  // Pipeline stages (their numbers differ) enter a collective later the later their stage, each
+  // after the receives before it: lateness says nothing of time spent outside NCCL there.
+  if (communicator.numbers_differ) return;
   struct Arrival {
     std::uint64_t seq;
     size_t member;

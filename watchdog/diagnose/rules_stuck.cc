@@ -6,6 +6,7 @@
 #include <limits>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -149,12 +150,19 @@ std::optional<std::uint64_t> OldestUnfinishedAbove(const CommSnapshot& comm, std
   return std::nullopt;
 }
 
+// The member's own record of its #seq, else any rank's when their numbers agree.
+const OpSnapshot* OwnOrPeersOp(const Member& member, const Communicator& communicator, std::uint64_t seq) {
+  const OpSnapshot* own = FindOp(*member.comm, seq);
+  if (own != nullptr || communicator.numbers_differ) return own;
+  return FindOpInCommunicator(communicator, seq);
+}
+
 std::string LastCompleted(const Member& member, const Communicator& communicator,
                           std::uint64_t done_everywhere) {
   const std::uint64_t last = CompletedUpTo(*member.comm, done_everywhere);
   if (last == 0) return "issued nothing on this communicator";
   return fmt::format("completed {} and issued nothing after",
-                     OpName(FindOpInCommunicator(communicator, last), last));
+                     OpName(OwnOrPeersOp(member, communicator, last), last));
 }
 
 // The #N this member's own watchdog reported stalled on this communicator, when the member has
@@ -238,7 +246,7 @@ std::string StoppedClause(const Member& member, const Communicator& communicator
   const ProcessView& process = *member.process;
   std::string was;
   if (const std::optional<std::uint64_t> seq = WaitingIn(member, communicator, done_everywhere)) {
-    was = fmt::format("was in {}", OpName(FindOpInCommunicator(communicator, *seq), *seq));
+    was = fmt::format("was in {}", OpName(OwnOrPeersOp(member, communicator, *seq), *seq));
   } else if (!process.snapshot.in_nccl_call.empty()) {
     was = fmt::format("was inside {}", process.snapshot.in_nccl_call);
   } else {
@@ -252,84 +260,78 @@ std::string StoppedClause(const Member& member, const Communicator& communicator
                      how, Seconds(StatusAgeSeconds(process, job)), was);
 }
 
-// Ranks that never entered the stuck operation (or are stopped in it), sorted into the dead and
-// those that did not join.
-struct Absentees {
-  std::vector<int> dead_ranks;
-  std::vector<std::string> dead_clauses;
-  Json dead_evidence = Json::array();
-  std::vector<int> not_joined_ranks;
-  std::vector<std::string> not_joined_clauses;
-  Json not_joined_evidence = Json::array();
-  bool all_finished = true;  // every one that did not join finished its loop
-  // Every one that did not join is alive and busy outside NCCL, or stopped: each comes back to NCCL
-  // by itself (once continued), so waiting for it is worth more than acting.
-  bool all_busy_outside_nccl = true;
-  // Ranks with no record among the processes read while some processes' files were not read:
-  // neither present nor absent, never named as missing.
-  std::vector<int> not_read_ranks;
-};
+}  // namespace
 
-void AddLateMember(const Member& member, const Communicator& communicator, const JobView& job,
-                   std::uint64_t done_everywhere, std::uint64_t stuck_seq, Absentees& absent) {
+LateRank DescribeLateRank(const Member& member, const Communicator& communicator, const JobView& job,
+                          std::uint64_t done_everywhere, std::string_view missed) {
   const ProcessView& process = *member.process;
-  const Whereabouts where = Locate(process, job);
-  if (where == Whereabouts::kGone) {
-    absent.dead_ranks.push_back(member.rank);
+  LateRank late{.member = &member, .where = Locate(process, job), .clause = {}, .evidence = {}};
+  late.evidence = LateRankJson(member, late.where, job);
+  if (late.where == Whereabouts::kGone) {
     // Its last status may predate its death by a whole interval (or be the one written when its
     // communicator was created): its peers' completed symmetric collectives say how far it got.
     const std::uint64_t last = std::max(CompletedUpTo(*member.comm, done_everywhere), done_everywhere);
-    absent.dead_clauses.push_back(fmt::format(
-        "rank {} (pid {} on host {}) {}: it {} and never entered #{}", member.rank, process.pid, process.host,
+    late.clause = fmt::format(
+        "rank {} (pid {} on host {}) {}: it {} and never entered {}", member.rank, process.pid, process.host,
         GoneHow(process, job),
         last == 0 ? std::string("issued nothing on this communicator")
-                  : fmt::format("completed {}", OpName(FindOpInCommunicator(communicator, last), last)),
-        stuck_seq));
+                  : fmt::format("completed {}", OpName(OwnOrPeersOp(member, communicator, last), last)),
+        missed);
     if (const std::optional<ThreadLocation> location = WhereIsLate(member, job)) {
-      absent.dead_clauses.back() += fmt::format(" (its last dump showed it {})", location->sentence);
+      late.clause += fmt::format(" (its last dump showed it {})", location->sentence);
     }
-    absent.dead_evidence.push_back(LateRankJson(member, where, job));
-    return;
+    return late;
   }
-  absent.all_finished = absent.all_finished && where == Whereabouts::kFinished;
-  absent.all_busy_outside_nccl = absent.all_busy_outside_nccl && ComesBack(where);
-  if (where == Whereabouts::kStopped) {
-    absent.not_joined_ranks.push_back(member.rank);
-    absent.not_joined_clauses.push_back(StoppedClause(member, communicator, job, done_everywhere));
-    absent.not_joined_evidence.push_back(LateRankJson(member, where, job));
-    return;
+  if (late.where == Whereabouts::kStopped) {
+    late.clause = StoppedClause(member, communicator, job, done_everywhere);
+    return late;
   }
-  std::string clause =
+  late.clause =
       fmt::format("rank {} {}; ", member.rank, LastCompleted(member, communicator, done_everywhere));
   // Its peers wait in a communicator that it closed: it will never issue #N there.
   const std::optional<CommLifecycle> lifecycle = LifecycleOf(*member.comm);
   if (lifecycle == CommLifecycle::kDestroyed || lifecycle == CommLifecycle::kAborted ||
       lifecycle == CommLifecycle::kFinalized || lifecycle == CommLifecycle::kRevoked) {
-    clause +=
+    late.clause +=
         fmt::format("its communicator is {} (the application closed it); ", CommLifecycleName(*lifecycle));
   }
-  switch (where) {
+  switch (late.where) {
     case Whereabouts::kFinished:
-      clause += process.exited ? "it finished its loop (exited normally)"
-                               : "it finished its loop (closed its communicators, then its process ended)";
+      late.clause += process.exited
+                         ? "it finished its loop (exited normally)"
+                         : "it finished its loop (closed its communicators, then its process ended)";
       break;
     case Whereabouts::kInsideNccl:
-      clause += fmt::format("it is inside {} (not in this operation)", process.snapshot.in_nccl_call);
+      late.clause += fmt::format("it is inside {} (not in this operation)", process.snapshot.in_nccl_call);
       if (const std::optional<ThreadLocation> location = WhereIsLate(member, job))
-        clause += fmt::format(": {}", location->sentence);
+        late.clause += fmt::format(": {}", location->sentence);
       break;
     default:
       if (const std::optional<ThreadLocation> location = WhereIsLate(member, job)) {
-        clause += fmt::format("it is alive and busy outside NCCL: {}", location->sentence);
+        late.clause += fmt::format("it is alive and busy outside NCCL: {}", location->sentence);
       } else {
-        clause += "it is alive and busy outside NCCL (e.g. saving a checkpoint or evaluating)";
+        late.clause += "it is alive and busy outside NCCL (e.g. saving a checkpoint or evaluating)";
       }
       break;
   }
-  absent.not_joined_ranks.push_back(member.rank);
-  absent.not_joined_clauses.push_back(std::move(clause));
-  absent.not_joined_evidence.push_back(LateRankJson(member, where, job));
+  return late;
 }
+
+void AddLateRank(LateRank late, Absentees& absent) {
+  if (late.where == Whereabouts::kGone) {
+    absent.dead_ranks.push_back(late.member->rank);
+    absent.dead_clauses.push_back(std::move(late.clause));
+    absent.dead_evidence.push_back(std::move(late.evidence));
+    return;
+  }
+  absent.all_finished = absent.all_finished && late.where == Whereabouts::kFinished;
+  absent.all_busy_outside_nccl = absent.all_busy_outside_nccl && ComesBack(late.where);
+  absent.not_joined_ranks.push_back(late.member->rank);
+  absent.not_joined_clauses.push_back(std::move(late.clause));
+  absent.not_joined_evidence.push_back(std::move(late.evidence));
+}
+
+namespace {
 
 // A rank with no record on the communicator: still initialising it (alive or dead), silent, or in
 // the files that were not read.
@@ -519,6 +521,10 @@ void AddAbsentees(Buckets& buckets, const Communicator& communicator, const Stuc
 void ClassifyStuckOperation(const Communicator& communicator, const JobView& job,
                             const std::vector<KnownBadEntry>& known_bad,
                             std::optional<std::uint64_t> mismatch_seq, Buckets& buckets) {
+  if (communicator.numbers_differ) {
+    ClassifyWaits(communicator, job, mismatch_seq.has_value(), buckets);
+    return;
+  }
   const std::uint64_t done_everywhere = HighestCompleted(communicator);
   const std::optional<StuckOperation> found = FindStuckOperation(communicator, job, done_everywhere);
   if (!found) return;
@@ -529,8 +535,10 @@ void ClassifyStuckOperation(const Communicator& communicator, const JobView& job
   const std::vector<int> unreported = UnreportedRanks(communicator);
 
   Absentees absent;
-  for (const Member* member : stuck.late)
-    AddLateMember(*member, communicator, job, done_everywhere, stuck.seq, absent);
+  for (const Member* member : stuck.late) {
+    AddLateRank(DescribeLateRank(*member, communicator, job, done_everywhere, fmt::format("#{}", stuck.seq)),
+                absent);
+  }
   const std::unordered_map<int, Initialising> initialising =
       unreported.empty() ? std::unordered_map<int, Initialising>()
                          : InitialisingProcesses(job, communicator.id);
