@@ -283,6 +283,32 @@ TEST_CASE("a collective has the same number on every rank, however many point-to
   }
 }
 
+// The same step 101 steps into the job: each stage's ring holds this step only, and the stages
+// issued different numbers of sends and receives before it (rank r's #N starts at 100 + 100 r).
+TEST_CASE("a collective keeps its number on every rank once the rings wrap, from its coll_seq") {
+  const CommMembers members = {{"00000000000000aa", {0, 1, 2}}};
+  for (int rank : {0, 1, 2}) {
+    ProcessSnapshot stage = PipelineStage(rank);
+    CommSnapshot& comm = stage.comms[0];
+    const std::uint64_t offset = 100 + 100 * static_cast<std::uint64_t>(rank);
+    for (OpSnapshot& op : comm.ring) {
+      op.seq += offset;
+      op.coll_seq = op.op == "AllReduce" ? 101 : 100;
+    }
+    comm.last_enqueued += offset;
+    comm.last_started += offset;
+    comm.last_completed += offset;
+    comm.collectives = 101;
+    const Json dump =
+        Json::parse(PythonLoads(FlightRecorderDump(stage, members, FlightRecorderStates::kUntimed), true));
+    INFO("rank " << rank << ": " << dump["entries"].dump());
+    CHECK(dump["entries"].back()["collective_seq_id"] == 101);
+    CHECK(dump["pg_status"]["0"] == Json({{"last_enqueued_collective", 101},
+                                          {"last_started_collective", 100},
+                                          {"last_completed_collective", 100}}));
+  }
+}
+
 TEST_CASE("operations not completed are scheduled, or started when asked for timed states") {
   const Json untimed = LoadDump(FlightRecorderStates::kUntimed);
   CHECK(untimed["entries"][4]["state"] == "scheduled");

@@ -103,20 +103,26 @@ struct Item {
 // The number FR matches an entry by (collective_seq_id) and finds a block's entries by (they share
 // it, p2p_seq_id for point-to-point ones). The communicator's seq counts every operation of the
 // rank, point-to-point ones too, which ranks issue in different numbers (a pipeline's first stage
-// only sends): a collective is numbered by its seq less the point-to-point operations before it
-// in the ring, the same on every rank whose ring holds them all (or the same number of them). A
-// block holding point-to-point operations takes its first seq, negated: never the number of a
-// collective next to it, which FR's analyzer would take for part of the same block.
+// only sends): a collective is numbered by its coll_seq, the same on every rank (in files of
+// earlier builds, which lack it, by its seq less the point-to-point operations before it in the
+// ring). A block holding point-to-point operations takes its first seq, negated: never the number
+// of a collective next to it, which FR's analyzer would take for part of the same block.
 std::int64_t BlockKey(const OpSnapshot& first, std::uint64_t p2p_before, bool p2p) {
   if (p2p) return -static_cast<std::int64_t>(first.seq);
+  if (first.coll_seq > 0) return static_cast<std::int64_t>(first.coll_seq);
   return static_cast<std::int64_t>(first.seq - p2p_before);
 }
 
-// A seq of the communicator in the numbering of collective_seq_id (BlockKey): less the
-// point-to-point operations of the ring up to it. pg_status's counts, which tools compare with
-// the entries' numbers (resiliency-ext's attribution takes the operations numbered above the
-// highest last_completed_collective as pending).
+// A seq of the communicator in the numbering of collective_seq_id (BlockKey): the collectives up
+// to it. pg_status's counts, which tools compare with the entries' numbers (resiliency-ext's
+// attribution takes the operations numbered above the highest last_completed_collective as
+// pending).
 std::int64_t CollectiveNumber(const CommSnapshot& comm, std::uint64_t seq) {
+  if (seq == comm.last_enqueued && comm.collectives > 0) return static_cast<std::int64_t>(comm.collectives);
+  const auto op =
+      std::find_if(comm.ring.begin(), comm.ring.end(), [seq](const OpSnapshot& op) { return op.seq == seq; });
+  if (op != comm.ring.end() && (op->coll_seq > 0 || comm.collectives > 0))
+    return static_cast<std::int64_t>(op->coll_seq);
   const auto p2p = std::count_if(comm.ring.begin(), comm.ring.end(),
                                  [seq](const OpSnapshot& op) { return op.seq <= seq && IsP2p(op); });
   return static_cast<std::int64_t>(seq) - static_cast<std::int64_t>(p2p);
