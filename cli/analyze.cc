@@ -14,12 +14,14 @@
 #include <fstream>
 #include <functional>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <optional>
 #include <set>
 #include <stdexcept>
 #include <string>
 #include <system_error>
+#include <utility>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -135,58 +137,85 @@ void PrintVerdict(const Verdict& verdict) {
   std::cout << '\n';
 }
 
-std::string LastCompleted(const ProcessView& process) {
-  const std::vector<CommSnapshot>& comms = process.snapshot.comms;
-  if (comms.size() == 1) return absl::StrCat("#", comms[0].last_completed);
+// One row of the rank table: a process and its communicators, or, for a process that drives
+// several GPUs (JAX's way), one of its devices: its rank on that device's widest communicator.
+struct TableRow {
+  const ProcessView* process;
+  int rank;
+  std::vector<const CommSnapshot*> comms;
+};
+
+void AddRows(const ProcessView& process, std::vector<TableRow>& rows) {
+  std::map<int, TableRow> by_device;
+  std::map<int, int> widest;  // by device
+  for (const CommSnapshot& comm : process.snapshot.comms) {
+    TableRow& row = by_device.try_emplace(comm.device, TableRow{&process, comm.rank, {}}).first->second;
+    row.comms.push_back(&comm);
+    if (comm.nranks > widest[comm.device]) {
+      widest[comm.device] = comm.nranks;
+      row.rank = comm.rank;
+    }
+  }
+  if (by_device.size() <= 1) {
+    TableRow row{&process, process.snapshot.rank, {}};
+    for (const CommSnapshot& comm : process.snapshot.comms) row.comms.push_back(&comm);
+    rows.push_back(std::move(row));
+    return;
+  }
+  for (auto& [device, row] : by_device) rows.push_back(std::move(row));
+}
+
+std::string LastCompleted(const std::vector<const CommSnapshot*>& comms) {
+  if (comms.size() == 1) return absl::StrCat("#", comms[0]->last_completed);
   std::vector<std::string> parts;
   parts.reserve(comms.size());
-  for (const CommSnapshot& comm : comms)
-    parts.push_back(absl::StrCat(comm.id.substr(0, 6), ":#", comm.last_completed));
+  for (const CommSnapshot* comm : comms)
+    parts.push_back(absl::StrCat(comm->id.substr(0, 6), ":#", comm->last_completed));
   return parts.empty() ? "-" : absl::StrJoin(parts, " ");
 }
 
 // Inside an NCCL call, or with an operation of its own launched and not completed on the GPU.
-std::string InNccl(const ProcessView& process) {
-  if (!process.snapshot.in_nccl_call.empty()) return process.snapshot.in_nccl_call;
-  for (const CommSnapshot& comm : process.snapshot.comms) {
-    for (const OpSnapshot& op : comm.ring) {
+std::string InNccl(const TableRow& row) {
+  if (!row.process->snapshot.in_nccl_call.empty()) return row.process->snapshot.in_nccl_call;
+  for (const CommSnapshot* comm : row.comms) {
+    for (const OpSnapshot& op : comm->ring) {
       if (Unfinished(op)) return absl::StrCat(op.op, " #", op.seq, " (", op.state, ")");
     }
   }
   return "no";
 }
 
-// Every process of a small job; for a large one, only those the verdicts name.
+// Every rank of a small job; for a large one, only those the verdicts name.
 void PrintRankTable(const JobView& job, const std::vector<Verdict>& verdicts) {
   std::set<int> named;
   for (const Verdict& verdict : verdicts) named.insert(verdict.ranks.begin(), verdict.ranks.end());
-  std::vector<const ProcessView*> rows;
-  for (const ProcessView& process : job.processes) {
-    if (job.processes.size() <= kMaxTableRows || named.count(process.snapshot.rank) != 0)
-      rows.push_back(&process);
+  std::vector<TableRow> all;
+  for (const ProcessView& process : job.processes) AddRows(process, all);
+  std::vector<TableRow> rows;
+  for (TableRow& row : all) {
+    if (all.size() <= kMaxTableRows || named.count(row.rank) != 0) rows.push_back(std::move(row));
   }
-  std::stable_sort(rows.begin(), rows.end(), [](const ProcessView* a, const ProcessView* b) {
-    return static_cast<unsigned>(a->snapshot.rank) < static_cast<unsigned>(b->snapshot.rank);  // -1 last
+  std::stable_sort(rows.begin(), rows.end(), [](const TableRow& a, const TableRow& b) {
+    return static_cast<unsigned>(a.rank) < static_cast<unsigned>(b.rank);  // -1 last
   });
   const std::size_t shown = std::min(rows.size(), kMaxTableRows);
   std::cout << absl::StrFormat("%-6s %-28s %-7s %-12s %-15s %s\n", "RANK", "PROCESS", "STATE", "LAST SEEN",
                                "LAST COMPLETED", "IN NCCL");
   for (std::size_t i = 0; i < shown; ++i) {
-    const ProcessView& process = *rows[i];
-    const int rank = process.snapshot.rank;
+    const ProcessView& process = *rows[i].process;
+    const int rank = rows[i].rank;
     const std::string seen =
         process.last_seen_ns > 0
             ? absl::StrFormat("%.1f s ago", static_cast<double>(job.now_ns - process.last_seen_ns) / 1e9)
             : "never";
-    std::cout << absl::StrFormat(
-        "%-6s %-28s %-7s %-12s %-15s %s\n", rank >= 0 ? absl::StrCat(rank) : "?",
-        EscapeControlCharacters(absl::StrCat(process.host, ":", process.pid)), ProcessState(job, process),
-        seen, EscapeControlCharacters(LastCompleted(process)), EscapeControlCharacters(InNccl(process)));
+    std::cout << absl::StrFormat("%-6s %-28s %-7s %-12s %-15s %s\n", rank >= 0 ? absl::StrCat(rank) : "?",
+                                 EscapeControlCharacters(absl::StrCat(process.host, ":", process.pid)),
+                                 ProcessState(job, process), seen,
+                                 EscapeControlCharacters(LastCompleted(rows[i].comms)),
+                                 EscapeControlCharacters(InNccl(rows[i])));
   }
-  if (job.processes.size() > shown) {
-    std::cout << "... " << job.processes.size() - shown
-              << " other processes not shown (--json lists them all)\n";
-  }
+  if (all.size() > shown)
+    std::cout << "... " << all.size() - shown << " other ranks not shown (--json lists them all)\n";
   std::cout << '\n';
 }
 

@@ -2,7 +2,8 @@
 // them (tests/flight_recorder/fr_job.py): each stage receives from the stage before and sends to
 // the stage after, then every stage joins an AllReduce. The stages issue different numbers of
 // sends and receives, so each rank's #N names a different operation; one stage stops coming back
-// from loading its batch, and every stage's stall line and `ncclguard analyze` must name it.
+// from loading its batch, and every stage's stall line and `ncclguard analyze` must name it. The
+// same program also runs JAX's way, one process driving two GPUs.
 #include <string>
 #include <vector>
 
@@ -27,14 +28,16 @@ struct PipelineJob {
   std::string job_dir;
 };
 
-// Four stages of SCENE (fr_job.py); stage `late` loads its batch for ever after step 5. The
-// launcher ends them all 10 s later, as a scheduler's time limit would.
-PipelineJob RunPipeline(const TemporaryDirectory& dump_dir, const std::string& scene, int late) {
+// Four processes of SCENE (fr_job.py); process `late` loads its batch for ever after step 5.
+// The launcher ends them all 10 s later, as a scheduler's time limit would.
+PipelineJob RunPipeline(const TemporaryDirectory& dump_dir, const std::string& scene, int late,
+                        int processes = kStages) {
   const std::string log = "\"" + dump_dir.path() + "/stage-$rank.log\"";
-  const std::string launch = std::string("port=$((20000 + $$ % 20000)); for rank in 0 1 2 3; do ") +
+  const std::string ranks = processes == 2 ? "0 1" : "0 1 2 3";
+  const std::string launch = "port=$((20000 + $$ % 20000)); for rank in " + ranks + "; do " +
                              "RANK=$rank NCCL_COMM_ID=127.0.0.1:$port timeout -s KILL 10 " + PYTHON + " " +
-                             FR_JOB + " 2>" + log + " & done; wait; for rank in 0 1 2 3; do cat " + log +
-                             "; done";
+                             FR_JOB + " 2>" + log + " & done; wait; for rank in " + ranks + "; do cat " +
+                             log + "; done";
   ProcessOptions options;
   options.timeout_seconds = 40;
   options.environment = {{"LD_PRELOAD", PRELOAD_LIBRARY},
@@ -43,7 +46,7 @@ PipelineJob RunPipeline(const TemporaryDirectory& dump_dir, const std::string& s
                          {"NCCLGUARD_JOB_ID", "pipeline"},
                          {"NCCLGUARD_TIMEOUT", "2"},
                          {"NCCLGUARD_STATUS_INTERVAL", "0.2"},
-                         {"WORLD_SIZE", std::to_string(kStages)},
+                         {"WORLD_SIZE", std::to_string(processes)},
                          {"SCENE", scene},
                          {"STEPS", "20"},
                          {"LATE_RANK", std::to_string(late)},
@@ -103,6 +106,31 @@ TEST_CASE("a pipeline stage that stops receiving is named, with sends and receiv
   TemporaryDirectory dump_dir;
   const PipelineJob job = RunPipeline(dump_dir, "pipeline", 1);
   CheckNamed(job, 1, {"rank 0 waits in Send #11 to rank 1", "rank 2 waits in Recv #16 from rank 1"});
+}
+
+// JAX's way: each of two processes drives two GPUs, one rank each, in one group per step.
+TEST_CASE("analyze's rank table has a row per rank of a process that drives several GPUs",
+          "[rank_not_joined]") {
+  TemporaryDirectory dump_dir;
+  const PipelineJob job = RunPipeline(dump_dir, "devices", 1, /*processes=*/2);
+  INFO(job.result.out << job.result.err);
+  REQUIRE_FALSE(job.result.timed_out);
+  const ProcessResult analysis = testing::RunProcess({NCCLGUARD_CLI, "analyze", job.job_dir});
+  INFO(analysis.out << analysis.err);
+  CHECK(Contains(analysis.out, "RANK_NOT_JOINED"));
+  CHECK(Contains(analysis.out, "ranks: 2-3\n"));
+  std::vector<std::string> rows;  // the first column of the rank table
+  bool in_table = false;
+  for (const std::string& line : testing::SplitLines(analysis.out)) {
+    if (line.starts_with("RANK ")) {
+      in_table = true;
+    } else if (in_table && !line.empty()) {
+      rows.push_back(line.substr(0, line.find(' ')));
+    } else {
+      in_table = false;
+    }
+  }
+  CHECK(rows == std::vector<std::string>{"0", "1", "2", "3"});
 }
 
 }  // namespace
