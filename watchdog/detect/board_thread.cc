@@ -126,7 +126,6 @@ void BoardThread::Run() {
       number = posted_;
     }
     const bool published = Publish(work);
-    if (published) answered_.store(true, std::memory_order_release);
     {
       MutexLock lock(mutex_);
       done_ = number;

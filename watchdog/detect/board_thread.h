@@ -43,9 +43,6 @@ class BoardThread {
   // its last call failed: a board that does not answer is not waited for. True when published.
   bool Flush(std::chrono::milliseconds deadline, std::chrono::milliseconds stuck_after);
 
-  // Whether the board has answered a call of this thread yet.
-  bool HasAnswered() const noexcept { return answered_.load(std::memory_order_acquire); }
-
   // From now on nothing more is taken: the process is exiting, and the libraries a status is
   // formatted with may soon be gone. A call in flight ends as the board lets it.
   void Stop();
@@ -84,7 +81,6 @@ class BoardThread {
   // When the call in flight began (steady ns); 0 when the thread is not calling the board.
   std::atomic<std::int64_t> call_since_ns_{0};
   std::vector<DumpRequest> found_requests_ ABSL_GUARDED_BY(mutex_);
-  std::atomic<bool> answered_{false};
 };
 
 }  // namespace ncclguard

@@ -88,11 +88,13 @@ void SystemEffects::WriteStatus(const ProcessSnapshot& snapshot) {
 
 void SystemEffects::FlushBoard() {
   // A board that answers takes a millisecond or two; one that has held its call in flight this long
-  // is not answering, and the application does not wait for it. Nor for a board that has not
-  // answered once: stopped before the job started, it would cost every short job that much.
+  // is not answering, and the application does not wait for it, nor for one whose last call
+  // failed. A board that has not answered yet is waited for alike: a short job exits while its
+  // first write is in flight (or before the board's thread, on a busy machine, has begun it), and
+  // that write is its only status. One that never answers costs the exit kStuckAfter at most.
   constexpr std::chrono::milliseconds kDeadline{1000};
   constexpr std::chrono::milliseconds kStuckAfter{100};
-  if (board_thread_.HasAnswered()) board_thread_.Flush(kDeadline, kStuckAfter);
+  board_thread_.Flush(kDeadline, kStuckAfter);
 }
 
 void SystemEffects::FinishBoardAtExit() {
