@@ -8,6 +8,7 @@
 #include <catch2/catch.hpp>
 
 #include "absl/strings/match.h"
+#include "tests/diagnose/alive_rank.h"
 #include "watchdog/common/pace.h"
 #include "watchdog/diagnose/verdicts.h"
 #include "watchdog/report/job_read.h"
@@ -28,19 +29,10 @@ struct RankPace {
 };
 
 ProcessView Rank(int rank, int nranks, const RankPace& pace, bool with_bytes = true) {
-  ProcessView process;
-  process.host = "node-" + std::to_string(rank / 4);
-  process.pid = 2000 + rank;
-  process.liveness = ProcessView::Liveness::kAlive;
-  process.last_seen_ns = kNow;
-  process.snapshot.time_ns = kNow;
-  process.snapshot.rank = rank;
-  CommSnapshot comm;
-  comm.id = kComm;
-  comm.rank = rank;
-  comm.nranks = nranks;
+  ProcessView process =
+      testing::AliveRank("node-" + std::to_string(rank / 4), 2000 + rank, rank, kComm, nranks, kNow);
+  CommSnapshot& comm = process.snapshot.comms[0];
   comm.device = rank % 4;
-  comm.state = "ready";
   for (std::size_t block = 0; block < pace.wait_ms.size(); ++block) {
     PaceBlockSnapshot& copy = comm.pace.emplace_back();
     copy.first_seq = 1 + block * kPaceBlockOps;
@@ -57,7 +49,6 @@ ProcessView Rank(int rank, int nranks, const RankPace& pace, bool with_bytes = t
     }
   }
   comm.last_enqueued = comm.last_completed = pace.wait_ms.size() * kPaceBlockOps;
-  process.snapshot.comms.push_back(std::move(comm));
   return process;
 }
 

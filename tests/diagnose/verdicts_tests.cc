@@ -20,6 +20,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "tests/diagnose/alive_rank.h"
 #include "tests/support/process.h"
 #include "watchdog/common/clock.h"
 #include "watchdog/detect/stall_decision.h"
@@ -56,25 +57,14 @@ OpSnapshot Op(std::uint64_t seq, const std::string& state) {
 // A rank of a 4-rank job on host node-1 that completed #1..#last_completed and enqueued up to
 // #last_enqueued, seen just now and alive.
 ProcessView Rank(int rank, std::uint64_t last_completed, std::uint64_t last_enqueued, int nranks = 4) {
-  ProcessView process;
-  process.host = "node-1";
-  process.pid = 1000 + rank;
-  process.liveness = ProcessView::Liveness::kAlive;
-  process.last_seen_ns = kNow;
-  process.snapshot.time_ns = kNow;
-  process.snapshot.rank = rank;
-  CommSnapshot comm;
-  comm.id = kComm;
-  comm.rank = rank;
-  comm.nranks = nranks;
-  comm.state = "ready";
+  ProcessView process = testing::AliveRank("node-1", 1000 + rank, rank, kComm, nranks, kNow);
+  CommSnapshot& comm = process.snapshot.comms[0];
   comm.last_enqueued = last_enqueued;
   comm.last_started = last_enqueued;
   comm.last_completed = last_completed;
   for (std::uint64_t seq = 1; seq <= last_enqueued; ++seq) {
     comm.ring.push_back(Op(seq, seq <= last_completed ? "completed" : "started"));
   }
-  process.snapshot.comms.push_back(std::move(comm));
   return process;
 }
 

@@ -9,6 +9,7 @@
 #include <catch2/catch.hpp>
 
 #include "absl/strings/match.h"
+#include "tests/diagnose/alive_rank.h"
 #include "watchdog/diagnose/verdicts.h"
 #include "watchdog/report/job_read.h"
 #include "watchdog/report/snapshot.h"
@@ -58,23 +59,12 @@ void Step(int rank, int step, bool receive, bool send, bool all_reduce, bool fin
 }
 
 ProcessView Stage(int rank, Progress progress) {
-  ProcessView process;
-  process.host = "node-1";
-  process.pid = 2000 + rank;
-  process.liveness = ProcessView::Liveness::kAlive;
-  process.last_seen_ns = kNow;
-  process.snapshot.time_ns = kNow;
-  process.snapshot.rank = rank;
-  CommSnapshot comm;
-  comm.id = kComm;
-  comm.rank = rank;
-  comm.nranks = kStages;
-  comm.state = "ready";
+  ProcessView process = testing::AliveRank("node-1", 2000 + rank, rank, kComm, kStages, kNow);
+  CommSnapshot& comm = process.snapshot.comms[0];
   for (int step = 1; step <= progress.steps; ++step) Step(rank, step, true, true, true, true, comm);
   Step(rank, progress.steps + 1, progress.next_receive, progress.next_send, progress.next_all_reduce, false,
        comm);
   comm.last_started = comm.last_enqueued;
-  process.snapshot.comms.push_back(std::move(comm));
   return process;
 }
 
