@@ -7,6 +7,7 @@
 #include <vector>
 
 #include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
 
 #include "absl/strings/match.h"
 #include "tests/diagnose/alive_rank.h"
@@ -132,6 +133,24 @@ TEST_CASE("a pipeline stage busy outside NCCL is named, with what each stage wai
   CHECK(absl::StrContains(verdict.message, "rank 1 waits in Send #17 to rank 2"));
   CHECK(absl::StrContains(verdict.message, "rank 3 waits in Recv #11 from rank 2"));
   CHECK(verdict.late_ranks_busy_outside_nccl);
+}
+
+// Stage 3's files were not read (a deadline): stage 2 is still named, and stage 3 may be late too,
+// so nobody can say that waiting for the late stages to come back is safe.
+TEST_CASE("a late pipeline stage is named while a stage's files were not read", "[verdicts][waits]") {
+  std::vector<ProcessView> stages = StageTwoLate();
+  stages.pop_back();
+  JobView job = Job(stages);
+  job.not_read.processes = 1;
+  job.not_read.files = 1;
+  job.not_read.why = "the deadline passed";
+  const std::vector<Verdict> verdicts = Classify(job, {});
+  REQUIRE(verdicts.size() == 1);
+  CHECK(VerdictKindName(verdicts[0].kind) == std::string("rank_not_joined"));
+  CHECK(verdicts[0].ranks == std::vector<int>{2});
+  CHECK(absl::StrContains(verdicts[0].message, "rank 3 is not among the processes read and may be late too"));
+  CHECK_FALSE(verdicts[0].late_ranks_busy_outside_nccl);
+  CHECK(verdicts[0].evidence.at("not_read_ranks") == nlohmann::json::array({3}));
 }
 
 TEST_CASE("a killed pipeline stage is named dead", "[verdicts][waits]") {

@@ -145,6 +145,18 @@ std::vector<Communicator> GroupByCommunicator(const JobView& job) {
   return communicators;
 }
 
+std::vector<int> UnreportedRanks(const Communicator& communicator) {
+  std::vector<int> unreported;
+  for (int rank = 0, next = 0; rank < communicator.nranks; ++rank) {
+    while (next < static_cast<int>(communicator.members.size()) && communicator.members[next].rank < rank)
+      ++next;
+    if (next >= static_cast<int>(communicator.members.size()) || communicator.members[next].rank != rank) {
+      unreported.push_back(rank);
+    }
+  }
+  return unreported;
+}
+
 std::vector<int> RanksOf(const std::vector<const Member*>& members) {
   std::vector<int> ranks;
   ranks.reserve(members.size());

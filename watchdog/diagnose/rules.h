@@ -51,6 +51,8 @@ struct Communicator {
 // Sorted by id; a rank seen twice (a pid of an earlier launch under the same job id) is its newest.
 std::vector<Communicator> GroupByCommunicator(const JobView& job);
 std::vector<int> RanksOf(const std::vector<const Member*>& members);
+// The ranks below the communicator's size that no member holds.
+std::vector<int> UnreportedRanks(const Communicator& communicator);
 
 bool IsPointToPoint(const OpSnapshot& op);
 const OpSnapshot* FindOp(const CommSnapshot& comm, std::uint64_t seq);
@@ -178,6 +180,11 @@ struct LateRank {
 LateRank DescribeLateRank(const Member& member, const Communicator& communicator, const JobView& job,
                           std::uint64_t done_everywhere, std::string_view missed);
 void AddLateRank(LateRank late, Absentees& absent);
+// rank_dead and rank_not_joined for the absent ranks and, when only ranks not read may be absent,
+// unknown; false when it adds none. `others` says who waits in what ("ranks 0,2 wait in AllReduce
+// #8 (...)"), `dead_others` the same for the dead ("the others wait in AllReduce #8 (...)").
+bool AddAbsentVerdicts(Buckets& buckets, const std::string& comm_id, std::uint64_t seq, Absentees absent,
+                       const std::string& others, const std::string& dead_others, Json common);
 
 // Where the ranks of a communicator whose numbers differ wait, and for whom (rules_waits.cc):
 // rank_dead or rank_not_joined for the ranks outside NCCL they wait for, stuck_inside_nccl when

@@ -331,6 +331,44 @@ void AddLateRank(LateRank late, Absentees& absent) {
   absent.not_joined_evidence.push_back(std::move(late.evidence));
 }
 
+bool AddAbsentVerdicts(Buckets& buckets, const std::string& comm_id, std::uint64_t seq, Absentees absent,
+                       const std::string& others, const std::string& dead_others, Json common) {
+  const std::vector<int>& not_read = absent.not_read_ranks;
+  const std::string not_read_ranks = fmt::format("{} {} not among the processes read", RanksBriefly(not_read),
+                                                 not_read.size() == 1 ? "is" : "are");
+  if (!not_read.empty()) common["not_read_ranks"] = not_read;
+  if (!absent.dead_ranks.empty()) {
+    Json evidence = common;
+    evidence["dead_ranks"] = std::move(absent.dead_evidence);
+    Add(buckets, kRankDead, comm_id, seq, absent.dead_ranks,
+        fmt::format("{}; {} — {} killed or crashed (e.g. out of memory), not a network fault{}",
+                    JoinClauses(absent.dead_clauses), dead_others,
+                    absent.dead_ranks.size() == 1 ? "it was" : "they were",
+                    not_read.empty() ? "" : fmt::format("; {} and may have ended too", not_read_ranks)),
+        std::move(evidence));
+  }
+  if (!absent.not_joined_ranks.empty()) {
+    Json evidence = common;
+    evidence["late_ranks"] = std::move(absent.not_joined_evidence);
+    Verdict& verdict =
+        Add(buckets, kRankNotJoined, comm_id, seq, absent.not_joined_ranks,
+            fmt::format("{} while {} — {}not a network fault{}", JoinClauses(absent.not_joined_clauses),
+                        others, absent.all_finished && not_read.empty() ? "uneven data across ranks, " : "",
+                        not_read.empty() ? "" : fmt::format("; {} and may be late too", not_read_ranks)),
+            std::move(evidence));
+    // Whether the ranks not read are alive is not known: waiting for them to come back is no safer.
+    verdict.late_ranks_busy_outside_nccl = absent.all_busy_outside_nccl && not_read.empty();
+  }
+  if (!absent.dead_ranks.empty() || !absent.not_joined_ranks.empty()) return true;
+  if (not_read.empty()) return false;
+  Add(buckets, kUnknown, comm_id, seq, {},
+      fmt::format("{}; {}, so which rank the others wait for is not known (read the job directory again "
+                  "with more time: ncclguard analyze --deadline SECONDS)",
+                  others, not_read_ranks),
+      std::move(common));
+  return true;
+}
+
 namespace {
 
 // A rank with no record on the communicator: still initialising it (alive or dead), silent, or in
@@ -456,19 +494,6 @@ std::optional<StuckOperation> FindStuckOperation(const Communicator& communicato
   return stuck;
 }
 
-// The ranks below the communicator's size that no member holds.
-std::vector<int> UnreportedRanks(const Communicator& communicator) {
-  std::vector<int> unreported;
-  for (int rank = 0, next = 0; rank < communicator.nranks; ++rank) {
-    while (next < static_cast<int>(communicator.members.size()) && communicator.members[next].rank < rank)
-      ++next;
-    if (next >= static_cast<int>(communicator.members.size()) || communicator.members[next].rank != rank) {
-      unreported.push_back(rank);
-    }
-  }
-  return unreported;
-}
-
 // rank_dead and rank_not_joined for the ranks that never entered the stuck operation.
 // rank_dead and rank_not_joined for the ranks that never entered the stuck operation; when some
 // ranks may be in files that were not read, they are said but not named, and without a rank to
@@ -480,40 +505,8 @@ void AddAbsentees(Buckets& buckets, const Communicator& communicator, const Stuc
   std::string others = fmt::format("{} {} in {}", Ranks(waiting_ranks),
                                    waiting_ranks.size() == 1 ? "waits" : "wait", described);
   if (!stuck.finished.empty()) others += fmt::format(" ({})", completed);
-  const std::vector<int>& not_read = absent.not_read_ranks;
-  const std::string not_read_ranks = fmt::format("{} {} not among the processes read", RanksBriefly(not_read),
-                                                 not_read.size() == 1 ? "is" : "are");
-  if (!not_read.empty()) common["not_read_ranks"] = not_read;
-  if (!absent.dead_ranks.empty()) {
-    Json evidence = common;
-    evidence["dead_ranks"] = std::move(absent.dead_evidence);
-    Add(buckets, kRankDead, communicator.id, stuck.seq, absent.dead_ranks,
-        fmt::format(
-            "{}; the others wait in {} — {} killed or crashed (e.g. out of memory), not a network fault{}",
-            JoinClauses(absent.dead_clauses), described,
-            absent.dead_ranks.size() == 1 ? "it was" : "they were",
-            not_read.empty() ? "" : fmt::format("; {} and may have ended too", not_read_ranks)),
-        std::move(evidence));
-  }
-  if (!absent.not_joined_ranks.empty()) {
-    Json evidence = common;
-    evidence["late_ranks"] = std::move(absent.not_joined_evidence);
-    Verdict& verdict =
-        Add(buckets, kRankNotJoined, communicator.id, stuck.seq, absent.not_joined_ranks,
-            fmt::format("{} while {} — {}not a network fault{}", JoinClauses(absent.not_joined_clauses),
-                        others, absent.all_finished && not_read.empty() ? "uneven data across ranks, " : "",
-                        not_read.empty() ? "" : fmt::format("; {} and may be late too", not_read_ranks)),
-            std::move(evidence));
-    // Whether the ranks not read are alive is not known: waiting for them to come back is no safer.
-    verdict.late_ranks_busy_outside_nccl = absent.all_busy_outside_nccl && not_read.empty();
-  }
-  if (!not_read.empty() && absent.dead_ranks.empty() && absent.not_joined_ranks.empty()) {
-    Add(buckets, kUnknown, communicator.id, stuck.seq, {},
-        fmt::format("{}; {}, so which rank the others wait for is not known (read the job directory again "
-                    "with more time: ncclguard analyze --deadline SECONDS)",
-                    others, not_read_ranks),
-        std::move(common));
-  }
+  AddAbsentVerdicts(buckets, communicator.id, stuck.seq, std::move(absent), others,
+                    fmt::format("the others wait in {}", described), std::move(common));
 }
 
 }  // namespace

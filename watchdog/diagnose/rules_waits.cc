@@ -16,7 +16,6 @@
 
 #include "watchdog/diagnose/op_states.h"
 #include "watchdog/diagnose/rules.h"
-#include "watchdog/diagnose/verdicts.h"
 #include "watchdog/report/job_read.h"
 #include "watchdog/report/snapshot.h"
 
@@ -86,8 +85,10 @@ const Member* MemberOf(const Communicator& communicator, int rank, std::size_t& 
 }
 
 // Whether every rank that `op` of the member `waiter` waits for is inside the matching operation;
-// the awaited ranks outside NCCL are marked late.
-bool AllInside(const Communicator& communicator, std::size_t waiter, const OpSnapshot& op, Waits& waits) {
+// the awaited ranks outside NCCL are marked late. `unreported`: the communicator's ranks no member
+// holds, whom a collective waits for too.
+bool AllInside(const Communicator& communicator, std::size_t waiter, const OpSnapshot& op,
+               const std::vector<int>& unreported, Waits& waits) {
   const int rank = communicator.members[waiter].rank;
   bool all_inside = true;
   auto awaits = [&](std::size_t index) {
@@ -110,14 +111,8 @@ bool AllInside(const Communicator& communicator, std::size_t waiter, const OpSna
     // A rank that issued it and waits in nothing is through it.
     if (communicator.members[index].comm->collectives < op.coll_seq || waits.of[index]) awaits(index);
   }
-  for (int peer = 0; peer < communicator.nranks; ++peer) {
-    std::size_t index = 0;
-    if (MemberOf(communicator, peer, index) == nullptr) {
-      waits.unreported.push_back(peer);
-      all_inside = false;
-    }
-  }
-  return all_inside;
+  waits.unreported.insert(waits.unreported.end(), unreported.begin(), unreported.end());
+  return all_inside && unreported.empty();
 }
 
 void FindMembersWaiting(const Communicator& communicator, const JobView& job, Waits& waits) {
@@ -144,13 +139,14 @@ void FindMembersWaiting(const Communicator& communicator, const JobView& job, Wa
 Waits FindWaits(const Communicator& communicator, const JobView& job) {
   Waits waits;
   FindMembersWaiting(communicator, job, waits);
+  const std::vector<int> unreported = UnreportedRanks(communicator);
   // A collective is awaited alike by every rank inside it: each is looked at once.
   std::map<std::uint64_t, bool> collectives;  // coll_seq → every rank inside it
   for (std::size_t index = 0; index < communicator.members.size(); ++index) {
     if (!waits.of[index]) continue;
     for (const OpSnapshot* op : waits.of[index]->inside) {
       if (IsPointToPoint(*op)) {
-        if (AllInside(communicator, index, *op, waits)) waits.matched[index] = true;
+        if (AllInside(communicator, index, *op, unreported, waits)) waits.matched[index] = true;
         continue;
       }
       if (op->coll_seq == 0) {
@@ -158,7 +154,7 @@ Waits FindWaits(const Communicator& communicator, const JobView& job) {
         continue;
       }
       auto [known, first] = collectives.try_emplace(op->coll_seq, false);
-      if (first) known->second = AllInside(communicator, index, *op, waits);
+      if (first) known->second = AllInside(communicator, index, *op, unreported, waits);
       if (known->second) waits.matched[index] = true;
     }
   }
@@ -191,31 +187,6 @@ Absentees AbsentRanks(const Communicator& communicator, const JobView& job, cons
     absent.all_finished = false;
   }
   return absent;
-}
-
-// rank_dead and rank_not_joined for the absent ranks; false when there are none.
-bool AddAbsentRanks(Buckets& buckets, const Communicator& communicator, Absentees absent,
-                    const std::string& waiting, const Json& common) {
-  if (!absent.dead_ranks.empty()) {
-    Json evidence = common;
-    evidence["dead_ranks"] = std::move(absent.dead_evidence);
-    Add(buckets, kRankDead, communicator.id, 0, absent.dead_ranks,
-        fmt::format("{}; {} — {} killed or crashed (e.g. out of memory), not a network fault",
-                    JoinClauses(absent.dead_clauses), waiting,
-                    absent.dead_ranks.size() == 1 ? "it was" : "they were"),
-        std::move(evidence));
-  }
-  if (!absent.not_joined_ranks.empty()) {
-    Json evidence = common;
-    evidence["late_ranks"] = std::move(absent.not_joined_evidence);
-    Verdict& verdict =
-        Add(buckets, kRankNotJoined, communicator.id, 0, absent.not_joined_ranks,
-            fmt::format("{} while {} — {}not a network fault", JoinClauses(absent.not_joined_clauses),
-                        waiting, absent.all_finished ? "uneven data across ranks, " : ""),
-            std::move(evidence));
-    verdict.late_ranks_busy_outside_nccl = absent.all_busy_outside_nccl;
-  }
-  return !absent.dead_ranks.empty() || !absent.not_joined_ranks.empty();
 }
 
 // Every rank waited for is inside NCCL: stuck_inside_nccl for the ranks inside matching
@@ -268,18 +239,18 @@ void ClassifyWaits(const Communicator& communicator, const JobView& job, bool mi
   if (waiting_ranks.empty()) return;
   const std::string waiting = JoinClauses(wait_clauses);
   Json common{{"waits", std::move(waits_json)}, {"waiting_ranks", waiting_ranks}};
-  Absentees absent = AbsentRanks(communicator, job, waits);
-  const std::vector<int> not_read = absent.not_read_ranks;
   // A desync explains the hang better than the transport.
-  if (AddAbsentRanks(buckets, communicator, std::move(absent), waiting, common) || mismatch_found) return;
-  if (waits.unmatched || !not_read.empty()) {
+  if (AddAbsentVerdicts(buckets, communicator.id, 0, AbsentRanks(communicator, job, waits), waiting, waiting,
+                        common) ||
+      mismatch_found) {
+    return;
+  }
+  if (waits.unmatched) {
     Add(buckets, kUnknown, communicator.id, 0, {},
-        fmt::format("{}; {}, so which rank they wait for is not known", waiting,
-                    waits.unmatched
-                        ? "the ranks number their operations differently and some files do not "
-                          "say which collective an operation is (written by an earlier version)"
-                        : fmt::format("{} {} not among the processes read", RanksBriefly(not_read),
-                                      not_read.size() == 1 ? "is" : "are")),
+        fmt::format("{}; the ranks number their operations differently and some files do not say which "
+                    "collective an operation is (written by an earlier version), so which rank they wait for "
+                    "is not known",
+                    waiting),
         std::move(common));
     return;
   }
