@@ -172,10 +172,11 @@ constexpr std::uint64_t kRecordedTypes = ncclProfileCollApi | ncclProfileP2pApi 
                                          ncclProfileProxyStep;
 Handle g_unrecorded;
 
+// Its record is the caller's to write.
 Handle* NewHandle(std::uint64_t type) {
   Handle& handle = g_handles[g_next_handle.fetch_add(1, std::memory_order_relaxed) % kHandles];
-  handle = Handle{};
   handle.type = type;
+  handle.user = nullptr;
   return &handle;
 }
 
@@ -218,12 +219,13 @@ ncclResult_t InitV4(void** context, int* mask, const char* comm_name, uint64_t c
 }
 
 ProfileRef Record(const Context& context, const Handle* parent, const ncclProfilerEventDescr_t& event) {
-  const ProfileRef parent_ref = parent != nullptr ? parent->recorded : ProfileRef{};
+  static constexpr ProfileRef kNoParent;
+  const ProfileRef& parent_ref = parent != nullptr ? parent->recorded : kNoParent;
   // A task's parent is its API event (version 5; version 4's is the Group, which ties nothing).
-  const ProfileRef api =
+  const ProfileRef& api =
       parent != nullptr && (parent->type == ncclProfileCollApi || parent->type == ncclProfileP2pApi)
           ? parent_ref
-          : ProfileRef{};
+          : kNoParent;
   switch (event.type) {
     case ncclProfileCollApi:
       return hooks::profiler::StartApi(context.profile, event.collApi.graphCaptured != 0);
@@ -259,36 +261,49 @@ ProfileRef Record(const Context& context, const Handle* parent, const ncclProfil
 // The user's handle of an event of ours, or null.
 void* Theirs(void* ours) { return ours != nullptr ? static_cast<Handle*>(ours)->user : nullptr; }
 
-// Records an event NCCL starts, `descriptor` as NCCL gave it and `event` the same in version 5's
-// terms, and gives out its handle. `start_theirs(their context, a copy of descriptor, the slot for
-// their handle)` starts it in the user's plugin, when one is loaded (`user_loaded`) and its mask
-// asks for the event.
+// Starts the event in the user's plugin too, when its mask asks for it. Out of line: its copy of
+// the descriptor would otherwise weigh on every event's frame.
+template <typename Descriptor, typename Start>
+[[gnu::noinline]] void StartInUserPlugin(const Context& ours, const Descriptor& descriptor, Handle& started,
+                                         Start start) {
+  if ((StartedFor(descriptor.type) & g_user_mask.load(std::memory_order_relaxed)) == 0) return;
+  Descriptor theirs = descriptor;
+  theirs.parentObj = Theirs(descriptor.parentObj);
+  start(ours.user, theirs, &started.user);
+}
+
+// Records an event NCCL starts in `context` (not null), `descriptor` as NCCL gave it and `event`
+// the same in version 5's terms, and gives out its handle. `start_theirs(their context, a copy of
+// descriptor, the slot for their handle)` starts it in the user's plugin, when one is loaded
+// (`user_loaded`) and its mask asks for the event.
 template <typename Descriptor, typename StartTheirs>
-ncclResult_t StartRecorded(void* context, void** handle, const Descriptor& descriptor,
-                           const ncclProfilerEventDescr_t& event, bool user_loaded,
-                           StartTheirs start_theirs) {
-  *handle = nullptr;
+[[gnu::noinline]] ncclResult_t StartRecorded(void* context, void** handle, const Descriptor& descriptor,
+                                             const ncclProfilerEventDescr_t& event, bool user_loaded,
+                                             StartTheirs start_theirs) {
   const auto* ours = static_cast<const Context*>(context);
-  if (ours == nullptr) return ncclSuccess;
   const bool theirs_too = user_loaded && ours->user != nullptr;
-  if (!theirs_too && (descriptor.type & kRecordedTypes) == 0) {
-    *handle = &g_unrecorded;
-    return ncclSuccess;
-  }
   Handle* started = NewHandle(descriptor.type);
   started->recorded = Record(*ours, static_cast<Handle*>(descriptor.parentObj), event);
-  if (theirs_too && (StartedFor(descriptor.type) & g_user_mask.load(std::memory_order_relaxed)) != 0) {
-    Descriptor theirs = descriptor;
-    theirs.parentObj = Theirs(descriptor.parentObj);
-    start_theirs(ours->user, theirs, &started->user);
-  }
+  if (theirs_too) StartInUserPlugin(*ours, descriptor, *started, start_theirs);
   *handle = started;
   return ncclSuccess;
 }
 
+// Whether an event needs no handle of its own: ncclguard records nothing of it (groups, kernel
+// launches) and no user plugin shares ncclguard's handles. Such events, most of those on the
+// application's thread, get the shared handle without a frame of StartRecorded's size.
+bool Unrecorded(const void* context, std::uint64_t type, bool user_loaded) {
+  return (type & kRecordedTypes) == 0 &&
+         (!user_loaded || context == nullptr || static_cast<const Context*>(context)->user == nullptr);
+}
+
 ncclResult_t StartEvent(void* context, void** handle, ncclProfilerEventDescr_t* descriptor) {
-  if (descriptor == nullptr) {
+  if (descriptor == nullptr || context == nullptr) [[unlikely]] {
     *handle = nullptr;
+    return ncclSuccess;
+  }
+  if (Unrecorded(context, descriptor->type, g_user.plugin != nullptr)) {
+    *handle = &g_unrecorded;
     return ncclSuccess;
   }
   return StartRecorded(context, handle, *descriptor, *descriptor, g_user.plugin != nullptr,
@@ -341,8 +356,12 @@ ncclProfilerEventDescr_t AsVersion5(const ncclProfilerEventDescr_v4_t& event) {
 }
 
 ncclResult_t StartEventV4(void* context, void** handle, ncclProfilerEventDescr_v4_t* descriptor) {
-  if (descriptor == nullptr) {
+  if (descriptor == nullptr || context == nullptr) [[unlikely]] {
     *handle = nullptr;
+    return ncclSuccess;
+  }
+  if (Unrecorded(context, descriptor->type, g_user.plugin_v4 != nullptr)) {
+    *handle = &g_unrecorded;
     return ncclSuccess;
   }
   return StartRecorded(context, handle, *descriptor, AsVersion5(*descriptor), g_user.plugin_v4 != nullptr,
@@ -373,7 +392,7 @@ StepWait WaitOf(ncclProfilerEventState_t state) {
 ncclResult_t RecordEventState(void* handle, ncclProfilerEventState_t state,
                               ncclProfilerEventStateArgs_t* arguments) {
   auto* event = static_cast<Handle*>(handle);
-  if (event == nullptr) return ncclSuccess;
+  if (event == nullptr || event == &g_unrecorded) return ncclSuccess;
   if (event->type == ncclProfileProxyStep) {
     const std::size_t bytes = arguments != nullptr ? arguments->proxyStep.transSize : 0;
     hooks::profiler::SetStepWait(event->recorded, WaitOf(state), bytes);
@@ -388,9 +407,11 @@ ncclResult_t RecordEventState(void* handle, ncclProfilerEventState_t state,
 
 ncclResult_t StopEvent(void* handle) {
   auto* event = static_cast<Handle*>(handle);
-  if (event == nullptr) return ncclSuccess;
-  if (event->type == ncclProfileProxyStep) hooks::profiler::StopStep(event->recorded);
-  if (event->type == ncclProfileProxyOp) hooks::profiler::StopProxyOp(event->recorded);
+  if (event == nullptr || event == &g_unrecorded) return ncclSuccess;
+  if ((event->type & (ncclProfileProxyStep | ncclProfileProxyOp)) != 0) {
+    if (event->type == ncclProfileProxyStep) hooks::profiler::StopStep(event->recorded);
+    if (event->type == ncclProfileProxyOp) hooks::profiler::StopProxyOp(event->recorded);
+  }
   return event->user != nullptr && g_user.stop_event != nullptr ? g_user.stop_event(event->user)
                                                                 : ncclSuccess;
 }
