@@ -142,6 +142,21 @@ Ticket BeforeCall(int library, const Args&... args) noexcept {
   return ticket;
 }
 
+namespace detail {
+
+// Logs a call the log wants (`logged` is not kNone). Out of line: its frame and its handler would
+// otherwise weigh on every operation's call.
+template <Api A, typename Result, typename... Args>
+[[gnu::noinline]] void LogCallOrNothing(hooks::CallDetail logged, const Result* returned,
+                                        const Args&... args) noexcept {
+  try {
+    LogCall<A>(logged, returned, args...);
+  } catch (...) {
+  }
+}
+
+}  // namespace detail
+
 // After the real call: `result` is what it returned; `logged` what the log wants of the call.
 template <Api A, typename Result, typename... Args>
 void AfterCall(const Ticket& ticket, int library, hooks::CallDetail logged, const Result& result,
@@ -149,14 +164,21 @@ void AfterCall(const Ticket& ticket, int library, hooks::CallDetail logged, cons
   constexpr ApiKind kKind = Describe(A).kind;
   constexpr bool kOperation = kKind == ApiKind::kCollective || kKind == ApiKind::kPointToPoint;
   constexpr bool kHot = std::is_same_v<Result, ncclResult_t> && (kOperation || kKind == ApiKind::kGroup);
-  if constexpr (!kHot) hooks::LeaveNccl();
+  if constexpr (kHot) {
+    // The door functions are noexcept: nothing here throws.
+    if constexpr (kOperation) {
+      hooks::LeaveOperation(ticket, result);
+    } else {
+      hooks::LeaveGroupCall(A, result);
+    }
+    if (logged != hooks::CallDetail::kNone) [[unlikely]]
+      detail::LogCallOrNothing<A>(logged, &result, args...);
+    return;
+  }
+  hooks::LeaveNccl();
   try {
     if constexpr (std::is_same_v<Result, ncclResult_t>) {
-      if constexpr (kOperation) {
-        hooks::LeaveOperation(ticket, result);
-      } else if constexpr (kKind == ApiKind::kGroup) {
-        hooks::LeaveGroupCall(A, result);
-      } else if constexpr (kKind == ApiKind::kCommCreate) {
+      if constexpr (kKind == ApiKind::kCommCreate) {
         detail::FinishCreation<A>(ticket, library, result, args...);
       } else if constexpr (A == Api::ncclCommGetAsyncError) {  // (comm, asyncError*)
         const auto [comm, async_error] = std::forward_as_tuple(args...);

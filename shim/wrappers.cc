@@ -59,6 +59,15 @@ class CallScope {
   ThreadCallState previous_;
 };
 
+// The same for a call that no other NCCL call on the thread encloses: nothing to restore.
+class OutermostCallScope {
+ public:
+  OutermostCallScope(Api api, int library) { t_calls = {1, library, api}; }
+  ~OutermostCallScope() { t_calls.depth = 0; }
+  OutermostCallScope(const OutermostCallScope&) = delete;
+  OutermostCallScope& operator=(const OutermostCallScope&) = delete;
+};
+
 // The core's way to the NCCL libraries (watchdog/common/libraries.h). Here rather than in
 // libraries.cc, which the command line tool links without the wrappers, because CallAs runs a call
 // in the wrappers' own call scope.
@@ -154,7 +163,7 @@ typename Signature<A>::Result Forward(Args... args) noexcept {
     return real(args...);
   }
   if (!active) return real(args...);
-  CallScope scope(A, library);
+  OutermostCallScope scope(A, library);
   const Ticket ticket = BeforeCall<A, Result>(library, args...);
   const hooks::CallDetail logged = g_logged_detail.load(std::memory_order_relaxed);
   if constexpr (std::is_void_v<Result>) {
