@@ -129,7 +129,8 @@ Ticket BeforeCall(int library, const Args&... args) noexcept {
   if constexpr (kResult && (kKind == ApiKind::kCollective || kKind == ApiKind::kPointToPoint)) {
     return hooks::EnterOperation(A, library, SortOperationArguments(args...));
   } else if constexpr (kResult && kKind == ApiKind::kGroup) {
-    return hooks::EnterGroupCall(A);
+    hooks::EnterGroupCall(A);
+    return Ticket{};
   }
   hooks::WaitIfExiting();
   Ticket ticket;

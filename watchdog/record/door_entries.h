@@ -16,16 +16,11 @@
 // declaration in hooks.h does not compile.
 // clang-format off
 #define NCCLGUARD_FOR_EACH_DOOR_FUNCTION(X)                                                                  \
-  X(before_operation, BeforeOperation, Ticket, (Api api, int library, const OperationArguments& arguments),  \
-    (api, library, arguments), Ticket{})                                                                     \
-  X(after_operation, AfterOperation, void, (const Ticket& ticket, ncclResult_t result), (ticket, result), )  \
   X(before_creation, BeforeCreation, Ticket, (Api api, const CreationArguments& arguments),                  \
     (api, arguments), Ticket{})                                                                              \
   X(after_creation, AfterCreation, void,                                                                     \
     (const Ticket& ticket, Api api, int library, ncclResult_t result, ncclComm_t* comms, int count),         \
     (ticket, api, library, result, comms, count), )                                                          \
-  X(before_group_call, BeforeGroupCall, Ticket, (Api api), (api), Ticket{})                                  \
-  X(after_group_call, AfterGroupCall, void, (Api api, ncclResult_t result), (api, result), )                 \
   X(before_comm_call, BeforeCommCall, Ticket, (Api api, ncclComm_t comm), (api, comm), Ticket{})             \
   X(after_comm_call, AfterCommCall, void, (Api api, ncclComm_t comm, ncclResult_t result),                   \
     (api, comm, result), )                                                                                   \
@@ -77,7 +72,7 @@
     (Api api, int library, const OperationArguments& arguments), (api, library, arguments), Ticket{})        \
   X(leave_operation, hooks::LeaveOperation, void, (const Ticket& ticket, ncclResult_t result),               \
     (ticket, result), )                                                                                      \
-  X(enter_group_call, hooks::EnterGroupCall, Ticket, (Api api), (api), Ticket{})                             \
+  X(enter_group_call, hooks::EnterGroupCall, void, (Api api), (api), )                                       \
   X(leave_group_call, hooks::LeaveGroupCall, void, (Api api, ncclResult_t result), (api, result), )
 // clang-format on
 

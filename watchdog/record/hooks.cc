@@ -165,11 +165,10 @@ void LeaveOperation(const Ticket& ticket, ncclResult_t result) noexcept {
   AfterOperation(ticket, result);
 }
 
-Ticket EnterGroupCall(Api api) noexcept {
+void EnterGroupCall(Api api) noexcept {
   ::ncclguard::WaitIfExiting();
-  const Ticket ticket = BeforeGroupCall(api);
-  if (ticket.forward) ::ncclguard::EnterNccl(api);
-  return ticket;
+  BeforeGroupCall(api);
+  ::ncclguard::EnterNccl(api);
 }
 
 void LeaveGroupCall(Api api, ncclResult_t result) noexcept {

@@ -64,7 +64,8 @@ Ticket BeforeCreation(Api api, const CreationArguments& arguments) noexcept;
 void AfterCreation(const Ticket& ticket, Api api, int library, ncclResult_t result, ncclComm_t* comms,
                    int count) noexcept;
 
-Ticket BeforeGroupCall(Api api) noexcept;
+// Group calls are always forwarded to NCCL.
+void BeforeGroupCall(Api api) noexcept;
 void AfterGroupCall(Api api, ncclResult_t result) noexcept;
 
 // Any other call that names a communicator: refused when ncclguard aborted it.
@@ -156,10 +157,10 @@ void LogCall(CallDetail detail, const std::string& call, const std::string& retu
 // An operation's or a group call's steps on each side of its real call, so that a call crosses the
 // front end's door (door_entries.h) once on each side rather than once per step: WaitIfExiting,
 // BeforeOperation (BeforeGroupCall), then EnterNccl unless the ticket says not to call NCCL; after
-// the call, LeaveNccl and AfterOperation (AfterGroupCall).
+// the call, LeaveNccl and AfterOperation (AfterGroupCall). A group call is always forwarded.
 Ticket EnterOperation(Api api, int library, const OperationArguments& arguments) noexcept;
 void LeaveOperation(const Ticket& ticket, ncclResult_t result) noexcept;
-Ticket EnterGroupCall(Api api) noexcept;
+void EnterGroupCall(Api api) noexcept;
 void LeaveGroupCall(Api api, ncclResult_t result) noexcept;
 
 }  // namespace hooks

@@ -345,7 +345,7 @@ void AfterOperation(const Ticket& ticket, ncclResult_t result) noexcept {
     InProcessRecoveryOn()->AfterLaunch(*ticket.comm, ticket.seq, *ticket.probation, result);
 }
 
-Ticket BeforeGroupCall(Api api) noexcept {
+void BeforeGroupCall(Api api) noexcept {
   ThreadCalls& thread = ThisThread();
   if (api == Api::ncclGroupStart) {
     if (thread.group_depth++ == 0) thread.group_id = g_next_group_id.fetch_add(1, std::memory_order_relaxed);
@@ -360,7 +360,6 @@ Ticket BeforeGroupCall(Api api) noexcept {
       }
     }
   }
-  return {};
 }
 
 void AfterGroupCall(Api api, ncclResult_t result) noexcept {
