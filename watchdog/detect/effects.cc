@@ -28,6 +28,7 @@
 #include "watchdog/common/mutex.h"
 #include "watchdog/common/nccl_api.h"
 #include "watchdog/detect/metrics.h"
+#include "watchdog/detect/runtime.h"
 #include "watchdog/diagnose/job_view.h"
 #include "watchdog/diagnose/known_bad.h"
 #include "watchdog/diagnose/verdicts.h"
@@ -51,12 +52,9 @@ namespace {
 // How long the judge of the job's pace may read the statuses: its watchdog waits meanwhile.
 constexpr std::chrono::milliseconds kFailSlowReadDeadline{2000};
 
-// Set by NCCLGUARD_ACTION=exit just before it aborts: application threads entering NCCL wait.
-std::atomic<bool> g_holding_application_calls{false};
-
 }  // namespace
 
-bool ApplicationCallsHeld() noexcept { return g_holding_application_calls.load(std::memory_order_relaxed); }
+std::atomic<bool> internal::g_holding_application_calls{false};
 
 std::string SystemEffects::WriteDump(const ProcessSnapshot& snapshot) {
   if (JobDir().empty()) return "";
@@ -275,7 +273,7 @@ RecoveryOutcome SystemEffects::RecoverInProcess(CommState& comm, ProbationOp& op
 }
 
 void SystemEffects::HoldApplicationCalls() {
-  g_holding_application_calls.store(true, std::memory_order_seq_cst);
+  internal::g_holding_application_calls.store(true, std::memory_order_seq_cst);
 }
 
 void SystemEffects::Exit(int code) {

@@ -96,8 +96,4 @@ class SystemEffects final : public WatchdogEffects {
   std::atomic<bool> facts_collected_{false};
 };
 
-// True once HoldApplicationCalls was called (NCCLGUARD_ACTION=exit, just before it aborts): the
-// process is about to exit, and application threads entering NCCL wait for it.
-bool ApplicationCallsHeld() noexcept;
-
 }  // namespace ncclguard

@@ -5,6 +5,7 @@
 // through the few calls below; nothing here calls record/ back.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -39,8 +40,18 @@ void RequestDump(const char* reason) noexcept;
 // the application can act on it (abort(), a fatal signal). Nothing on the watchdog's own thread.
 void ReportBeforeReturning() noexcept;
 
-// Called at the start of every intercepted call: waits for ever once the watchdog is exiting the
-// process (NCCLGUARD_ACTION=exit).
+namespace internal {
+// Set by NCCLGUARD_ACTION=exit just before it aborts (SystemEffects::HoldApplicationCalls).
+extern std::atomic<bool> g_holding_application_calls;
+}  // namespace internal
+
+// True once the watchdog is exiting the process (NCCLGUARD_ACTION=exit): application threads
+// entering NCCL wait for it. Inline: every intercepted call asks.
+inline bool ApplicationCallsHeld() noexcept {
+  return internal::g_holding_application_calls.load(std::memory_order_relaxed);
+}
+
+// Called at the start of every intercepted call: waits for ever once ApplicationCallsHeld.
 void WaitIfExiting() noexcept;
 
 // Has the watchdog put this process on record now (its status on the job board), for the thread

@@ -154,7 +154,8 @@ CallDetail LoggedCallDetail() noexcept {
 }
 
 Ticket EnterOperation(Api api, int library, const OperationArguments& arguments) noexcept {
-  ::ncclguard::WaitIfExiting();
+  if (ApplicationCallsHeld()) [[unlikely]]
+    ::ncclguard::WaitIfExiting();
   const Ticket ticket = BeforeOperation(api, library, arguments);
   if (ticket.forward) ::ncclguard::EnterNccl(api);
   return ticket;
@@ -166,7 +167,8 @@ void LeaveOperation(const Ticket& ticket, ncclResult_t result) noexcept {
 }
 
 void EnterGroupCall(Api api) noexcept {
-  ::ncclguard::WaitIfExiting();
+  if (ApplicationCallsHeld()) [[unlikely]]
+    ::ncclguard::WaitIfExiting();
   BeforeGroupCall(api);
   ::ncclguard::EnterNccl(api);
 }
