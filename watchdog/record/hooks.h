@@ -29,6 +29,7 @@ struct Ticket {
   ncclResult_t result = ncclSuccess;
   CommState* comm = nullptr;
   std::uint64_t seq = 0;  // the operation recorded, 0 when none
+  bool grouped = false;   // issued inside a group: launched at its outermost end
   int init_token = -1;
   std::int64_t start_ns = 0;
   char comm_id[17] = {};  // of the communicator being created

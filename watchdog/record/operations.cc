@@ -324,6 +324,7 @@ Ticket BeforeOperation(Api api, int library, const OperationArguments& arguments
   comm->last_enqueued.store(seq, std::memory_order_release);
   if (grouped && !held) Grouped(thread).push_back({comm, seq});
   ticket.seq = seq;
+  ticket.grouped = grouped;
   if (held) {
     // NCCL does not see it now: ncclguard issues it, in order, once the earlier ones have passed.
     ticket.forward = false;
@@ -338,7 +339,7 @@ void AfterOperation(const Ticket& ticket, ncclResult_t result) noexcept {
     return;
   }
   if (Launched(result)) UntimedUnlessProfiled(*ticket.comm, ticket.seq);
-  if (ThisThread().group_depth > 0 && Launched(result)) return;  // launched at the outermost ncclGroupEnd
+  if (ticket.grouped && Launched(result)) return;  // launched at the outermost ncclGroupEnd
   FinishLaunch(*ticket.comm, ticket.seq, result);
   // Set only under in-process recovery: the operation is on probation.
   if (ticket.probation != nullptr)

@@ -7,24 +7,21 @@
 #include <vector>
 
 namespace ncclguard::record {
+
+constinit thread_local ThreadCalls internal::t_thread_calls{};
+
 namespace {
 
-thread_local ThreadCalls t_thread_calls;
 // Touched only by grouped calls, through ThreadCalls' pointers; freed when the thread ends.
 thread_local std::vector<GroupedOperation> t_grouped;
 thread_local std::vector<GroupedCreation> t_grouped_creations;
 
 }  // namespace
 
-ThreadCalls& ThisThread() noexcept { return t_thread_calls; }
+std::int64_t internal::KernelThreadId() noexcept { return syscall(SYS_gettid); }
 
-std::int64_t ThreadId(ThreadCalls& thread) noexcept {
-  if (thread.thread_id == 0) thread.thread_id = syscall(SYS_gettid);
-  return thread.thread_id;
-}
-
-std::vector<GroupedOperation>& Grouped(ThreadCalls& thread) {
-  if (thread.grouped == nullptr) thread.grouped = &t_grouped;
+std::vector<GroupedOperation>& internal::FirstGrouped(ThreadCalls& thread) {
+  thread.grouped = &t_grouped;
   return *thread.grouped;
 }
 

@@ -34,10 +34,24 @@ struct ThreadCalls {
   std::vector<GroupedCreation>* creations;  // likewise
 };
 
-ThreadCalls& ThisThread() noexcept;
-std::int64_t ThreadId(ThreadCalls& thread) noexcept;
+namespace internal {
+// constinit: no dynamic initialisation, so other files reach it without the TLS wrapper's call.
+extern constinit thread_local ThreadCalls t_thread_calls;
+std::int64_t KernelThreadId() noexcept;
+std::vector<GroupedOperation>& FirstGrouped(ThreadCalls& thread);
+}  // namespace internal
+
+// Inline, as every operation and group call asks.
+inline ThreadCalls& ThisThread() noexcept { return internal::t_thread_calls; }
+inline std::int64_t ThreadId(ThreadCalls& thread) noexcept {
+  if (thread.thread_id == 0) [[unlikely]]
+    thread.thread_id = internal::KernelThreadId();
+  return thread.thread_id;
+}
 // The operations and the creations of the group the thread is inside; freed when it ends.
-std::vector<GroupedOperation>& Grouped(ThreadCalls& thread);
+inline std::vector<GroupedOperation>& Grouped(ThreadCalls& thread) {
+  return thread.grouped != nullptr ? *thread.grouped : internal::FirstGrouped(thread);
+}
 std::vector<GroupedCreation>& Creations(ThreadCalls& thread);
 
 }  // namespace record
