@@ -23,7 +23,6 @@
 #include "watchdog/common/libraries.h"
 #include "watchdog/common/log.h"
 #include "watchdog/common/nccl_api.h"
-#include "watchdog/common/operation_arguments.h"
 #include "watchdog/common/version.h"
 #include "watchdog/detect/runtime.h"
 #include "watchdog/record/profiler_plugin.h"
@@ -151,31 +150,6 @@ CallDetail LoggedCallDetail() noexcept {
   // Debug first: off at the defaults, and trace is below it.
   if (!log::Enabled(spdlog::level::debug)) return CallDetail::kNone;
   return log::Enabled(spdlog::level::trace) ? CallDetail::kArguments : CallDetail::kName;
-}
-
-Ticket EnterOperation(Api api, int library, const OperationArguments& arguments) noexcept {
-  if (ApplicationCallsHeld()) [[unlikely]]
-    ::ncclguard::WaitIfExiting();
-  const Ticket ticket = BeforeOperation(api, library, arguments);
-  if (ticket.forward) ::ncclguard::EnterNccl(api);
-  return ticket;
-}
-
-void LeaveOperation(const Ticket& ticket, ncclResult_t result) noexcept {
-  ::ncclguard::LeaveNccl();
-  AfterOperation(ticket, result);
-}
-
-void EnterGroupCall(Api api) noexcept {
-  if (ApplicationCallsHeld()) [[unlikely]]
-    ::ncclguard::WaitIfExiting();
-  BeforeGroupCall(api);
-  ::ncclguard::EnterNccl(api);
-}
-
-void LeaveGroupCall(Api api, ncclResult_t result) noexcept {
-  ::ncclguard::LeaveNccl();
-  AfterGroupCall(api, result);
 }
 
 void LogCall(CallDetail detail, const std::string& call, const std::string& returned) noexcept {
