@@ -16,8 +16,6 @@
 #include "watchdog/common/nccl_api.h"
 #include "watchdog/record/hooks.h"
 
-#define NCCLGUARD_UNINSTRUMENTED no_sanitize("address", "undefined", "thread")
-
 // glibc's dlsym (libraries.cc finds it); the trampoline below jumps through it.
 extern "C" __attribute__((visibility("hidden"))) void* ncclguard_real_dlsym;
 

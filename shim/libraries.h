@@ -13,6 +13,15 @@
 #include "watchdog/common/libraries.h"
 #include "watchdog/common/nccl_api.h"
 
+// For what runs before a sanitizer's runtime is ready (its own early dlsym() lookups): not
+// instrumented at all. clang's no_sanitize("thread") still calls the runtime at the function's
+// entry and exit, which crashes there; its disable_sanitizer_instrumentation does not.
+#if defined(__clang__) && __has_attribute(disable_sanitizer_instrumentation)
+#define NCCLGUARD_UNINSTRUMENTED disable_sanitizer_instrumentation
+#else
+#define NCCLGUARD_UNINSTRUMENTED no_sanitize("address", "undefined", "thread")
+#endif
+
 namespace ncclguard::shim {
 
 inline constexpr int kMaxLibraries = 4;
