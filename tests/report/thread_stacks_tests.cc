@@ -21,7 +21,21 @@
 
 #include <catch2/catch.hpp>
 
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+// Which sanitizer this program runs under: GCC says it with __SANITIZE_*__, clang with
+// __has_feature.
+#if defined(__SANITIZE_THREAD__)
+#define UNDER_THREAD_SANITIZER 1
+#elif defined(__SANITIZE_ADDRESS__)
+#define UNDER_ADDRESS_SANITIZER 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define UNDER_THREAD_SANITIZER 1
+#elif __has_feature(address_sanitizer)
+#define UNDER_ADDRESS_SANITIZER 1
+#endif
+#endif
+
+#if defined(UNDER_ADDRESS_SANITIZER) || defined(UNDER_THREAD_SANITIZER)
 // The sanitizers' runtimes export it; GCC ships no header that declares it.
 extern "C" std::size_t __sanitizer_get_current_allocated_bytes();
 #endif
@@ -183,7 +197,7 @@ void AwaitSleeping(pid_t tid) {
 // The heap in use: what a leak grows. (Not the resident size: AddressSanitizer's quarantine keeps
 // freed memory resident, up to 256 MiB, by design.)
 std::size_t HeapInUseBytes() {
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#if defined(UNDER_ADDRESS_SANITIZER) || defined(UNDER_THREAD_SANITIZER)
   return __sanitizer_get_current_allocated_bytes();
 #else
   return mallinfo2().uordblks;
@@ -209,7 +223,7 @@ TEST_CASE("each thread is accounted for: its native stack, or why not, and what 
 
   const ThreadSnapshot* reader = FindThread(snapshot, reading.tid());
   REQUIRE(reader != nullptr);
-#if defined(__SANITIZE_THREAD__)
+#if defined(UNDER_THREAD_SANITIZER)
   // ThreadSanitizer holds a signal back from a thread in a read() it does not treat as blocking
   // until the call returns: the thread is then accounted for without frames.
   const bool reader_answers = false;
