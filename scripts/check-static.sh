@@ -3,11 +3,15 @@
 #   0. size: no file over 600 lines, no function over 80 (scripts/function_sizes.py, on every file;
 #      clang-tidy's readability-function-size says the same of the files it checks);
 #   1. formatting: clang-format with the committed .clang-format changes nothing;
-#   2. thread safety: clang with -Wthread-safety as errors on every file of the library and the
-#      command (scripts/compile_check.py: -fsyntax-only, no code generated, nothing linked), which
-#      checks every ABSL_GUARDED_BY member;
+#   2. thread safety: clang's -Wthread-safety as errors on every file of the library and the
+#      command, which checks every ABSL_GUARDED_BY member. The clang build (build-clang-thread,
+#      scripts/configure-clang.sh; configured here when it is not there) compiles ncclguard's own
+#      code with it: what that build has compiled up to date has passed, and the rest (the command,
+#      the front end, or everything when it was only configured) is checked with clang
+#      -fsyntax-only (scripts/compile_check.py --unbuilt: no code generated, nothing linked);
 #   3. clang-tidy (.clang-tidy) on the C++ files changed since $NCCLGUARD_TIDY_BASE (default: the
-#      previous commit), or on every file with --all. A finding is an error.
+#      previous commit), or on every file with --all, with that build's compile commands. A finding
+#      is an error.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=$(nproc)
@@ -33,11 +37,9 @@ echo "== clang-format"
 clang-format --dry-run -Werror "${sources[@]}"
 
 echo "== clang's -Wthread-safety"
-# Configured only: the compile commands serve this check and clang-tidy.
-cmake -S . -B build-clang -DCMAKE_BUILD_TYPE=Debug -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
-  -DNCCLGUARD_BUILD_TESTS=OFF -DNCCLGUARD_BUILD_EMULATOR=OFF \
-  "-DCMAKE_CXX_FLAGS=-Wthread-safety -Werror=thread-safety" >/dev/null
-python3 scripts/compile_check.py --jobs "$jobs" build-clang watchdog/ shim/ cli/
+build=build-clang-thread
+[[ -f $build/CMakeCache.txt ]] || scripts/configure-clang.sh >/dev/null
+python3 scripts/compile_check.py --unbuilt --jobs "$jobs" "$build" watchdog/ shim/ cli/
 
 echo "== clang-tidy"
 tidy=$(command -v clang-tidy-19 || command -v clang-tidy)
@@ -60,4 +62,4 @@ fi
 strict=()
 [[ "$(basename "$tidy")" == clang-tidy-19 ]] || strict=(--warnings-as-errors=-*)
 echo "checking ${#changed[@]} files with $tidy"
-printf '%s\n' "${changed[@]}" | xargs -P "$jobs" -n 1 "$tidy" -p build-clang --quiet "${strict[@]}"
+printf '%s\n' "${changed[@]}" | xargs -P "$jobs" -n 1 "$tidy" -p "$build" --quiet "${strict[@]}"

@@ -2,8 +2,9 @@
 # install-deps.sh [--demo]
 # Installs what ncclguard needs on Debian 12. With --demo, only what building it and running
 # scripts/demo-run.sh need; by default also what the tests and the static checks add (Redis,
-# strace, Lmod, clang and its tools). Idempotent and non-interactive: packages already present are
-# not touched, and apt's lists are refreshed only when something is missing.
+# strace, Lmod, clang, its sanitizer runtimes and its tools). Idempotent and non-interactive:
+# packages already present are not touched, and apt's lists are refreshed only when something is
+# missing.
 set -euo pipefail
 
 demo=0
@@ -24,10 +25,12 @@ packages=(
 )
 if ((!demo)); then
   # The tests (a Redis board), the benchmarks (strace counts the job directory's file operations,
-  # valgrind's callgrind the instructions per collective) and the static checks
+  # valgrind's callgrind the instructions per collective), clang's ThreadSanitizer build (its
+  # sanitizer runtimes are only recommended by clang) and the static checks
   # (scripts/check-static.sh); Prometheus's own parser of the metrics files, and a browser that
   # renders the report page.
-  packages+=(redis-server strace valgrind clang clang-format clang-tidy python3-prometheus-client chromium)
+  packages+=(redis-server strace valgrind clang libclang-rt-dev clang-format clang-tidy python3-prometheus-client
+             chromium)
   # Lmod, for the tests of the modulefiles. Debian's Lmod and Environment Modules conflict: a
   # machine that has the latter keeps it, and those tests are skipped there.
   if ! dpkg-query -W -f='${Status}' environment-modules 2>/dev/null | grep -q "install ok installed"; then

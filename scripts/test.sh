@@ -77,16 +77,20 @@ stage "tests, tier $tier"
 # at -O0 (-O1 would make their tests faster but their compiles 40 to 80 % slower) with -g1: line
 # tables, enough for the file and line of every frame of a sanitizer's report, without the
 # variables' descriptions (6 % of the ASan+UBSan build's CPU time).
-for sanitizer in address,undefined thread; do
-  dir="build-${sanitizer%%,*}"
-  sanitized_jobs=$test_jobs
-  [[ $sanitizer == thread ]] && sanitized_jobs=$jobs
-  stage "sanitizer build and tests ($sanitizer)"
-  cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=Debug -DNCCLGUARD_SANITIZE="$sanitizer" "${cache[@]}" \
-    -DCMAKE_C_FLAGS_DEBUG=-g1 -DCMAKE_CXX_FLAGS_DEBUG=-g1
-  cmake --build "$dir" -j "$jobs" --target sanitized_tests
-  (cd "$dir" && ctest --output-on-failure -j "$sanitized_jobs" -L sanitized)
-done
+# sanitized <dir> <test jobs>: builds the sanitizer build configured in <dir> and runs its tests.
+sanitized() {
+  cmake --build "$1" -j "$jobs" --target sanitized_tests
+  (cd "$1" && ctest --output-on-failure -j "$2" -L sanitized)
+}
+stage "sanitizer build and tests (address,undefined)"
+cmake -S . -B build-address -DCMAKE_BUILD_TYPE=Debug -DNCCLGUARD_SANITIZE=address,undefined "${cache[@]}" \
+  -DCMAKE_C_FLAGS_DEBUG=-g1 -DCMAKE_CXX_FLAGS_DEBUG=-g1
+sanitized build-address "$test_jobs"
+# ThreadSanitizer's is the one clang build (scripts/configure-clang.sh): its compile is also the
+# thread-safety analysis, and its compile commands serve the static checks below.
+stage "sanitizer build and tests (thread, clang)"
+scripts/configure-clang.sh "${cache[@]}"
+sanitized build-clang-thread "$jobs"
 
 stage "static checks"
 scripts/check-static.sh
