@@ -292,7 +292,7 @@ void EnsureWatchdogStarted() noexcept {
   }
 }
 
-void WaitIfExiting() noexcept {
+void WaitForExit() noexcept {
   while (ApplicationCallsHeld()) pause();
 }
 

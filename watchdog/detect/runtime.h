@@ -46,13 +46,20 @@ extern std::atomic<bool> g_holding_application_calls;
 }  // namespace internal
 
 // True once the watchdog is exiting the process (NCCLGUARD_ACTION=exit): application threads
-// entering NCCL wait for it. Inline: every intercepted call asks.
+// entering NCCL wait for it.
 inline bool ApplicationCallsHeld() noexcept {
   return internal::g_holding_application_calls.load(std::memory_order_relaxed);
 }
 
-// Called at the start of every intercepted call: waits for ever once ApplicationCallsHeld.
-void WaitIfExiting() noexcept;
+// Waits for ever, while the watchdog exits the process: WaitIfExiting's rare case, out of line.
+void WaitForExit() noexcept;
+
+// Called at the start of every intercepted call: waits for ever once ApplicationCallsHeld. Inline:
+// every call asks, and nearly every answer is no.
+inline void WaitIfExiting() noexcept {
+  if (ApplicationCallsHeld()) [[unlikely]]
+    WaitForExit();
+}
 
 // Has the watchdog put this process on record now (its status on the job board), for the thread
 // that completed a communicator's initialisation, which does not wait for it: a process that dies

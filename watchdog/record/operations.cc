@@ -469,8 +469,7 @@ namespace hooks {
 
 Ticket EnterOperation(Api api, int library, const OperationArguments& arguments) noexcept {
   (void)library;
-  if (ApplicationCallsHeld()) [[unlikely]]
-    ::ncclguard::WaitIfExiting();
+  ::ncclguard::WaitIfExiting();
   Ticket ticket = ClaimOperation(api, arguments);
   if (ticket.forward) ::ncclguard::EnterNccl(api);
   return ticket;
@@ -482,8 +481,7 @@ void LeaveOperation(const Ticket& ticket, ncclResult_t result) noexcept {
 }
 
 void EnterGroupCall(Api api) noexcept {
-  if (ApplicationCallsHeld()) [[unlikely]]
-    ::ncclguard::WaitIfExiting();
+  ::ncclguard::WaitIfExiting();
   EnterGroup(api);
   ::ncclguard::EnterNccl(api);
 }
